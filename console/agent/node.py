@@ -1,0 +1,148 @@
+"""The agent's snapshot cycle: GPUs, host and engines, sampled together every interval.
+
+The cycle reschedules itself only after the previous one finished, so a hung engine or a
+slow NVML call never piles up work. NVML runs in its own thread with a deadline: a GPU
+that hangs the driver leaves the last good values in place, marked, and the HTTP API
+keeps answering.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import socket
+import time
+from contextlib import suppress
+
+import httpx
+
+from console import __version__
+from console.agent import discovery
+from console.agent.engines import EngineTracker
+from console.agent.gpu import GpuSampler
+from console.agent.host import HostSampler
+from console.core.config import Fleet
+from console.core.wire import Gpu, NodeInfo, Snapshot
+from plugins import load_plugins
+
+log = logging.getLogger(__name__)
+
+DISCOVER_EVERY_S = 10.0
+NVML_DEADLINE_S = 5.0
+
+
+class NodeAgent:
+    def __init__(self, fleet: Fleet, node: str, gpu: GpuSampler | None = None) -> None:
+        fleet.node(node)  # a clear error for a node the file does not declare
+        self.fleet = fleet
+        self.node = node
+        self.settings = fleet.agent
+        self.plugins = load_plugins()
+        self.gpu = gpu if gpu is not None else GpuSampler()
+        self.host = HostSampler(self.settings.disk_paths)
+        self.http = httpx.AsyncClient(
+            limits=httpx.Limits(max_connections=64, max_keepalive_connections=16),
+            timeout=httpx.Timeout(self.settings.probe_timeout_s),
+            trust_env=False,
+        )
+        self.engines = EngineTracker(fleet, node, self.plugins, self.http)
+        self.owners = discovery.Owners()
+        self._nvml_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="nvml")
+        self._nvml_pending: concurrent.futures.Future[list[Gpu]] | None = None
+        self._last_gpus: list[Gpu] = []
+        self._last_discovery = float("-inf")
+        self._task: asyncio.Task[None] | None = None
+        self.latest: Snapshot | None = None
+        self.cycles = 0
+
+    async def cycle(self) -> Snapshot:
+        wall0, cpu0 = time.perf_counter(), time.process_time()
+        now = time.time()
+        if self.settings.discover and now - self._last_discovery >= DISCOVER_EVERY_S:
+            self._last_discovery = now
+            processes = await asyncio.to_thread(discovery.scan, self.plugins)
+            self.engines.merge(processes, now)
+        gpus_task = asyncio.ensure_future(self._sample_gpus())
+        engines = await self.engines.probe_all(now)
+        gpus, gpu_status, nvml_ms = await gpus_task
+        owners = self.engines.pids()
+        seen: set[int] = set()
+        for gpu in gpus:
+            for proc in gpu.processes or []:
+                seen.add(proc.pid)
+                proc.engine_id = self.owners.owner(proc.pid, owners)
+        self.owners.forget_except(seen)
+        snapshot = Snapshot(
+            node=NodeInfo(
+                name=self.node, agent_version=__version__, time=now, hostname=socket.gethostname()
+            ),
+            host=self.host.sample(),
+            gpu_status=gpu_status,
+            driver_version=self.gpu.driver_version,
+            cuda_driver_version=self.gpu.cuda_driver_version,
+            gpus=gpus,
+            engines=engines,
+        )
+        snapshot.cycle = {
+            "wall_ms": round((time.perf_counter() - wall0) * 1000, 3),
+            "cpu_ms": round((time.process_time() - cpu0) * 1000, 3),
+            "nvml_ms": nvml_ms,
+            "interval_s": self.settings.scrape_interval_s,
+        }
+        self.latest = snapshot
+        self.cycles += 1
+        return snapshot
+
+    async def _sample_gpus(self) -> tuple[list[Gpu], str, float | None]:
+        if not self.gpu.available:
+            return [], self.gpu.status, None
+        if self._nvml_pending is not None and not self._nvml_pending.done():
+            # The previous NVML call still hangs: don't queue another behind it.
+            return (
+                self._last_gpus,
+                "NVML is not answering (a call has hung); GPU values are from the last good sample",
+                None,
+            )
+        started = time.perf_counter()
+        self._nvml_pending = self._nvml_pool.submit(self.gpu.sample)
+        try:
+            gpus = await asyncio.wait_for(asyncio.wrap_future(self._nvml_pending), NVML_DEADLINE_S)
+        except TimeoutError:
+            return (
+                self._last_gpus,
+                f"NVML did not answer within {NVML_DEADLINE_S:g} s; "
+                "GPU values are from the last good sample",
+                None,
+            )
+        except Exception as exc:
+            log.exception("NVML sample failed")
+            return self._last_gpus, f"NVML sample failed: {exc}", None
+        self._last_gpus = gpus
+        return gpus, "ok", round((time.perf_counter() - started) * 1000, 3)
+
+    async def run(self) -> None:
+        """Take a snapshot every interval, each one after the previous one finished."""
+        interval = self.settings.scrape_interval_s
+        while True:
+            started = time.monotonic()
+            try:
+                await self.cycle()
+            except Exception:  # the loop must outlive any one bad cycle
+                log.exception("snapshot cycle failed")
+            await asyncio.sleep(max(0.0, interval - (time.monotonic() - started)))
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self.run(), name="snapshot-cycle")
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with suppress(asyncio.CancelledError):
+                await self._task
+        for plugin in self.plugins.values():
+            for key in list(self.engines.tracked):
+                await plugin.forget(key)
+        await self.http.aclose()
+        self._nvml_pool.shutdown(wait=False, cancel_futures=True)
+        self.gpu.close()

@@ -1,0 +1,135 @@
+"""engineroom's command line: argument parsing, then a call into the packages.
+
+Every command takes --fleet PATH (default $ENGINEROOM_FLEET, else ./fleet.toml). A bad
+fleet file prints its one-line error and exits 2 before anything starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import socket
+import sys
+from pathlib import Path
+
+from console.core.config import ConfigError, Fleet, load_fleet, parse_fleet
+
+EXIT_USAGE = 2
+
+
+def _default_fleet() -> str:
+    return os.environ.get("ENGINEROOM_FLEET", "fleet.toml")
+
+
+def _split_listen(value: str) -> tuple[str, int]:
+    host, _, port = value.rpartition(":")
+    if not port.isdigit():
+        raise argparse.ArgumentTypeError(f"--listen wants HOST:PORT, got {value!r}")
+    return host or "127.0.0.1", int(port)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="engineroom", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command")
+
+    agent = sub.add_parser("agent", help="run the node agent")
+    agent.add_argument(
+        "--fleet", default=None, help="fleet file (default $ENGINEROOM_FLEET or ./fleet.toml)"
+    )
+    agent.add_argument(
+        "--node", default=None, help="this node's name in the fleet file (default: the host name)"
+    )
+    agent.add_argument("--listen", type=_split_listen, default=None, metavar="HOST:PORT")
+    agent.add_argument("--once", action="store_true", help="take one snapshot and exit")
+    agent.add_argument("--json", action="store_true", help="with --once: print it as JSON")
+
+    demo = sub.add_parser("demo", help="the console on the embedded demo fleet")
+    demo.add_argument("--no-tui", action="store_true")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
+    try:
+        if args.command == "agent":
+            return _agent(args)
+        if args.command == "demo":
+            from console.demo import run_demo
+
+            return run_demo(no_tui=args.no_tui)
+    except ConfigError as exc:
+        print(f"engineroom: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return 130
+    build_parser().print_help()
+    return EXIT_USAGE
+
+
+def _load_for_agent(args: argparse.Namespace) -> tuple[Fleet, str]:
+    path = args.fleet or _default_fleet()
+    node = args.node or socket.gethostname()
+    if args.fleet is None and args.once and not Path(path).exists():
+        # Agentless use over SSH: a host without a fleet file still reports itself.
+        text = (
+            f'[fleet]\nname = "adhoc"\n[[nodes]]\nname = "{node}"\n'
+            f'agent = "http://127.0.0.1:9410"\n'
+        )
+        return parse_fleet(text, Path("<no fleet file>")), node
+    return load_fleet(path), node
+
+
+def _agent(args: argparse.Namespace) -> int:
+    from console.agent.node import NodeAgent
+
+    fleet, node = _load_for_agent(args)
+    if args.once:
+        return asyncio.run(_agent_once(fleet, node, as_json=args.json))
+
+    import uvicorn
+
+    from console.agent.app import create_app
+    from console.agent.auth import TokenError, Tokens
+
+    settings = fleet.agent
+    try:
+        tokens = Tokens.from_env(settings.viewer_token_env, settings.operator_token_env)
+    except TokenError as exc:
+        print(f"engineroom agent: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    host, port = args.listen or _split_listen(settings.listen)
+    agent = NodeAgent(fleet, node)
+    app = create_app(agent, tokens)
+    print(
+        f"engineroom agent: node {node!r} serving on http://{host}:{port} "
+        f"(gpu: {agent.gpu.status})",
+        file=sys.stderr,
+        flush=True,
+    )
+    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
+    return 0
+
+
+async def _agent_once(fleet: Fleet, node: str, *, as_json: bool) -> int:
+    from console.agent.node import NodeAgent
+
+    agent = NodeAgent(fleet, node)
+    try:
+        await asyncio.sleep(0.2)  # lets the host CPU percentage span a real interval
+        snap = await agent.cycle()
+    finally:
+        await agent.close()
+    if as_json:
+        print(snap.model_dump_json(indent=2))
+    else:
+        from console.agent.summary import summarize
+
+        print(summarize(snap))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,318 @@
+"""fleet.toml: loading and validation.
+
+A bad file gets one clear message that names the file, the line and what is wrong, and
+nothing starts. Secrets never live in the file: it names environment variables, and
+`Fleet.secret` reads them, failing with the line that named the variable.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+import tomllib
+from collections.abc import Mapping
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from console.core.tomlpos import Path as KeyPath
+from console.core.tomlpos import format_path, key_lines, line_of
+
+DEFAULT_VIEWER_ENV = "ENGINEROOM_VIEWER_TOKEN"
+DEFAULT_OPERATOR_ENV = "ENGINEROOM_OPERATOR_TOKEN"
+DEFAULT_ADMIN_ENV = "ENGINEROOM_ADMIN_TOKEN"
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class ConfigError(Exception):
+    """A problem in fleet.toml, already worded for the operator: `path:line: what`."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+EnvName = Annotated[str, Field(pattern=_ENV_NAME.pattern)]
+Seconds = Annotated[float, Field(gt=0)]
+Port = Annotated[int, Field(ge=1, le=65535)]
+
+
+class FleetSection(_Strict):
+    name: str
+    environment: str = "dev"
+    refresh_s: Seconds = 1.0
+    read_only: bool | None = None  # None: read-only exactly when environment is "prod"
+
+
+class AgentSection(_Strict):
+    """How every agent of this fleet behaves (one section; nodes differ only by name)."""
+
+    listen: str = "127.0.0.1:9410"
+    scrape_interval_s: Seconds = 2.0
+    window_s: Seconds = 60.0
+    probe_timeout_s: Seconds = 2.0
+    max_response_bytes: Annotated[int, Field(ge=1024)] = 8 * 1024 * 1024
+    discover: bool = True  # find engines from the node's processes, beyond the deployments
+    disk_paths: list[str] = Field(default_factory=list)  # model and engine directories
+    viewer_token_env: EnvName = DEFAULT_VIEWER_ENV
+    operator_token_env: EnvName = DEFAULT_OPERATOR_ENV
+    state_dir: str = "~/.local/state/engineroom"
+
+
+class Node(_Strict):
+    name: str
+    agent: str | None = None  # agent URL
+    token_env: EnvName | None = None
+    ssh: str | None = None  # user@host, for agentless nodes
+    ssh_port: Port | None = None
+    ssh_key: str | None = None
+    ssh_known_hosts: str | None = None
+
+    @property
+    def transport(self) -> Literal["agent", "ssh"]:
+        return "agent" if self.agent else "ssh"
+
+
+class GatewaySection(_Strict):
+    url: str
+    token_env: EnvName = DEFAULT_ADMIN_ENV
+    listen: str | None = None
+
+
+class Slo(_Strict):
+    ttft_p95_ms: Annotated[float, Field(gt=0)] | None = None
+    itl_p95_ms: Annotated[float, Field(gt=0)] | None = None
+    e2e_p95_ms: Annotated[float, Field(gt=0)] | None = None
+    error_rate: Annotated[float, Field(ge=0, le=1)] | None = None
+
+
+class Deployment(_Strict):
+    id: str
+    node: str
+    engine: str  # plugin name: vllm | triton | trtllm | any registered third-party plugin
+    endpoint: str
+    engine_model: str | None = None  # the engine's own name for the model
+    metrics_endpoint: str | None = None  # where it differs from endpoint (Triton: port 8002)
+    weight: Annotated[int, Field(ge=0)] = 100
+    profile: str | None = None
+
+    @field_validator("endpoint", "metrics_endpoint")
+    @classmethod
+    def _http_url(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("http://", "https://")):
+            raise ValueError(f"must be an http:// or https:// URL, got {value!r}")
+        return value.rstrip("/") if value else value
+
+
+class Model(_Strict):
+    name: str
+    slo: Slo = Slo()
+    deployments: list[Deployment] = Field(default_factory=list)
+
+
+ArgValue = str | int | float | bool
+
+
+class Profile(_Strict):
+    """What an agent may launch. The agent builds the argv itself, never through a shell."""
+
+    engine: str
+    node: str
+    model: str
+    served_model_name: str
+    port: Port
+    gpus: list[Annotated[int, Field(ge=0)]] = Field(default_factory=list)
+    tensor_parallel_size: Annotated[int, Field(ge=1)] = 1
+    args: dict[str, ArgValue] = Field(default_factory=dict)
+    command: list[str] | None = None  # argv prefix; default per engine plugin
+    env: dict[str, str] = Field(default_factory=dict)
+    overridable: list[str] = Field(default_factory=list)
+    allowed_args: list[str] = Field(default_factory=list)
+
+
+class Fleet(_Strict):
+    fleet: FleetSection
+    agent: AgentSection = AgentSection()
+    nodes: list[Node] = Field(default_factory=list)
+    gateway: GatewaySection | None = None
+    models: list[Model] = Field(default_factory=list)
+    profiles: dict[str, Profile] = Field(default_factory=dict)
+
+    # Where the fleet came from, for messages; not part of the file.
+    source: Path = Field(default=Path("fleet.toml"), exclude=True)
+    lines: dict[KeyPath, int] = Field(default_factory=dict, exclude=True)
+
+    @property
+    def read_only(self) -> bool:
+        if self.fleet.read_only is not None:
+            return self.fleet.read_only
+        return self.fleet.environment == "prod"
+
+    def node(self, name: str) -> Node:
+        for node in self.nodes:
+            if node.name == name:
+                return node
+        known = ", ".join(n.name for n in self.nodes) or "none"
+        raise ConfigError(f"{self.source}: no node named {name!r} (nodes: {known})")
+
+    def deployments_on(self, node: str) -> list[tuple[Model, Deployment]]:
+        return [(m, d) for m in self.models for d in m.deployments if d.node == node]
+
+    def where(self, path: KeyPath) -> str:
+        line = line_of(self.lines, path)
+        return f"{self.source}:{line}" if line else str(self.source)
+
+    def secret(self, env_name: str, path: KeyPath, environ: Mapping[str, str] | None = None) -> str:
+        """The value of the environment variable that `path` in the file names."""
+        value = (os.environ if environ is None else environ).get(env_name, "")
+        if not value.strip():
+            raise ConfigError(
+                f"{self.where(path)}: {format_path(path)}: environment variable {env_name} "
+                "is not set (secrets come from the environment, never from the file)"
+            )
+        return value
+
+
+def load_fleet(path: str | os.PathLike[str]) -> Fleet:
+    """Read and validate a fleet file. Raises ConfigError with `path:line: what`."""
+    source = Path(path)
+    try:
+        text = source.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{source}: no such fleet file") from None
+    except OSError as exc:
+        raise ConfigError(f"{source}: cannot read: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{source}: not UTF-8 text ({exc.reason})") from None
+    return parse_fleet(text, source)
+
+
+def parse_fleet(text: str, source: Path = Path("fleet.toml")) -> Fleet:
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        match = re.search(r"\(at line (\d+), column (\d+)\)", str(exc))
+        what = re.sub(r"\s*\(at line.*\)$", "", str(exc))
+        where = f"{source}:{match.group(1)}" if match else str(source)
+        raise ConfigError(f"{where}: not valid TOML: {what}") from None
+    lines = key_lines(text)
+    try:
+        fleet = Fleet.model_validate({**raw, "source": source, "lines": lines})
+    except ValidationError as exc:
+        raise ConfigError(_explain(exc, source, lines, raw)) from None
+    problems = _cross_check(fleet)
+    if problems:
+        raise ConfigError(_join(problems))
+    return fleet
+
+
+def _join(problems: list[str]) -> str:
+    if len(problems) == 1:
+        return problems[0]
+    return (
+        f"{problems[0]}\n"
+        + "\n".join(problems[1:6])
+        + (f"\n... and {len(problems) - 6} more" if len(problems) > 6 else "")
+    )
+
+
+def _explain(exc: ValidationError, source: Path, lines: dict[KeyPath, int], raw: Any) -> str:
+    problems = []
+    for error in exc.errors():
+        loc: KeyPath = tuple(error["loc"])
+        line = line_of(lines, loc)
+        where = f"{source}:{line}" if line else str(source)
+        problems.append(f"{where}: {format_path(loc)}: {_what(error, loc, raw)}")
+    return _join(problems)
+
+
+def _what(error: Any, loc: KeyPath, raw: Any) -> str:
+    kind = error["type"]
+    if kind == "extra_forbidden":
+        key = str(loc[-1])
+        allowed = _allowed_keys(loc[:-1], raw)
+        close = difflib.get_close_matches(key, allowed, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        return f"unknown key {key!r}{hint} (allowed: {', '.join(allowed)})"
+    if kind == "missing":
+        return f"missing required key {str(loc[-1])!r}"
+    got = error.get("input")
+    return f"{error['msg'].rstrip('.')}; got {got!r}" if got is not None else error["msg"]
+
+
+def _allowed_keys(parent: KeyPath, raw: Any) -> list[str]:
+    """The keys the schema allows at `parent`, found by walking the models."""
+    model: Any = Fleet
+    for part in parent:
+        if isinstance(part, int) or model is None:
+            continue
+        field = model.model_fields.get(part)
+        if field is None:
+            # a dict of models, keyed by a user's name (profiles.NAME)
+            continue
+        model = _inner_model(field.annotation)
+    if model is None or not hasattr(model, "model_fields"):
+        return []
+    return [k for k, f in model.model_fields.items() if not f.exclude]
+
+
+def _inner_model(annotation: Any) -> Any:
+    for arg in getattr(annotation, "__args__", ()) or ():
+        found = _inner_model(arg)
+        if found is not None:
+            return found
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    return None
+
+
+def _engine_plugins() -> set[str]:
+    return {ep.name for ep in entry_points(group="engineroom.engines")}
+
+
+def _cross_check(fleet: Fleet) -> list[str]:
+    problems: list[str] = []
+
+    def add(path: KeyPath, what: str) -> None:
+        problems.append(f"{fleet.where(path)}: {format_path(path)}: {what}")
+
+    seen_nodes: set[str] = set()
+    for i, node in enumerate(fleet.nodes):
+        if node.name in seen_nodes:
+            add(("nodes", i, "name"), f"duplicate node name {node.name!r}")
+        seen_nodes.add(node.name)
+        if bool(node.agent) == bool(node.ssh):
+            add(("nodes", i), "a node needs exactly one of 'agent' (URL) or 'ssh' (user@host)")
+        if node.agent and not node.agent.startswith(("http://", "https://")):
+            add(("nodes", i, "agent"), f"must be an http:// or https:// URL, got {node.agent!r}")
+
+    plugins = _engine_plugins()
+    seen_models: set[str] = set()
+    seen_deployments: set[str] = set()
+    for m, model in enumerate(fleet.models):
+        if model.name in seen_models:
+            add(("models", m, "name"), f"duplicate model name {model.name!r}")
+        seen_models.add(model.name)
+        for d, dep in enumerate(model.deployments):
+            here: KeyPath = ("models", m, "deployments", d)
+            if dep.id in seen_deployments:
+                add((*here, "id"), f"duplicate deployment id {dep.id!r}")
+            seen_deployments.add(dep.id)
+            if dep.node not in seen_nodes:
+                add((*here, "node"), f"names node {dep.node!r}, which is not in [[nodes]]")
+            if plugins and dep.engine not in plugins:
+                add((*here, "engine"), f"unknown engine {dep.engine!r} (have: {sorted(plugins)})")
+            if dep.profile is not None and dep.profile not in fleet.profiles:
+                add((*here, "profile"), f"names profile {dep.profile!r}, which is not declared")
+
+    for name, profile in fleet.profiles.items():
+        here = ("profiles", name)
+        if profile.node not in seen_nodes:
+            add((*here, "node"), f"names node {profile.node!r}, which is not in [[nodes]]")
+        if plugins and profile.engine not in plugins:
+            add((*here, "engine"), f"unknown engine {profile.engine!r} (have: {sorted(plugins)})")
+    return problems

@@ -1,0 +1,106 @@
+"""What an engine plugin reads from an engine in one probe, in engine-neutral terms.
+
+Readings are cumulative (counters and histogram buckets since the engine started).
+`console.core.window` turns successive readings into windowed rates and percentiles.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from console.core.promtext import Exposition
+from console.core.wire import EngineState
+
+# Latency series every plugin maps its engine's names onto.
+LATENCIES = ("ttft", "itl", "e2e")
+# Counters: finished requests, failed requests, prompt and generated tokens.
+COUNTERS = ("requests", "errors", "prompt_tokens", "generation_tokens")
+
+
+@dataclass(slots=True)
+class Histogram:
+    """A cumulative histogram: bucket upper bounds (ending in +Inf) and cumulative counts."""
+
+    bounds: tuple[float, ...]
+    counts: tuple[float, ...]
+    sum: float
+    count: float
+
+
+@dataclass(slots=True)
+class MeanCounter:
+    """Only a cumulative total and count are known (Triton's default): a mean, no percentiles."""
+
+    total_s: float
+    count: float
+
+
+@dataclass(slots=True)
+class ModelReading:
+    name: str
+    requests_running: float | None = None
+    requests_waiting: float | None = None
+    kv_cache_usage: float | None = None
+    counters: dict[str, float] = field(default_factory=dict)
+    histograms: dict[str, Histogram] = field(default_factory=dict)
+    means: dict[str, MeanCounter] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class EngineReading:
+    state: EngineState
+    reason: str | None = None
+    version: str | None = None
+    models: list[ModelReading] = field(default_factory=list)
+    config: dict[str, Any] = field(default_factory=dict)
+
+
+def histograms_by(exp: Exposition, name: str, group: str) -> dict[str, Histogram]:
+    """Histograms of metric `name` per value of label `group`, merged over other labels.
+
+    Buckets are summed across the other labels (vLLM's `engine` label under data
+    parallelism), which is the right way to combine replicas: never average percentiles.
+    """
+    buckets: dict[str, dict[float, float]] = defaultdict(lambda: defaultdict(float))
+    sums: dict[str, float] = defaultdict(float)
+    counts: dict[str, float] = defaultdict(float)
+    bucket_name, sum_name, count_name = f"{name}_bucket", f"{name}_sum", f"{name}_count"
+    for s in exp.samples:
+        if not s.name.startswith(name):
+            continue
+        key = s.labels.get(group, "")
+        if s.name == bucket_name:
+            le = s.labels.get("le")
+            if le is None:
+                continue
+            bound = math.inf if le in ("+Inf", "Inf") else float(le)
+            buckets[key][bound] += s.value
+        elif s.name == sum_name:
+            sums[key] += s.value
+        elif s.name == count_name:
+            counts[key] += s.value
+    out = {}
+    for key, by_bound in buckets.items():
+        bounds = tuple(sorted(by_bound))
+        out[key] = Histogram(
+            bounds=bounds,
+            counts=tuple(by_bound[b] for b in bounds),
+            sum=sums.get(key, 0.0),
+            count=counts.get(key, by_bound.get(math.inf, 0.0)),
+        )
+    return out
+
+
+def values_by(exp: Exposition, name: str, group: str, **match: str) -> dict[str, float]:
+    """Sum of metric `name` per value of label `group`, over samples whose labels match."""
+    out: dict[str, float] = defaultdict(float)
+    for s in exp.samples:
+        if s.name != name:
+            continue
+        if any(s.labels.get(k) != v for k, v in match.items()):
+            continue
+        out[s.labels.get(group, "")] += s.value
+    return dict(out)

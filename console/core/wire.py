@@ -1,0 +1,148 @@
+"""Wire formats shared by the agent (server) and the collector (client).
+
+The snapshot keys are a contract (DESIGN.md). Unknown values are None (JSON null),
+never 0: a GPU whose temperature could not be read has `temperature_c: null`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+EngineState = Literal["ready", "loading", "unhealthy", "down"]
+
+
+class _Wire(BaseModel):
+    model_config = ConfigDict(extra="allow")  # newer agents may add keys; keep them
+
+
+class NodeInfo(_Wire):
+    name: str
+    agent_version: str
+    time: float  # unix seconds when the snapshot was taken
+    hostname: str | None = None
+
+
+class Disk(_Wire):
+    path: str
+    mount: str | None = None
+    used_bytes: int | None = None
+    total_bytes: int | None = None
+    error: str | None = None
+
+
+class Host(_Wire):
+    cpu_pct: float | None = None
+    cpu_count: int | None = None
+    load1: float | None = None
+    load5: float | None = None
+    load15: float | None = None
+    mem_used_bytes: int | None = None
+    mem_total_bytes: int | None = None
+    disks: list[Disk] = Field(default_factory=list)
+
+
+class GpuProcess(_Wire):
+    pid: int
+    used_memory_bytes: int | None = None
+    engine_id: str | None = None  # the engine that owns the pid, when known
+    name: str | None = None  # process name
+
+
+class XidEvent(_Wire):
+    time: float
+    xid: int
+
+
+class Gpu(_Wire):
+    index: int
+    uuid: str | None = None
+    name: str | None = None
+    utilization_pct: float | None = None
+    memory_utilization_pct: float | None = None
+    memory_used_bytes: int | None = None
+    memory_total_bytes: int | None = None
+    memory_reserved_bytes: int | None = None
+    temperature_c: float | None = None
+    power_w: float | None = None
+    power_limit_w: float | None = None
+    sm_clock_mhz: int | None = None
+    mem_clock_mhz: int | None = None
+    compute_capability: str | None = None  # "9.0"
+    mig_mode: bool | None = None
+    ecc_uncorrected: int | None = None  # volatile uncorrected ECC errors
+    remapped_rows: dict[str, Any] | None = (
+        None  # {"correctable","uncorrectable","pending","failure"}
+    )
+    clock_event_reasons: list[str] | None = None
+    xid_events: list[XidEvent] = Field(default_factory=list)
+    processes: list[GpuProcess] | None = None
+    errors: list[str] = Field(default_factory=list)  # fields NVML could not read, and why
+
+
+class Percentiles(_Wire):
+    p50: float | None = None
+    p95: float | None = None
+    p99: float | None = None
+    mean: float | None = None
+    count: float | None = None  # observations in the window
+    # "histogram": percentiles from bucket deltas; "mean": only a windowed mean is known.
+    source: Literal["histogram", "mean"] | None = None
+
+
+class Latency(_Wire):
+    ttft_s: Percentiles = Field(default_factory=Percentiles)
+    itl_s: Percentiles = Field(default_factory=Percentiles)
+    e2e_s: Percentiles = Field(default_factory=Percentiles)
+
+
+class ModelStats(_Wire):
+    name: str
+    requests_running: float | None = None
+    requests_waiting: float | None = None
+    kv_cache_usage: float | None = None  # 0..1
+    request_rate: float | None = None  # finished requests per second over the window
+    error_rate: float | None = None  # failed / finished over the window
+    prompt_tokens_rate: float | None = None
+    generation_tokens_rate: float | None = None
+    latency: Latency = Field(default_factory=Latency)
+    window_s: float | None = None  # the span the rates and percentiles cover
+
+
+class Engine(_Wire):
+    id: str
+    kind: str
+    endpoint: str | None = None
+    version: str | None = None
+    state: EngineState
+    reason: str | None = None  # why it is not ready, or what could not be read
+    pid: int | None = None
+    deployment_ids: list[str] = Field(default_factory=list)
+    discovered: bool = False  # found among the node's processes
+    models: list[ModelStats] = Field(default_factory=list)
+    config: dict[str, Any] = Field(default_factory=dict)
+    probe_ms: float | None = None
+
+
+class Job(_Wire):
+    id: str
+    kind: str
+    state: Literal["queued", "running", "succeeded", "failed", "cancelled"]
+
+
+class Snapshot(_Wire):
+    node: NodeInfo
+    host: Host
+    gpu_status: str  # "ok", or why NVML is unavailable
+    driver_version: str | None = None
+    cuda_driver_version: str | None = None
+    gpus: list[Gpu] = Field(default_factory=list)
+    engines: list[Engine] = Field(default_factory=list)
+    jobs: list[Job] = Field(default_factory=list)
+    cycle: dict[str, float | None] = Field(default_factory=dict)  # the agent's own cost
+
+
+class Health(_Wire):
+    status: Literal["ok"] = "ok"
+    version: str

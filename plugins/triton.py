@@ -1,0 +1,275 @@
+"""Triton Inference Server, including Triton serving TensorRT-LLM.
+
+Server metadata, the repository index and per-model statistics come through
+tritonclient; the metrics port (nv_inference_*, nv_trt_llm_*) through a bounded GET.
+Triton's default metrics are cumulative counters, so latency is a windowed mean and
+says so; when `histogram_latencies=true` is on, TTFT percentiles come from
+nv_inference_first_response_histogram_ms.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+from urllib.parse import urlsplit
+
+import aiohttp
+from tritonclient._client import InferenceServerClientBase
+from tritonclient.http.aio import InferenceServerClient
+
+from console.core.fetch import FetchError
+from console.core.promtext import Exposition, MetricsGarbage, parse
+from console.core.readings import (
+    EngineReading,
+    Histogram,
+    MeanCounter,
+    ModelReading,
+    histograms_by,
+    values_by,
+)
+from plugins.base import (
+    Discovered,
+    EnginePlugin,
+    EngineTarget,
+    ProbeContext,
+    flag_value,
+    local_url,
+    port_from,
+)
+
+NS = 1e-9
+
+
+class TritonPlugin(EnginePlugin):
+    kind = "triton"
+    process_markers = ("tritonserver",)
+
+    def __init__(self) -> None:
+        self._clients: dict[str, tuple[str, InferenceServerClient]] = {}
+
+    def discover(self, cmdline: list[str], listening: list[int]) -> Discovered | None:
+        if not cmdline or not cmdline[0].endswith("tritonserver"):
+            return None
+        http = port_from(cmdline, ("--http-port",), [], 8000)
+        metrics = port_from(cmdline, ("--metrics-port",), [], 8002)
+        host = flag_value(cmdline, "--http-address")
+        if http is None:
+            return None
+        return Discovered(
+            local_url(host, http), local_url(host, metrics) if metrics is not None else None
+        )
+
+    def _client(self, target: EngineTarget, ctx: ProbeContext) -> InferenceServerClient:
+        kept = self._clients.get(target.id)
+        if kept is not None and kept[0] == target.endpoint:
+            return kept[1]
+        client = _BoundedClient(urlsplit(target.endpoint).netloc, ctx.timeout, ctx.max_bytes)
+        self._clients[target.id] = (target.endpoint, client)
+        return client
+
+    async def forget(self, target_id: str) -> None:
+        kept = self._clients.pop(target_id, None)
+        if kept is not None:
+            await kept[1].close()
+
+    async def probe(self, target: EngineTarget, ctx: ProbeContext) -> EngineReading:
+        try:
+            ready = await ctx.get(f"{target.endpoint}/v2/health/ready")
+        except FetchError as exc:
+            return EngineReading(
+                state="down" if exc.refused else "unhealthy", reason=f"/v2/health/ready: {exc}"
+            )
+        client = self._client(target, ctx)
+
+        async def call(coro: Any) -> Any:
+            return await asyncio.wait_for(coro, ctx.timeout)
+
+        metrics_url = target.metrics_endpoint or _default_metrics(target.endpoint)
+        results: tuple[Any, ...] = await asyncio.gather(
+            call(client.get_server_metadata()),
+            call(client.get_model_repository_index()),
+            call(client.get_inference_statistics()),
+            ctx.get(f"{metrics_url}/metrics"),
+            return_exceptions=True,
+        )
+        meta, index, stats, metrics = results
+        problems: list[str] = []
+        reading = EngineReading(state="ready" if ready.status == 200 else "unhealthy")
+        if ready.status != 200:
+            problems.append(f"/v2/health/ready answered {ready.status} (a model is not ready)")
+        if isinstance(meta, dict):
+            reading.version = str(meta.get("version")) if meta.get("version") else None
+            reading.config["extensions"] = meta.get("extensions")
+        else:
+            problems.append(f"server metadata: {_why(meta)}")
+        ready_models = _ready_models(index, problems, reading)
+        exp: Exposition | None = None
+        if isinstance(metrics, BaseException):
+            problems.append(f"metrics {metrics_url}: {_why(metrics)}")
+        elif metrics.status != 200:
+            problems.append(f"metrics {metrics_url} answered {metrics.status}")
+        else:
+            try:
+                exp = parse(metrics.text(), ("nv_",))
+            except MetricsGarbage as exc:
+                problems.append(f"metrics: {exc}")
+        if isinstance(stats, BaseException):
+            problems.append(f"statistics: {_why(stats)}")
+            stats = {}
+        reading.models = _models(ready_models, stats, exp)
+        if not ready_models and reading.state == "ready":
+            reading.state = "unhealthy"
+            problems.append("no model is READY in the repository")
+        reading.reason = "; ".join(problems) or None
+        return reading
+
+
+def _default_metrics(endpoint: str) -> str:
+    parts = urlsplit(endpoint)
+    return f"{parts.scheme}://{parts.hostname}:8002"
+
+
+def _why(exc: Any) -> str:
+    if isinstance(exc, TimeoutError):
+        return "no answer in time"
+    text = str(exc) or exc.__class__.__name__
+    return text[:200]
+
+
+def _ready_models(index: Any, problems: list[str], reading: EngineReading) -> list[str]:
+    if not isinstance(index, list):
+        problems.append(f"repository index: {_why(index)}")
+        return []
+    ready = []
+    not_ready = []
+    for entry in index:
+        if not isinstance(entry, dict) or "name" not in entry:
+            continue
+        if entry.get("state") == "READY":
+            ready.append(str(entry["name"]))
+        elif entry.get("state"):
+            reason = entry.get("reason") or ""
+            not_ready.append(
+                f"{entry['name']} {entry['state']}" + (f" ({reason})" if reason else "")
+            )
+    if not_ready:
+        problems.append("models not ready: " + ", ".join(not_ready))
+    reading.config["repository"] = index
+    return list(dict.fromkeys(ready))
+
+
+def _duration(stat: Any) -> tuple[float, float]:
+    if isinstance(stat, dict):
+        return float(stat.get("count", 0) or 0), float(stat.get("ns", 0) or 0)
+    return 0.0, 0.0
+
+
+def _models(names: list[str], stats: Any, exp: Exposition | None) -> list[ModelReading]:
+    by_name: dict[str, dict[str, Any]] = {}
+    for entry in stats.get("model_stats", []) if isinstance(stats, dict) else []:
+        if isinstance(entry, dict) and "name" in entry:
+            by_name.setdefault(str(entry["name"]), entry)
+    gauges = _gauges(exp)
+    first_response = (
+        histograms_by(exp, "nv_inference_first_response_histogram_ms", "model")
+        if exp is not None
+        else {}
+    )
+    out = []
+    for name in names:
+        model = ModelReading(name=name)
+        entry = by_name.get(name)
+        if entry is not None:
+            _from_statistics(model, entry)
+        model.requests_waiting = gauges["waiting"].get(name, gauges["pending"].get(name))
+        model.requests_running = gauges["running"].get(name)
+        model.kv_cache_usage = gauges["kv"].get(name)
+        hist = first_response.get(name)
+        if hist is not None:
+            model.histograms["ttft"] = Histogram(
+                tuple(b / 1000 for b in hist.bounds), hist.counts, hist.sum / 1000, hist.count
+            )
+        out.append(model)
+    return out
+
+
+def _from_statistics(model: ModelReading, entry: dict[str, Any]) -> None:
+    inference = entry.get("inference_stats") or {}
+    ok_count, ok_ns = _duration(inference.get("success"))
+    fail_count, _ = _duration(inference.get("fail"))
+    queue_count, queue_ns = _duration(inference.get("queue"))
+    model.counters["requests"] = ok_count + fail_count
+    model.counters["errors"] = fail_count
+    model.means["e2e"] = MeanCounter(ok_ns * NS, ok_count)
+    responses = entry.get("response_stats") or {}
+    if isinstance(responses, dict) and responses:
+        # Decoupled (streaming) models time each response. Response 0 is the first token:
+        # its compute time plus the request's queue time approximates the mean TTFT.
+        first_count, first_ns = _duration((responses.get("0") or {}).get("success"))
+        if first_count:
+            model.means["ttft"] = MeanCounter((first_ns + queue_ns) * NS, first_count)
+        later_count = later_ns = 0.0
+        for key, response in responses.items():
+            if key != "0" and isinstance(response, dict):
+                count, ns = _duration(response.get("success"))
+                later_count += count
+                later_ns += ns
+        model.means["itl"] = MeanCounter(later_ns * NS, later_count)
+    elif queue_count:
+        compute_count, compute_ns = _duration(inference.get("compute_infer"))
+        if compute_count:
+            model.means["ttft"] = MeanCounter((queue_ns + compute_ns) * NS, compute_count)
+
+
+def _gauges(exp: Exposition | None) -> dict[str, dict[str, float]]:
+    if exp is None:
+        return {"pending": {}, "waiting": {}, "running": {}, "kv": {}}
+    return {
+        "pending": values_by(exp, "nv_inference_pending_request_count", "model"),
+        # TensorRT-LLM backend families (only from the real C++ backend).
+        "waiting": values_by(exp, "nv_trt_llm_request_metrics", "model", request_type="waiting"),
+        "running": values_by(exp, "nv_trt_llm_request_metrics", "model", request_type="scheduled"),
+        "kv": values_by(
+            exp, "nv_trt_llm_kv_cache_block_metrics", "model", kv_cache_block_type="fraction"
+        ),
+    }
+
+
+class _CappedResponse(aiohttp.ClientResponse):
+    """Reads at most `max_bytes` of a body, so a lying server cannot fill the agent's memory."""
+
+    max_bytes = 8 * 1024 * 1024
+
+    async def read(self) -> bytes:
+        if self._body is None:
+            chunks = []
+            size = 0
+            async for chunk in self.content.iter_chunked(64 * 1024):
+                size += len(chunk)
+                if size > self.max_bytes:
+                    self.close()
+                    raise FetchError(f"response too large (over {self.max_bytes} bytes)")
+                chunks.append(chunk)
+            self._body = b"".join(chunks)
+        return self._body
+
+
+class _BoundedClient(InferenceServerClient):
+    """tritonclient's aio client with a per-call timeout and a body size cap.
+
+    It sets up the same fields as InferenceServerClient.__init__ (tritonclient 2.5x-2.7x),
+    but with our own aiohttp session, so no session is left unclosed.
+    """
+
+    def __init__(self, netloc: str, timeout: float, max_bytes: int) -> None:
+        InferenceServerClientBase.__init__(self)
+        capped = type("Capped", (_CappedResponse,), {"max_bytes": max_bytes})
+        self._url = f"http://{netloc}"
+        self._conn = aiohttp.TCPConnector(limit=4)
+        self._stub = aiohttp.ClientSession(
+            connector=self._conn,
+            timeout=aiohttp.ClientTimeout(total=timeout),
+            auto_decompress=False,
+            response_class=capped,
+        )
+        self._verbose = False

@@ -1,0 +1,148 @@
+"""trtllm-serve, TensorRT-LLM's OpenAI server.
+
+Its `/metrics` is JSON iteration stats (drained on read), and Prometheus text with
+`trtllm_*` histograms lives at `/prometheus/metrics` when `return_perf_metrics` is on.
+The gauges (running, waiting, KV) appeared in 1.3, so every family is optional.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+from console.core.fetch import FetchError, Response
+from console.core.promtext import MetricsGarbage, parse
+from console.core.readings import EngineReading, ModelReading, histograms_by, values_by
+from plugins.base import (
+    Discovered,
+    EnginePlugin,
+    EngineTarget,
+    ProbeContext,
+    flag_value,
+    local_url,
+    port_from,
+)
+
+
+class TrtllmPlugin(EnginePlugin):
+    kind = "trtllm"
+    process_markers = ("trtllm-serve",)
+
+    def discover(self, cmdline: list[str], listening: list[int]) -> Discovered | None:
+        if not any(a.endswith("trtllm-serve") for a in cmdline[:2]):
+            return None
+        port = port_from(cmdline, ("--port",), listening, 8000)
+        if port is None:
+            return None
+        return Discovered(local_url(flag_value(cmdline, "--host"), port))
+
+    async def probe(self, target: EngineTarget, ctx: ProbeContext) -> EngineReading:
+        base = target.endpoint
+        try:
+            health = await ctx.get(f"{base}/health")
+        except FetchError as exc:
+            return EngineReading(
+                state="down" if exc.refused else "unhealthy", reason=f"/health: {exc}"
+            )
+        version, models, prom = await asyncio.gather(
+            ctx.get(f"{base}/version"),
+            ctx.get(f"{base}/v1/models"),
+            ctx.get(f"{base}/prometheus/metrics"),
+            return_exceptions=True,
+        )
+        problems: list[str] = []
+        reading = EngineReading(state="ready" if health.status == 200 else "unhealthy")
+        if health.status != 200:
+            problems.append(f"/health answered {health.status}")
+        if isinstance(version, Response) and version.status == 200:
+            with contextlib.suppress(FetchError, AttributeError):
+                reading.version = str(version.json().get("version")) or None
+        served = _served(models)
+        if isinstance(prom, Response) and prom.status == 200:
+            try:
+                reading.models = prometheus_models(prom.text(), served)
+            except MetricsGarbage as exc:
+                problems.append(f"/prometheus/metrics: {exc}")
+        if not reading.models:
+            # No Prometheus endpoint: the JSON iteration stats still give load and KV.
+            stats = await _iteration_stats(ctx, base)
+            reading.models = [iteration_model(name, stats) for name in served]
+        reading.reason = "; ".join(problems) or None
+        return reading
+
+
+def _served(models: Response | BaseException) -> list[str]:
+    if isinstance(models, Response) and models.status == 200:
+        try:
+            return [str(card["id"]) for card in models.json()["data"]]
+        except (FetchError, KeyError, TypeError):
+            return []
+    return []
+
+
+async def _iteration_stats(ctx: ProbeContext, base: str) -> dict[str, Any] | None:
+    try:
+        resp = await ctx.get(f"{base}/metrics")
+        data = resp.json() if resp.status == 200 else None
+    except FetchError:
+        return None
+    if isinstance(data, list) and data and isinstance(data[-1], dict):
+        return data[-1]
+    return None
+
+
+def iteration_model(name: str, stats: dict[str, Any] | None) -> ModelReading:
+    """A model reading from the newest JSON iteration-stats entry (None: nothing known)."""
+    model = ModelReading(name=name)
+    if not stats:
+        return model
+    if isinstance(stats.get("numActiveRequests"), int | float):
+        model.requests_running = float(stats["numActiveRequests"])
+    if isinstance(stats.get("numQueuedRequests"), int | float):
+        model.requests_waiting = float(stats["numQueuedRequests"])
+    kv = stats.get("kvCacheStats")
+    if isinstance(kv, dict) and kv.get("maxNumBlocks"):
+        model.kv_cache_usage = float(kv.get("usedNumBlocks", 0)) / float(kv["maxNumBlocks"])
+    return model
+
+
+def prometheus_models(text: str, served: list[str]) -> list[ModelReading]:
+    """Model readings from trtllm-serve's `trtllm_*` Prometheus text."""
+    exp = parse(text, ("trtllm_",))
+    group = "model_name"
+    finished = values_by(exp, "trtllm_request_success_total", group)
+    errors = values_by(exp, "trtllm_request_error_total", group)
+    running = values_by(exp, "trtllm_num_requests_running", group)
+    waiting = values_by(exp, "trtllm_num_requests_waiting", group)
+    kv = values_by(exp, "trtllm_kv_cache_utilization", group)
+    prompt = values_by(exp, "trtllm_prompt_tokens_total", group)
+    generated = values_by(exp, "trtllm_generation_tokens_total", group)
+    hists = {
+        "ttft": histograms_by(exp, "trtllm_time_to_first_token_seconds", group),
+        "itl": histograms_by(exp, "trtllm_time_per_output_token_seconds", group),
+        "e2e": histograms_by(exp, "trtllm_e2e_request_latency_seconds", group),
+    }
+    labelled = list(dict.fromkeys([*finished, *running, *hists["e2e"]]))
+    # Older servers label every series model_name="undefined": give them the served name.
+    rename = {"undefined": served[0]} if served and labelled == ["undefined"] else {}
+    out = []
+    for label in labelled:
+        model = ModelReading(
+            name=rename.get(label, label),
+            requests_running=running.get(label),
+            requests_waiting=waiting.get(label),
+            kv_cache_usage=kv.get(label),
+        )
+        if label in finished:
+            model.counters["requests"] = finished[label] + errors.get(label, 0.0)
+            model.counters["errors"] = errors.get(label, 0.0)
+        if label in prompt:
+            model.counters["prompt_tokens"] = prompt[label]
+        if label in generated:
+            model.counters["generation_tokens"] = generated[label]
+        for key, by_label in hists.items():
+            if label in by_label:
+                model.histograms[key] = by_label[label]
+        out.append(model)
+    return out

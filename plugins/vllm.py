@@ -1,0 +1,192 @@
+"""vLLM's OpenAI server: /health, /version, /v1/models, /metrics (vllm:*)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from console.core.fetch import FetchError, Response
+from console.core.promtext import Exposition, MetricsGarbage, parse
+from console.core.readings import EngineReading, ModelReading, histograms_by, values_by
+from plugins.base import (
+    Discovered,
+    EnginePlugin,
+    EngineTarget,
+    ProbeContext,
+    flag_value,
+    local_url,
+    port_from,
+)
+
+# Current names first; the names renamed or removed since 0.10 follow as fallbacks.
+KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
+ITL = ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds")
+TTFT = ("vllm:time_to_first_token_seconds",)
+E2E = ("vllm:e2e_request_latency_seconds",)
+
+
+class VllmPlugin(EnginePlugin):
+    kind = "vllm"
+    process_markers = ("vllm.entrypoints", "vllm serve")
+
+    def discover(self, cmdline: list[str], listening: list[int]) -> Discovered | None:
+        joined = " ".join(cmdline[:4])
+        is_server = (
+            "vllm.entrypoints.openai.api_server" in cmdline
+            or (any(a.endswith("vllm") for a in cmdline[:2]) and "serve" in cmdline[1:3])
+            or "vllm.entrypoints.cli.main serve" in joined
+        )
+        if not is_server:
+            return None
+        port = port_from(cmdline, ("--port",), listening, 8000)
+        if port is None:
+            return None
+        return Discovered(local_url(flag_value(cmdline, "--host"), port))
+
+    async def probe(self, target: EngineTarget, ctx: ProbeContext) -> EngineReading:
+        base = target.endpoint
+        try:
+            health = await ctx.get(f"{base}/health")
+        except FetchError as exc:
+            return EngineReading(
+                state="down" if exc.refused else "unhealthy", reason=f"/health: {exc}"
+            )
+        version, models, metrics = await asyncio.gather(
+            ctx.get(f"{base}/version"),
+            ctx.get(f"{base}/v1/models"),
+            ctx.get(f"{base}/metrics"),
+            return_exceptions=True,
+        )
+        reading = EngineReading(state="ready", version=_version(version))
+        problems: list[str] = []
+        if health.status != 200:
+            reading.state = "unhealthy"
+            problems.append(
+                f"/health answered {health.status}"
+                + (" (engine dead)" if health.status == 503 else "")
+            )
+        served = _served_models(models, problems)
+        if served == [] and reading.state == "ready":
+            reading.state = "unhealthy"
+            problems.append("/v1/models lists no model")
+        exp = _exposition(metrics, problems)
+        if exp is not None:
+            reading.models = _models(exp, served or [])
+            reading.config = _cache_config(exp)
+            if _asleep(exp):
+                reading.state = "unhealthy"
+                problems.append(
+                    "engine is asleep (sleep mode): /health says 200 but it cannot serve"
+                )
+        elif served:
+            reading.models = [ModelReading(name) for name in served]
+        reading.reason = "; ".join(problems) or None
+        return reading
+
+
+def _version(result: Response | BaseException) -> str | None:
+    if isinstance(result, Response) and result.status == 200:
+        try:
+            data = result.json()
+        except FetchError:
+            return None
+        if isinstance(data, dict) and isinstance(data.get("version"), str):
+            return str(data["version"])
+    return None
+
+
+def _served_models(result: Response | BaseException, problems: list[str]) -> list[str] | None:
+    if isinstance(result, BaseException):
+        problems.append(f"/v1/models: {result}")
+        return None
+    if result.status != 200:
+        problems.append(f"/v1/models answered {result.status}")
+        return None
+    try:
+        data = result.json()
+        return [str(card["id"]) for card in data["data"]]
+    except (FetchError, KeyError, TypeError) as exc:
+        problems.append(f"/v1/models: unexpected shape ({exc.__class__.__name__})")
+        return None
+
+
+def _exposition(result: Response | BaseException, problems: list[str]) -> Exposition | None:
+    if isinstance(result, BaseException):
+        problems.append(f"/metrics: {result}")
+        return None
+    if result.status != 200:
+        problems.append(f"/metrics answered {result.status}")
+        return None
+    try:
+        return parse(result.text(), ("vllm:",))
+    except MetricsGarbage as exc:
+        problems.append(f"/metrics: {exc}")
+        return None
+
+
+def _first(exp: Exposition, names: tuple[str, ...], **match: str) -> dict[str, float]:
+    for name in names:
+        values = values_by(exp, name, "model_name", **match)
+        if values:
+            return values
+    return {}
+
+
+def _first_hist(exp: Exposition, names: tuple[str, ...]) -> dict[str, Any]:
+    for name in names:
+        hists = histograms_by(exp, name, "model_name")
+        if hists:
+            return hists
+    return {}
+
+
+def _models(exp: Exposition, served: list[str]) -> list[ModelReading]:
+    running = values_by(exp, "vllm:num_requests_running", "model_name")
+    waiting = values_by(exp, "vllm:num_requests_waiting", "model_name")
+    kv = _first(exp, KV_USAGE)
+    finished = values_by(exp, "vllm:request_success_total", "model_name")
+    errors = values_by(exp, "vllm:request_success_total", "model_name", finished_reason="error")
+    prompt = values_by(exp, "vllm:prompt_tokens_total", "model_name")
+    generated = values_by(exp, "vllm:generation_tokens_total", "model_name")
+    hists = {
+        "ttft": _first_hist(exp, TTFT),
+        "itl": _first_hist(exp, ITL),
+        "e2e": _first_hist(exp, E2E),
+    }
+    names = list(dict.fromkeys([*served, *running, *finished]))
+    out = []
+    for name in names:
+        model = ModelReading(
+            name=name,
+            requests_running=running.get(name),
+            requests_waiting=waiting.get(name),
+            kv_cache_usage=kv.get(name),
+        )
+        if name in finished:
+            model.counters["requests"] = finished[name]
+            model.counters["errors"] = errors.get(name, 0.0)
+        if name in prompt:
+            model.counters["prompt_tokens"] = prompt[name]
+        if name in generated:
+            model.counters["generation_tokens"] = generated[name]
+        for key, by_model in hists.items():
+            if name in by_model:
+                model.histograms[key] = by_model[name]
+        out.append(model)
+    return out
+
+
+def _cache_config(exp: Exposition) -> dict[str, Any]:
+    for sample in exp.samples:
+        if sample.name == "vllm:cache_config_info":
+            return {"cache_config_info": dict(sample.labels)}
+    return {}
+
+
+def _asleep(exp: Exposition) -> bool:
+    awake = [
+        s.value
+        for s in exp.samples
+        if s.name == "vllm:engine_sleep_state" and s.labels.get("sleep_state") == "awake"
+    ]
+    return bool(awake) and all(v == 0 for v in awake)
