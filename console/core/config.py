@@ -240,6 +240,8 @@ def _what(error: Any, loc: KeyPath, raw: Any) -> str:
         return f"unknown key {key!r}{hint} (allowed: {', '.join(allowed)})"
     if kind == "missing":
         return f"missing required key {str(loc[-1])!r}"
+    if kind == "value_error":
+        return str(error.get("ctx", {}).get("error", error["msg"]))
     got = error.get("input")
     return f"{error['msg'].rstrip('.')}; got {got!r}" if got is not None else error["msg"]
 

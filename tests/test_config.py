@@ -1,0 +1,131 @@
+"""fleet.toml: a bad file gets one clear message with path, line and what is wrong."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from console.core.config import ConfigError, load_fleet, parse_fleet
+
+GOOD = """\
+[fleet]
+name = "t"
+environment = "prod"
+
+[[nodes]]
+name = "gpu-a1"
+agent = "http://127.0.0.1:9410"
+token_env = "T_TOKEN"
+
+[[nodes]]
+name = "gpu-b7"
+ssh = "ops@gpu-b7"
+
+[[models]]
+name = "llama"
+slo = { ttft_p95_ms = 500, itl_p95_ms = 60 }
+
+  [[models.deployments]]
+  id = "llama-trt"
+  node = "gpu-a1"
+  engine = "triton"
+  endpoint = "http://127.0.0.1:8000"
+
+  [[models.deployments]]
+  id = "llama-vllm"
+  node = "gpu-b7"
+  engine = "vllm"
+  endpoint = "http://127.0.0.1:8001"
+"""
+
+
+def error_of(text: str) -> str:
+    with pytest.raises(ConfigError) as info:
+        parse_fleet(text, Path("fleet.toml"))
+    return str(info.value)
+
+
+def test_the_example_fleet_and_a_full_file_load():
+    fleet = parse_fleet(GOOD)
+    assert [n.name for n in fleet.nodes] == ["gpu-a1", "gpu-b7"]
+    assert fleet.nodes[1].transport == "ssh"
+    assert fleet.read_only  # prod is read-only unless the file says otherwise
+    assert [d.id for _, d in fleet.deployments_on("gpu-a1")] == ["llama-trt"]
+    assert load_fleet(Path(__file__).parents[1] / "fleet.toml").fleet.name == "local"
+
+
+def test_an_unknown_key_names_its_line_and_the_likely_intent():
+    message = error_of(GOOD.replace('agent = "http://127.0.0.1:9410"', 'agnt = "http://x"'))
+    assert message.startswith("fleet.toml:7: nodes[0].agnt: unknown key 'agnt'")
+    assert "did you mean 'agent'" in message
+
+
+def test_an_unknown_key_in_a_nested_table_names_its_line():
+    message = error_of(GOOD.replace("itl_p95_ms = 60", "itl_p95 = 60"))
+    assert message.startswith("fleet.toml:16: models[0].slo.itl_p95: unknown key")
+
+
+def test_a_wrong_type_says_what_it_got():
+    message = error_of(GOOD.replace('environment = "prod"', "environment = 3"))
+    assert message.startswith("fleet.toml:3: fleet.environment:")
+    assert "got 3" in message
+
+
+def test_a_deployment_naming_a_missing_node():
+    message = error_of(GOOD.replace('node = "gpu-b7"', 'node = "gpu-zz"'))
+    assert message == ("fleet.toml:26: models[0].deployments[1].node: names node 'gpu-zz', "
+                       "which is not in [[nodes]]")
+
+
+def test_duplicate_ids_and_names():
+    message = error_of(GOOD.replace('id = "llama-vllm"', 'id = "llama-trt"'))
+    assert message == "fleet.toml:25: models[0].deployments[1].id: duplicate deployment id " \
+                      "'llama-trt'"
+    message = error_of(GOOD.replace('name = "gpu-b7"', 'name = "gpu-a1"'))
+    assert message.startswith("fleet.toml:11: nodes[1].name: duplicate node name 'gpu-a1'")
+
+
+def test_an_unknown_engine_and_a_bad_endpoint():
+    assert "unknown engine 'sglangx'" in error_of(GOOD.replace('"triton"', '"sglangx"'))
+    message = error_of(GOOD.replace('endpoint = "http://127.0.0.1:8000"', 'endpoint = "x:8"'))
+    assert message == ("fleet.toml:22: models[0].deployments[0].endpoint: must be an http:// or "
+                       "https:// URL, got 'x:8'")
+
+
+def test_a_syntax_error_names_its_line():
+    message = error_of(GOOD.replace('name = "llama"', 'name = "llama'))
+    assert message.startswith("fleet.toml:15: not valid TOML")
+
+
+def test_a_token_variable_that_is_not_set_names_the_line_that_named_it():
+    fleet = parse_fleet(GOOD)
+    with pytest.raises(ConfigError) as info:
+        fleet.secret("T_TOKEN", ("nodes", 0, "token_env"), environ={})
+    assert str(info.value).startswith("fleet.toml:8: nodes[0].token_env: environment variable "
+                                      "T_TOKEN is not set")
+    assert fleet.secret("T_TOKEN", ("nodes", 0, "token_env"), environ={"T_TOKEN": "s3"}) == "s3"
+
+
+def test_the_agent_refuses_a_bad_file_with_one_line_and_a_nonzero_exit(tmp_path):
+    bad = tmp_path / "fleet.toml"
+    bad.write_text(GOOD.replace("[[nodes]]", "[[nodez]]", 1))
+    result = subprocess.run(
+        [sys.executable, "-m", "console.cli", "agent", "--fleet", str(bad), "--node", "gpu-a1",
+         "--once", "--json"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert f"{bad}:5: nodez: unknown key 'nodez'" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_the_agent_names_a_node_the_file_does_not_declare(tmp_path):
+    path = tmp_path / "fleet.toml"
+    path.write_text(GOOD)
+    result = subprocess.run(
+        [sys.executable, "-m", "console.cli", "agent", "--fleet", str(path), "--node", "nope",
+         "--once", "--json"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert "no node named 'nope' (nodes: gpu-a1, gpu-b7)" in result.stderr
