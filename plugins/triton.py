@@ -273,3 +273,9 @@ class _BoundedClient(InferenceServerClient):
             response_class=capped,
         )
         self._verbose = False
+
+
+def read_models(names: list[str], stats: Any, metrics_text: str | None) -> list[ModelReading]:
+    """Model readings from Triton's statistics JSON and its metrics-port text."""
+    exp = parse(metrics_text, ("nv_",)) if metrics_text is not None else None
+    return _models(names, stats, exp)

@@ -190,3 +190,8 @@ def _asleep(exp: Exposition) -> bool:
         if s.name == "vllm:engine_sleep_state" and s.labels.get("sleep_state") == "awake"
     ]
     return bool(awake) and all(v == 0 for v in awake)
+
+
+def read_metrics(text: str, served: list[str]) -> list[ModelReading]:
+    """Model readings from a vLLM /metrics text (any version since 0.8)."""
+    return _models(parse(text, ("vllm:",)), served)

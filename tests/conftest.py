@@ -14,7 +14,11 @@ import pytest
 
 from tests.engines.servers import free_port, free_ports, log_tail, stop, wait_until
 
-pytest_plugins = ["tests.engines.fixtures"] if (Path(__file__).parent / "engines" / "fixtures.py").exists() else []
+pytest_plugins = (
+    ["tests.engines.fixtures"]
+    if (Path(__file__).parent / "engines" / "fixtures.py").exists()
+    else []
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 VIEWER = "viewer-token-0123"
@@ -46,8 +50,12 @@ class Agent:
 
 def agent_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("ENGINEROOM_")}
-    env.update(ENGINEROOM_VIEWER_TOKEN=VIEWER, ENGINEROOM_OPERATOR_TOKEN=OPERATOR,
-               PYTHONUNBUFFERED="1", **extra)
+    env.update(
+        ENGINEROOM_VIEWER_TOKEN=VIEWER,
+        ENGINEROOM_OPERATOR_TOKEN=OPERATOR,
+        PYTHONUNBUFFERED="1",
+        **extra,
+    )
     return env
 
 
@@ -59,10 +67,24 @@ def start_agent(workdir: Path, fleet_text: str, node: str, **env: str) -> Agent:
     log = workdir / "agent.log"
     with log.open("wb") as out:
         process = subprocess.Popen(
-            [sys.executable, "-m", "console.cli", "agent", "--fleet", str(fleet), "--node", node,
-             "--listen", f"127.0.0.1:{port}"],
-            stdout=out, stderr=subprocess.STDOUT, env=agent_env(**env), cwd=ROOT,
-            start_new_session=True)
+            [
+                sys.executable,
+                "-m",
+                "console.cli",
+                "agent",
+                "--fleet",
+                str(fleet),
+                "--node",
+                node,
+                "--listen",
+                f"127.0.0.1:{port}",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=agent_env(**env),
+            cwd=ROOT,
+            start_new_session=True,
+        )
     agent = Agent(process, f"http://127.0.0.1:{port}", log, fleet)
 
     def up() -> bool:
@@ -101,9 +123,15 @@ def hostile_engines(tmp_path: Path) -> Iterator[dict[str, int]]:
     log = tmp_path / "hostile.log"
     with log.open("wb") as out:
         process = subprocess.Popen(
-            [sys.executable, str(ROOT / "tests" / "hostile_engine.py"),
-             *(f"{m}:{p}" for m, p in ports.items())],
-            stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+            [
+                sys.executable,
+                str(ROOT / "tests" / "hostile_engine.py"),
+                *(f"{m}:{p}" for m, p in ports.items()),
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     wait_until(lambda: "listening" in log.read_text(), timeout=20, what="hostile engines")
     yield ports
     stop(process, grace=2)

@@ -15,16 +15,18 @@ import sys
 MODELS = b'{"object":"list","data":[{"id":"m","object":"model"}]}'
 
 
-async def _reply(writer: asyncio.StreamWriter, status: str, body: bytes,
-                 ctype: str = "application/json") -> None:
+async def _reply(
+    writer: asyncio.StreamWriter, status: str, body: bytes, ctype: str = "application/json"
+) -> None:
     head = f"HTTP/1.1 {status}\r\ncontent-type: {ctype}\r\ncontent-length: {len(body)}\r\n\r\n"
     writer.write(head.encode() + body)
     await writer.drain()
 
 
 async def _enormous(writer: asyncio.StreamWriter) -> None:
-    writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\n"
-                 b"transfer-encoding: chunked\r\n\r\n")
+    writer.write(
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ntransfer-encoding: chunked\r\n\r\n"
+    )
     line = b'vllm:num_requests_running{model_name="m"} 1\n' * 20000  # ~900 KB per chunk
     chunk = f"{len(line):x}\r\n".encode() + line + b"\r\n"
     for _ in range(2000):  # up to ~1.8 GB: far over any sane cap
@@ -49,8 +51,9 @@ def handler(mode: str):  # type: ignore[no-untyped-def]
                 elif path == "/v1/models":
                     await _reply(writer, "200 OK", MODELS)
                 elif path == "/metrics" and mode == "garbage":
-                    await _reply(writer, "200 OK", b"\x00\xff<html>not metrics</html>\n{{{{\n",
-                                 "text/plain")
+                    await _reply(
+                        writer, "200 OK", b"\x00\xff<html>not metrics</html>\n{{{{\n", "text/plain"
+                    )
                 elif path == "/metrics" and mode == "enormous":
                     await _enormous(writer)
                     return

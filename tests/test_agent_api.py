@@ -37,12 +37,20 @@ def test_a_viewer_token_cannot_act(agent_factory):
 
     agent = agent_factory(FLEET)
     body = {"kind": "vllm.start", "profile": "x"}
-    viewer = httpx.post(agent.url + "/v1/jobs", json=body, timeout=5,
-                        headers={"Authorization": "Bearer viewer-token-0123"})
+    viewer = httpx.post(
+        agent.url + "/v1/jobs",
+        json=body,
+        timeout=5,
+        headers={"Authorization": "Bearer viewer-token-0123"},
+    )
     assert viewer.status_code == 403
     assert "viewer role" in viewer.json()["error"]
-    operator = httpx.post(agent.url + "/v1/jobs", json=body, timeout=5,
-                          headers={"Authorization": f"Bearer {OPERATOR.split(':', 1)[1]}"})
+    operator = httpx.post(
+        agent.url + "/v1/jobs",
+        json=body,
+        timeout=5,
+        headers={"Authorization": f"Bearer {OPERATOR.split(':', 1)[1]}"},
+    )
     assert operator.status_code == 422  # allowed to ask; no job kinds exist yet
     assert httpx.delete(agent.url + "/v1/jobs/x", timeout=5).status_code == 401
 
@@ -75,8 +83,9 @@ def test_the_snapshot_refreshes_on_its_interval(agent_factory):
 
     agent = agent_factory(FLEET)
     first = agent.snapshot()["node"]["time"]
-    wait_until(lambda: agent.snapshot()["node"]["time"] > first, timeout=10,
-               what="a newer snapshot")
+    wait_until(
+        lambda: agent.snapshot()["node"]["time"] > first, timeout=10, what="a newer snapshot"
+    )
 
 
 def test_the_agent_publishes_an_openapi_schema_with_the_snapshot_model(agent_factory):
@@ -91,23 +100,62 @@ def test_an_agent_without_tokens_refuses_to_start(tmp_path):
     fleet.write_text(FLEET)
     env = {k: v for k, v in agent_env().items() if "TOKEN" not in k}
     result = subprocess.run(
-        [sys.executable, "-m", "console.cli", "agent", "--fleet", str(fleet), "--node", "local",
-         "--listen", "127.0.0.1:1"], capture_output=True, text=True, env=env, timeout=60,
-        cwd=ROOT)
+        [
+            sys.executable,
+            "-m",
+            "console.cli",
+            "agent",
+            "--fleet",
+            str(fleet),
+            "--node",
+            "local",
+            "--listen",
+            "127.0.0.1:1",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        cwd=ROOT,
+    )
     assert result.returncode == 2
-    assert "no tokens: set ENGINEROOM_VIEWER_TOKEN and/or ENGINEROOM_OPERATOR_TOKEN" in \
-        result.stderr
+    assert (
+        "no tokens: set ENGINEROOM_VIEWER_TOKEN and/or ENGINEROOM_OPERATOR_TOKEN" in result.stderr
+    )
 
 
 def test_once_json_prints_one_snapshot_for_agentless_use(tmp_path):
     fleet = tmp_path / "fleet.toml"
     fleet.write_text(FLEET)
     result = subprocess.run(
-        [sys.executable, "-m", "console.cli", "agent", "--fleet", str(fleet), "--node", "local",
-         "--once", "--json"], capture_output=True, text=True, timeout=60, cwd=ROOT,
-        env=agent_env())
+        [
+            sys.executable,
+            "-m",
+            "console.cli",
+            "agent",
+            "--fleet",
+            str(fleet),
+            "--node",
+            "local",
+            "--once",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        env=agent_env(),
+    )
     assert result.returncode == 0, result.stderr
     snap = json.loads(result.stdout)
-    assert set(snap) >= {"node", "host", "gpu_status", "driver_version", "cuda_driver_version",
-                         "gpus", "engines", "jobs"}
+    assert set(snap) >= {
+        "node",
+        "host",
+        "gpu_status",
+        "driver_version",
+        "cuda_driver_version",
+        "gpus",
+        "engines",
+        "jobs",
+    }
     assert snap["host"]["cpu_pct"] is not None

@@ -10,13 +10,16 @@ from tests.engines.servers import free_port, wait_until
 
 
 def fleet_for(ports: dict[str, int], refused: int, timeout: float = 1.0) -> str:
-    deployments = "".join(f"""
+    deployments = "".join(
+        f"""
   [[models.deployments]]
   id = "{mode}"
   node = "local"
   engine = "vllm"
   endpoint = "http://127.0.0.1:{port}"
-""" for mode, port in {**ports, "refused": refused}.items())
+"""
+        for mode, port in {**ports, "refused": refused}.items()
+    )
     return f"""\
 [fleet]
 name = "t"
@@ -35,8 +38,8 @@ name = "m"
 id = "triton-hung"
 node = "local"
 engine = "triton"
-endpoint = "http://127.0.0.1:{ports['hang']}"
-metrics_endpoint = "http://127.0.0.1:{ports['hang']}"
+endpoint = "http://127.0.0.1:{ports["hang"]}"
+metrics_endpoint = "http://127.0.0.1:{ports["hang"]}"
 """
 
 
@@ -49,8 +52,11 @@ def test_each_bad_engine_gets_a_state_and_a_reason(agent_factory, hostile_engine
         snap = agent.snapshot()
         return {e["deployment_ids"][0]: e for e in snap["engines"]}
 
-    by_id = wait_until(lambda: (e := engines()) and len(e) == 6 and e, timeout=20,
-                       what="all six engines in the snapshot")
+    by_id = wait_until(
+        lambda: (e := engines()) and len(e) == 6 and e,
+        timeout=20,
+        what="all six engines in the snapshot",
+    )
     assert by_id["hang"]["state"] == "unhealthy"
     assert by_id["hang"]["reason"] == "/health: no answer within 1 s"
     assert by_id["triton-hung"]["state"] == "unhealthy"

@@ -76,14 +76,17 @@ def test_a_wrong_type_says_what_it_got():
 
 def test_a_deployment_naming_a_missing_node():
     message = error_of(GOOD.replace('node = "gpu-b7"', 'node = "gpu-zz"'))
-    assert message == ("fleet.toml:26: models[0].deployments[1].node: names node 'gpu-zz', "
-                       "which is not in [[nodes]]")
+    assert message == (
+        "fleet.toml:26: models[0].deployments[1].node: names node 'gpu-zz', "
+        "which is not in [[nodes]]"
+    )
 
 
 def test_duplicate_ids_and_names():
     message = error_of(GOOD.replace('id = "llama-vllm"', 'id = "llama-trt"'))
-    assert message == "fleet.toml:25: models[0].deployments[1].id: duplicate deployment id " \
-                      "'llama-trt'"
+    assert (
+        message == "fleet.toml:25: models[0].deployments[1].id: duplicate deployment id 'llama-trt'"
+    )
     message = error_of(GOOD.replace('name = "gpu-b7"', 'name = "gpu-a1"'))
     assert message.startswith("fleet.toml:11: nodes[1].name: duplicate node name 'gpu-a1'")
 
@@ -91,8 +94,10 @@ def test_duplicate_ids_and_names():
 def test_an_unknown_engine_and_a_bad_endpoint():
     assert "unknown engine 'sglangx'" in error_of(GOOD.replace('"triton"', '"sglangx"'))
     message = error_of(GOOD.replace('endpoint = "http://127.0.0.1:8000"', 'endpoint = "x:8"'))
-    assert message == ("fleet.toml:22: models[0].deployments[0].endpoint: must be an http:// or "
-                       "https:// URL, got 'x:8'")
+    assert message == (
+        "fleet.toml:22: models[0].deployments[0].endpoint: must be an http:// or "
+        "https:// URL, got 'x:8'"
+    )
 
 
 def test_a_syntax_error_names_its_line():
@@ -104,8 +109,9 @@ def test_a_token_variable_that_is_not_set_names_the_line_that_named_it():
     fleet = parse_fleet(GOOD)
     with pytest.raises(ConfigError) as info:
         fleet.secret("T_TOKEN", ("nodes", 0, "token_env"), environ={})
-    assert str(info.value).startswith("fleet.toml:8: nodes[0].token_env: environment variable "
-                                      "T_TOKEN is not set")
+    assert str(info.value).startswith(
+        "fleet.toml:8: nodes[0].token_env: environment variable T_TOKEN is not set"
+    )
     assert fleet.secret("T_TOKEN", ("nodes", 0, "token_env"), environ={"T_TOKEN": "s3"}) == "s3"
 
 
@@ -113,8 +119,22 @@ def test_the_agent_refuses_a_bad_file_with_one_line_and_a_nonzero_exit(tmp_path)
     bad = tmp_path / "fleet.toml"
     bad.write_text(GOOD.replace("[[nodes]]", "[[nodez]]", 1))
     result = subprocess.run(
-        [sys.executable, "-m", "console.cli", "agent", "--fleet", str(bad), "--node", "gpu-a1",
-         "--once", "--json"], capture_output=True, text=True, timeout=60)
+        [
+            sys.executable,
+            "-m",
+            "console.cli",
+            "agent",
+            "--fleet",
+            str(bad),
+            "--node",
+            "gpu-a1",
+            "--once",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 2
     assert result.stdout == ""
     assert f"{bad}:5: nodez: unknown key 'nodez'" in result.stderr
@@ -125,7 +145,21 @@ def test_the_agent_names_a_node_the_file_does_not_declare(tmp_path):
     path = tmp_path / "fleet.toml"
     path.write_text(GOOD)
     result = subprocess.run(
-        [sys.executable, "-m", "console.cli", "agent", "--fleet", str(path), "--node", "nope",
-         "--once", "--json"], capture_output=True, text=True, timeout=60)
+        [
+            sys.executable,
+            "-m",
+            "console.cli",
+            "agent",
+            "--fleet",
+            str(path),
+            "--node",
+            "nope",
+            "--once",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 2
     assert "no node named 'nope' (nodes: gpu-a1, gpu-b7)" in result.stderr

@@ -48,6 +48,7 @@ class NodeAgent:
         )
         self.engines = EngineTracker(fleet, node, self.plugins, self.http)
         self.owners = discovery.Owners()
+        self.nvml_deadline_s = NVML_DEADLINE_S
         self._nvml_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="nvml")
         self._nvml_pending: concurrent.futures.Future[list[Gpu]] | None = None
         self._last_gpus: list[Gpu] = []
@@ -107,11 +108,13 @@ class NodeAgent:
         started = time.perf_counter()
         self._nvml_pending = self._nvml_pool.submit(self.gpu.sample)
         try:
-            gpus = await asyncio.wait_for(asyncio.wrap_future(self._nvml_pending), NVML_DEADLINE_S)
+            gpus = await asyncio.wait_for(
+                asyncio.wrap_future(self._nvml_pending), self.nvml_deadline_s
+            )
         except TimeoutError:
             return (
                 self._last_gpus,
-                f"NVML did not answer within {NVML_DEADLINE_S:g} s; "
+                f"NVML did not answer within {self.nvml_deadline_s:g} s; "
                 "GPU values are from the last good sample",
                 None,
             )

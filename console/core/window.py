@@ -73,8 +73,8 @@ class ModelWindow:
         if self._readings and _went_backwards(reading, self._readings[-1][1]):
             self._readings.clear()
         self._readings.append((t, reading))
-        # Keep one reading at or before the window's start, so the window is covered.
-        while len(self._readings) >= 2 and self._readings[1][0] <= t - self.window_s:
+        # The window spans from its oldest reading that is not older than window_s.
+        while len(self._readings) >= 2 and self._readings[0][0] < t - self.window_s:
             self._readings.popleft()
 
     def stats(self) -> ModelStats:

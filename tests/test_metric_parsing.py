@@ -1,0 +1,104 @@
+"""Engine metrics from other versions and engines, read from recorded or constructed texts.
+
+Files named *-style or *-backend under tests/fixtures are constructed from documented
+metric names (their headers say so); the others were scraped from the real servers here.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from console.core.promtext import MetricsGarbage, parse
+from plugins.triton import read_models
+from plugins.trtllm import prometheus_models
+from plugins.vllm import read_metrics
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def test_labels_with_escapes_commas_and_braces_parse():
+    exp = parse('m{a="x,y",b="q\\"uote}",c="back\\\\slash"} 1.5 1700000000\nn 2\nbad line here\n')
+    first = exp.samples[0]
+    assert first.labels == {"a": "x,y", "b": 'q"uote}', "c": "back\\slash"}
+    assert first.value == 1.5
+    assert exp.samples[1].value == 2
+    assert exp.bad_lines == 1
+
+
+def test_special_values():
+    exp = parse("a +Inf\nb -Inf\nc NaN\n")
+    assert exp.samples[0].value == math.inf
+    assert math.isnan(exp.samples[2].value)
+
+
+def test_a_page_of_garbage_is_reported_not_read_as_empty():
+    with pytest.raises(MetricsGarbage):
+        parse("<html>\n<body>oops</body>\n")
+    assert parse("").samples == []  # an empty page is just empty
+
+
+def test_older_vllm_names_are_still_read():
+    [model] = read_metrics((FIXTURES / "vllm-0.9-style.metrics.txt").read_text(), ["llama-8b"])
+    assert model.requests_running == 5  # summed over the data-parallel engines
+    assert model.requests_waiting == 1
+    assert model.kv_cache_usage == pytest.approx(0.42)  # from gpu_cache_usage_perc
+    assert model.counters["requests"] == 100
+    assert model.counters["errors"] == 0
+    assert set(model.histograms) == {"ttft", "itl", "e2e"}  # itl from time_per_output_token
+    ttft = model.histograms["ttft"]
+    assert ttft.counts == (0, 40, 90, 100, 100)  # buckets merged across engines, not averaged
+    assert ttft.count == 100
+
+
+def test_triton_with_the_tensorrt_llm_backend():
+    text = (FIXTURES / "triton-trtllm-backend.metrics.txt").read_text()
+    ensemble, trt = read_models(["ensemble", "tensorrt_llm"], {}, text)
+    assert trt.requests_waiting == 4  # nv_trt_llm_request_metrics{request_type="waiting"}
+    assert trt.requests_running == 12  # {request_type="scheduled"}
+    assert trt.kv_cache_usage == 0.625
+    assert ensemble.requests_waiting == 0  # nv_inference_pending_request_count
+    assert ensemble.kv_cache_usage is None  # unknown, never 0
+    hist = ensemble.histograms["ttft"]  # histogram_latencies=true: milliseconds to seconds
+    assert hist.bounds == (0.1, 0.5, 2.0, math.inf)
+    assert hist.count == 1200
+
+
+def test_triton_statistics_give_windowed_means():
+    stats = {
+        "model_stats": [
+            {
+                "name": "ensemble",
+                "inference_stats": {
+                    "success": {"count": 10, "ns": 5_000_000_000},
+                    "fail": {"count": 1, "ns": 0},
+                    "queue": {"count": 10, "ns": 100_000_000},
+                },
+                "response_stats": {
+                    "0": {"success": {"count": 10, "ns": 400_000_000}},
+                    "1": {"success": {"count": 10, "ns": 200_000_000}},
+                    "2": {"success": {"count": 10, "ns": 200_000_000}},
+                },
+            }
+        ]
+    }
+    [model] = read_models(["ensemble"], stats, None)
+    assert model.counters == {"requests": 11, "errors": 1}
+    assert model.means["e2e"].total_s == pytest.approx(5.0)
+    assert model.means["ttft"].total_s == pytest.approx(0.5)  # queue + first response
+    assert model.means["itl"].count == 20
+    assert model.requests_waiting is None  # no metrics text: unknown
+
+
+def test_trtllm_serve_prometheus_families():
+    text = (FIXTURES / "trtllm-serve-1.3-style.prometheus.txt").read_text()
+    [model] = prometheus_models(text, ["llama"])
+    assert model.name == "llama"  # "undefined" label renamed to the served model
+    assert model.requests_running == 7
+    assert model.requests_waiting == 2
+    assert model.kv_cache_usage == pytest.approx(0.31)
+    assert model.counters["requests"] == 62
+    assert model.counters["errors"] == 2
+    assert model.histograms["ttft"].count == 60
