@@ -40,7 +40,7 @@ def test_eight_gpus_each_with_their_own_values():
     nvml = FakeNvml([FakeGpu(util=10 * i, mem_used=i * 2**30, temp=40 + i) for i in range(8)])
     nvml.gpus[3].ecc = None  # NotSupported: unknown, and not an error
     sampler = GpuSampler(nvml)
-    gpus = sampler.sample()
+    gpus = sampler.read()
     sampler.close()
     assert sampler.driver_version == "580.159.04"
     assert sampler.cuda_driver_version == "13.0"
@@ -58,7 +58,7 @@ def test_a_lost_gpu_is_reported_and_the_others_still_read():
     nvml = FakeNvml([FakeGpu(util=50), FakeGpu(util=60)])
     sampler = GpuSampler(nvml)
     nvml.gpus[0].lost = True
-    gpus = sampler.sample()
+    gpus = sampler.read()
     sampler.close()
     assert gpus[0].utilization_pct is None
     assert "utilization: GPU is lost" in gpus[0].errors
@@ -70,7 +70,7 @@ def test_xid_critical_errors_arrive_through_the_event_thread():
     sampler = GpuSampler(nvml)
     nvml.xid_queue.append((1, 79))
     gpus = wait_until(
-        lambda: (g := sampler.sample()) and g[1].xid_events and g, timeout=5, what="XID 79 on GPU 1"
+        lambda: (g := sampler.read()) and g[1].xid_events and g, timeout=5, what="XID 79 on GPU 1"
     )
     sampler.close()
     assert [e.xid for e in gpus[1].xid_events] == [79]

@@ -74,32 +74,38 @@ def alive(pid: int, create_time: float) -> bool:
 
 
 class Owners:
-    """Maps GPU process pids to the engine whose process tree holds them (cached per pid)."""
+    """Maps GPU process pids to the engine whose process tree holds them, and names them.
+
+    Cached per pid (checked against the start time), so a steady GPU costs no psutil work.
+    """
 
     def __init__(self) -> None:
-        self._cache: dict[int, tuple[float, list[int]]] = {}
+        self._cache: dict[int, tuple[float, list[int], str | None]] = {}
 
-    def ancestry(self, pid: int) -> list[int]:
+    def _lookup(self, pid: int) -> tuple[list[int], str | None]:
         try:
             proc = psutil.Process(pid)
             created = proc.create_time()
         except psutil.Error:
-            return []
+            return [], None  # another PID namespace (a container), or already gone
         kept = self._cache.get(pid)
         if kept is not None and kept[0] == created:
-            return kept[1]
+            return kept[1], kept[2]
         try:
             chain = [pid, *(p.pid for p in proc.parents())]
+            name: str | None = proc.name()
         except psutil.Error:
-            chain = [pid]
-        self._cache[pid] = (created, chain)
-        return chain
+            chain, name = [pid], None
+        self._cache[pid] = (created, chain, name)
+        return chain, name
 
-    def owner(self, pid: int, engines: dict[int, str]) -> str | None:
-        for ancestor in self.ancestry(pid):
+    def owner(self, pid: int, engines: dict[int, str]) -> tuple[str | None, str | None]:
+        """(engine id, process name) for a GPU process; None where unknown."""
+        chain, name = self._lookup(pid)
+        for ancestor in chain:
             if ancestor in engines:
-                return engines[ancestor]
-        return None
+                return engines[ancestor], name
+        return None, name
 
     def forget_except(self, pids: set[int]) -> None:
         for pid in list(self._cache):

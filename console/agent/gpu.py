@@ -17,9 +17,13 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any, TypeVar
 
-from console.core.wire import Gpu, GpuProcess, XidEvent
+from console.core.wire import Gpu, XidEvent
 
 T = TypeVar("T")
+
+# Power limit, memory clock, ECC and remapped rows change rarely: read them every
+# SLOW_EVERY samples (10 s at the default 2 s interval) to keep the per-cycle cost low.
+SLOW_EVERY = 5
 
 # Clock-event ("throttle") reason bits, as NVML defines them, in words an SRE reads.
 CLOCK_EVENT_REASONS = (
@@ -72,6 +76,9 @@ class GpuSampler:
         self._xid: dict[int, deque[XidEvent]] = {}
         self._stop = threading.Event()
         self._xid_thread: threading.Thread | None = None
+        self._samples = 0
+        self._slow: dict[int, dict[str, Any]] = {}
+        self._proc_slots = 32
         self.nvml: ModuleType | None = None
         if nvml is None:
             try:
@@ -130,44 +137,67 @@ class GpuSampler:
             "mig_mode": bool(mig[0]) if mig else None,
         }
 
-    def sample(self) -> list[Gpu]:
+    def read(self) -> list[Gpu]:
+        """Every GPU as a wire model: `sample()` plus validation into `Gpu`."""
+        return [Gpu.model_validate(fields) for fields in self.sample()]
+
+    def sample(self) -> list[dict[str, Any]]:
+        """The NVML part: every GPU's fields as plain values (what the benchmark times)."""
         if not self.available:
             return []
-        return [self._sample_one(h, s) for h, s in zip(self._handles, self._static, strict=True)]
+        slow = self._samples % SLOW_EVERY == 0
+        self._samples += 1
+        return [
+            self._sample_one(h, s, slow) for h, s in zip(self._handles, self._static, strict=True)
+        ]
 
-    def _sample_one(self, handle: Any, static: dict[str, Any]) -> Gpu:
+    def _sample_one(self, handle: Any, static: dict[str, Any], slow: bool) -> dict[str, Any]:
         assert self.nvml is not None
         nvml = self.nvml
         errors: list[str] = []
-        gpu = Gpu(**static)
+        index = static["index"]
+        f: dict[str, Any] = dict(static)
         util = self._call(errors, "utilization", nvml.nvmlDeviceGetUtilizationRates, handle)
         if util is not None:
-            gpu.utilization_pct = float(util.gpu)
-            gpu.memory_utilization_pct = float(util.memory)
+            f["utilization_pct"] = float(util.gpu)
+            f["memory_utilization_pct"] = float(util.memory)
         mem = self._memory(handle, errors)
         if mem is not None:
-            gpu.memory_used_bytes = int(mem.used)
-            gpu.memory_total_bytes = int(mem.total)
-            gpu.memory_reserved_bytes = int(getattr(mem, "reserved", 0)) or None
+            f["memory_used_bytes"] = int(mem.used)
+            f["memory_total_bytes"] = int(mem.total)
+            f["memory_reserved_bytes"] = int(getattr(mem, "reserved", 0)) or None
         temp = self._call(
             errors, "temperature", nvml.nvmlDeviceGetTemperature, handle, nvml.NVML_TEMPERATURE_GPU
         )
-        gpu.temperature_c = float(temp) if temp is not None else None
+        f["temperature_c"] = float(temp) if temp is not None else None
         power = self._call(errors, "power", nvml.nvmlDeviceGetPowerUsage, handle)
-        gpu.power_w = power / 1000 if power is not None else None
-        limit = self._call(errors, "power limit", nvml.nvmlDeviceGetEnforcedPowerLimit, handle)
-        gpu.power_limit_w = limit / 1000 if limit is not None else None
-        gpu.sm_clock_mhz = self._call(
+        f["power_w"] = power / 1000 if power is not None else None
+        f["sm_clock_mhz"] = self._call(
             errors, "SM clock", nvml.nvmlDeviceGetClockInfo, handle, nvml.NVML_CLOCK_SM
         )
-        gpu.mem_clock_mhz = self._call(
-            errors, "memory clock", nvml.nvmlDeviceGetClockInfo, handle, nvml.NVML_CLOCK_MEM
-        )
         reasons = self._call(errors, "clock event reasons", self._clock_reasons, handle)
-        gpu.clock_event_reasons = (
+        f["clock_event_reasons"] = (
             decode_clock_event_reasons(reasons) if reasons is not None else None
         )
-        gpu.ecc_uncorrected = self._call(
+        if slow:
+            self._slow[index] = self._sample_slow(handle, errors)
+        f.update(self._slow.get(index, {}))
+        f["processes"] = self._call(errors, "processes", self._processes, handle)
+        f["xid_events"] = [{"time": e.time, "xid": e.xid} for e in self._xid.get(index, ())]
+        f["errors"] = errors
+        return f
+
+    def _sample_slow(self, handle: Any, errors: list[str]) -> dict[str, Any]:
+        """Fields that change rarely, read every SLOW_EVERY samples to keep cycles cheap."""
+        assert self.nvml is not None
+        nvml = self.nvml
+        f: dict[str, Any] = {}
+        limit = self._call(errors, "power limit", nvml.nvmlDeviceGetEnforcedPowerLimit, handle)
+        f["power_limit_w"] = limit / 1000 if limit is not None else None
+        f["mem_clock_mhz"] = self._call(
+            errors, "memory clock", nvml.nvmlDeviceGetClockInfo, handle, nvml.NVML_CLOCK_MEM
+        )
+        f["ecc_uncorrected"] = self._call(
             errors,
             "ECC",
             nvml.nvmlDeviceGetTotalEccErrors,
@@ -178,24 +208,57 @@ class GpuSampler:
         rows = self._call(errors, "remapped rows", nvml.nvmlDeviceGetRemappedRows, handle)
         if rows is not None:
             corr, unc, pending, failure = rows
-            gpu.remapped_rows = {
+            f["remapped_rows"] = {
                 "correctable": corr,
                 "uncorrectable": unc,
                 "pending": bool(pending),
                 "failure": bool(failure),
             }
-        procs = self._call(errors, "processes", nvml.nvmlDeviceGetComputeRunningProcesses, handle)
-        if procs is not None:
-            gpu.processes = [
-                GpuProcess(
-                    pid=int(p.pid),
-                    used_memory_bytes=int(p.usedGpuMemory) if p.usedGpuMemory else None,
-                )
+        return f
+
+    def _processes(self, handle: Any) -> list[dict[str, Any]]:
+        """Compute processes in one driver call where pynvml allows it.
+
+        pynvml's own wrapper calls the driver twice (once for the count) and converts
+        each struct through a slow generic helper; under load that is most of a sample.
+        """
+        assert self.nvml is not None
+        nvml = self.nvml
+        info = getattr(nvml, "c_nvmlProcessInfo_v3_t", None)
+        pointer = getattr(nvml, "_nvmlGetFunctionPointer", None)
+        if info is None or pointer is None:
+            procs = nvml.nvmlDeviceGetComputeRunningProcesses(handle)
+            return [
+                {
+                    "pid": int(p.pid),
+                    "used_memory_bytes": None if p.usedGpuMemory is None else int(p.usedGpuMemory),
+                }
                 for p in procs
             ]
-        gpu.xid_events = list(self._xid.get(static["index"], ()))
-        gpu.errors = errors
-        return gpu
+        from ctypes import byref, c_uint
+
+        size = self._proc_slots
+        while True:
+            count = c_uint(size)
+            buffer = (info * size)()
+            ret = pointer("nvmlDeviceGetComputeRunningProcesses_v3")(handle, byref(count), buffer)
+            if ret == nvml.NVML_ERROR_INSUFFICIENT_SIZE and size < 4096:
+                size = self._proc_slots = max(size * 2, count.value + 8)
+                continue
+            if ret != nvml.NVML_SUCCESS:
+                raise nvml.NVMLError(ret)
+            break
+        unknown = nvml.NVML_VALUE_NOT_AVAILABLE_ulonglong.value
+        out = []
+        for i in range(count.value):
+            used = buffer[i].usedGpuMemory
+            out.append(
+                {
+                    "pid": int(buffer[i].pid),
+                    "used_memory_bytes": None if used == unknown else int(used),
+                }
+            )
+        return out
 
     def _memory(self, handle: Any, errors: list[str]) -> Any:
         assert self.nvml is not None

@@ -72,7 +72,7 @@ class NodeAgent:
         for gpu in gpus:
             for proc in gpu.processes or []:
                 seen.add(proc.pid)
-                proc.engine_id = self.owners.owner(proc.pid, owners)
+                proc.engine_id, proc.name = self.owners.owner(proc.pid, owners)
         self.owners.forget_except(seen)
         snapshot = Snapshot(
             node=NodeInfo(
@@ -106,7 +106,7 @@ class NodeAgent:
                 None,
             )
         started = time.perf_counter()
-        self._nvml_pending = self._nvml_pool.submit(self.gpu.sample)
+        self._nvml_pending = self._nvml_pool.submit(self.gpu.read)
         try:
             gpus = await asyncio.wait_for(
                 asyncio.wrap_future(self._nvml_pending), self.nvml_deadline_s
