@@ -13,10 +13,6 @@ import asyncio
 from typing import Any
 from urllib.parse import urlsplit
 
-import aiohttp
-from tritonclient._client import InferenceServerClientBase
-from tritonclient.http.aio import InferenceServerClient
-
 from console.core.fetch import FetchError
 from console.core.promtext import Exposition, MetricsGarbage, parse
 from console.core.readings import (
@@ -45,7 +41,9 @@ class TritonPlugin(EnginePlugin):
     process_markers = ("tritonserver",)
 
     def __init__(self) -> None:
-        self._clients: dict[str, tuple[str, InferenceServerClient]] = {}
+        # tritonclient (and its aiohttp/gevent imports) loads only on a node that has Triton.
+        self._clients: dict[str, tuple[str, Any]] = {}
+        self._configs: dict[str, dict[str, Any]] = {}
 
     def discover(self, cmdline: list[str], listening: list[int]) -> Discovered | None:
         if not cmdline or not cmdline[0].endswith("tritonserver"):
@@ -59,15 +57,41 @@ class TritonPlugin(EnginePlugin):
             local_url(host, http), local_url(host, metrics) if metrics is not None else None
         )
 
-    def _client(self, target: EngineTarget, ctx: ProbeContext) -> InferenceServerClient:
+    def _client(self, target: EngineTarget, ctx: ProbeContext) -> Any:
         kept = self._clients.get(target.id)
         if kept is not None and kept[0] == target.endpoint:
             return kept[1]
-        client = _BoundedClient(urlsplit(target.endpoint).netloc, ctx.timeout, ctx.max_bytes)
+        from plugins.triton_client import BoundedClient
+
+        client = BoundedClient(urlsplit(target.endpoint).netloc, ctx.timeout, ctx.max_bytes)
         self._clients[target.id] = (target.endpoint, client)
         return client
 
+    async def _decoupled(
+        self,
+        target: EngineTarget,
+        client: Any,
+        models: list[str],
+        call: Any,
+        reading: EngineReading,
+    ) -> set[str]:
+        """Which models stream (decoupled); their configs are read once per engine."""
+        known = self._configs.setdefault(target.id, {})
+        for name in models:
+            if name not in known:
+                try:
+                    known[name] = await call(client.get_model_config(name))
+                except Exception:  # retried at the next probe; the rest goes on
+                    continue
+        reading.config["models"] = {n: known[n] for n in models if n in known}
+        return {
+            n
+            for n in models
+            if (known.get(n) or {}).get("model_transaction_policy", {}).get("decoupled")
+        }
+
     async def forget(self, target_id: str) -> None:
+        self._configs.pop(target_id, None)
         kept = self._clients.pop(target_id, None)
         if kept is not None:
             await kept[1].close()
@@ -116,7 +140,8 @@ class TritonPlugin(EnginePlugin):
         if isinstance(stats, BaseException):
             problems.append(f"statistics: {_why(stats)}")
             stats = {}
-        reading.models = _models(ready_models, stats, exp)
+        decoupled = await self._decoupled(target, client, ready_models, call, reading)
+        reading.models = _models(ready_models, stats, exp, decoupled)
         if not ready_models and reading.state == "ready":
             reading.state = "unhealthy"
             problems.append("no model is READY in the repository")
@@ -164,7 +189,9 @@ def _duration(stat: Any) -> tuple[float, float]:
     return 0.0, 0.0
 
 
-def _models(names: list[str], stats: Any, exp: Exposition | None) -> list[ModelReading]:
+def _models(
+    names: list[str], stats: Any, exp: Exposition | None, decoupled: set[str]
+) -> list[ModelReading]:
     by_name: dict[str, dict[str, Any]] = {}
     for entry in stats.get("model_stats", []) if isinstance(stats, dict) else []:
         if isinstance(entry, dict) and "name" in entry:
@@ -180,7 +207,7 @@ def _models(names: list[str], stats: Any, exp: Exposition | None) -> list[ModelR
         model = ModelReading(name=name)
         entry = by_name.get(name)
         if entry is not None:
-            _from_statistics(model, entry)
+            _from_statistics(model, entry, name in decoupled)
         model.requests_waiting = gauges["waiting"].get(name, gauges["pending"].get(name))
         model.requests_running = gauges["running"].get(name)
         model.kv_cache_usage = gauges["kv"].get(name)
@@ -193,11 +220,11 @@ def _models(names: list[str], stats: Any, exp: Exposition | None) -> list[ModelR
     return out
 
 
-def _from_statistics(model: ModelReading, entry: dict[str, Any]) -> None:
+def _from_statistics(model: ModelReading, entry: dict[str, Any], decoupled: bool) -> None:
     inference = entry.get("inference_stats") or {}
     ok_count, ok_ns = _duration(inference.get("success"))
     fail_count, _ = _duration(inference.get("fail"))
-    queue_count, queue_ns = _duration(inference.get("queue"))
+    _, queue_ns = _duration(inference.get("queue"))
     model.counters["requests"] = ok_count + fail_count
     model.counters["errors"] = fail_count
     model.means["e2e"] = MeanCounter(ok_ns * NS, ok_count)
@@ -215,10 +242,10 @@ def _from_statistics(model: ModelReading, entry: dict[str, Any]) -> None:
                 later_count += count
                 later_ns += ns
         model.means["itl"] = MeanCounter(later_ns * NS, later_count)
-    elif queue_count:
-        compute_count, compute_ns = _duration(inference.get("compute_infer"))
-        if compute_count:
-            model.means["ttft"] = MeanCounter((queue_ns + compute_ns) * NS, compute_count)
+    elif not decoupled:
+        # One response per request: the first token arrives with the whole answer.
+        model.means["ttft"] = MeanCounter(ok_ns * NS, ok_count)
+    # A decoupled model without per-response statistics: its TTFT is not knowable here.
 
 
 def _gauges(exp: Exposition | None) -> dict[str, dict[str, float]]:
@@ -235,47 +262,9 @@ def _gauges(exp: Exposition | None) -> dict[str, dict[str, float]]:
     }
 
 
-class _CappedResponse(aiohttp.ClientResponse):
-    """Reads at most `max_bytes` of a body, so a lying server cannot fill the agent's memory."""
-
-    max_bytes = 8 * 1024 * 1024
-
-    async def read(self) -> bytes:
-        if self._body is None:
-            chunks = []
-            size = 0
-            async for chunk in self.content.iter_chunked(64 * 1024):
-                size += len(chunk)
-                if size > self.max_bytes:
-                    self.close()
-                    raise FetchError(f"response too large (over {self.max_bytes} bytes)")
-                chunks.append(chunk)
-            self._body = b"".join(chunks)
-        return self._body
-
-
-class _BoundedClient(InferenceServerClient):
-    """tritonclient's aio client with a per-call timeout and a body size cap.
-
-    It sets up the same fields as InferenceServerClient.__init__ (tritonclient 2.5x-2.7x),
-    but with our own aiohttp session, so no session is left unclosed.
-    """
-
-    def __init__(self, netloc: str, timeout: float, max_bytes: int) -> None:
-        InferenceServerClientBase.__init__(self)
-        capped = type("Capped", (_CappedResponse,), {"max_bytes": max_bytes})
-        self._url = f"http://{netloc}"
-        self._conn = aiohttp.TCPConnector(limit=4)
-        self._stub = aiohttp.ClientSession(
-            connector=self._conn,
-            timeout=aiohttp.ClientTimeout(total=timeout),
-            auto_decompress=False,
-            response_class=capped,
-        )
-        self._verbose = False
-
-
-def read_models(names: list[str], stats: Any, metrics_text: str | None) -> list[ModelReading]:
+def read_models(
+    names: list[str], stats: Any, metrics_text: str | None, decoupled: frozenset[str] = frozenset()
+) -> list[ModelReading]:
     """Model readings from Triton's statistics JSON and its metrics-port text."""
     exp = parse(metrics_text, ("nv_",)) if metrics_text is not None else None
-    return _models(names, stats, exp)
+    return _models(names, stats, exp, set(decoupled))

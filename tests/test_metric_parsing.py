@@ -102,3 +102,36 @@ def test_trtllm_serve_prometheus_families():
     assert model.counters["requests"] == 62
     assert model.counters["errors"] == 2
     assert model.histograms["ttft"].count == 60
+
+
+def test_real_vllm_0_32_metrics_as_scraped():
+    import json
+
+    served = [
+        c["id"] for c in json.loads((FIXTURES / "vllm-0.32.0.models.json").read_text())["data"]
+    ]
+    [model] = read_metrics((FIXTURES / "vllm-0.32.0.busy.metrics.txt").read_text(), served)
+    assert model.name == "tiny"
+    assert model.requests_running is not None
+    assert model.kv_cache_usage is not None
+    assert set(model.histograms) == {"ttft", "itl", "e2e"}
+    assert model.histograms["e2e"].count == model.counters["requests"] > 0
+    [idle] = read_metrics((FIXTURES / "vllm-0.32.0.idle.metrics.txt").read_text(), served)
+    assert idle.counters["requests"] == 0
+
+
+def test_real_triton_2_51_statistics_of_a_decoupled_model():
+    import json
+
+    stats = json.loads((FIXTURES / "triton-2.51.0.stats.json").read_text())
+    text = (FIXTURES / "triton-2.51.0.metrics.txt").read_text()
+    [model] = read_models(["ensemble"], stats, text, frozenset({"ensemble"}))
+    assert model.counters["requests"] == 9
+    assert model.means["e2e"].count == 9
+    assert model.means["e2e"].total_s == pytest.approx(0.556820817)
+    # Triton 2.51 keeps no per-response statistics for this streaming model, so its TTFT
+    # cannot be known from the engine side: no mean is made up from the whole request.
+    assert "ttft" not in model.means
+    assert model.requests_waiting == 0
+    [plain] = read_models(["ensemble"], stats, text)  # not decoupled: TTFT is the response
+    assert plain.means["ttft"].total_s == pytest.approx(0.556820817)

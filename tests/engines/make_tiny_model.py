@@ -2,16 +2,21 @@
 
 Run it with the vLLM venv's python (it needs torch, transformers and tokenizers):
 
-    .engines/vllm/bin/python tests/engines/make_tiny_model.py OUTDIR
+    .engines/vllm/bin/python tests/engines/make_tiny_model.py OUTDIR [--crashing]
 
 The model is a 2-layer Llama with random weights (about 1 MB in bfloat16) and a byte-level
 BPE tokenizer trained here on a small built-in corpus, so nothing is downloaded. The output
 is deterministic: fixed seeds, a fixed corpus. It answers with gibberish, which is all the
 tests need: real scheduling, real tokens, real metrics.
+
+`--crashing` builds the same model with 8 attention heads (head_dim 16). vLLM's CPU attention
+does not support that: the server starts, then its engine dies on the first request and the
+server shuts itself down. A real engine crash, for failover tests.
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -35,12 +40,61 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}<s>assistant: {% endif %}"
 )
 
-CORPUS_WORDS = (
-    "the gpu fleet serves models on vllm triton and tensorrt engines while the operator "
-    "watches latency tokens requests queues memory power temperature and errors across "
-    "nodes deployments routes and jobs a failover moves traffic from one engine to another "
-    "without dropping a request the drill rebuilds an engine and checks it before promotion"
-).split()
+CORPUS_WORDS = [
+    "the",
+    "gpu",
+    "fleet",
+    "serves",
+    "models",
+    "on",
+    "vllm",
+    "triton",
+    "and",
+    "tensorrt",
+    "engines",
+    "while",
+    "the",
+    "operator",
+    "watches",
+    "latency",
+    "tokens",
+    "requests",
+    "queues",
+    "memory",
+    "power",
+    "temperature",
+    "and",
+    "errors",
+    "across",
+    "nodes",
+    "deployments",
+    "routes",
+    "and",
+    "jobs",
+    "a",
+    "failover",
+    "moves",
+    "traffic",
+    "from",
+    "one",
+    "engine",
+    "to",
+    "another",
+    "without",
+    "dropping",
+    "a",
+    "request",
+    "the",
+    "drill",
+    "rebuilds",
+    "an",
+    "engine",
+    "and",
+    "checks",
+    "it",
+    "before",
+    "promotion",
+]
 
 
 def corpus(lines: int = 400) -> list[str]:
@@ -76,13 +130,13 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
     return fast
 
 
-def build_model() -> LlamaForCausalLM:
+def build_model(attention_heads: int = 2) -> LlamaForCausalLM:
     config = LlamaConfig(
         vocab_size=VOCAB_SIZE,
         hidden_size=128,
         intermediate_size=256,
         num_hidden_layers=2,
-        num_attention_heads=2,  # head_dim 64: vLLM's CPU attention needs >= 32
+        num_attention_heads=attention_heads,  # 2: head_dim 64; vLLM's CPU attention needs >= 32
         num_key_value_heads=1,
         max_position_embeddings=512,
         pad_token_id=PAD_ID,
@@ -93,20 +147,21 @@ def build_model() -> LlamaForCausalLM:
     return LlamaForCausalLM(config).to(torch.bfloat16).eval()
 
 
-def main(argv: list[str]) -> int:
-    if len(argv) != 2:
-        print(f"usage: {argv[0]} OUTDIR", file=sys.stderr)
-        return 2
-    out = Path(argv[1])
-    out.mkdir(parents=True, exist_ok=True)
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("outdir", type=Path)
+    parser.add_argument("--crashing", action="store_true", help="head_dim 16: vLLM dies on use")
+    args = parser.parse_args(argv)
     tokenizer = build_tokenizer()
     if len(tokenizer) > VOCAB_SIZE:
         raise SystemExit(f"tokenizer has {len(tokenizer)} tokens, more than {VOCAB_SIZE}")
-    build_model().save_pretrained(out, safe_serialization=True)
-    tokenizer.save_pretrained(out)
-    print(out)
+    args.outdir.mkdir(parents=True, exist_ok=True)
+    model = build_model(attention_heads=8 if args.crashing else 2)
+    model.save_pretrained(args.outdir, safe_serialization=True)
+    tokenizer.save_pretrained(args.outdir)
+    print(args.outdir)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+    sys.exit(main())

@@ -219,11 +219,17 @@ class VllmServer:
     ready_s: float  # process start to ready
 
 
-def make_tiny_model(out_dir: Path, python: Path | None = None, timeout: float = 300.0) -> Path:
-    """Build the tiny Llama (see make_tiny_model.py) into `out_dir` with the vLLM venv's python."""
+def make_tiny_model(
+    out_dir: Path, crashing: bool = False, python: Path | None = None, timeout: float = 300.0
+) -> Path:
+    """Build the tiny Llama (see make_tiny_model.py) into `out_dir` with the vLLM venv's python.
+
+    `crashing` builds the head_dim-16 variant that vLLM starts with and then dies on.
+    """
     python = require_python(python or vllm_python(), "vllm")
+    argv = [str(python), str(MAKE_TINY_MODEL), str(out_dir)]
     result = subprocess.run(
-        [str(python), str(MAKE_TINY_MODEL), str(out_dir)],
+        [*argv, "--crashing"] if crashing else argv,
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -384,7 +390,9 @@ def find_triton(python: Path | None = None) -> TritonInstall:
         python, site / "pytriton" / "tritonserver", site / "nvidia_pytriton.libs", py_version
     )
     if not install.binary.exists():
-        raise EngineStartError(f"no tritonserver at {install.binary}: is nvidia-pytriton installed?")
+        raise EngineStartError(
+            f"no tritonserver at {install.binary}: is nvidia-pytriton installed?"
+        )
     _install_backend_stub(install)
     return install
 
@@ -435,7 +443,9 @@ def triton_argv(
     ]
 
 
-def triton_env(install: TritonInstall, extra_env: Mapping[str, str] | None = None) -> dict[str, str]:
+def triton_env(
+    install: TritonInstall, extra_env: Mapping[str, str] | None = None
+) -> dict[str, str]:
     """Environment for tritonserver: the venv's bin first on PATH (the stub finds numpy there),
     and the bundled libraries on LD_LIBRARY_PATH."""
     env = dict(os.environ)
@@ -467,7 +477,6 @@ def start_triton(
     workdir.mkdir(parents=True, exist_ok=True)
     log_path = workdir / f"triton-{http_port}.log"
     argv = triton_argv(install, repo, model, (http_port, grpc_port, metrics_port), extra_args)
-    started = time.monotonic()
     process = _spawn(argv, log_path, workdir, triton_env(install, extra_env))
     base_url = f"http://127.0.0.1:{http_port}"
 

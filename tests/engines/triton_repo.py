@@ -9,6 +9,11 @@ The model "generates" the words " tok0 tok1 ..." (max_tokens of them) with a sho
 between tokens. With `stream` true it sends one response per token; without it, exactly one
 response with the whole text, as Triton's plain `generate` requires. A `text_input` that
 starts with "FAIL" gets an error response, for error-rate paths.
+
+Each request is answered inside `execute`, so Triton's request duration and stats cover the
+whole generation, as they do for the real ensemble. `instances` model instances (separate
+stub processes) answer concurrently; more concurrent requests wait in Triton's queue, which
+shows in `nv_inference_pending_request_count` and the queue time.
 """
 
 from __future__ import annotations
@@ -50,7 +55,7 @@ output [
 ]
 instance_group [
   {{
-    count: 1
+    count: {instances}
     kind: KIND_CPU
   }}
 ]
@@ -62,14 +67,9 @@ parameters {{
 
 # Runs inside Triton's Python backend stub, with the triton venv's numpy.
 MODEL_PY = '''\
-"""TEST DOUBLE for the TensorRT-LLM ensemble model (Triton itself is real).
-
-Decoupled: each request is answered from its own thread, so concurrent streams overlap the way
-they do under in-flight batching.
-"""
+"""TEST DOUBLE for the TensorRT-LLM ensemble model (Triton itself is real)."""
 
 import json
-import threading
 import time
 
 import numpy as np
@@ -83,31 +83,30 @@ def _text_response(text):
     return pb_utils.InferenceResponse(output_tensors=[out])
 
 
+def _scalar(request, name):
+    tensor = pb_utils.get_input_tensor_by_name(request, name)
+    return None if tensor is None else tensor.as_numpy().reshape(-1)[0]
+
+
 class TritonPythonModel:
     def initialize(self, args):
         params = json.loads(args["model_config"]).get("parameters", {})
         delay_ms = float(params.get("token_delay_ms", {}).get("string_value", "5"))
         self.delay_s = delay_ms / 1000.0
-        self.threads = []
 
     def execute(self, requests):
+        # Decoupled: answers go through each request's response sender; execute returns None.
         for request in requests:
-            thread = threading.Thread(target=self._answer, args=(request,), daemon=True)
-            thread.start()
-            self.threads.append(thread)
-        self.threads = [t for t in self.threads if t.is_alive()]
+            self._answer(request)
         return None
 
     def _answer(self, request):
         sender = request.get_response_sender()
-        prompt = pb_utils.get_input_tensor_by_name(request, "text_input").as_numpy().reshape(-1)[0]
+        prompt = _scalar(request, "text_input")
         if isinstance(prompt, bytes):
             prompt = prompt.decode(errors="replace")
-        max_tokens = int(
-            pb_utils.get_input_tensor_by_name(request, "max_tokens").as_numpy().reshape(-1)[0]
-        )
-        stream_tensor = pb_utils.get_input_tensor_by_name(request, "stream")
-        stream = bool(stream_tensor.as_numpy().reshape(-1)[0]) if stream_tensor else False
+        max_tokens = int(_scalar(request, "max_tokens"))
+        stream = bool(_scalar(request, "stream"))  # optional input: None means False
 
         if prompt.startswith("FAIL"):
             error = pb_utils.TritonError("test double asked to fail: " + prompt[:40])
@@ -116,7 +115,7 @@ class TritonPythonModel:
 
         words = []
         for i in range(max(max_tokens, 0)):
-            if sender.is_cancelled():
+            if sender.is_cancelled():  # the client went away: stop, as the real backend does
                 break
             time.sleep(self.delay_s)
             word = " tok%d" % i
@@ -126,22 +125,22 @@ class TritonPythonModel:
         if not stream:
             sender.send(_text_response("".join(words)))
         sender.send(flags=FINAL)
-
-    def finalize(self):
-        for thread in self.threads:
-            thread.join(timeout=5)
 '''
 
 
-def write_repo(root: Path, name: str = "ensemble", token_delay_ms: float = 5.0) -> Path:
+def write_repo(
+    root: Path, name: str = "ensemble", token_delay_ms: float = 5.0, instances: int = 4
+) -> Path:
     """Write a model repository under `root` holding the test-double model `name`.
 
     Returns `root`. Layout: `root/NAME/config.pbtxt` and `root/NAME/1/model.py`.
+    `token_delay_ms` is the time per generated token; `instances` how many requests are
+    served at once (each instance is one Python stub process).
     """
     model_dir = root / name
     (model_dir / "1").mkdir(parents=True, exist_ok=True)
     (model_dir / "config.pbtxt").write_text(
-        CONFIG_PBTXT.format(name=name, token_delay_ms=token_delay_ms)
+        CONFIG_PBTXT.format(name=name, token_delay_ms=token_delay_ms, instances=instances)
     )
     (model_dir / "1" / "model.py").write_text(MODEL_PY)
     return root

