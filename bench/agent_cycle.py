@@ -40,42 +40,55 @@ CYCLES = 40
 
 
 def fleet_text(vllm: servers.VllmServer, tritons: list[servers.TritonServer]) -> str:
-    text = ('[fleet]\nname = "bench"\n[agent]\nscrape_interval_s = 1.0\n'
-            '[[nodes]]\nname = "local"\nagent = "http://127.0.0.1:9410"\n'
-            '[[models]]\nname = "tiny"\n'
-            f'[[models.deployments]]\nid = "v"\nnode = "local"\nengine = "vllm"\n'
-            f'endpoint = "{vllm.base_url}"\n')
+    text = (
+        '[fleet]\nname = "bench"\n[agent]\nscrape_interval_s = 1.0\n'
+        '[[nodes]]\nname = "local"\nagent = "http://127.0.0.1:9410"\n'
+        '[[models]]\nname = "tiny"\n'
+        f'[[models.deployments]]\nid = "v"\nnode = "local"\nengine = "vllm"\n'
+        f'endpoint = "{vllm.base_url}"\n'
+    )
     for i, t in enumerate(tritons):
-        text += (f'[[models.deployments]]\nid = "t{i}"\nnode = "local"\nengine = "triton"\n'
-                 f'endpoint = "{t.base_url}"\n'
-                 f'metrics_endpoint = "http://127.0.0.1:{t.metrics_port}"\n')
+        text += (
+            f'[[models.deployments]]\nid = "t{i}"\nnode = "local"\nengine = "triton"\n'
+            f'endpoint = "{t.base_url}"\n'
+            f'metrics_endpoint = "http://127.0.0.1:{t.metrics_port}"\n'
+        )
     return text
 
 
 async def agent_cycles(fleet_toml: str) -> dict[str, float]:
     fleet = parse_fleet(fleet_toml)
-    nvml = FakeNvml([FakeGpu(util=90, mem_used=80 * 2**30, processes=[(1, 2**30)])
-                     for _ in range(8)])
+    nvml = FakeNvml(
+        [FakeGpu(util=90, mem_used=80 * 2**30, processes=[(1, 2**30)]) for _ in range(8)]
+    )
     agent = NodeAgent(fleet, "local", gpu=GpuSampler(nvml))
     await agent.cycle()  # the first cycle scans processes and opens connections
     cpu, wall = [], []
     for _ in range(CYCLES):
         snap = await agent.cycle()
-        assert len(snap.engines) == 4 and all(e.state == "ready" for e in snap.engines), \
-            [(e.id, e.state, e.reason) for e in snap.engines]
+        assert len(snap.engines) == 4 and all(e.state == "ready" for e in snap.engines), [
+            (e.id, e.state, e.reason) for e in snap.engines
+        ]
         cpu.append(snap.cycle["cpu_ms"] or 0.0)
         wall.append(snap.cycle["wall_ms"] or 0.0)
         await asyncio.sleep(0.05)
     await agent.close()
-    return {"cpu_ms_median": statistics.median(cpu), "cpu_ms_p90": sorted(cpu)[int(.9 * CYCLES)],
-            "wall_ms_median": statistics.median(wall)}
+    return {
+        "cpu_ms_median": statistics.median(cpu),
+        "cpu_ms_p90": sorted(cpu)[int(0.9 * CYCLES)],
+        "wall_ms_median": statistics.median(wall),
+    }
 
 
 async def baseline(vllm: servers.VllmServer, tritons: list[servers.TritonServer]) -> float:
     urls = [f"{vllm.base_url}{p}" for p in ("/health", "/version", "/v1/models", "/metrics")]
     for t in tritons:
-        urls += [f"{t.base_url}/v2/health/ready", f"{t.base_url}/v2",
-                 f"{t.base_url}/v2/models/stats", t.metrics_url]
+        urls += [
+            f"{t.base_url}/v2/health/ready",
+            f"{t.base_url}/v2",
+            f"{t.base_url}/v2/models/stats",
+            t.metrics_url,
+        ]
     cpu = []
     async with httpx.AsyncClient() as client:
         await asyncio.gather(*(client.get(u) for u in urls))
@@ -94,20 +107,40 @@ def agent_process(fleet_toml: str, workdir: Path) -> dict[str, float]:
     fleet.write_text(fleet_toml)
     port = servers.free_port()
     env = {"ENGINEROOM_VIEWER_TOKEN": "bench-viewer-token", "PATH": "/usr/bin:/bin"}
-    proc = subprocess.Popen([sys.executable, "-m", "console.cli", "agent", "--fleet", str(fleet),
-                             "--node", "local", "--listen", f"127.0.0.1:{port}"], cwd=ROOT,
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "console.cli",
+            "agent",
+            "--fleet",
+            str(fleet),
+            "--node",
+            "local",
+            "--listen",
+            f"127.0.0.1:{port}",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
-        servers.wait_until(lambda: servers._http_get(f"http://127.0.0.1:{port}/healthz"),
-                           timeout=60, what="agent up")
+        servers.wait_until(
+            lambda: servers._http_get(f"http://127.0.0.1:{port}/healthz"),
+            timeout=60,
+            what="agent up",
+        )
         time.sleep(5)
         p = psutil.Process(proc.pid)
         c0, t0 = sum(p.cpu_times()[:2]), time.monotonic()
         time.sleep(30)
         cpu_s, span = sum(p.cpu_times()[:2]) - c0, time.monotonic() - t0
-        return {"rss_mib": p.memory_info().rss / 2**20,
-                "cpu_ms_per_cycle": cpu_s * 1000 / span,  # one cycle per second
-                "cpu_pct_of_core": cpu_s / span * 100}
+        return {
+            "rss_mib": p.memory_info().rss / 2**20,
+            "cpu_ms_per_cycle": cpu_s * 1000 / span,  # one cycle per second
+            "cpu_pct_of_core": cpu_s / span * 100,
+        }
     finally:
         proc.terminate()
         proc.wait(timeout=10)
@@ -118,8 +151,9 @@ def main() -> int:
     print("starting real engines: 1 vLLM, 3 tritonservers ...", flush=True)
     model = servers.make_tiny_model(work / "model")
     vllm = servers.start_vllm(model, work / "vllm", extra_args=("-O0",), timeout=240)
-    tritons = [servers.start_triton(write_repo(work / f"repo{i}"), work / f"triton{i}")
-               for i in range(3)]
+    tritons = [
+        servers.start_triton(write_repo(work / f"repo{i}"), work / f"triton{i}") for i in range(3)
+    ]
     try:
         servers.send_traffic_vllm(vllm.base_url, 5, stream=True)
         for t in tritons:
@@ -131,19 +165,25 @@ def main() -> int:
     finally:
         for server in [vllm, *tritons]:
             servers.stop(server)
-    result = {**{k: round(v, 3) for k, v in cycles.items()},
-              "baseline_http_only_cpu_ms_median": round(floor, 3),
-              "ratio_cycle_to_http_floor": round(cycles["cpu_ms_median"] / floor, 2),
-              **{f"process_{k}": round(v, 2) for k, v in process.items()},
-              "engines": 4, "gpus": "8 (FakeNvml test double)", "cycles": CYCLES}
+    result = {
+        **{k: round(v, 3) for k, v in cycles.items()},
+        "baseline_http_only_cpu_ms_median": round(floor, 3),
+        "ratio_cycle_to_http_floor": round(cycles["cpu_ms_median"] / floor, 2),
+        **{f"process_{k}": round(v, 2) for k, v in process.items()},
+        "engines": 4,
+        "gpus": "8 (FakeNvml test double)",
+        "cycles": CYCLES,
+    }
     print(json.dumps(result, indent=2))
-    print(f"\nagent cycle, 4 real engines + 8 GPUs (test double): CPU median "
-          f"{result['cpu_ms_median']} ms (p90 {result['cpu_ms_p90']}), wall median "
-          f"{result['wall_ms_median']} ms; target < 20 ms CPU\n"
-          f"same requests with no parsing (floor): {result['baseline_http_only_cpu_ms_median']} "
-          f"ms CPU -> ratio {result['ratio_cycle_to_http_floor']}x\n"
-          f"agent process: RSS {result['process_rss_mib']} MiB, "
-          f"{result['process_cpu_pct_of_core']}% of a core at 1 cycle/s")
+    print(
+        f"\nagent cycle, 4 real engines + 8 GPUs (test double): CPU median "
+        f"{result['cpu_ms_median']} ms (p90 {result['cpu_ms_p90']}), wall median "
+        f"{result['wall_ms_median']} ms; target < 20 ms CPU\n"
+        f"same requests with no parsing (floor): {result['baseline_http_only_cpu_ms_median']} "
+        f"ms CPU -> ratio {result['ratio_cycle_to_http_floor']}x\n"
+        f"agent process: RSS {result['process_rss_mib']} MiB, "
+        f"{result['process_cpu_pct_of_core']}% of a core at 1 cycle/s"
+    )
     return 0
 
 

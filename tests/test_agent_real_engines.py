@@ -26,7 +26,8 @@ name = "real"
 [agent]
 scrape_interval_s = {SCRAPE_S}
 window_s = 60
-probe_timeout_s = 2.0
+# vLLM on 2 busy cores can take seconds to answer /metrics under load
+probe_timeout_s = 5.0
 [[nodes]]
 name = "local"
 agent = "http://127.0.0.1:9410"

@@ -21,7 +21,7 @@ import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
@@ -171,10 +171,16 @@ def _wait_ready(
 def stop(server: VllmServer | TritonServer | subprocess.Popen[bytes], grace: float = 15.0) -> int:
     """SIGTERM the server's process group, SIGKILL what is left after `grace` s.
 
+    The process should lead its own group (`start_new_session=True`, as every server started
+    here does); a process that does not is signalled alone.
+
     Returns the leader's exit code. The children (vLLM's engine core, Triton's backend stubs)
-    get the same grace to exit, so they can release their shared memory.
+    get the same grace to exit, so they can release their shared memory. Segments in /dev/shm
+    that the group had mapped and left behind (after a SIGKILL, say) are removed: they live in
+    RAM and would pile up run after run.
     """
     process = server if isinstance(server, subprocess.Popen) else server.process
+    shm = shm_segments(process) | (set() if isinstance(server, subprocess.Popen) else server.shm)
     deadline = time.monotonic() + grace
     _signal_group(process, signal.SIGTERM)
     with contextlib.suppress(subprocess.TimeoutExpired):
@@ -183,7 +189,37 @@ def stop(server: VllmServer | TritonServer | subprocess.Popen[bytes], grace: flo
         remaining = max(deadline - time.monotonic(), 0.0)
         wait_until(lambda: not _group_alive(process), remaining, what="process group exit")
     _signal_group(process, signal.SIGKILL)
-    return process.wait(timeout=grace)
+    code = process.wait(timeout=grace)
+    with contextlib.suppress(TimeoutError):
+        wait_until(lambda: not _group_alive(process), grace, what="process group exit")
+    for path in shm:
+        path.unlink(missing_ok=True)
+    return code
+
+
+def shm_segments(process: subprocess.Popen[bytes]) -> set[Path]:
+    """The /dev/shm files mapped by the live members of `process`'s process group (Linux)."""
+    paths: set[Path] = set()
+    for pid in _group_pids(process.pid):
+        try:
+            with open(f"/proc/{pid}/maps") as maps:
+                for line in maps:
+                    path = line.rstrip("\n").split(maxsplit=5)[-1]
+                    if path.startswith("/dev/shm/") and not path.endswith("(deleted)"):
+                        paths.add(Path(path))
+        except OSError:  # exited meanwhile, or not ours to read
+            continue
+    return paths
+
+
+def _group_pids(pgid: int) -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if os.getpgid(int(entry.name)) == pgid:
+                    pids.append(int(entry.name))
+    return pids
 
 
 def _group_alive(process: subprocess.Popen[bytes]) -> bool:
@@ -198,6 +234,9 @@ def _group_alive(process: subprocess.Popen[bytes]) -> bool:
 
 def _signal_group(process: subprocess.Popen[bytes], sig: signal.Signals) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
+        if process.poll() is None and os.getpgid(process.pid) != process.pid:
+            process.send_signal(sig)  # not started in a session of its own: just the process
+            return
         os.killpg(process.pid, sig)  # start_new_session: the group id is the leader's pid
 
 
@@ -217,6 +256,7 @@ class VllmServer:
     served_name: str
     model_dir: Path
     ready_s: float  # process start to ready
+    shm: set[Path] = field(default_factory=set)  # /dev/shm segments seen at ready; see stop()
 
 
 def make_tiny_model(
@@ -306,7 +346,17 @@ def wait_vllm(
     waited = _wait_ready(process, log_path, ready, timeout, f"vLLM on port {port}")
     version = httpx.get(f"{base_url}/version", timeout=5).json()["version"]
     ready_s = time.monotonic() - started if started is not None else waited
-    return VllmServer(process, port, base_url, log_path, version, served_name, model_dir, ready_s)
+    return VllmServer(
+        process,
+        port,
+        base_url,
+        log_path,
+        version,
+        served_name,
+        model_dir,
+        ready_s,
+        shm_segments(process),
+    )
 
 
 def start_vllm(
@@ -353,6 +403,7 @@ class TritonServer:
     repo: Path
     model: str
     ready_s: float
+    shm: set[Path] = field(default_factory=set)  # /dev/shm segments seen at ready; see stop()
 
 
 @dataclass(frozen=True)
@@ -502,6 +553,7 @@ def start_triton(
         repo,
         model,
         ready_s,
+        shm_segments(process),
     )
 
 
