@@ -16,7 +16,8 @@ from pathlib import Path
 
 from console.core.config import ConfigError, Fleet, load_fleet, parse_fleet
 
-EXIT_USAGE = 2
+EXIT_USAGE = 2  # argparse's own code for a bad command line
+EXIT_CONFIG = 3  # a bad fleet file or a missing secret: nothing started
 
 
 def _default_fleet() -> str:
@@ -45,12 +46,43 @@ def build_parser() -> argparse.ArgumentParser:
     agent.add_argument("--once", action="store_true", help="take one snapshot and exit")
     agent.add_argument("--json", action="store_true", help="with --once: print it as JSON")
 
-    demo = sub.add_parser("demo", help="the console on the embedded demo fleet")
-    demo.add_argument("--no-tui", action="store_true")
+    demo = sub.add_parser("demo", help="the console on a simulated local fleet")
+    demo.add_argument(
+        "--no-tui",
+        action="store_true",
+        help="keep the simulated fleet running without the TUI; prints 'fleet: PATH' first",
+    )
+    demo.add_argument("--nodes", type=int, default=4)
+
+    tui = sub.add_parser("tui", help="the console (the default command)")
+    _fleet_arg(tui)
+    tui.add_argument("--read-only", action="store_true", help="disable every action")
+
+    check = sub.add_parser(
+        "check", help="poll the fleet once: 0 healthy, 1 degraded, 2 unreachable"
+    )
+    _fleet_arg(check)
+    check.add_argument("--json", action="store_true", help="stable JSON (docs/check-json.md)")
+    check.add_argument(
+        "--watch",
+        type=float,
+        default=None,
+        metavar="N",
+        help="print a fresh table every N seconds, without a TUI",
+    )
     return parser
 
 
+def _fleet_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--fleet", default=None, help="fleet file (default $ENGINEROOM_FLEET or ./fleet.toml)"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help")):
+        argv = ["tui", *argv]  # `engineroom [--fleet F]` opens the console
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
     try:
@@ -59,10 +91,19 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "demo":
             from console.demo import run_demo
 
-            return run_demo(no_tui=args.no_tui)
+            return run_demo(no_tui=args.no_tui, nodes=args.nodes)
+        if args.command == "check":
+            from console.collect.check import run_check
+
+            fleet = load_fleet(args.fleet or _default_fleet())
+            return run_check(fleet, as_json=args.json, watch=args.watch)
+        if args.command == "tui":
+            from console.tui.app import run_tui
+
+            return run_tui(load_fleet(args.fleet or _default_fleet()), read_only=args.read_only)
     except ConfigError as exc:
         print(f"engineroom: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return EXIT_CONFIG
     except KeyboardInterrupt:
         return 130
     build_parser().print_help()
@@ -99,7 +140,7 @@ def _agent(args: argparse.Namespace) -> int:
         tokens = Tokens.from_env(settings.viewer_token_env, settings.operator_token_env)
     except TokenError as exc:
         print(f"engineroom agent: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return EXIT_CONFIG
     host, port = args.listen or _split_listen(settings.listen)
     agent = NodeAgent(fleet, node)
     app = create_app(agent, tokens)

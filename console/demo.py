@@ -16,7 +16,7 @@ from console.core.config import load_fleet
 EXAMPLE_FLEET = Path(__file__).resolve().parents[1] / "fleet.toml"
 
 
-def run_demo(*, no_tui: bool = False) -> int:
+def run_demo(*, no_tui: bool = False, nodes: int = 4) -> int:
     fleet = load_fleet(EXAMPLE_FLEET)
     print(f"fleet: {EXAMPLE_FLEET}", flush=True)
     return asyncio.run(_watch(fleet.nodes[0].name, fleet))

@@ -14,7 +14,7 @@ import abc
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-import httpx
+import aiohttp
 
 from console.core.fetch import Response, fetch
 from console.core.readings import EngineReading
@@ -44,14 +44,16 @@ class EngineTarget:
 class ProbeContext:
     """What the agent lends a probe: a shared HTTP client, a deadline and a size cap."""
 
-    http: httpx.AsyncClient
+    http: aiohttp.ClientSession | None  # set by the agent inside its event loop
     timeout: float
     max_bytes: int
 
     async def get(self, url: str) -> Response:
+        assert self.http is not None
         return await fetch(self.http, url, timeout=self.timeout, max_bytes=self.max_bytes)
 
     async def post(self, url: str, body: Any = None) -> Response:
+        assert self.http is not None
         return await fetch(
             self.http,
             url,

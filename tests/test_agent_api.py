@@ -118,7 +118,7 @@ def test_an_agent_without_tokens_refuses_to_start(tmp_path):
         timeout=60,
         cwd=ROOT,
     )
-    assert result.returncode == 2
+    assert result.returncode == 3
     assert (
         "no tokens: set ENGINEROOM_VIEWER_TOKEN and/or ENGINEROOM_OPERATOR_TOKEN" in result.stderr
     )

@@ -135,7 +135,7 @@ def test_the_agent_refuses_a_bad_file_with_one_line_and_a_nonzero_exit(tmp_path)
         text=True,
         timeout=60,
     )
-    assert result.returncode == 2
+    assert result.returncode == 3
     assert result.stdout == ""
     assert f"{bad}:5: nodez: unknown key 'nodez'" in result.stderr
     assert "Traceback" not in result.stderr
@@ -161,5 +161,5 @@ def test_the_agent_names_a_node_the_file_does_not_declare(tmp_path):
         text=True,
         timeout=60,
     )
-    assert result.returncode == 2
+    assert result.returncode == 3
     assert "no node named 'nope' (nodes: gpu-a1, gpu-b7)" in result.stderr

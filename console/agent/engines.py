@@ -9,8 +9,6 @@ import time
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-import httpx
-
 from console.agent.discovery import EngineProcess, alive
 from console.core.config import Fleet
 from console.core.readings import EngineReading
@@ -47,12 +45,10 @@ class Tracked:
 
 
 class EngineTracker:
-    def __init__(
-        self, fleet: Fleet, node: str, plugins: dict[str, EnginePlugin], http: httpx.AsyncClient
-    ) -> None:
+    def __init__(self, fleet: Fleet, node: str, plugins: dict[str, EnginePlugin]) -> None:
         self.plugins = plugins
         self.settings = fleet.agent
-        self.ctx = ProbeContext(http, fleet.agent.probe_timeout_s, fleet.agent.max_response_bytes)
+        self.ctx = ProbeContext(None, fleet.agent.probe_timeout_s, fleet.agent.max_response_bytes)
         self.tracked: dict[str, Tracked] = {}
         for model, dep in fleet.deployments_on(node):
             key = engine_id(dep.engine, dep.endpoint)

@@ -15,7 +15,7 @@ import socket
 import time
 from contextlib import suppress
 
-import httpx
+import aiohttp
 
 from console import __version__
 from console.agent import discovery
@@ -23,6 +23,7 @@ from console.agent.engines import EngineTracker
 from console.agent.gpu import GpuSampler
 from console.agent.host import HostSampler
 from console.core.config import Fleet
+from console.core.fetch import new_session
 from console.core.wire import Gpu, NodeInfo, Snapshot
 from plugins import load_plugins
 
@@ -41,12 +42,8 @@ class NodeAgent:
         self.plugins = load_plugins()
         self.gpu = gpu if gpu is not None else GpuSampler()
         self.host = HostSampler(self.settings.disk_paths)
-        self.http = httpx.AsyncClient(
-            limits=httpx.Limits(max_connections=64, max_keepalive_connections=16),
-            timeout=httpx.Timeout(self.settings.probe_timeout_s),
-            trust_env=False,
-        )
-        self.engines = EngineTracker(fleet, node, self.plugins, self.http)
+        self.http: aiohttp.ClientSession | None = None  # made in the loop, at the first cycle
+        self.engines = EngineTracker(fleet, node, self.plugins)
         self.owners = discovery.Owners()
         self.nvml_deadline_s = NVML_DEADLINE_S
         self._nvml_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="nvml")
@@ -60,6 +57,8 @@ class NodeAgent:
     async def cycle(self) -> Snapshot:
         wall0, cpu0 = time.perf_counter(), time.process_time()
         now = time.time()
+        if self.http is None:
+            self.http = self.engines.ctx.http = new_session()
         if self.settings.discover and now - self._last_discovery >= DISCOVER_EVERY_S:
             self._last_discovery = now
             processes = await asyncio.to_thread(discovery.scan, self.plugins)
@@ -146,6 +145,7 @@ class NodeAgent:
         for plugin in self.plugins.values():
             for key in list(self.engines.tracked):
                 await plugin.forget(key)
-        await self.http.aclose()
+        if self.http is not None:
+            await self.http.close()
         self._nvml_pool.shutdown(wait=False, cancel_futures=True)
         self.gpu.close()

@@ -134,9 +134,22 @@ class Profile(_Strict):
     allowed_args: list[str] = Field(default_factory=list)
 
 
+class Thresholds(_Strict):
+    """When the console raises an alert."""
+
+    gpu_temp_warn_c: float = 83.0
+    gpu_temp_crit_c: float = 90.0
+    kv_cache_warn: Annotated[float, Field(gt=0, le=1)] = 0.95
+    queue_growth_polls: Annotated[int, Field(ge=2)] = 5  # waiting rose this many polls in a row
+    queue_min: Annotated[float, Field(ge=0)] = 1.0  # ... and ended at least this high
+    error_rate: Annotated[float, Field(ge=0, le=1)] = 0.05  # when a model's SLO names none
+
+
 class Fleet(_Strict):
     fleet: FleetSection
     agent: AgentSection = AgentSection()
+    thresholds: Thresholds = Thresholds()
+    keys: dict[str, str] = Field(default_factory=dict)  # action id -> key, remaps the TUI
     nodes: list[Node] = Field(default_factory=list)
     gateway: GatewaySection | None = None
     models: list[Model] = Field(default_factory=list)

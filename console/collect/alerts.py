@@ -1,0 +1,205 @@
+"""Alerts from the thresholds in fleet.toml, and the log of alerts raised and cleared.
+
+Raised on: a node down or stale, a GPU over its temperature thresholds, uncorrected ECC
+errors or XID events, a deployment over its SLO (p95 TTFT or ITL, e2e, error rate), a
+KV cache nearly full, a queue that keeps growing, an engine not ready.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass
+from itertools import pairwise
+from typing import TYPE_CHECKING, Literal
+
+from console.collect.collector import NodeState
+from console.collect.history import History
+from console.core.config import Fleet
+
+if TYPE_CHECKING:
+    from console.collect.view import DeploymentRow
+
+Severity = Literal["critical", "warning"]
+
+
+@dataclass(frozen=True, slots=True)
+class Alert:
+    severity: Severity
+    subject: str  # what it is about: "gpu-a1", "gpu-a1/gpu3", "llama-8b/llama8b-trt"
+    message: str
+    node: str | None = None
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.subject, self.message.split(":", 1)[0])
+
+
+def _fmt_ms(seconds: float) -> str:
+    return f"{seconds * 1000:.0f} ms"
+
+
+def evaluate(
+    fleet: Fleet,
+    states: dict[str, NodeState],
+    models: dict[str, list[DeploymentRow]],
+    refresh_s: float,
+    now: float,
+    history: History | None = None,
+) -> list[Alert]:
+    t = fleet.thresholds
+    out: list[Alert] = []
+    for name, state in states.items():
+        status = state.status(refresh_s, now)
+        if status == "down":
+            out.append(Alert("critical", name, f"node down: {state.error or 'no answer'}", name))
+        elif status == "stale":
+            age = state.age(now) or 0.0
+            out.append(
+                Alert(
+                    "warning",
+                    name,
+                    f"node stale: last snapshot {age:.0f} s ago"
+                    + (f" ({state.error})" if state.error else ""),
+                    name,
+                )
+            )
+        snap = state.snapshot
+        if snap is None or status not in ("up", "stale"):
+            continue
+        if snap.gpu_status != "ok" and snap.gpus:
+            out.append(Alert("warning", name, f"NVML: {snap.gpu_status}", name))
+        for gpu in snap.gpus:
+            subject = f"{name}/gpu{gpu.index}"
+            if gpu.temperature_c is not None and gpu.temperature_c >= t.gpu_temp_crit_c:
+                out.append(
+                    Alert(
+                        "critical",
+                        subject,
+                        f"GPU temperature: {gpu.temperature_c:.0f} C "
+                        f"(critical at {t.gpu_temp_crit_c:.0f})",
+                        name,
+                    )
+                )
+            elif gpu.temperature_c is not None and gpu.temperature_c >= t.gpu_temp_warn_c:
+                out.append(
+                    Alert(
+                        "warning",
+                        subject,
+                        f"GPU temperature: {gpu.temperature_c:.0f} C "
+                        f"(warning at {t.gpu_temp_warn_c:.0f})",
+                        name,
+                    )
+                )
+            if gpu.ecc_uncorrected:
+                out.append(
+                    Alert(
+                        "critical",
+                        subject,
+                        f"ECC: {gpu.ecc_uncorrected} volatile uncorrected errors",
+                        name,
+                    )
+                )
+            if gpu.xid_events:
+                last = gpu.xid_events[-1]
+                out.append(
+                    Alert(
+                        "critical", subject, f"XID: {last.xid} ({len(gpu.xid_events)} recent)", name
+                    )
+                )
+            if gpu.remapped_rows and gpu.remapped_rows.get("failure"):
+                out.append(Alert("critical", subject, "row remapping: failure", name))
+    for model_name, rows in models.items():
+        for row in rows:
+            out.extend(_deployment_alerts(fleet, model_name, row, history))
+    return out
+
+
+def _deployment_alerts(
+    fleet: Fleet, model_name: str, row: DeploymentRow, history: History | None
+) -> Iterable[Alert]:
+    t = fleet.thresholds
+    subject = f"{model_name}/{row.id or row.engine_id}"
+    if row.id and row.state in ("down", "unhealthy"):
+        yield Alert(
+            "critical", subject, f"engine {row.state}: {row.reason or ''}".rstrip(": "), row.node
+        )
+    stats = row.stats
+    if stats is None:
+        return
+    model = next((m for m in fleet.models if m.name == model_name), None)
+    lat = stats.latency
+    checks = (
+        ("ttft", "SLO TTFT p95", lat.ttft_s, model.slo.ttft_p95_ms if model else None),
+        ("itl", "SLO ITL p95", lat.itl_s, model.slo.itl_p95_ms if model else None),
+        ("e2e", "SLO e2e p95", lat.e2e_s, model.slo.e2e_p95_ms if model else None),
+    )
+    for key, label, pct, limit in checks:
+        if row.slo.get(key) == "breach" and limit is not None:
+            value = pct.p95 if pct.p95 is not None else pct.mean
+            kind = "" if pct.p95 is not None else " (mean)"
+            yield Alert(
+                "warning",
+                subject,
+                f"{label}: {_fmt_ms(value or 0)}{kind} over {limit:.0f} ms",
+                row.node,
+            )
+    if row.slo.get("errors") == "breach":
+        yield Alert("warning", subject, f"error rate: {stats.error_rate:.1%}", row.node)
+    if stats.kv_cache_usage is not None and stats.kv_cache_usage >= t.kv_cache_warn:
+        yield Alert("warning", subject, f"KV cache: {stats.kv_cache_usage:.0%} used", row.node)
+    if history is not None and row.engine_id:
+        rings = history.deployment(row.node, row.engine_id, stats.name)
+        if rings is not None:
+            waiting = [v for v in rings["waiting"].values()[-t.queue_growth_polls :]]
+            if (
+                len(waiting) == t.queue_growth_polls
+                and None not in waiting
+                and all(b > a for a, b in pairwise(waiting))  # type: ignore[operator]
+                and (waiting[-1] or 0) >= t.queue_min
+            ):
+                yield Alert(
+                    "warning",
+                    subject,
+                    f"queue growing: {waiting[0]:.0f} -> "
+                    f"{waiting[-1]:.0f} waiting over {t.queue_growth_polls} polls",
+                    row.node,
+                )
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    time: float  # unix seconds
+    kind: Literal["raised", "cleared", "action"]
+    severity: str
+    subject: str
+    message: str
+
+
+class EventLog:
+    """Alerts raised and cleared, and operator actions, newest first."""
+
+    def __init__(self, limit: int = 2000) -> None:
+        self.events: deque[Event] = deque(maxlen=limit)
+        self._active: dict[tuple[str, str], Alert] = {}
+
+    def update(self, alerts: list[Alert], now: float | None = None) -> None:
+        now = time.time() if now is None else now
+        current = {a.key: a for a in alerts}
+        for key, alert in current.items():
+            if key not in self._active:
+                self.events.appendleft(
+                    Event(now, "raised", alert.severity, alert.subject, alert.message)
+                )
+        for key, alert in self._active.items():
+            if key not in current:
+                self.events.appendleft(
+                    Event(now, "cleared", alert.severity, alert.subject, alert.message)
+                )
+        self._active = current
+
+    def action(self, subject: str, message: str, now: float | None = None) -> None:
+        self.events.appendleft(
+            Event(time.time() if now is None else now, "action", "info", subject, message)
+        )

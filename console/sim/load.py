@@ -1,0 +1,288 @@
+"""SIMULATED traffic on one engine: arrivals, batching, queueing and latency over time.
+
+A fluid model, advanced once a second: requests arrive at a rate that drifts (slow sine,
+noise, occasional bursts), enter the running batch while it has room and wait otherwise.
+Latency follows the load: inter-token latency grows with the batch, time to first token
+with KV-cache pressure and with the time spent waiting. Each finished request is recorded
+the way the real engines count it (cumulative counters and histograms, never reset), so
+the agent's windowed percentiles come out of the same bucket deltas as in production.
+
+Requests that really arrive over HTTP (`plan`, `begin`, `finish`) are timed from the same
+state and counted the same way.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+from bisect import bisect_left
+from dataclasses import dataclass
+
+# vLLM 0.32's bucket bounds (vllm/v1/metrics/loggers.py), as in the recorded fixtures.
+TTFT_BUCKETS = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
+    2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+)  # fmt: skip
+ITL_BUCKETS = (
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0,
+    2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
+)  # fmt: skip
+E2E_BUCKETS = (
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0,
+    50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0,
+)  # fmt: skip
+
+FINISH_REASONS = ("stop", "length", "abort", "error", "repetition")
+TICK_S = 1.0
+WARMUP_S = 120.0  # simulated history before the first scrape, so nothing starts from zero
+
+# The two incidents a demo can show, on a cycle from the fleet's start (seconds).
+BREACH_CYCLE_S, BREACH_FROM_S, BREACH_FOR_S = 300.0, 45.0, 90.0
+SURGE_CYCLE_S, SURGE_FROM_S, SURGE_FOR_S = 360.0, 90.0, 75.0
+
+
+class Histogram:
+    """A Prometheus-style histogram: per-bucket counts, exported cumulative."""
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)  # the last one is +Inf
+        self.sum = 0.0
+
+    def observe(self, value: float, times: int = 1) -> None:
+        self.counts[bisect_left(self.bounds, value)] += times  # buckets are "le" (<=)
+        self.sum += value * times
+
+    @property
+    def count(self) -> int:
+        return sum(self.counts)
+
+    def cumulative(self) -> list[int]:
+        return list(itertools.accumulate(self.counts))
+
+
+@dataclass(frozen=True, slots=True)
+class Traffic:
+    """What a deployment's load looks like on a healthy day."""
+
+    rate: float  # requests per second, on average
+    prompt_tokens: float  # mean prompt length
+    output_tokens: float  # mean answer length
+    max_seqs: int  # the engine's batch limit (vLLM max_num_seqs)
+    kv_tokens: int  # KV-cache capacity in tokens
+    prefill_s: float  # time to first token for a mean prompt on an idle engine
+    itl_s: float  # inter-token latency with a near-empty batch
+    max_output: int = 2048
+    period_s: float = 900.0  # the slow daily-like swing, compressed
+    ttft_breach: bool = False  # now and then a wave of long prompts slows prefill
+    queue_surge: bool = False  # now and then more traffic than the batch can take
+
+
+@dataclass(slots=True)
+class Plan:
+    """How one request will be answered: when its first token comes and how fast the rest."""
+
+    queue_s: float
+    ttft_s: float
+    itl_s: float
+    tokens: int
+    prompt_tokens: int
+    reason: str  # finish reason when it runs to the end
+
+
+class Workload:
+    """One engine's simulated traffic and its cumulative counters."""
+
+    def __init__(
+        self, traffic: Traffic, *, seed: int, start: float, responses: bool = False
+    ) -> None:
+        self.traffic = traffic
+        self.rng = random.Random(seed)
+        self.start = start  # the fleet's start: incidents are scheduled from it
+        self.phase = self.rng.uniform(0, 2 * math.pi)
+        self.running = 0.0
+        self.waiting = 0.0
+        self.live = 0  # requests answered over HTTP right now
+        self.kv_usage = 0.0
+        self.preemptions = 0
+        self._burst_until = -math.inf
+        self._burst_factor = 1.0
+        self._finish_carry = 0.0
+        # cumulative, as the engines keep them
+        self.ttft = Histogram(TTFT_BUCKETS)
+        self.itl = Histogram(ITL_BUCKETS)
+        self.e2e = Histogram(E2E_BUCKETS)
+        self.finished = dict.fromkeys(FINISH_REASONS, 0)
+        self.prompt_total = 0
+        self.generation_total = 0
+        self.queue_s_total = 0.0
+        self.success_s_total = 0.0  # end-to-end time of the requests that did not fail
+        self.prefix_queries = 0
+        self.prefix_hits = 0
+        # Triton times every response of a streaming model: index -> (count, seconds).
+        self.responses: list[list[float]] | None = [] if responses else None
+        self.last_finish = start
+        self._now = start - WARMUP_S
+        while self._now < start:
+            self.tick(self._now + TICK_S)
+
+    # --- what the GPUs see
+    @property
+    def batch(self) -> float:
+        return self.running + self.live
+
+    @property
+    def gpu_busy(self) -> float:
+        """0..1: a few sequences in the batch already keep an LLM's GPU near fully busy."""
+        return 0.97 * (1 - math.exp(-self.batch / 4.0))
+
+    @property
+    def batch_fill(self) -> float:
+        return min(1.0, self.batch / self.traffic.max_seqs)
+
+    # --- the model
+    def _in_window(self, now: float, cycle: float, begin: float, length: float) -> bool:
+        return begin <= (now - self.start) % cycle < begin + length
+
+    def breaching(self, now: float) -> bool:
+        return self.traffic.ttft_breach and self._in_window(
+            now, BREACH_CYCLE_S, BREACH_FROM_S, BREACH_FOR_S
+        )
+
+    def surging(self, now: float) -> bool:
+        return self.traffic.queue_surge and self._in_window(
+            now, SURGE_CYCLE_S, SURGE_FROM_S, SURGE_FOR_S
+        )
+
+    def rate(self, now: float) -> float:
+        t = self.traffic
+        swing = 1 + 0.3 * math.sin(2 * math.pi * now / t.period_s + self.phase)
+        if now >= self._burst_until and self.rng.random() < TICK_S / 180:
+            self._burst_until = now + self.rng.uniform(8, 20)
+            self._burst_factor = self.rng.uniform(1.4, 2.0)
+        burst = self._burst_factor if now < self._burst_until else 1.0
+        rate = t.rate * swing * burst
+        if self.surging(now):
+            # A batch job floods the deployment: half again what a full batch can serve.
+            rate = max(rate, 1.5 * self.capacity())
+        return max(0.0, rate * self.rng.gauss(1.0, 0.08))
+
+    def capacity(self) -> float:
+        """Requests per second a full batch finishes."""
+        t = self.traffic
+        return t.max_seqs / (t.prefill_s + t.output_tokens * t.itl_s * 1.8)
+
+    def itl_now(self) -> float:
+        return self.traffic.itl_s * (1 + 0.8 * self.batch_fill)
+
+    def prefill_now(self, now: float) -> float:
+        prefill = self.traffic.prefill_s * (1 + 1.5 * max(0.0, self.kv_usage - 0.5))
+        return prefill * (5.0 if self.breaching(now) else 1.0)
+
+    def queue_wait_now(self) -> float:
+        """Little's law: the queue drains at the rate requests leave the batch."""
+        leave_rate = max(self.batch, 1.0) / self.e2e_now(0.0)
+        return self.waiting / leave_rate
+
+    def e2e_now(self, prefill: float) -> float:
+        return prefill + self.traffic.output_tokens * self.itl_now()
+
+    def tick(self, now: float) -> None:
+        """Advance the fluid model to `now` and record the requests that finished."""
+        dt = now - self._now
+        if dt <= 0:
+            return
+        self._now = now
+        t = self.traffic
+        arrivals = self.rate(now) * dt
+        e2e = self.e2e_now(self.prefill_now(now))
+        leaving = self.running * min(1.0, dt / e2e)
+        room = max(0.0, t.max_seqs - self.live - (self.running - leaving))
+        admitted = min(self.waiting + arrivals, room)
+        self.running += admitted - leaving
+        self.waiting += arrivals - admitted
+        context = t.prompt_tokens + t.output_tokens / 2
+        self.kv_usage = min(0.995, self.batch * context / t.kv_tokens * self.rng.gauss(1, 0.03))
+        if self.kv_usage > 0.95 and self.rng.random() < 0.3:
+            self.preemptions += 1
+        self._finish_carry += leaving
+        done = int(self._finish_carry)
+        self._finish_carry -= done
+        for _ in range(done):
+            plan = self.plan(now)
+            self.record(plan, plan.tokens, plan.reason)
+
+    # --- single requests
+    def _lognormal(self, mean: float, sigma: float) -> float:
+        return mean * math.exp(self.rng.gauss(-sigma * sigma / 2, sigma))
+
+    def plan(
+        self, now: float, prompt_tokens: int | None = None, max_tokens: int | None = None
+    ) -> Plan:
+        t = self.traffic
+        breach = self.breaching(now)
+        if prompt_tokens is None:
+            mean_prompt = t.prompt_tokens * (8.0 if breach else 1.0)
+            prompt_tokens = max(1, int(self._lognormal(mean_prompt, 0.6)))
+        wanted = max(1, min(t.max_output, int(self._lognormal(t.output_tokens, 0.6))))
+        tokens = wanted if max_tokens is None else max(1, min(wanted, max_tokens))
+        reason = "length" if max_tokens is not None and tokens == max_tokens else "stop"
+        if max_tokens is None and self.rng.random() < 0.12:
+            reason = "length"  # some clients set max_tokens and hit it
+        roll = self.rng.random()
+        if roll < 0.001:
+            reason = "error"
+        elif roll < 0.004:
+            reason = "abort"
+        queue = self.queue_wait_now() * self._lognormal(1.0, 0.3)
+        prefill = self.traffic.prefill_s * (prompt_tokens / t.prompt_tokens) ** 0.8
+        prefill *= 1 + 1.5 * max(0.0, self.kv_usage - 0.5)
+        return Plan(
+            queue_s=queue,
+            ttft_s=queue + self._lognormal(prefill, 0.35),
+            itl_s=self._lognormal(self.itl_now(), 0.12),
+            tokens=tokens,
+            prompt_tokens=prompt_tokens,
+            reason=reason,
+        )
+
+    def begin(self) -> None:
+        self.live += 1
+
+    def finish(self, plan: Plan, tokens: int, reason: str) -> None:
+        """A request answered over HTTP ended (`tokens` sent; reason "abort" if cut off)."""
+        self.live -= 1
+        self.record(plan, tokens, reason)
+
+    def record(self, plan: Plan, tokens: int, reason: str) -> None:
+        self.finished[reason] += 1
+        self.prompt_total += plan.prompt_tokens
+        self.generation_total += tokens
+        self.prefix_queries += plan.prompt_tokens
+        self.prefix_hits += int(plan.prompt_tokens * 0.35)
+        self.queue_s_total += plan.queue_s
+        e2e = plan.ttft_s + max(0, tokens - 1) * plan.itl_s
+        if tokens > 0:
+            self.ttft.observe(plan.ttft_s)
+        if tokens > 1:
+            self.itl.observe(plan.itl_s, tokens - 1)
+        self.e2e.observe(e2e)
+        if reason != "error":
+            self.success_s_total += e2e
+        if self.responses is not None:
+            self._record_responses(plan, tokens)
+        self.last_finish = self._now
+
+    def _record_responses(self, plan: Plan, tokens: int) -> None:
+        assert self.responses is not None
+        while len(self.responses) < min(tokens, self.traffic.max_output):
+            self.responses.append([0, 0.0])
+        for i in range(min(tokens, self.traffic.max_output)):
+            slot = self.responses[i]
+            slot[0] += 1
+            slot[1] += (plan.ttft_s - plan.queue_s) if i == 0 else plan.itl_s
+
+    @property
+    def requests_total(self) -> int:
+        return sum(self.finished.values())

@@ -1,0 +1,241 @@
+"""The console: a Textual app over the fleet collector.
+
+The collector polls in the app's event loop, each node with its own timeout, so a hung
+node never blocks a key press. Once per refresh the app builds one FleetView and hands it
+to the screen on top; hidden screens and open dialogs are not redrawn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+from collections.abc import Iterable
+
+from textual import on
+from textual.app import App, SystemCommand
+from textual.binding import Binding
+from textual.screen import Screen
+
+from console.collect.alerts import EventLog
+from console.collect.collector import Collector
+from console.collect.view import FleetView, build
+from console.core.config import Fleet
+from console.tui.filtering import FilterError, parse_filter
+from console.tui.screens.base import ViewScreen
+from console.tui.screens.engine import EngineScreen
+from console.tui.screens.events import EventsScreen
+from console.tui.screens.fleet import FleetScreen
+from console.tui.screens.gpus import GpusScreen
+from console.tui.screens.help import HelpScreen
+from console.tui.screens.model_detail import ModelDetailScreen
+from console.tui.screens.models import ModelsScreen
+from console.tui.screens.node import NodeScreen
+from console.tui.widgets.command_line import CommandLine
+
+VIEWS = {
+    "nodes": FleetScreen,
+    "fleet": FleetScreen,
+    "gpus": GpusScreen,
+    "models": ModelsScreen,
+    "events": EventsScreen,
+}
+
+
+class EngineroomApp(App[int]):
+    CSS_PATH = "app.tcss"
+    TITLE = "engineroom"
+    ENABLE_COMMAND_PALETTE = True
+    BINDINGS = [
+        Binding("colon", "command", "command", id="command"),
+        Binding("slash", "filter", "filter", id="filter"),
+        Binding("escape", "go_back", "back", id="back"),
+        Binding("question_mark", "help", "keys", id="help"),
+        Binding("n", "goto('nodes')", "nodes", id="nodes"),
+        Binding("g", "goto('gpus')", "gpus", id="gpus"),
+        Binding("m", "goto('models')", "models", id="models"),
+        Binding("v", "goto('events')", "events", id="events"),
+        Binding("q", "quit", "quit", id="quit"),
+    ]
+
+    def __init__(
+        self, fleet: Fleet, *, read_only: bool = False, collector: Collector | None = None
+    ) -> None:
+        super().__init__()
+        self.fleet = fleet
+        self.read_only = read_only or fleet.read_only
+        self.simulated = "SIMULATED" in fleet.fleet.name.upper()
+        self.collector = collector or Collector(fleet, on_update=None)
+        self.events = EventLog()
+        self.view: FleetView | None = None
+        self.refresh_s = self.collector.refresh_s
+
+    async def on_mount(self) -> None:
+        if self.fleet.keys:
+            self.set_keymap(self.fleet.keys)
+        await self.collector.__aenter__()
+        self.collector.start()
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            # The SSH session went away: leave cleanly instead of writing to a dead tty.
+            asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, self.exit)
+        self.tick()
+        await self.push_screen(FleetScreen())
+        self.set_interval(self.refresh_s, self.tick)
+
+    async def on_unmount(self) -> None:
+        await self.collector.__aexit__(None, None, None)
+
+    def tick(self) -> None:
+        """Build the fleet view once and redraw only the screen the operator sees."""
+        self.view = build(
+            self.fleet, self.collector.states, self.refresh_s, history=self.collector.history
+        )
+        self.events.update(self.view.alerts)
+        screen = self.screen
+        if isinstance(screen, ViewScreen) and screen.is_mounted:
+            screen.show_view(self.view)
+
+    # navigation
+    def _open(self, screen: ViewScreen) -> None:
+        self.push_screen(screen)
+
+    def open_node(self, name: str) -> None:
+        if name not in self.collector.states:
+            self.notify(f"no node named {name!r}", severity="error")
+            return
+        self._open(NodeScreen(name))
+
+    def open_model(self, name: str) -> None:
+        if self.view is not None and name not in self.view.models:
+            self.notify(f"no model named {name!r}", severity="error")
+            return
+        self._open(ModelDetailScreen(name))
+
+    def open_engine(self, node: str, engine_id: str) -> None:
+        self._open(EngineScreen(node, engine_id))
+
+    def action_goto(self, view: str) -> None:
+        target = VIEWS[view]
+        while len(self.screen_stack) > 2 and not isinstance(self.screen, target):
+            self.pop_screen()
+        if isinstance(self.screen, target):
+            return
+        if target is FleetScreen:
+            while len(self.screen_stack) > 2:
+                self.pop_screen()
+            return
+        self._open(target())
+
+    def action_go_back(self) -> None:
+        screen = self.screen
+        if isinstance(screen, ViewScreen) and screen.filter is not None:
+            screen.filter = None  # Esc first clears a filter, then goes back
+            if self.view is not None:
+                screen.show_view(self.view)
+            return
+        if len(self.screen_stack) > 2:
+            self.pop_screen()
+
+    def action_help(self) -> None:
+        keys = [(b.key_display or b.key, b.description) for b in self._keys()]
+        keys += [
+            ("enter", "open the selected row"),
+            ("e", "engine detail (on Models)"),
+            ("ctrl+p", "every view and action"),
+        ]
+        self.push_screen(HelpScreen(keys))
+
+    def _keys(self) -> list[Binding]:
+        out = []
+        for binding in self.BINDINGS:
+            if isinstance(binding, Binding):
+                keymap = self.fleet.keys.get(binding.id or "")
+                out.append(
+                    binding
+                    if keymap is None
+                    else Binding(keymap, binding.action, binding.description, id=binding.id)
+                )
+        return out
+
+    def action_command(self) -> None:
+        self._command_line().open(":")
+
+    def action_filter(self) -> None:
+        screen = self.screen
+        current = screen.filter.text if isinstance(screen, ViewScreen) and screen.filter else ""
+        self._command_line().open("/", current)
+
+    def _command_line(self) -> CommandLine:
+        return self.screen.query_one(CommandLine)
+
+    @on(CommandLine.Entered)
+    def _entered(self, event: CommandLine.Entered) -> None:
+        if event.mode == "/":
+            self.apply_filter(event.text)
+        else:
+            self.run_command(event.text)
+
+    def apply_filter(self, text: str) -> None:
+        screen = self.screen
+        if not isinstance(screen, ViewScreen):
+            return
+        try:
+            screen.filter = parse_filter(text) if text else None
+        except FilterError as exc:
+            self.notify(str(exc), title="filter", severity="error")
+            return
+        if self.view is not None:
+            screen.show_view(self.view)
+
+    def run_command(self, text: str) -> None:
+        word, _, arg = text.lstrip(":").strip().partition(" ")
+        word, arg = word.lower(), arg.strip()
+        if word in VIEWS:
+            self.action_goto(word)
+        elif word == "node" and arg:
+            self.open_node(arg)
+        elif word == "model" and arg:
+            self.open_model(arg)
+        elif word == "engine" and "/" in arg:
+            node, _, engine = arg.partition("/")
+            self.open_engine(node, engine)
+        elif word in ("help", "?"):
+            self.action_help()
+        elif word in ("q", "quit", "exit"):
+            self.exit(0)
+        elif word:
+            self.notify(
+                f"unknown command {text!r}: try :nodes :gpus :models :model NAME "
+                ":node NAME :engine NODE/ID :events",
+                severity="error",
+            )
+
+    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+        yield from super().get_system_commands(screen)
+        for name, what in (
+            ("nodes", "Fleet: nodes and GPU heat grid"),
+            ("gpus", "GPUs: every GPU of the fleet"),
+            ("models", "Models: deployments across engines side by side"),
+            ("events", "Events: alerts raised and cleared"),
+        ):
+            yield SystemCommand(f"View {name}", what, lambda n=name: self.action_goto(n))
+        for node in self.collector.states:
+            yield SystemCommand(
+                f"Node {node}", "GPUs, engines, host and versions", lambda n=node: self.open_node(n)
+            )
+        for model in self.view.models if self.view else {}:
+            yield SystemCommand(
+                f"Model {model}", "TTFT and ITL p95 over time", lambda m=model: self.open_model(m)
+            )
+        yield SystemCommand(
+            "Filter the table", "/ then text or util>80 engine=triton", self.action_filter
+        )
+        yield SystemCommand("Keys", "every key and command", self.action_help)
+
+
+def run_tui(fleet: Fleet, *, read_only: bool = False) -> int:
+    from console.collect.collector import check_tokens
+
+    check_tokens(fleet)  # a missing token variable fails before the screen opens
+    app = EngineroomApp(fleet, read_only=read_only)
+    return app.run() or 0

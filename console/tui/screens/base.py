@@ -1,0 +1,63 @@
+"""What every console screen shares: the fleet header, the command line and the footer.
+
+A screen draws itself from a FleetView when the app hands it one; only the screen on
+top is redrawn, so a hidden screen costs nothing.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, cast
+
+from textual.app import ComposeResult
+from textual.screen import Screen
+from textual.widgets import Footer
+
+from console.collect.view import FleetView
+from console.tui.filtering import Filter
+from console.tui.widgets.command_line import CommandLine
+from console.tui.widgets.header import FleetHeader
+from console.tui.widgets.table import FleetTable
+
+if TYPE_CHECKING:
+    from console.tui.app import EngineroomApp
+
+
+class ViewScreen(Screen[None]):
+    where = "Nodes"  # the breadcrumb in the header
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.filter: Filter | None = None
+
+    @property
+    def console(self) -> EngineroomApp:
+        return cast("EngineroomApp", self.app)
+
+    def compose(self) -> ComposeResult:
+        yield FleetHeader()
+        yield from self.compose_body()
+        yield CommandLine()
+        yield Footer()
+
+    def compose_body(self) -> ComposeResult:
+        return iter(())
+
+    def on_screen_resume(self) -> None:
+        if self.console.view is not None:
+            self.show_view(self.console.view)
+
+    def show_view(self, view: FleetView) -> None:
+        where = self.where
+        if self.filter is not None:
+            where += f"  /{self.filter.text}"
+        self.query_one(FleetHeader).show(
+            view.summary, where, self.console.read_only, self.console.simulated
+        )
+        self.draw(view)
+
+    def draw(self, view: FleetView) -> None:
+        """Redraw the body from a new view."""
+
+    def table(self) -> FleetTable | None:
+        tables = self.query(FleetTable)
+        return tables.first() if tables else None

@@ -1,0 +1,44 @@
+"""Events: alerts raised and cleared, and operator actions, newest first."""
+
+from __future__ import annotations
+
+import time
+
+from rich.text import Text
+from textual.app import ComposeResult
+
+from console.collect.view import FleetView
+from console.tui.screens.base import ViewScreen
+from console.tui.widgets.table import FleetTable, Row
+
+COLUMNS = [("TIME", 8), ("WHAT", 8), ("SUBJECT", 26), ("MESSAGE", None)]
+STYLE = {"raised": "bold red", "cleared": "green", "action": "cyan"}
+
+
+class EventsScreen(ViewScreen):
+    where = "Events"
+
+    def compose_body(self) -> ComposeResult:
+        yield FleetTable(COLUMNS, id="events")
+
+    def draw(self, view: FleetView) -> None:
+        rows = []
+        for i, e in enumerate(self.console.events.events):
+            what = (
+                e.kind if e.kind != "raised" else ("CRIT" if e.severity == "critical" else "WARN")
+            )
+            cells = (
+                Text(time.strftime("%H:%M:%S", time.localtime(e.time))),
+                Text(what, style=STYLE.get(e.kind, "")),
+                Text(e.subject),
+                Text(e.message),
+            )
+            rows.append(
+                Row(
+                    f"{len(self.console.events.events) - i}",
+                    cells,
+                    {"kind": e.kind, "severity": e.severity, "subject": e.subject},
+                    f"{e.kind} {e.subject} {e.message}",
+                )
+            )
+        self.query_one(FleetTable).show(rows, self.filter)

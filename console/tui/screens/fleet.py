@@ -1,0 +1,84 @@
+"""Fleet: every node in one table, and every GPU in the heat grid below it."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual import on
+from textual.app import ComposeResult
+from textual.containers import VerticalScroll
+from textual.widgets import DataTable
+
+from console.collect.view import FleetView, NodeRow
+from console.tui import format as fmt
+from console.tui.screens.base import ViewScreen
+from console.tui.widgets.gpu_grid import GpuGrid
+from console.tui.widgets.table import FleetTable, Row
+
+COLUMNS = [
+    ("NODE", 14),
+    ("STATUS", 8),
+    ("GPUS", 4),
+    ("UTIL", 5),
+    ("MAX", 5),
+    ("MEM", 10),
+    ("TEMP", 5),
+    ("ALERTS", 6),
+    ("ENGINES", None),
+]
+
+
+def node_cells(n: NodeRow, warn: float, crit: float) -> Row:
+    status = fmt.status(n.status, "/ssh" if n.transport == "ssh" else "")
+    detail = Text(n.engines or "-")
+    if n.status != "up" and n.error:
+        detail = Text(n.error, style="red")
+    elif n.gpu_status and n.gpu_status != "ok" and n.gpus == 0:
+        detail = Text(f"{n.engines or '-'}  ({n.gpu_status})", style="dim")
+    alerts = Text(str(n.alerts), style="bold red") if n.alerts else Text("0", style="dim")
+    cells = (
+        Text(n.name, style="bold"),
+        status,
+        fmt.count(n.gpus),
+        fmt.pct(n.util_avg),
+        fmt.pct(n.util_max),
+        fmt.gib(n.mem_used, n.mem_total),
+        fmt.temp(n.temp_max, warn, crit),
+        alerts,
+        detail,
+    )
+    fields = {
+        "node": n.name,
+        "name": n.name,
+        "status": n.status,
+        "gpus": n.gpus,
+        "util": n.util_avg,
+        "util_max": n.util_max,
+        "temp": n.temp_max,
+        "alerts": n.alerts,
+        "engine": n.engines,
+        "transport": n.transport,
+    }
+    return Row(n.name, cells, fields, f"{n.name} {n.status} {n.engines} {n.error or ''}")
+
+
+class FleetScreen(ViewScreen):
+    where = "Fleet"
+
+    def compose_body(self) -> ComposeResult:
+        yield FleetTable(COLUMNS, id="nodes")
+        with VerticalScroll(id="grid-box"):
+            yield GpuGrid(id="grid")
+
+    def draw(self, view: FleetView) -> None:
+        t = self.console.fleet.thresholds
+        rows = [node_cells(n, t.gpu_temp_warn_c, t.gpu_temp_crit_c) for n in view.nodes]
+        self.query_one(FleetTable).show(rows, self.filter)
+        cells = view.gpus
+        if self.filter is not None:
+            shown = set(self.query_one(FleetTable).rows_by_key)
+            cells = [c for c in cells if c.node in shown]
+        self.query_one(GpuGrid).show(cells, t.gpu_temp_crit_c)
+
+    @on(DataTable.RowSelected, "#nodes")
+    def _open_node(self, event: DataTable.RowSelected) -> None:
+        self.console.open_node(str(event.row_key.value))

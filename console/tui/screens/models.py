@@ -1,0 +1,168 @@
+"""Models: each model with all its deployments across engines, side by side.
+
+Latency is coloured against the model's SLO from fleet.toml; "~" marks a windowed mean
+where the engine has no histogram (Triton's default).
+"""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual import on
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.widgets import DataTable
+
+from console.collect.view import DeploymentRow, FleetView
+from console.core.config import Model, Slo
+from console.tui import format as fmt
+from console.tui.screens.base import ViewScreen
+from console.tui.widgets.table import FleetTable, Row
+
+COLUMNS = [
+    ("MODEL / DEPLOYMENT", 22),
+    ("ENGINE", 13),
+    ("NODE", 8),
+    ("STATE", 9),
+    ("W", 3),
+    ("RATE", 6),
+    ("TTFT50", 7),
+    ("TTFT95", 7),
+    ("ITL95", 7),
+    ("E2E95", 7),
+    ("QUEUE", 5),
+    ("KV", 4),
+    ("ERR", 5),
+]
+
+
+def slo_text(slo: Slo) -> str:
+    parts = []
+    if slo.ttft_p95_ms is not None:
+        parts.append(f"ttft<{slo.ttft_p95_ms:.0f}ms")
+    if slo.itl_p95_ms is not None:
+        parts.append(f"itl<{slo.itl_p95_ms:.0f}ms")
+    if slo.e2e_p95_ms is not None:
+        parts.append(f"e2e<{slo.e2e_p95_ms:.0f}ms")
+    return "SLO " + " ".join(parts) if parts else "no SLO"
+
+
+def deployment_row(r: DeploymentRow, model: Model, kv_warn: float, error_limit: float) -> Row:
+    s = r.stats
+    lat = s.latency if s else None
+    slo = model.slo
+    name = Text("  " + (r.id or f"({r.engine_id}, undeclared)"))
+    if r.slo_ok is False:
+        name.stylize("bold red")
+    cells = (
+        name,
+        Text(f"{r.engine} {r.version or '?'}"[:13]),
+        Text(r.node),
+        fmt.status(r.state),
+        Text("-" if r.weight is None else str(r.weight)),
+        fmt.rate(s.request_rate if s else None),
+        fmt.latency(lat.ttft_s if lat else None, "p50"),
+        fmt.latency(lat.ttft_s if lat else None, "p95", slo.ttft_p95_ms),
+        fmt.latency(lat.itl_s if lat else None, "p95", slo.itl_p95_ms),
+        fmt.latency(lat.e2e_s if lat else None, "p95", slo.e2e_p95_ms),
+        fmt.count(s.requests_waiting if s else None),
+        fmt.ratio(s.kv_cache_usage if s else None, kv_warn),
+        fmt.error_rate(
+            s.error_rate if s else None,
+            slo.error_rate if slo.error_rate is not None else error_limit,
+        ),
+    )
+
+    def p95(p: object) -> float | None:
+        from console.core.wire import Percentiles
+
+        if not isinstance(p, Percentiles):
+            return None
+        return p.p95 if p.p95 is not None else p.mean
+
+    fields = {
+        "model": r.model,
+        "deployment": r.id,
+        "engine": r.engine,
+        "node": r.node,
+        "state": r.state,
+        "weight": r.weight,
+        "rate": s.request_rate if s else None,
+        "ttft_p95": p95(lat.ttft_s) if lat else None,
+        "itl_p95": p95(lat.itl_s) if lat else None,
+        "e2e_p95": p95(lat.e2e_s) if lat else None,
+        "queue": s.requests_waiting if s else None,
+        "kv": s.kv_cache_usage if s else None,
+        "errors": s.error_rate if s else None,
+        "slo_ok": r.slo_ok,
+    }
+    key = f"d:{r.model}:{r.id or r.node + '/' + (r.engine_id or '')}"
+    return Row(key, cells, fields, f"{r.model} {r.id} {r.engine} {r.node} {r.state}")
+
+
+class ModelsScreen(ViewScreen):
+    where = "Models"
+    BINDINGS = [Binding("e", "engine", "engine detail", id="engine_detail")]
+
+    def compose_body(self) -> ComposeResult:
+        yield FleetTable(COLUMNS, id="models")
+
+    def draw(self, view: FleetView) -> None:
+        fleet = self.console.fleet
+        models = {m.name: m for m in fleet.models}
+        rows: list[Row] = []
+        for name, deployments in view.models.items():
+            model = models.get(name) or Model(name=name)
+            shown = [
+                deployment_row(
+                    r, model, fleet.thresholds.kv_cache_warn, fleet.thresholds.error_rate
+                )
+                for r in deployments
+            ]
+            if self.filter is not None:
+                shown = [r for r in shown if self.filter.matches(r.fields, r.text)]
+                if not shown:
+                    continue
+            breach = any(r.slo_ok is False for r in deployments)
+            head = (
+                Text(name, style="bold red" if breach else "bold"),
+                Text(slo_text(model.slo), style="dim"),
+                *[Text("")] * (len(COLUMNS) - 2),
+            )
+            rows.append(Row(f"m:{name}", head, {"model": name}, name))
+            rows.extend(shown)
+        self.query_one(FleetTable).show(rows)
+
+    def _selected_model(self) -> tuple[str, str | None] | None:
+        row = self.query_one(FleetTable).selected()
+        if row is None:
+            return None
+        return str(row.fields.get("model")), row.fields.get("deployment")
+
+    @on(DataTable.RowSelected, "#models")
+    def _open(self, event: DataTable.RowSelected) -> None:
+        row = self.query_one(FleetTable).rows_by_key.get(str(event.row_key.value))
+        if row is not None:
+            self.console.open_model(str(row.fields["model"]))
+
+    def action_engine(self) -> None:
+        row = self.query_one(FleetTable).selected()
+        if row is None or "node" not in row.fields:
+            self.notify("select a deployment row first", severity="warning")
+            return
+        engine = (
+            next(
+                (
+                    d.engine_id
+                    for d in self.console.view.models.get(str(row.fields["model"]), [])
+                    if (d.id or "") == (row.fields.get("deployment") or "")
+                    and d.node == row.fields["node"]
+                ),
+                None,
+            )
+            if self.console.view
+            else None
+        )
+        if engine is None:
+            self.notify("this deployment's engine is not reporting", severity="warning")
+            return
+        self.console.open_engine(str(row.fields["node"]), engine)

@@ -1,0 +1,154 @@
+"""Node: its GPUs with history, what runs on them, the host, and versions side by side."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual import on
+from textual.app import ComposeResult
+from textual.widgets import DataTable, Static
+
+from console.collect.history import Ring
+from console.collect.view import FleetView
+from console.tui import format as fmt
+from console.tui.screens.base import ViewScreen
+from console.tui.widgets.table import FleetTable, Row
+
+GPU_COLUMNS = [
+    ("GPU", 3),
+    ("UTIL", 5),
+    ("util history", 16),
+    ("MEM", 9),
+    ("mem", 8),
+    ("TEMP", 5),
+    ("temp", 8),
+    ("POWER", 6),
+    ("power", 8),
+    ("RUNS", None),
+]
+ENGINE_COLUMNS = [
+    ("ENGINE", 14),
+    ("KIND", 7),
+    ("VERSION", 10),
+    ("STATE", 10),
+    ("MODELS", 22),
+    ("REASON", None),
+]
+
+
+class NodeScreen(ViewScreen):
+    def __init__(self, node: str) -> None:
+        super().__init__()
+        self.node = node
+        self.where = f"Fleet > Node {node}"
+
+    def compose_body(self) -> ComposeResult:
+        yield Static(id="node-info")
+        yield FleetTable(GPU_COLUMNS, id="node-gpus")
+        yield FleetTable(ENGINE_COLUMNS, id="node-engines")
+
+    def table(self) -> FleetTable:
+        return self.query_one("#node-gpus", FleetTable)
+
+    def draw(self, view: FleetView) -> None:
+        state = self.console.collector.states.get(self.node)
+        row = next((n for n in view.nodes if n.name == self.node), None)
+        info = self.query_one("#node-info", Static)
+        if state is None or row is None:
+            info.update(Text(f"no node named {self.node!r} in this fleet", style="bold red"))
+            return
+        snap = state.snapshot
+        t = Text()
+        t.append(f"{self.node} ", style="bold")
+        t.append_text(fmt.status(row.status))
+        t.append(f"  via {row.transport}  snapshot age ")
+        t.append_text(fmt.age(row.age_s))
+        if state.error and row.status != "up":
+            t.append(f"  last error: {state.error}", style="red")
+        if snap is not None:
+            h = snap.host
+            t.append("\nhost  cpu ")
+            t.append_text(fmt.pct(h.cpu_pct, style=""))
+            t.append(f"  load {h.load1:.2f}" if h.load1 is not None else "  load ?")
+            t.append("  mem ")
+            t.append_text(fmt.gib(h.mem_used_bytes, h.mem_total_bytes))
+            for disk in h.disks:
+                t.append(f"  disk {disk.path} ")
+                t.append_text(
+                    fmt.gib(disk.used_bytes, disk.total_bytes)
+                    if not disk.error
+                    else Text(disk.error, style="red")
+                )
+            t.append("\nversions  ")
+            t.append(f"driver {snap.driver_version or '?'}  CUDA {snap.cuda_driver_version or '?'}")
+            for e in snap.engines:
+                t.append(f"  {e.kind} {e.version or '?'}")
+            if snap.gpu_status != "ok":
+                t.append(f"\nGPUs: {snap.gpu_status}", style="yellow")
+        info.update(t)
+        self._draw_gpus(snap)
+        self._draw_engines(snap)
+
+    def _draw_gpus(self, snap: object) -> None:
+        from console.core.wire import Snapshot
+
+        rows: list[Row] = []
+        thresholds = self.console.fleet.thresholds
+        history = self.console.collector.history
+        if isinstance(snap, Snapshot):
+            models = {e.id: ", ".join(m.name for m in e.models) for e in snap.engines}
+            for g in snap.gpus:
+                rings = history.gpu(self.node, g.index)
+
+                def series(name: str, _rings: dict[str, Ring] = rings or {}) -> list[float | None]:
+                    ring = _rings.get(name)
+                    return ring.values() if ring is not None else []
+
+                runs = []
+                for p in g.processes or []:
+                    owner = p.engine_id or p.name or str(p.pid)
+                    model = models.get(p.engine_id or "", "")
+                    mem = f" {p.used_memory_bytes / 2**30:.0f}G" if p.used_memory_bytes else ""
+                    runs.append(f"{owner}{':' + model if model else ''}{mem}")
+                cells = (
+                    Text(str(g.index), style="bold"),
+                    fmt.pct(g.utilization_pct),
+                    fmt.sparkline(series("util"), width=16),
+                    fmt.gib(g.memory_used_bytes, g.memory_total_bytes),
+                    fmt.sparkline(series("mem_pct"), width=8),
+                    fmt.temp(
+                        g.temperature_c, thresholds.gpu_temp_warn_c, thresholds.gpu_temp_crit_c
+                    ),
+                    fmt.sparkline(series("temp"), lo=20, hi=100, width=8),
+                    fmt.watts(g.power_w, g.power_limit_w),
+                    fmt.sparkline(series("power"), lo=0, hi=g.power_limit_w or 700, width=8),
+                    Text("; ".join(runs) or "idle", style="" if runs else "dim"),
+                )
+                fields = {
+                    "gpu": g.index,
+                    "util": g.utilization_pct,
+                    "temp": g.temperature_c,
+                    "power": g.power_w,
+                }
+                rows.append(Row(str(g.index), cells, fields, " ".join(runs)))
+        self.query_one("#node-gpus", FleetTable).show(rows, self.filter)
+
+    def _draw_engines(self, snap: object) -> None:
+        from console.core.wire import Snapshot
+
+        rows: list[Row] = []
+        if isinstance(snap, Snapshot):
+            for e in snap.engines:
+                cells = (
+                    Text(e.id, style="bold"),
+                    Text(e.kind),
+                    Text(e.version or "?"),
+                    fmt.status(e.state),
+                    Text(", ".join(m.name for m in e.models) or "-"),
+                    Text(e.reason or "", style="yellow" if e.reason else ""),
+                )
+                rows.append(Row(e.id, cells, {"engine": e.kind, "state": e.state}, e.id))
+        self.query_one("#node-engines", FleetTable).show(rows)
+
+    @on(DataTable.RowSelected, "#node-engines")
+    def _open_engine(self, event: DataTable.RowSelected) -> None:
+        self.console.open_engine(self.node, str(event.row_key.value))

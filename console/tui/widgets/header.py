@@ -1,0 +1,46 @@
+"""The line at the top of every screen: which fleet, which environment, how it is."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.widgets import Static
+
+from console.collect.view import Summary
+
+
+class FleetHeader(Static):
+    DEFAULT_CSS = """
+    FleetHeader { height: 1; background: $panel; }
+    FleetHeader.prod { background: $error; color: $text; }
+    """
+
+    def show(self, s: Summary, where: str, read_only: bool, simulated: bool) -> None:
+        self.set_class(s.environment.lower() == "prod", "prod")
+        t = Text()
+        t.append(" engineroom ", style="bold reverse")
+        t.append(f" {s.name} ", style="bold")
+        env_style = "bold white on red" if s.environment.lower() == "prod" else "bold"
+        t.append(f" {s.environment.upper()} ", style=env_style)
+        if simulated:
+            t.append(" SIMULATED ", style="bold black on yellow")
+        if read_only:
+            t.append(" READ-ONLY ", style="bold black on cyan")
+        t.append(f"  nodes {s.nodes_up} up", style="green" if s.nodes_up else "")
+        if s.nodes_stale:
+            t.append(f" {s.nodes_stale} stale", style="bold yellow")
+        if s.nodes_down:
+            t.append(f" {s.nodes_down} down", style="bold red")
+        if s.nodes_waiting:
+            t.append(f" {s.nodes_waiting} waiting", style="dim")
+        util = "?" if s.util_avg is None else f"{s.util_avg:.0f}%"
+        t.append(f"  GPUs {s.gpus} util {util}")
+        if s.alerts:
+            style = "bold red" if s.critical else "bold yellow"
+            t.append(
+                f"  alerts {s.alerts}" + (f" ({s.critical} crit)" if s.critical else ""),
+                style=style,
+            )
+        else:
+            t.append("  no alerts", style="green")
+        t.append(f"  {where}", style="dim")
+        self.update(t)
