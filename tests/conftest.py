@@ -59,11 +59,13 @@ def agent_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def start_agent(workdir: Path, fleet_text: str, node: str, **env: str) -> Agent:
+def start_agent(
+    workdir: Path, fleet_text: str, node: str, port: int | None = None, **env: str
+) -> Agent:
     """`engineroom agent` as a real process, ready when /healthz answers."""
     fleet = workdir / "fleet.toml"
     fleet.write_text(fleet_text)
-    port = free_port()
+    port = port or free_port()
     log = workdir / "agent.log"
     with log.open("wb") as out:
         process = subprocess.Popen(
@@ -103,10 +105,10 @@ def start_agent(workdir: Path, fleet_text: str, node: str, **env: str) -> Agent:
 def agent_factory(tmp_path: Path) -> Iterator:
     started: list[Agent] = []
 
-    def make(fleet_text: str, node: str = "local", **env: str) -> Agent:
+    def make(fleet_text: str, node: str = "local", port: int | None = None, **env: str) -> Agent:
         workdir = tmp_path / f"agent{len(started)}"
         workdir.mkdir()
-        agent = start_agent(workdir, fleet_text, node, **env)
+        agent = start_agent(workdir, fleet_text, node, port, **env)
         started.append(agent)
         return agent
 

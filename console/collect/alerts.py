@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from console.collect.view import DeploymentRow
 
 Severity = Literal["critical", "warning"]
+NOT_REPORTED = "the agent does not report this deployment"
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +122,13 @@ def _deployment_alerts(
 ) -> Iterable[Alert]:
     t = fleet.thresholds
     subject = f"{model_name}/{row.id or row.engine_id}"
+    if row.id and row.state == "unknown" and row.reason == NOT_REPORTED:
+        yield Alert(
+            "warning",
+            subject,
+            f"not reported by the agent on {row.node} (is it in that agent's fleet file?)",
+            row.node,
+        )
     if row.id and row.state in ("down", "unhealthy"):
         yield Alert(
             "critical", subject, f"engine {row.state}: {row.reason or ''}".rstrip(": "), row.node

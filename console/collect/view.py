@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Literal
 
-from console.collect.alerts import Alert, evaluate
+from console.collect.alerts import NOT_REPORTED, Alert, evaluate
 from console.collect.collector import NodeState, NodeStatus
 from console.collect.history import History
 from console.core.config import Deployment, Fleet, Model
@@ -197,7 +197,7 @@ def deployment_row(
     if engine is not None:
         engine_state, reason = engine.state, engine.reason
     elif snap is not None:
-        engine_state, reason = "unknown", "the agent does not report this deployment"
+        engine_state, reason = "unknown", NOT_REPORTED
     else:
         engine_state, reason = "unknown", f"node {dep.node} is {status}"
     return DeploymentRow(

@@ -134,8 +134,8 @@ class Workload:
 
     @property
     def gpu_busy(self) -> float:
-        """0..1: a few sequences in the batch already keep an LLM's GPU near fully busy."""
-        return 0.97 * (1 - math.exp(-self.batch / 4.0))
+        """0..1: a dozen sequences in the batch already keep an LLM's GPU near fully busy."""
+        return 0.97 * (1 - math.exp(-self.batch / 8.0))
 
     @property
     def batch_fill(self) -> float:
@@ -164,8 +164,8 @@ class Workload:
         burst = self._burst_factor if now < self._burst_until else 1.0
         rate = t.rate * swing * burst
         if self.surging(now):
-            # A batch job floods the deployment: half again what a full batch can serve.
-            rate = max(rate, 1.5 * self.capacity())
+            # A batch job floods the deployment: a quarter more than a full batch serves.
+            rate = max(rate, 1.25 * self.capacity())
         return max(0.0, rate * self.rng.gauss(1.0, 0.08))
 
     def capacity(self) -> float:
@@ -235,7 +235,8 @@ class Workload:
             reason = "error"
         elif roll < 0.004:
             reason = "abort"
-        queue = self.queue_wait_now() * self._lognormal(1.0, 0.3)
+        # Scheduling takes a fraction of a millisecond even with nobody waiting.
+        queue = (self.queue_wait_now() + 0.0004) * self._lognormal(1.0, 0.3)
         prefill = self.traffic.prefill_s * (prompt_tokens / t.prompt_tokens) ** 0.8
         prefill *= 1 + 1.5 * max(0.0, self.kv_usage - 0.5)
         return Plan(

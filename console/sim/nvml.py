@@ -28,7 +28,7 @@ POWER_LIMIT_MW = 700_000
 IDLE_POWER_W = 75.0
 MAX_SM_MHZ, IDLE_SM_MHZ, MEM_MHZ = 1980, 345, 3201
 XID_EVERY_S = 900.0  # the rare XID repeats this often, first after XID_FIRST_S
-XID_FIRST_S = 75.0
+XID_FIRST_S = 75.0  # late enough that a demo starts clean, early enough to be seen
 
 # NVML's clock-event reason bits (the ones this simulation raises).
 IDLE, SW_POWER_CAP, SW_THERMAL = 0x1, 0x4, 0x20
@@ -90,10 +90,8 @@ class _Gpu:
         busy = min(1.0, sum(t.load.gpu_busy for t in self.spec.tenants))
         fill = min(1.0, max((t.load.batch_fill for t in self.spec.tenants), default=0.0))
         power = IDLE_POWER_W + 640 * busy * (0.5 + 0.5 * fill)
-        if self.spec.hot:
-            temp = 87.5 + 3.5 * busy
-        else:
-            temp = 28 + 0.065 * power
+        # A hot GPU (failing fan, blocked airflow) sits near its slowdown point even idle.
+        temp = 87.5 + 3.5 * busy if self.spec.hot else 28 + 0.065 * power
         return 100 * busy, power, temp
 
     def advance(self) -> None:
@@ -171,7 +169,9 @@ class SimulatedNvml(ModuleType):
     NVMLError_NotSupported = NVMLError_NotSupported
     NVMLError_Timeout = NVMLError_Timeout
 
-    def __init__(self, node: str, gpus: list[GpuSpec], *, seed: int = 0) -> None:
+    def __init__(
+        self, node: str, gpus: list[GpuSpec], *, seed: int = 0, xid_after_s: float = XID_FIRST_S
+    ) -> None:
         super().__init__("pynvml (SIMULATED)")
         rng = random.Random(seed)
         self.node = node
@@ -179,8 +179,8 @@ class SimulatedNvml(ModuleType):
             _Gpu(node, i, spec, random.Random(rng.random())) for i, spec in enumerate(gpus)
         ]
         self._closed = threading.Event()
-        started = time.monotonic()
-        self._next_xid = started + XID_FIRST_S if any(g.xid for g in gpus) else math.inf
+        has_xid = any(g.xid for g in gpus)
+        self._next_xid = time.monotonic() + xid_after_s if has_xid else math.inf
 
     def _gpu(self, handle: _Gpu) -> _Gpu:
         handle.advance()

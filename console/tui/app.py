@@ -49,7 +49,8 @@ class EngineroomApp(App[int]):
     BINDINGS = [
         Binding("colon", "command", "command", id="command"),
         Binding("slash", "filter", "filter", id="filter"),
-        Binding("escape", "go_back", "back", id="back"),
+        # priority: Esc must work whatever holds the focus (a plot, a table, the command line)
+        Binding("escape", "go_back", "back", id="back", priority=True),
         Binding("question_mark", "help", "keys", id="help"),
         Binding("n", "goto('nodes')", "nodes", id="nodes"),
         Binding("g", "goto('gpus')", "gpus", id="gpus"),
@@ -127,6 +128,13 @@ class EngineroomApp(App[int]):
         self._open(target())
 
     def action_go_back(self) -> None:
+        if isinstance(self.screen, HelpScreen):
+            self.screen.dismiss(None)
+            return
+        lines = self.screen.query(CommandLine)
+        if lines and lines.first().has_class("open"):
+            lines.first().action_close()
+            return
         screen = self.screen
         if isinstance(screen, ViewScreen) and screen.filter is not None:
             screen.filter = None  # Esc first clears a filter, then goes back
@@ -137,7 +145,7 @@ class EngineroomApp(App[int]):
             self.pop_screen()
 
     def action_help(self) -> None:
-        keys = [(b.key_display or b.key, b.description) for b in self._keys()]
+        keys = [(self.get_key_display(b), b.description) for b in self._keys()]
         keys += [
             ("enter", "open the selected row"),
             ("e", "engine detail (on Models)"),

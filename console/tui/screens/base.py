@@ -50,9 +50,10 @@ class ViewScreen(Screen[None]):
         where = self.where
         if self.filter is not None:
             where += f"  /{self.filter.text}"
-        self.query_one(FleetHeader).show(
-            view.summary, where, self.console.read_only, self.console.simulated
-        )
+        headers = self.query(FleetHeader)
+        if not headers:
+            return  # still composing; the next tick draws it
+        headers.first().show(view.summary, where, self.console.read_only, self.console.simulated)
         self.draw(view)
 
     def draw(self, view: FleetView) -> None:

@@ -48,11 +48,13 @@ class FleetTable(DataTable[RenderableType]):
             self._rebuild(visible)
             return
         labels = [label for label, _ in self._columns_spec]
+        auto = [width is None for _, width in self._columns_spec]
         for row in visible:
             before = self._shown.get(row.key)
             for i, cell in enumerate(row.cells):
                 if before is None or _differs(before[i], cell):
-                    self.update_cell(row.key, labels[i], cell)
+                    # Only auto-width columns re-measure: it is costly on big tables.
+                    self.update_cell(row.key, labels[i], cell, update_width=auto[i])
             self._shown[row.key] = row.cells
 
     def _rebuild(self, rows: list[Row]) -> None:

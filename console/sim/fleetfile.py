@@ -1,0 +1,103 @@
+"""Sockets, node names and fleet.toml text for the SIMULATED fleets (demo and scale)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import resource
+import socket
+import string
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+TOKEN_ENV = "ENGINEROOM_DEMO_TOKEN"
+
+
+def listen_socket(preferred: int | None = None) -> socket.socket:
+    """A TCP socket bound to 127.0.0.1, on `preferred` when that port is free, else any.
+
+    Preferred ports keep engine ids ("vllm-18001") and screenshots the same run after run;
+    a port some other program holds just means a different one.
+    """
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    for port in (preferred, 0) if preferred else (0,):
+        try:
+            sock.bind(("127.0.0.1", port))
+            break
+        except OSError:
+            continue
+    sock.setblocking(False)
+    return sock
+
+
+def port_of(sock: socket.socket) -> int:
+    return int(sock.getsockname()[1])
+
+
+def raise_open_files(wanted: int) -> None:
+    """Lift the soft open-file limit towards `wanted` (as far as the hard limit allows)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+
+
+def rack(n: int) -> str:
+    """0 -> "a", 25 -> "z", 26 -> "aa": rack letters for node names."""
+    letters = ""
+    n += 1
+    while n:
+        n, rest = divmod(n - 1, 26)
+        letters = string.ascii_lowercase[rest] + letters
+    return letters
+
+
+def node_name(index: int, per_rack: int) -> str:
+    """gpu-a1, gpu-a2, gpu-b1, ... (two-digit slots once a rack holds ten or more)."""
+    width = 2 if per_rack >= 10 else 1
+    return f"gpu-{rack(index // per_rack)}{index % per_rack + 1:0{width}d}"
+
+
+def _value(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{k} = {_value(v)}" for k, v in value.items()) + " }"
+    if isinstance(value, list):
+        return "[" + ", ".join(_value(v) for v in value) + "]"
+    return json.dumps(str(value))  # a TOML basic string reads JSON's escapes
+
+
+def table(header: str, values: dict[str, object], indent: str = "") -> list[str]:
+    lines = [f"{indent}{header}"]
+    lines += [f"{indent}{key} = {_value(v)}" for key, v in values.items() if v is not None]
+    return [*lines, ""]
+
+
+@dataclass
+class FleetText:
+    """A fleet.toml under construction: a comment header, then tables in order."""
+
+    comment: str
+    lines: list[str] = field(default_factory=list)
+
+    def add(self, header: str, values: dict[str, object], indent: str = "") -> None:
+        self.lines += table(header, values, indent)
+
+    def text(self) -> str:
+        head = [f"# {line}".rstrip() for line in self.comment.strip().splitlines()]
+        return "\n".join([*head, "", *self.lines])
+
+
+def model_tables(
+    out: FleetText, models: Iterable[tuple[str, dict[str, float], list[dict[str, object]]]]
+) -> None:
+    """[[models]] with their SLOs and [[models.deployments]]."""
+    for name, slo, deployments in models:
+        out.add("[[models]]", {"name": name, "slo": slo})
+        for deployment in deployments:
+            out.add("[[models.deployments]]", deployment, indent="  ")

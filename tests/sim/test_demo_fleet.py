@@ -1,0 +1,165 @@
+"""The demo fleet: SIMULATED GPUs and engines, read by the REAL agent over real HTTP."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import psutil
+import pytest
+
+from console.core.config import load_fleet
+from console.core.wire import Snapshot
+from tests.engines.servers import wait_until
+from tests.sim.conftest import SimFleet, end, start_sim
+
+
+def snapshots(demo: SimFleet) -> dict[str, Snapshot]:
+    fleet = load_fleet(demo.fleet)
+    out = {}
+    for node in fleet.nodes:
+        assert node.agent is not None
+        resp = demo.get(f"{node.agent}/v1/snapshot")
+        resp.raise_for_status()
+        out[node.name] = Snapshot.model_validate_json(resp.content)
+    return out
+
+
+def test_the_fleet_file_says_simulated_and_declares_the_models(demo):
+    fleet = load_fleet(demo.fleet)
+    assert "SIMULATED" in fleet.fleet.name
+    assert fleet.fleet.environment == "staging"
+    assert [n.name for n in fleet.nodes] == ["gpu-a1", "gpu-a2"]
+    assert {n.token_env for n in fleet.nodes} == {"ENGINEROOM_DEMO_TOKEN"}
+    assert fleet.agent.discover is False
+    llama8b = next(m for m in fleet.models if m.name == "llama-3.1-8b-instruct")
+    by_engine = {d.engine: d for d in llama8b.deployments}
+    assert by_engine["triton"].node != by_engine["vllm"].node
+    assert by_engine["triton"].engine_model == "ensemble"
+    assert len(fleet.models) >= 3
+    assert all(m.slo.ttft_p95_ms for m in fleet.models)
+
+
+def test_every_agent_serves_eight_simulated_gpus(demo):
+    for name, snap in snapshots(demo).items():
+        assert snap.node.name == name
+        assert snap.node.hostname == f"{name}.simulated"
+        assert snap.gpu_status == "ok"
+        assert snap.driver_version and snap.driver_version.endswith("-sim")
+        assert len(snap.gpus) == 8
+        for gpu in snap.gpus:
+            assert gpu.name == "NVIDIA H200 (SIMULATED)"
+            assert gpu.utilization_pct is not None
+            assert gpu.memory_total_bytes == 143771 * 2**20
+            assert gpu.power_limit_w == 700
+            assert gpu.compute_capability == "9.0"
+            assert gpu.errors == []
+        idle = [g for g in snap.gpus if not g.processes]
+        assert idle and all(g.clock_event_reasons == ["idle"] for g in idle)
+
+
+def test_engines_are_ready_and_their_versions_say_sim(demo):
+    for snap in snapshots(demo).values():
+        assert snap.engines
+        for engine in snap.engines:
+            assert engine.state == "ready", engine
+            assert engine.reason is None, engine.reason
+            assert engine.version and engine.version.endswith("-sim")
+            assert engine.pid is not None and engine.deployment_ids
+
+
+def test_gpu_processes_map_to_their_engines(demo):
+    for snap in snapshots(demo).values():
+        engines = {e.id: e for e in snap.engines}
+        gpus_of: dict[str, list[int]] = {}
+        for gpu in snap.gpus:
+            for proc in gpu.processes or []:
+                assert proc.engine_id in engines
+                assert proc.pid == engines[proc.engine_id].pid
+                assert proc.name in ("sim-vllm", "sim-triton", "cat")
+                gpus_of.setdefault(proc.engine_id, []).append(gpu.index)
+        assert set(gpus_of) == set(engines)  # every engine holds at least one GPU
+        assert any(len(g) == 2 for g in gpus_of.values())  # tensor parallel over two
+
+
+def test_one_gpu_runs_hot_and_one_has_an_uncorrected_ecc_error(demo):
+    gpus = [g for snap in snapshots(demo).values() for g in snap.gpus]
+    hot = [g for g in gpus if (g.temperature_c or 0) >= 87]
+    assert len(hot) == 1
+    assert "software thermal slowdown" in (hot[0].clock_event_reasons or [])
+    assert len([g for g in gpus if (g.ecc_uncorrected or 0) > 0]) == 1
+
+
+def test_latency_windows_fill_in_from_the_simulated_traffic(demo):
+    def filled() -> dict[str, Snapshot] | None:
+        snaps = snapshots(demo)
+        for snap in snaps.values():
+            for engine in snap.engines:
+                for model in engine.models:
+                    if engine.kind == "vllm" and model.latency.ttft_s.p95 is None:
+                        return None
+                    if model.name == "ensemble" and model.latency.e2e_s.mean is None:
+                        return None
+        return snaps
+
+    snaps = wait_until(filled, timeout=20, interval=0.5, what="windowed latency")
+    models = [(e, m) for s in snaps.values() for e in s.engines for m in e.models]
+    ensemble = [m for e, m in models if m.name == "ensemble"]
+    assert ensemble and all(m.latency.e2e_s.source == "mean" for m in ensemble)
+    assert all(m.latency.ttft_s.mean for m in ensemble)  # from Triton's response statistics
+    vllm = [m for e, m in models if e.kind == "vllm"]
+    assert all(m.latency.itl_s.p95 and m.request_rate for m in vllm)
+    assert all(m.kv_cache_usage is not None and m.requests_running is not None for m in vllm)
+
+
+def test_a_token_is_needed_for_snapshots(demo):
+    agent = load_fleet(demo.fleet).nodes[0].agent
+    assert demo.get(f"{agent}/v1/snapshot", token=None).status_code == 401
+    assert demo.get(f"{agent}/v1/snapshot", token="wrong-token-x").status_code == 401
+    assert demo.get(f"{agent}/healthz", token=None).status_code == 200
+
+
+def _deployment(demo: SimFleet, engine: str):
+    fleet = load_fleet(demo.fleet)
+    return next((m.name, d) for m in fleet.models for d in m.deployments if d.engine == engine)
+
+
+def test_vllm_streams_openai_completions(demo):
+    model, dep = _deployment(demo, "vllm")
+    body = {"model": model, "prompt": "hello", "max_tokens": 3, "stream": True}
+    with httpx.stream("POST", f"{dep.endpoint}/v1/completions", json=body, timeout=30) as resp:
+        assert resp.status_code == 200
+        events = [line[6:] for line in resp.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    assert len(events) == 4
+    chat = httpx.post(
+        f"{dep.endpoint}/v1/chat/completions",
+        json={"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+        timeout=30,
+    ).json()
+    assert chat["choices"][0]["message"]["content"]
+    assert chat["usage"]["completion_tokens"] == 2
+
+
+def test_triton_streams_generate(demo):
+    _, dep = _deployment(demo, "triton")
+    body = {"text_input": "hello", "max_tokens": 3, "stream": True}
+    url = f"{dep.endpoint}/v2/models/ensemble/generate_stream"
+    with httpx.stream("POST", url, json=body, timeout=30) as resp:
+        assert resp.status_code == 200
+        events = [line for line in resp.iter_lines() if line.startswith("data: ")]
+    assert len(events) == 3 and '"text_output"' in events[0]
+
+
+def test_sigterm_stops_the_fleet_and_its_stand_in_processes(tmp_path):
+    sim = start_sim(tmp_path, "--nodes", "1")
+    agent = load_fleet(sim.fleet).nodes[0].agent
+    snap = Snapshot.model_validate_json(sim.get(f"{agent}/v1/snapshot").content)
+    pids = [e.pid for e in snap.engines if e.pid]
+    assert pids and all(psutil.pid_exists(p) for p in pids)
+    started = time.monotonic()
+    assert end(sim) == 0
+    assert time.monotonic() - started < 10
+    assert not [p for p in pids if psutil.pid_exists(p)]
+    with pytest.raises(httpx.ConnectError):
+        sim.get(f"{agent}/healthz", timeout=2)

@@ -1,0 +1,189 @@
+"""The console as an on-call engineer drives it: keys, commands, filters, read-only."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+
+from console.core.config import parse_fleet
+from console.tui.app import EngineroomApp
+from console.tui.screens.events import EventsScreen
+from console.tui.screens.fleet import FleetScreen
+from console.tui.screens.gpus import GpusScreen
+from console.tui.screens.help import HelpScreen
+from console.tui.screens.model_detail import ModelDetailScreen
+from console.tui.screens.models import ModelsScreen
+from console.tui.screens.node import NodeScreen
+from console.tui.widgets.header import FleetHeader
+from console.tui.widgets.table import FleetTable
+from tests.tui_support import FLEET, keys, recorded_app
+
+SIZE = (100, 30)
+
+
+async def command(pilot, text: str) -> None:
+    await pilot.press(*keys(":" + text), "enter")
+    await pilot.pause()
+
+
+def header_text(app: EngineroomApp) -> str:
+    return str(app.screen.query_one(FleetHeader).render())
+
+
+async def test_colon_commands_open_every_view_and_escape_goes_back():
+    app = recorded_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        assert isinstance(app.screen, FleetScreen)
+        for text, screen in (
+            ("models", ModelsScreen),
+            ("gpus", GpusScreen),
+            ("events", EventsScreen),
+            ("node h200", NodeScreen),
+            ("model tiny", ModelDetailScreen),
+        ):
+            await command(pilot, text)
+            assert isinstance(app.screen, screen), text
+            await pilot.press("escape")
+            await pilot.pause()
+            assert isinstance(app.screen, FleetScreen), f"escape after :{text}"
+
+
+async def test_enter_on_a_node_opens_it_with_its_gpus_and_processes():
+    app = recorded_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        await pilot.press("enter")  # the cursor starts on the first node, h200
+        await pilot.pause()
+        assert isinstance(app.screen, NodeScreen) and app.screen.node == "h200"
+        gpus = app.screen.query_one("#node-gpus", FleetTable)
+        assert gpus.row_count == 2
+        info = str(app.screen.query_one("#node-info").render())
+        assert "driver 580.159.04" in info and "CUDA 13.0" in info
+
+
+async def test_the_fleet_view_says_which_node_is_down_and_why():
+    app = recorded_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause(0.3)
+        nodes = app.screen.query_one(FleetTable)
+        row = nodes.rows_by_key["gone"]
+        assert row.fields["status"] == "down"
+        assert "connection refused" in str(row.cells[-1])
+        assert "1 down" in header_text(app)
+        assert "alerts" in header_text(app)
+
+
+async def test_slash_filters_by_predicate_and_escape_clears_it():
+    app = recorded_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await command(pilot, "gpus")
+        table = app.screen.query_one(FleetTable)
+        assert table.row_count == 2  # the two H200s; the CPU node has none
+        await pilot.press(*keys("/util>50"), "enter")
+        await pilot.pause()
+        assert table.row_count == 1
+        assert table.selected().fields["util"] == 99.0
+        assert "/util>50" in header_text(app)
+        await pilot.press("escape")
+        await pilot.pause()
+        assert table.row_count == 2
+        assert isinstance(app.screen, GpusScreen)  # the first escape only cleared the filter
+
+
+async def test_filters_on_the_models_view_use_engine_and_latency_fields():
+    app = recorded_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await command(pilot, "models")
+        table = app.screen.query_one(FleetTable)
+        assert {k for k in table.rows_by_key if k.startswith("d:")} == {
+            "d:tiny:tiny-trt",
+            "d:tiny:tiny-vllm",
+        }
+        await pilot.press(*keys("/engine=triton"), "enter")
+        await pilot.pause()
+        assert {k for k in table.rows_by_key if k.startswith("d:")} == {"d:tiny:tiny-trt"}
+
+
+async def test_a_bad_filter_or_command_is_explained_not_fatal():
+    app = recorded_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press(*keys("/util>hot"), "enter")
+        await pilot.pause()
+        await command(pilot, "frobnicate")
+        messages = [n.message for n in app._notifications]
+        assert any("util>hot: > needs a number" in m for m in messages)
+        assert any("unknown command 'frobnicate'" in m for m in messages)
+        assert isinstance(app.screen, FleetScreen)
+
+
+async def test_question_mark_shows_the_keys_and_the_palette_lists_views():
+    app = recorded_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("question_mark")
+        await pilot.pause()
+        assert isinstance(app.screen, HelpScreen)
+        await pilot.press("escape")
+        await pilot.pause()
+        titles = [c.title for c in app.get_system_commands(app.screen)]
+        assert {"View models", "View gpus", "Node h200", "Model tiny"} <= set(titles)
+
+
+async def test_keys_are_remappable_in_the_fleet_file():
+    app = recorded_app(
+        FLEET.replace("refresh_s = 0.2\n", 'refresh_s = 0.2\n[keys]\nmodels = "M"\n', 1)
+    )
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("m")  # no longer bound
+        await pilot.pause()
+        assert isinstance(app.screen, FleetScreen)
+        await pilot.press("M")
+        await pilot.pause()
+        assert isinstance(app.screen, ModelsScreen)
+
+
+async def test_prod_is_red_and_read_only_by_default():
+    app = recorded_app(FLEET.replace('environment = "staging"', 'environment = "prod"'))
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        assert app.read_only
+        header = app.screen.query_one(FleetHeader)
+        assert header.has_class("prod")
+        assert "READ-ONLY" in header_text(app) and "PROD" in header_text(app)
+
+
+async def test_the_ui_answers_keys_while_a_node_hangs(tmp_path):
+    # A real agent URL that accepts connections and never answers.
+    server = await asyncio.start_server(lambda r, w: asyncio.sleep(3600), "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    os.environ["T_HUNG"] = "token-0123456789"
+    fleet = parse_fleet(f"""
+[fleet]
+name = "hung"
+refresh_s = 2.0
+[[nodes]]
+name = "hung"
+agent = "http://127.0.0.1:{port}"
+token_env = "T_HUNG"
+""")
+    app = EngineroomApp(fleet)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause(0.5)  # polls are now waiting on the hung node, for up to 4 s
+        worst = 0.0
+        for key, screen in (
+            ("m", ModelsScreen),
+            ("g", GpusScreen),
+            ("v", EventsScreen),
+            ("n", FleetScreen),
+        ):
+            started = time.monotonic()
+            await pilot.press(key)
+            await pilot.pause()
+            worst = max(worst, time.monotonic() - started)
+            assert isinstance(app.screen, screen), key
+        # A UI that waited on the poll would stall for its whole 4 s timeout.
+        assert worst < 2.0, f"a key took {worst:.2f} s while the node hung"
+        await pilot.pause(4.5)
+        assert app.collector.states["hung"].error == "no answer within 4 s"
+    server.close()
