@@ -1,39 +1,59 @@
-"""`engineroom demo`: until the console's TUI lands, watch the agent on this machine.
+"""`engineroom demo`: the console on a SIMULATED local fleet.
 
-It runs the agent's snapshot cycle against the example fleet and prints a summary every
-refresh. Nothing here is simulated: on a machine without a GPU it says so.
+The simulated fleet runs in a child process (`python -m console.sim`): real agents, real
+plugins and real HTTP on loopback, over simulated GPUs and engines. The console here is
+the same one that watches a real fleet. With --no-tui the fleet just runs, for scripts
+and benchmarks, and the first line printed is "fleet: PATH".
 """
 
 from __future__ import annotations
 
-import asyncio
+import os
+import secrets
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
-from console.agent.node import NodeAgent
-from console.agent.summary import summarize
-from console.core.config import load_fleet
+from console.sim.fleetfile import TOKEN_ENV
 
-EXAMPLE_FLEET = Path(__file__).resolve().parents[1] / "fleet.toml"
+
+def start_sim(nodes: int, out_dir: Path, token: str) -> tuple[subprocess.Popen[str], Path]:
+    env = {**os.environ, TOKEN_ENV: token}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "console.sim", "--nodes", str(nodes), "--out", str(out_dir)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
+    assert proc.stdout is not None
+    first = proc.stdout.readline()
+    if not first.startswith("fleet: "):
+        proc.kill()
+        err = proc.stderr.read() if proc.stderr else ""
+        raise RuntimeError(f"the simulated fleet did not start: {first!r} {err[-2000:]}")
+    return proc, Path(first.removeprefix("fleet: ").strip())
 
 
 def run_demo(*, no_tui: bool = False, nodes: int = 4) -> int:
-    fleet = load_fleet(EXAMPLE_FLEET)
-    print(f"fleet: {EXAMPLE_FLEET}", flush=True)
-    return asyncio.run(_watch(fleet.nodes[0].name, fleet))
+    token = os.environ.get(TOKEN_ENV) or secrets.token_urlsafe(24)
+    os.environ[TOKEN_ENV] = token  # the console reads the agents' token from here
+    if no_tui:
+        from console.sim.__main__ import main
 
-
-async def _watch(node: str, fleet: object) -> int:
-    from console.core.config import Fleet
-
-    assert isinstance(fleet, Fleet)
-    agent = NodeAgent(fleet, node)
+        return main(["--nodes", str(nodes)])
+    out_dir = Path(tempfile.mkdtemp(prefix="engineroom-demo-"))
+    proc, fleet_path = start_sim(nodes, out_dir, token)
     try:
-        while True:
-            snap = await agent.cycle()
-            print("\033[2J\033[H" + summarize(snap), flush=True)
-            print("\n(the live TUI arrives with the console issue; Ctrl-C quits)", flush=True)
-            await asyncio.sleep(fleet.fleet.refresh_s)
-    except (KeyboardInterrupt, asyncio.CancelledError):
-        return 0
+        from console.core.config import load_fleet
+        from console.tui.app import run_tui
+
+        return run_tui(load_fleet(fleet_path))
     finally:
-        await agent.close()
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()

@@ -115,5 +115,6 @@ def keys(text: str) -> list[str]:
         ".": "full_stop",
         "-": "minus",
         "_": "underscore",
+        "\r": "enter",
     }
     return [names.get(ch, ch) for ch in text]

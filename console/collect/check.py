@@ -112,7 +112,7 @@ def render(view: FleetView) -> str:
 def _deployment_line(r: DeploymentRow) -> str:
     lat = r.stats.latency if r.stats else None
     slo = {True: "ok", False: "BREACH", None: "?"}[r.slo_ok]
-    engine = f"{r.engine} {r.version or '?'}"[:14]
+    engine = f"{r.engine} {r.version or '?'}"[:18]
     name = r.id or "(undeclared)"
     return (
         f"  {name:<24}{engine:<15}{r.node:<10}{r.state:<10}"

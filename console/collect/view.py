@@ -115,7 +115,7 @@ def node_row(state: NodeState, refresh_s: float, alerts: int, now: float) -> Nod
         if snap
         else []
     )
-    engines = ", ".join(f"{e.kind} {e.version or '?'}" for e in snap.engines) if snap else ""
+    engines = engine_summary(snap.engines) if snap else ""
     return NodeRow(
         name=state.name,
         status=status,
@@ -132,6 +132,15 @@ def node_row(state: NodeState, refresh_s: float, alerts: int, now: float) -> Nod
         alerts=alerts,
         gpu_status=snap.gpu_status if snap else None,
     )
+
+
+def engine_summary(engines: list[Engine]) -> str:
+    """ "vllm 0.32.0 x3, triton 2.51.0": which engine versions run here, at a glance."""
+    counts: dict[str, int] = {}
+    for e in engines:
+        label = f"{e.kind} {e.version or '?'}"
+        counts[label] = counts.get(label, 0) + 1
+    return ", ".join(f"{label} x{n}" if n > 1 else label for label, n in counts.items())
 
 
 def _p95(p: Percentiles) -> float | None:

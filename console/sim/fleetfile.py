@@ -27,6 +27,9 @@ def listen_socket(preferred: int | None = None) -> socket.socket:
             break
         except OSError:
             continue
+    # Listen at once: with SO_REUSEADDR, Linux lets two sockets bind one port as long as
+    # neither listens, so a second fleet starting at the same moment must see this one.
+    sock.listen(128)
     sock.setblocking(False)
     return sock
 

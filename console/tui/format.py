@@ -86,7 +86,7 @@ def latency(p: Percentiles | None, which: str = "p95", limit_ms: float | None = 
 def rate(value: float | None) -> Text:
     if value is None:
         return UNKNOWN
-    return Text(f"{value:.1f}/s" if value < 100 else f"{value:.0f}/s")
+    return Text(f"{value:.1f}/s" if value < 10 else f"{value:.0f}/s")
 
 
 def count(value: float | None) -> Text:

@@ -19,7 +19,7 @@ class EngineScreen(ViewScreen):
         super().__init__()
         self.node = node
         self.engine_id = engine_id
-        self.where = f"Node {node} > Engine {engine_id}"
+        self.where = f"Engine {node}/{engine_id}"
 
     def compose_body(self) -> ComposeResult:
         with VerticalScroll():

@@ -11,7 +11,7 @@ from console.collect.view import FleetView
 from console.tui.screens.base import ViewScreen
 from console.tui.widgets.table import FleetTable, Row
 
-COLUMNS = [("TIME", 8), ("WHAT", 8), ("SUBJECT", 26), ("MESSAGE", None)]
+COLUMNS = [("TIME", 9), ("WHAT", 8), ("SUBJECT", 27), ("MESSAGE", None)]
 STYLE = {"raised": "bold red", "cleared": "green", "action": "cyan"}
 
 

@@ -15,14 +15,14 @@ from console.tui.widgets.gpu_grid import GpuGrid
 from console.tui.widgets.table import FleetTable, Row
 
 COLUMNS = [
-    ("NODE", 14),
+    ("NODE", 13),
     ("STATUS", 8),
-    ("GPUS", 4),
+    ("GPUS", 5),
     ("UTIL", 5),
     ("MAX", 5),
     ("MEM", 10),
     ("TEMP", 5),
-    ("ALERTS", 6),
+    ("ALRT", 5),
     ("ENGINES", None),
 ]
 

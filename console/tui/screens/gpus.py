@@ -14,13 +14,13 @@ from console.tui.widgets.table import FleetTable, Row
 
 COLUMNS = [
     ("NODE", 12),
-    ("GPU", 3),
+    ("GPU", 4),
     ("UTIL", 5),
-    ("MEM", 9),
+    ("MEM", 10),
     ("TEMP", 5),
-    ("POWER", 11),
-    ("ECC", 3),
-    ("EVENTS", 18),
+    ("POWER", 10),
+    ("ECC", 4),
+    ("CLOCK EVENTS", 19),
     ("PROCESSES", None),
 ]
 

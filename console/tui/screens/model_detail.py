@@ -18,7 +18,7 @@ class ModelDetailScreen(ViewScreen):
     def __init__(self, model: str) -> None:
         super().__init__()
         self.model = model
-        self.where = f"Models > {model}"
+        self.where = f"Model {model}"
 
     def compose_body(self) -> ComposeResult:
         yield Static(id="model-info")
@@ -53,6 +53,7 @@ class ModelDetailScreen(ViewScreen):
             plt.clear_data()
             plt.clear_figure()
             plt.title(title)
+            plt.xlabel("seconds ago")
             longest = 0
             for r in rows:
                 if r.engine_id is None or r.stats is None:
@@ -62,7 +63,12 @@ class ModelDetailScreen(ViewScreen):
                     continue
                 values = rings[series].values()
                 longest = max(longest, len(values))
-                points = [(i, v * 1000) for i, v in enumerate(values) if v is not None]
+                step = self.console.refresh_s
+                points = [
+                    ((i - len(values) + 1) * step, v * 1000)
+                    for i, v in enumerate(values)
+                    if v is not None
+                ]
                 if points:
                     xs, ys = zip(*points, strict=True)
                     plt.plot(list(xs), list(ys), label=(r.id or r.engine_id)[:18])

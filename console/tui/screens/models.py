@@ -20,18 +20,18 @@ from console.tui.widgets.table import FleetTable, Row
 
 COLUMNS = [
     ("MODEL / DEPLOYMENT", 22),
-    ("ENGINE", 13),
-    ("NODE", 8),
+    ("ENGINE", 14),
     ("STATE", 9),
-    ("W", 3),
-    ("RATE", 6),
-    ("TTFT50", 7),
     ("TTFT95", 7),
-    ("ITL95", 7),
+    ("ITL95", 6),
     ("E2E95", 7),
-    ("QUEUE", 5),
-    ("KV", 4),
-    ("ERR", 5),
+    ("RATE", 6),
+    ("QUEUE", 6),
+    ("KV", 5),
+    ("ERR", 6),
+    ("W", 4),
+    ("NODE", 9),
+    ("TTFT50", 7),
 ]
 
 
@@ -50,26 +50,26 @@ def deployment_row(r: DeploymentRow, model: Model, kv_warn: float, error_limit: 
     s = r.stats
     lat = s.latency if s else None
     slo = model.slo
-    name = Text("  " + (r.id or f"({r.engine_id}, undeclared)"))
+    name = Text("   " + (r.id or f"({r.engine_id}, undeclared)"))
     if r.slo_ok is False:
         name.stylize("bold red")
     cells = (
         name,
         Text(f"{r.engine} {r.version or '?'}"[:13]),
-        Text(r.node),
         fmt.status(r.state),
-        Text("-" if r.weight is None else str(r.weight)),
-        fmt.rate(s.request_rate if s else None),
-        fmt.latency(lat.ttft_s if lat else None, "p50"),
         fmt.latency(lat.ttft_s if lat else None, "p95", slo.ttft_p95_ms),
         fmt.latency(lat.itl_s if lat else None, "p95", slo.itl_p95_ms),
         fmt.latency(lat.e2e_s if lat else None, "p95", slo.e2e_p95_ms),
+        fmt.rate(s.request_rate if s else None),
         fmt.count(s.requests_waiting if s else None),
         fmt.ratio(s.kv_cache_usage if s else None, kv_warn),
         fmt.error_rate(
             s.error_rate if s else None,
             slo.error_rate if slo.error_rate is not None else error_limit,
         ),
+        Text("-" if r.weight is None else str(r.weight)),
+        Text(r.node),
+        fmt.latency(lat.ttft_s if lat else None, "p50"),
     )
 
     def p95(p: object) -> float | None:
@@ -99,6 +99,32 @@ def deployment_row(r: DeploymentRow, model: Model, kv_warn: float, error_limit: 
     return Row(key, cells, fields, f"{r.model} {r.id} {r.engine} {r.node} {r.state}")
 
 
+def model_head(name: str, model: Model, breach: bool, error_limit: float) -> tuple[Text, ...]:
+    """The model's row: its name, and its SLO limits above the columns they bound."""
+    slo = model.slo
+
+    def limit(ms: float | None) -> Text:
+        return Text("" if ms is None else f"<{fmt.seconds(ms / 1000)}", style="dim italic")
+
+    err = slo.error_rate if slo.error_rate is not None else error_limit
+    return (
+        Text(name, style="bold red" if breach else "bold"),
+        Text(""),
+        Text(
+            "SLO" if any((slo.ttft_p95_ms, slo.itl_p95_ms, slo.e2e_p95_ms)) else "no SLO",
+            style="dim italic",
+        ),
+        limit(slo.ttft_p95_ms),
+        limit(slo.itl_p95_ms),
+        limit(slo.e2e_p95_ms),
+        Text(""),
+        Text(""),
+        Text(""),
+        Text(f"<{err:.0%}", style="dim italic"),
+        *[Text("")] * (len(COLUMNS) - 10),
+    )
+
+
 class ModelsScreen(ViewScreen):
     where = "Models"
     BINDINGS = [Binding("e", "engine", "engine detail", id="engine_detail")]
@@ -123,11 +149,7 @@ class ModelsScreen(ViewScreen):
                 if not shown:
                     continue
             breach = any(r.slo_ok is False for r in deployments)
-            head = (
-                Text(name, style="bold red" if breach else "bold"),
-                Text(slo_text(model.slo), style="dim"),
-                *[Text("")] * (len(COLUMNS) - 2),
-            )
+            head = model_head(name, model, breach, fleet.thresholds.error_rate)
             rows.append(Row(f"m:{name}", head, {"model": name}, name))
             rows.extend(shown)
         self.query_one(FleetTable).show(rows)

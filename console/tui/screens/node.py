@@ -8,27 +8,27 @@ from textual.app import ComposeResult
 from textual.widgets import DataTable, Static
 
 from console.collect.history import Ring
-from console.collect.view import FleetView
+from console.collect.view import FleetView, engine_summary
 from console.tui import format as fmt
 from console.tui.screens.base import ViewScreen
 from console.tui.widgets.table import FleetTable, Row
 
 GPU_COLUMNS = [
-    ("GPU", 3),
+    ("GPU", 4),
     ("UTIL", 5),
-    ("util history", 16),
-    ("MEM", 9),
-    ("mem", 8),
+    ("util history", 17),
+    ("MEM", 10),
+    ("mem", 9),
     ("TEMP", 5),
-    ("temp", 8),
+    ("temp", 9),
     ("POWER", 6),
-    ("power", 8),
+    ("power", 9),
     ("RUNS", None),
 ]
 ENGINE_COLUMNS = [
     ("ENGINE", 14),
-    ("KIND", 7),
-    ("VERSION", 10),
+    ("KIND", 8),
+    ("VERSION", 11),
     ("STATE", 10),
     ("MODELS", 22),
     ("REASON", None),
@@ -39,7 +39,7 @@ class NodeScreen(ViewScreen):
     def __init__(self, node: str) -> None:
         super().__init__()
         self.node = node
-        self.where = f"Fleet > Node {node}"
+        self.where = f"Node {node}"
 
     def compose_body(self) -> ComposeResult:
         yield Static(id="node-info")
@@ -80,8 +80,7 @@ class NodeScreen(ViewScreen):
                 )
             t.append("\nversions  ")
             t.append(f"driver {snap.driver_version or '?'}  CUDA {snap.cuda_driver_version or '?'}")
-            for e in snap.engines:
-                t.append(f"  {e.kind} {e.version or '?'}")
+            t.append(f"  {engine_summary(snap.engines)}")
             if snap.gpu_status != "ok":
                 t.append(f"\nGPUs: {snap.gpu_status}", style="yellow")
         info.update(t)
@@ -112,15 +111,17 @@ class NodeScreen(ViewScreen):
                 cells = (
                     Text(str(g.index), style="bold"),
                     fmt.pct(g.utilization_pct),
-                    fmt.sparkline(series("util"), width=16),
+                    fmt.sparkline(series("util"), width=16).append(" "),
                     fmt.gib(g.memory_used_bytes, g.memory_total_bytes),
-                    fmt.sparkline(series("mem_pct"), width=8),
+                    fmt.sparkline(series("mem_pct"), width=8).append(" "),
                     fmt.temp(
                         g.temperature_c, thresholds.gpu_temp_warn_c, thresholds.gpu_temp_crit_c
                     ),
-                    fmt.sparkline(series("temp"), lo=20, hi=100, width=8),
+                    fmt.sparkline(series("temp"), lo=20, hi=100, width=8).append(" "),
                     fmt.watts(g.power_w, g.power_limit_w),
-                    fmt.sparkline(series("power"), lo=0, hi=g.power_limit_w or 700, width=8),
+                    fmt.sparkline(series("power"), lo=0, hi=g.power_limit_w or 700, width=8).append(
+                        " "
+                    ),
                     Text("; ".join(runs) or "idle", style="" if runs else "dim"),
                 )
                 fields = {
@@ -147,8 +148,19 @@ class NodeScreen(ViewScreen):
                     Text(e.reason or "", style="yellow" if e.reason else ""),
                 )
                 rows.append(Row(e.id, cells, {"engine": e.kind, "state": e.state}, e.id))
+        if not rows:
+            rows.append(
+                Row(
+                    "-",
+                    (
+                        Text(" no engines found on this node", style="dim"),
+                        *[Text("")] * (len(ENGINE_COLUMNS) - 1),
+                    ),
+                )
+            )
         self.query_one("#node-engines", FleetTable).show(rows)
 
     @on(DataTable.RowSelected, "#node-engines")
     def _open_engine(self, event: DataTable.RowSelected) -> None:
-        self.console.open_engine(self.node, str(event.row_key.value))
+        if event.row_key.value != "-":
+            self.console.open_engine(self.node, str(event.row_key.value))

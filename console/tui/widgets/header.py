@@ -17,11 +17,10 @@ class FleetHeader(Static):
     def show(self, s: Summary, where: str, read_only: bool, simulated: bool) -> None:
         self.set_class(s.environment.lower() == "prod", "prod")
         t = Text()
-        t.append(" engineroom ", style="bold reverse")
-        t.append(f" {s.name} ", style="bold")
+        t.append(f" {s.name} ", style="bold black on yellow" if simulated else "bold reverse")
         env_style = "bold white on red" if s.environment.lower() == "prod" else "bold"
         t.append(f" {s.environment.upper()} ", style=env_style)
-        if simulated:
+        if simulated and "SIMULATED" not in s.name.upper():
             t.append(" SIMULATED ", style="bold black on yellow")
         if read_only:
             t.append(" READ-ONLY ", style="bold black on cyan")
@@ -33,7 +32,7 @@ class FleetHeader(Static):
         if s.nodes_waiting:
             t.append(f" {s.nodes_waiting} waiting", style="dim")
         util = "?" if s.util_avg is None else f"{s.util_avg:.0f}%"
-        t.append(f"  GPUs {s.gpus} util {util}")
+        t.append(f"  {s.gpus} GPUs {util}")
         if s.alerts:
             style = "bold red" if s.critical else "bold yellow"
             t.append(
@@ -42,5 +41,5 @@ class FleetHeader(Static):
             )
         else:
             t.append("  no alerts", style="green")
-        t.append(f"  {where}", style="dim")
+        t.append(f"  {where}", style="bold cyan")
         self.update(t)

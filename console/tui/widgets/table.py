@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rich.console import RenderableType
+from rich.text import Text
 from textual.widgets import DataTable
 
 from console.tui.filtering import Filter
@@ -28,7 +29,9 @@ class FleetTable(DataTable[RenderableType]):
     DEFAULT_CSS = "FleetTable { height: 1fr; }"
 
     def __init__(self, columns: Sequence[tuple[str, int | None]], **kwargs: Any) -> None:
-        super().__init__(cursor_type="row", zebra_stripes=False, **kwargs)
+        # No cell padding: widths include one space, which saves a column's worth of
+        # characters every few columns at 80x24.
+        super().__init__(cursor_type="row", zebra_stripes=False, cell_padding=0, **kwargs)
         self._columns_spec = columns
         self._order: list[str] = []
         self._shown: dict[str, tuple[RenderableType, ...]] = {}
@@ -36,10 +39,14 @@ class FleetTable(DataTable[RenderableType]):
         self.total = 0
 
     def on_mount(self) -> None:
-        for label, width in self._columns_spec:
-            self.add_column(label, key=label, width=width)
+        for i, (label, width) in enumerate(self._columns_spec):
+            # A one-character margin before the first column, on the header and every row.
+            shown = f" {label}" if i == 0 else label
+            self.add_column(shown, key=label, width=None if width is None else width + (i == 0))
 
     def show(self, rows: list[Row], flt: Filter | None = None) -> None:
+        for row in rows:
+            row.cells = (_margin(row.cells[0]), *row.cells[1:])
         self.total = len(rows)
         visible = [r for r in rows if flt is None or flt.matches(r.fields, r.text)]
         self.rows_by_key = {r.key: r for r in visible}
@@ -75,6 +82,12 @@ class FleetTable(DataTable[RenderableType]):
     def selected(self) -> Row | None:
         key = self.selected_key()
         return self.rows_by_key.get(key) if key else None
+
+
+def _margin(cell: RenderableType) -> RenderableType:
+    if isinstance(cell, Text):
+        return Text(" ") + cell
+    return f" {cell}" if isinstance(cell, str) else cell
 
 
 def _differs(a: RenderableType, b: RenderableType) -> bool:
