@@ -6,7 +6,7 @@ ENGINES := .engines
 VLLM_VENV := $(ENGINES)/vllm
 TRITON_VENV := $(ENGINES)/triton
 
-.PHONY: demo test test-quick lint bench screenshots engines clean
+.PHONY: demo test test-quick lint bench bench-console screenshots engines clean
 
 # The console's own environment: the demo needs only this.
 $(BIN)/engineroom: pyproject.toml
@@ -59,6 +59,16 @@ bench: $(VENV)/.test-deps engines
 	ENGINEROOM_VLLM_PYTHON=$(CURDIR)/$(VLLM_VENV)/bin/python \
 	ENGINEROOM_TRITON_PYTHON=$(CURDIR)/$(TRITON_VENV)/bin/python \
 	$(BIN)/python -m bench.agent_cycle
+	$(BIN)/python -m bench.console_scale
+
+# Every screen on the simulated demo fleet, as SVG and PNG (PNG through Debian's librsvg).
+screenshots: $(VENV)/.test-deps
+	command -v rsvg-convert >/dev/null || (apt-get update -qq && apt-get install -y -qq librsvg2-bin)
+	$(BIN)/python -m console.tui.screenshots screenshots
+
+# The console at 10, 100 and 1,000 simulated nodes (part of `make bench`).
+bench-console: $(VENV)/.test-deps
+	$(BIN)/python -m bench.console_scale
 
 clean:
 	rm -rf $(VENV) $(ENGINES) .pytest_cache .mypy_cache .ruff_cache

@@ -141,7 +141,8 @@ class TritonPlugin(EnginePlugin):
             problems.append(f"statistics: {_why(stats)}")
             stats = {}
         decoupled = await self._decoupled(target, client, ready_models, call, reading)
-        reading.models = _models(ready_models, stats, exp, decoupled)
+        steps = _ensemble_steps(reading.config.get("models", {}))
+        reading.models = _models(ready_models, stats, exp, decoupled, steps)
         if not ready_models and reading.state == "ready":
             reading.state = "unhealthy"
             problems.append("no model is READY in the repository")
@@ -189,8 +190,25 @@ def _duration(stat: Any) -> tuple[float, float]:
     return 0.0, 0.0
 
 
+def _ensemble_steps(configs: dict[str, Any]) -> dict[str, list[str]]:
+    """Each ensemble's step models, from the model configs ("ensemble_scheduling")."""
+    out = {}
+    for name, config in configs.items():
+        scheduling = (config or {}).get("ensemble_scheduling") or {}
+        steps = [
+            str(s.get("model_name")) for s in scheduling.get("step", []) if isinstance(s, dict)
+        ]
+        if steps:
+            out[name] = steps
+    return out
+
+
 def _models(
-    names: list[str], stats: Any, exp: Exposition | None, decoupled: set[str]
+    names: list[str],
+    stats: Any,
+    exp: Exposition | None,
+    decoupled: set[str],
+    steps: dict[str, list[str]] | None = None,
 ) -> list[ModelReading]:
     by_name: dict[str, dict[str, Any]] = {}
     for entry in stats.get("model_stats", []) if isinstance(stats, dict) else []:
@@ -208,9 +226,14 @@ def _models(
         entry = by_name.get(name)
         if entry is not None:
             _from_statistics(model, entry, name in decoupled)
-        model.requests_waiting = gauges["waiting"].get(name, gauges["pending"].get(name))
-        model.requests_running = gauges["running"].get(name)
-        model.kv_cache_usage = gauges["kv"].get(name)
+        # An ensemble (the TensorRT-LLM layout) schedules its requests on its step models:
+        # the TensorRT-LLM backend reports running, waiting and KV on `tensorrt_llm`.
+        sources = [name, *(steps or {}).get(name, [])]
+        model.requests_waiting = _first_of(gauges["waiting"], sources)
+        if model.requests_waiting is None:
+            model.requests_waiting = gauges["pending"].get(name)
+        model.requests_running = _first_of(gauges["running"], sources)
+        model.kv_cache_usage = _first_of(gauges["kv"], sources)
         hist = first_response.get(name)
         if hist is not None:
             model.histograms["ttft"] = Histogram(
@@ -218,6 +241,13 @@ def _models(
             )
         out.append(model)
     return out
+
+
+def _first_of(values: dict[str, float], names: list[str]) -> float | None:
+    for name in names:
+        if name in values:
+            return values[name]
+    return None
 
 
 def _from_statistics(model: ModelReading, entry: dict[str, Any], decoupled: bool) -> None:
@@ -263,8 +293,12 @@ def _gauges(exp: Exposition | None) -> dict[str, dict[str, float]]:
 
 
 def read_models(
-    names: list[str], stats: Any, metrics_text: str | None, decoupled: frozenset[str] = frozenset()
+    names: list[str],
+    stats: Any,
+    metrics_text: str | None,
+    decoupled: frozenset[str] = frozenset(),
+    configs: dict[str, Any] | None = None,
 ) -> list[ModelReading]:
-    """Model readings from Triton's statistics JSON and its metrics-port text."""
+    """Model readings from Triton's statistics JSON, metrics-port text and model configs."""
     exp = parse(metrics_text, ("nv_",)) if metrics_text is not None else None
-    return _models(names, stats, exp, set(decoupled))
+    return _models(names, stats, exp, set(decoupled), _ensemble_steps(configs or {}))

@@ -60,7 +60,21 @@ def test_triton_with_the_tensorrt_llm_backend():
     assert trt.requests_running == 12  # {request_type="scheduled"}
     assert trt.kv_cache_usage == 0.625
     assert ensemble.requests_waiting == 0  # nv_inference_pending_request_count
-    assert ensemble.kv_cache_usage is None  # unknown, never 0
+    assert ensemble.kv_cache_usage is None  # unknown, never 0: nothing says what it runs on
+    configs = {
+        "ensemble": {
+            "ensemble_scheduling": {
+                "step": [
+                    {"model_name": "preprocessing"},
+                    {"model_name": "tensorrt_llm"},
+                    {"model_name": "postprocessing"},
+                ]
+            }
+        }
+    }
+    [ens] = read_models(["ensemble"], {}, text, configs=configs)
+    # The ensemble's load is its TensorRT-LLM step's: running, waiting and KV come through.
+    assert (ens.requests_running, ens.requests_waiting, ens.kv_cache_usage) == (12, 4, 0.625)
     hist = ensemble.histograms["ttft"]  # histogram_latencies=true: milliseconds to seconds
     assert hist.bounds == (0.1, 0.5, 2.0, math.inf)
     assert hist.count == 1200

@@ -13,7 +13,7 @@ from typing import Any
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.exceptions import HTTPException
 
@@ -61,7 +61,6 @@ def create_app(agent: NodeAgent, tokens: Tokens, *, run_cycle: bool = True) -> F
     app = FastAPI(title="engineroom agent", version=__version__, lifespan=lifespan)
     viewer = _require(tokens, "viewer")
     operator = _require(tokens, "operator")
-    cache: dict[str, Any] = {"snapshot": None, "json": b""}
 
     @app.exception_handler(HTTPException)
     async def _http_error(_: Request, exc: HTTPException) -> JSONResponse:
@@ -85,12 +84,29 @@ def create_app(agent: NodeAgent, tokens: Tokens, *, run_cycle: bool = True) -> F
 
     @app.get("/v1/snapshot", responses={200: {"model": Snapshot}}, dependencies=[Depends(viewer)])
     async def snapshot() -> Response:
-        snap = agent.latest
-        if snap is None:
+        if agent.latest is None:
             raise ApiError(503, "the first snapshot is still being taken")
-        if cache["snapshot"] is not snap:  # serialize once per cycle, not per request
-            cache["snapshot"], cache["json"] = snap, snap.model_dump_json().encode()
-        return Response(cache["json"], media_type="application/json")
+        return Response(agent.latest_json(), media_type="application/json")
+
+    @app.get(
+        "/v1/snapshot/stream",
+        dependencies=[Depends(viewer)],
+        responses={200: {"content": {"application/x-ndjson": {}}}},
+    )
+    async def snapshot_stream() -> StreamingResponse:
+        """Every new snapshot, one JSON document per line, as each cycle ends.
+
+        A console watching a thousand nodes reads a line per node per second instead of
+        making a thousand requests a second (bench/console_scale.py measures both).
+        """
+
+        async def lines() -> AsyncIterator[bytes]:
+            sent: Snapshot | None = None
+            while True:
+                sent = await agent.next_snapshot(sent)
+                yield agent.latest_json() + b"\n"
+
+        return StreamingResponse(lines(), media_type="application/x-ndjson")
 
     @app.get("/metrics", response_class=PlainTextResponse, dependencies=[Depends(viewer)])
     async def metrics() -> PlainTextResponse:

@@ -53,6 +53,8 @@ class NodeAgent:
         self._task: asyncio.Task[None] | None = None
         self.latest: Snapshot | None = None
         self.cycles = 0
+        self._json: tuple[Snapshot | None, bytes] = (None, b"")
+        self._updated = asyncio.Event()  # set when a new snapshot lands, then replaced
 
     async def cycle(self) -> Snapshot:
         wall0, cpu0 = time.perf_counter(), time.process_time()
@@ -92,7 +94,24 @@ class NodeAgent:
         }
         self.latest = snapshot
         self.cycles += 1
+        self._updated.set()
+        self._updated = asyncio.Event()
         return snapshot
+
+    def latest_json(self) -> bytes:
+        """The newest snapshot as JSON, serialized once per cycle however many read it."""
+        snap = self.latest
+        if snap is None:
+            return b""
+        if self._json[0] is not snap:
+            self._json = (snap, snap.model_dump_json().encode())
+        return self._json[1]
+
+    async def next_snapshot(self, after: Snapshot | None) -> Snapshot:
+        """The first snapshot newer than `after` (waits for the next cycle if needed)."""
+        while self.latest is None or self.latest is after:
+            await self._updated.wait()
+        return self.latest
 
     async def _sample_gpus(self) -> tuple[list[Gpu], str, float | None]:
         if not self.gpu.available:

@@ -121,7 +121,8 @@ def _deployment_alerts(
     fleet: Fleet, model_name: str, row: DeploymentRow, history: History | None
 ) -> Iterable[Alert]:
     t = fleet.thresholds
-    subject = f"{model_name}/{row.id or row.engine_id}"
+    # Deployment ids are unique in the fleet; an undeclared engine is named by its node.
+    subject = row.id or f"{row.node}/{row.engine_id}"
     if row.id and row.state == "unknown" and row.reason == NOT_REPORTED:
         yield Alert(
             "warning",
@@ -160,7 +161,7 @@ def _deployment_alerts(
     if history is not None and row.engine_id:
         rings = history.deployment(row.node, row.engine_id, stats.name)
         if rings is not None:
-            waiting = [v for v in rings["waiting"].values()[-t.queue_growth_polls :]]
+            waiting = rings["waiting"].tail(t.queue_growth_polls)
             if (
                 len(waiting) == t.queue_growth_polls
                 and None not in waiting
@@ -186,26 +187,36 @@ class Event:
 
 
 class EventLog:
-    """Alerts raised and cleared, and operator actions, newest first."""
+    """Alerts raised and cleared, and operator actions, newest first.
 
-    def __init__(self, limit: int = 2000) -> None:
+    An alert clears only after it has been absent for `clear_after` updates in a row, so
+    a value hovering at its threshold does not fill the log with raise/clear pairs.
+    """
+
+    def __init__(self, limit: int = 2000, clear_after: int = 5) -> None:
         self.events: deque[Event] = deque(maxlen=limit)
+        self.clear_after = clear_after
         self._active: dict[tuple[str, str], Alert] = {}
+        self._absent: dict[tuple[str, str], int] = {}
 
     def update(self, alerts: list[Alert], now: float | None = None) -> None:
         now = time.time() if now is None else now
         current = {a.key: a for a in alerts}
         for key, alert in current.items():
+            self._absent.pop(key, None)
             if key not in self._active:
                 self.events.appendleft(
                     Event(now, "raised", alert.severity, alert.subject, alert.message)
                 )
-        for key, alert in self._active.items():
-            if key not in current:
+            self._active[key] = alert
+        for key in [k for k in self._active if k not in current]:
+            self._absent[key] = self._absent.get(key, 0) + 1
+            if self._absent[key] >= self.clear_after:
+                alert = self._active.pop(key)
+                del self._absent[key]
                 self.events.appendleft(
                     Event(now, "cleared", alert.severity, alert.subject, alert.message)
                 )
-        self._active = current
 
     def action(self, subject: str, message: str, now: float | None = None) -> None:
         self.events.appendleft(

@@ -60,9 +60,13 @@ class NodeState:
         age = self.age(now)
         if age is None:
             return "down" if self.failures else "unknown"
-        if age > DOWN_AFTER * refresh_s:
+        # A refresh is ours or the agent's, whichever is slower: an agent that takes a
+        # snapshot every 2 s is not stale at 1.5 s because we look every second.
+        interval = self.snapshot.cycle.get("interval_s") if self.snapshot else None
+        unit = max(refresh_s, interval or 0.0)
+        if age > DOWN_AFTER * unit:
             return "down"
-        if age > STALE_AFTER * refresh_s:
+        if age > STALE_AFTER * unit:
             return "stale"
         return "up"
 
@@ -72,6 +76,7 @@ class _Target:
     node: Node
     url: str
     headers: dict[str, str] = field(default_factory=dict)
+    stream: bool = True  # False once the agent answers 404 to the stream (an older agent)
 
 
 def _raise_fd_limit(wanted: int) -> None:
@@ -91,8 +96,10 @@ class Collector:
         refresh_s: float | None = None,
         timeout_s: float | None = None,
         on_update: Callable[[NodeState], None] | None = None,
+        mode: Literal["stream", "poll"] | None = None,
     ) -> None:
         self.fleet = fleet
+        self.mode = mode or fleet.fleet.collect
         self.refresh_s = refresh_s or fleet.fleet.refresh_s
         self.timeout_s = timeout_s or max(1.0, min(5.0, 2 * self.refresh_s))
         self.on_update = on_update
@@ -107,7 +114,12 @@ class Collector:
         if node.token_env:
             token = self.fleet.secret(node.token_env, ("nodes", index, "token_env"))
             headers["Authorization"] = f"Bearer {token}"
-        return _Target(node, f"{(node.agent or '').rstrip('/')}/v1/snapshot", headers)
+        return _Target(
+            node,
+            f"{(node.agent or '').rstrip('/')}/v1/snapshot",
+            headers,
+            stream=self.mode == "stream",
+        )
 
     async def __aenter__(self) -> Collector:
         _raise_fd_limit(len(self._targets) + 256)
@@ -115,6 +127,7 @@ class Collector:
             connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, enable_cleanup_closed=True),
             timeout=aiohttp.ClientTimeout(total=self.timeout_s),
             trust_env=False,
+            read_bufsize=2**20,  # a stream line is one snapshot
         )
         return self
 
@@ -143,7 +156,10 @@ class Collector:
         await asyncio.sleep(random.uniform(0, self.refresh_s))  # no thundering herd
         while True:
             started = time.monotonic()
-            await self._poll(target)
+            if target.stream:
+                await self._follow(target)
+            else:
+                await self._poll(target)
             state = self.states[target.node.name]
             if state.failures:
                 delay = min(self.refresh_s * 2 ** min(state.failures - 1, 8), MAX_BACKOFF_S)
@@ -152,22 +168,87 @@ class Collector:
                 delay = self.refresh_s - (time.monotonic() - started)
             await asyncio.sleep(max(0.0, delay))
 
-    async def _poll(self, target: _Target) -> None:
+    def _record(self, target: _Target, snapshot: Snapshot) -> NodeState:
         state = self.states[target.node.name]
+        state.snapshot = snapshot
+        state.last_ok = time.monotonic()
+        state.failures = 0
+        state.error = None
+        state.polls += 1
+        self.history.record(target.node.name, snapshot)
+        return state
+
+    def _failed(self, target: _Target, error: str) -> NodeState:
+        state = self.states[target.node.name]
+        state.failures += 1
+        state.error = error
+        return state
+
+    async def _follow(self, target: _Target) -> None:
+        """Read the agent's snapshot stream until it fails; the caller reconnects.
+
+        One connection per node and one line per snapshot: no request per refresh. A
+        stream that goes quiet for longer than the timeout counts as a failure.
+        """
+        assert self._session is not None, "use the collector as an async context manager"
+        quiet = max(self.timeout_s, 3 * self.refresh_s)
+        state = self.states[target.node.name]
+        state.last_attempt = time.monotonic()
+        try:
+            try:
+                async with asyncio.timeout(self.timeout_s):  # connect and headers
+                    resp = await self._session.get(
+                        target.url + "/stream",
+                        headers=target.headers,
+                        timeout=aiohttp.ClientTimeout(total=None),
+                    )
+            except TimeoutError:
+                raise PollError(f"no answer within {self.timeout_s:g} s") from None
+            async with resp:
+                if resp.status == 404:
+                    target.stream = False  # an agent without the stream: poll it instead
+                    return
+                self._check_status(resp.status)
+                while True:
+                    async with asyncio.timeout(quiet):
+                        line = await resp.content.readline()
+                    if not line:
+                        raise PollError("the agent closed its snapshot stream")
+                    snapshot = _parse(line)
+                    state = self._record(target, snapshot)
+                    # For a stream, the delay from the agent taking it to us having it.
+                    state.poll_ms = max(0.0, (time.time() - snapshot.node.time) * 1000)
+                    # An agent that cycles slower than we refresh sends lines less often.
+                    quiet = max(quiet, 2.5 * (snapshot.cycle.get("interval_s") or 0.0))
+                    if self.on_update is not None:
+                        self.on_update(state)
+        except PollError as exc:
+            state = self._failed(target, str(exc))
+        except TimeoutError:
+            state = self._failed(target, f"no snapshot within {quiet:g} s")
+        except (aiohttp.ClientConnectorError, ConnectionRefusedError):
+            state = self._failed(target, "connection refused")
+        except (aiohttp.ClientError, ValueError) as exc:
+            state = self._failed(target, f"{exc.__class__.__name__}: {exc}"[:200])
+        if self.on_update is not None:
+            self.on_update(state)
+
+    @staticmethod
+    def _check_status(status: int) -> None:
+        if status in (401, 403):
+            raise PollError(f"HTTP {status}: the agent refused the token")
+        if status != 200:
+            raise PollError(f"HTTP {status} from the agent")
+
+    async def _poll(self, target: _Target) -> None:
         started = time.monotonic()
-        state.last_attempt = started
+        self.states[target.node.name].last_attempt = started
         try:
             snapshot = await self._fetch(target)
         except PollError as exc:
-            state.failures += 1
-            state.error = str(exc)
+            state = self._failed(target, str(exc))
         else:
-            state.snapshot = snapshot
-            state.last_ok = time.monotonic()
-            state.failures = 0
-            state.error = None
-            state.polls += 1
-            self.history.record(target.node.name, snapshot)
+            state = self._record(target, snapshot)
         state.poll_ms = (time.monotonic() - started) * 1000
         if self.on_update is not None:
             self.on_update(state)
@@ -176,25 +257,28 @@ class Collector:
         assert self._session is not None, "use the collector as an async context manager"
         try:
             async with self._session.get(target.url, headers=target.headers) as resp:
-                if resp.status in (401, 403):
-                    raise PollError(f"HTTP {resp.status}: the agent refused the token")
-                if resp.status != 200:
-                    raise PollError(f"HTTP {resp.status} from the agent")
-                body = await resp.content.read(MAX_SNAPSHOT_BYTES + 1)
-                if len(body) > MAX_SNAPSHOT_BYTES:
-                    raise PollError("snapshot larger than 16 MiB")
+                self._check_status(resp.status)
+                body = bytearray()
+                async for chunk in resp.content.iter_chunked(64 * 1024):
+                    body += chunk
+                    if len(body) > MAX_SNAPSHOT_BYTES:
+                        raise PollError("snapshot larger than 16 MiB")
         except TimeoutError:
             raise PollError(f"no answer within {self.timeout_s:g} s") from None
         except aiohttp.ClientConnectorError:
             raise PollError("connection refused") from None
         except aiohttp.ClientError as exc:
             raise PollError(f"{exc.__class__.__name__}: {exc}"[:200]) from None
-        try:
-            return Snapshot.model_validate_json(body)
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            where = ".".join(str(p) for p in first["loc"])
-            raise PollError(f"not a snapshot: {where}: {first['msg']}") from None
+        return _parse(bytes(body))
+
+
+def _parse(body: bytes) -> Snapshot:
+    try:
+        return Snapshot.model_validate_json(body)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise PollError(f"not a snapshot: {where}: {first['msg']}") from None
 
 
 def check_tokens(fleet: Fleet) -> None:

@@ -37,7 +37,7 @@ class NodeRow:
     gpu_status: str | None
 
 
-@dataclass
+@dataclass(slots=True)
 class GpuCell:
     node: str
     node_status: NodeStatus

@@ -46,6 +46,9 @@ class FleetSection(_Strict):
     environment: str = "dev"
     refresh_s: Seconds = 1.0
     read_only: bool | None = None  # None: read-only exactly when environment is "prod"
+    # How the console reads agents: one long-lived snapshot stream per node, or a request
+    # per node per refresh (bench/console_scale.py measures both).
+    collect: Literal["stream", "poll"] = "stream"
 
 
 class AgentSection(_Strict):

@@ -1,6 +1,7 @@
 """The SIMULATED scale fleet: many lightweight agents in one process, for the console's bench.
 
-Not the real agent: each simulated node answers only GET /healthz and GET /v1/snapshot (with
+Not the real agent: each simulated node answers only GET /healthz, GET /v1/snapshot and its
+stream, GET /v1/snapshot/stream (with
 the bearer-token check), on a port of its own on 127.0.0.1. Its snapshot is valid against
 console.core.wire.Snapshot (8 GPUs, 2 engines with models and latency), is rebuilt with new
 values every `refresh_s`, and is kept as ready-to-send bytes, so answering costs almost
@@ -12,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import itertools
 import json
 import math
 import random
@@ -98,6 +100,7 @@ class _Node:
         self.ecc_gpu = 5 if index % 211 == 7 else None
         self.snapshot = self._skeleton(gpus)
         self.response = b""
+        self.streams: set[asyncio.Transport] = set()  # consoles following /v1/snapshot/stream
 
     def _skeleton(self, gpus: int) -> dict[str, Any]:
         owner = {g: e for e in self.engines for g in e.gpus}
@@ -201,7 +204,15 @@ class _Node:
             engine["probe_ms"] = round(3 + 4 * rnd(), 2)
         snap["cycle"]["wall_ms"] = round(20 + 10 * rnd(), 3)
         # pydantic's Rust serializer: five times faster than json.dumps for this.
-        self.response = _response("200 OK", pydantic_core.to_json(snap))
+        body = pydantic_core.to_json(snap)
+        self.response = _response("200 OK", body)
+        if self.streams:
+            chunk = b"%x\r\n%s\n\r\n" % (len(body) + 1, body)
+            for transport in list(self.streams):
+                if transport.is_closing():
+                    self.streams.discard(transport)
+                else:
+                    transport.write(chunk)
 
 
 def _process(pid: int, engine: _Engine) -> dict[str, Any]:
@@ -228,6 +239,11 @@ def _percentiles(median: float, spread: float, count: int) -> dict[str, Any]:
     }
 
 
+STREAM_HEAD = (
+    b"HTTP/1.1 200 OK\r\ncontent-type: application/x-ndjson\r\ntransfer-encoding: chunked\r\n\r\n"
+)
+
+
 class _AgentProtocol(asyncio.Protocol):
     """HTTP/1.1 with keep-alive, parsed by httptools; every answer is prebuilt bytes."""
 
@@ -241,6 +257,10 @@ class _AgentProtocol(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.transport is not None:
+            self.node.streams.discard(self.transport)
 
     def data_received(self, data: bytes) -> None:
         try:
@@ -275,10 +295,15 @@ class _AgentProtocol(asyncio.Protocol):
         path = self.url.split(b"?", 1)[0]
         if path == b"/healthz":
             return HEALTH
-        if path != b"/v1/snapshot":
+        if path not in (b"/v1/snapshot", b"/v1/snapshot/stream"):
             return NOT_FOUND
         if not hmac.compare_digest(self.auth, self.fleet.expected_auth):
             return UNAUTHORIZED
+        if path == b"/v1/snapshot/stream" and self.transport is not None:
+            # The agent's push route: every new snapshot as one NDJSON line, chunked.
+            self.node.streams.add(self.transport)
+            body = pydantic_core.to_json(self.node.snapshot)
+            return STREAM_HEAD + b"%x\r\n%s\n\r\n" % (len(body) + 1, body)
         return self.node.response
 
 
@@ -303,6 +328,7 @@ class ScaleFleet:
         loop = asyncio.get_running_loop()
         now = time.monotonic()
         for node in self.nodes:
+            node.snapshot["cycle"]["interval_s"] = self.refresh_s
             node.rebuild(now)
         for node, sock in zip(self.nodes, socks, strict=True):
             server = await loop.create_server(
@@ -316,7 +342,7 @@ class ScaleFleet:
     async def _refresh(self) -> None:
         """Rebuild a slice of the snapshots every refresh_s / SLICES, smoothing the CPU."""
         step = self.refresh_s / SLICES
-        for part in iter(int, 1):  # forever; `part` counts the slices
+        for part in itertools.count():  # forever; `part` counts the slices
             await asyncio.sleep(step)
             now = time.monotonic()
             for node in self.nodes[part % SLICES :: SLICES]:

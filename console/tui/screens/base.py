@@ -6,6 +6,7 @@ top is redrawn, so a hidden screen costs nothing.
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, cast
 
 from textual.app import ComposeResult
@@ -28,6 +29,7 @@ class ViewScreen(Screen[None]):
     def __init__(self) -> None:
         super().__init__()
         self.filter: Filter | None = None
+        self.drawn_at = 0.0  # monotonic time of the last draw (for the key-to-screen bench)
 
     @property
     def console(self) -> EngineroomApp:
@@ -42,6 +44,11 @@ class ViewScreen(Screen[None]):
     def compose_body(self) -> ComposeResult:
         return iter(())
 
+    def on_mount(self) -> None:
+        # Draw as soon as the widgets exist, not at the next refresh tick: a key that
+        # opens a screen shows its data at once.
+        self.call_after_refresh(self.on_screen_resume)
+
     def on_screen_resume(self) -> None:
         if self.console.view is not None:
             self.show_view(self.console.view)
@@ -55,6 +62,7 @@ class ViewScreen(Screen[None]):
             return  # still composing; the next tick draws it
         headers.first().show(view.summary, where, self.console.read_only, self.console.simulated)
         self.draw(view)
+        self.drawn_at = time.monotonic()
 
     def draw(self, view: FleetView) -> None:
         """Redraw the body from a new view."""

@@ -5,7 +5,6 @@ from __future__ import annotations
 from rich.text import Text
 from textual import on
 from textual.app import ComposeResult
-from textual.containers import VerticalScroll
 from textual.widgets import DataTable
 
 from console.collect.view import FleetView, NodeRow
@@ -28,24 +27,26 @@ COLUMNS = [
 
 
 def node_cells(n: NodeRow, warn: float, crit: float) -> Row:
-    status = fmt.status(n.status, "/ssh" if n.transport == "ssh" else "")
-    detail = Text(n.engines or "-")
-    if n.status != "up" and n.error:
-        detail = Text(n.error, style="red")
-    elif n.gpu_status and n.gpu_status != "ok" and n.gpus == 0:
-        detail = Text(f"{n.engines or '-'}  ({n.gpu_status})", style="dim")
-    alerts = Text(str(n.alerts), style="bold red") if n.alerts else Text("0", style="dim")
-    cells = (
-        Text(n.name, style="bold"),
-        status,
-        fmt.count(n.gpus),
-        fmt.pct(n.util_avg),
-        fmt.pct(n.util_max),
-        fmt.gib(n.mem_used, n.mem_total),
-        fmt.temp(n.temp_max, warn, crit),
-        alerts,
-        detail,
-    )
+    def cells() -> tuple[Text, ...]:
+        status = fmt.status(n.status, "/ssh" if n.transport == "ssh" else "")
+        detail = Text(n.engines or "-")
+        if n.status != "up" and n.error:
+            detail = Text(n.error, style="red")
+        elif n.gpu_status and n.gpu_status != "ok" and n.gpus == 0:
+            detail = Text(f"{n.engines or '-'}  ({n.gpu_status})", style="dim")
+        alerts = Text(str(n.alerts), style="bold red") if n.alerts else Text("0", style="dim")
+        return (
+            Text(n.name, style="bold"),
+            status,
+            fmt.count(n.gpus),
+            fmt.pct(n.util_avg),
+            fmt.pct(n.util_max),
+            fmt.gib(n.mem_used, n.mem_total),
+            fmt.temp(n.temp_max, warn, crit),
+            alerts,
+            detail,
+        )
+
     fields = {
         "node": n.name,
         "name": n.name,
@@ -63,16 +64,17 @@ def node_cells(n: NodeRow, warn: float, crit: float) -> Row:
 
 class FleetScreen(ViewScreen):
     where = "Fleet"
+    drawn_nodes = 0  # nodes shown up at the last draw
 
     def compose_body(self) -> ComposeResult:
         yield FleetTable(COLUMNS, id="nodes")
-        with VerticalScroll(id="grid-box"):
-            yield GpuGrid(id="grid")
+        yield GpuGrid(id="grid")
 
     def draw(self, view: FleetView) -> None:
         t = self.console.fleet.thresholds
         rows = [node_cells(n, t.gpu_temp_warn_c, t.gpu_temp_crit_c) for n in view.nodes]
         self.query_one(FleetTable).show(rows, self.filter)
+        self.drawn_nodes = sum(n.status == "up" for n in view.nodes)
         cells = view.gpus
         if self.filter is not None:
             shown = set(self.query_one(FleetTable).rows_by_key)

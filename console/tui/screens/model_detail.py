@@ -39,8 +39,7 @@ class ModelDetailScreen(ViewScreen):
             (self.model, "bold"),
             "  ",
             (slo_text(model.slo), "dim"),
-            f"  {len(rows)} deployment(s); p95 per poll, newest right"
-            "  (~ = engine gives only a mean)",
+            f"  {len(rows)} deployments; p95 per poll (mean where the engine has no histogram)",
         )
         info.update(t)
         history = self.console.collector.history

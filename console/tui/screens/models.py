@@ -50,27 +50,29 @@ def deployment_row(r: DeploymentRow, model: Model, kv_warn: float, error_limit: 
     s = r.stats
     lat = s.latency if s else None
     slo = model.slo
-    name = Text("   " + (r.id or f"({r.engine_id}, undeclared)"))
-    if r.slo_ok is False:
-        name.stylize("bold red")
-    cells = (
-        name,
-        Text(f"{r.engine} {r.version or '?'}"[:13]),
-        fmt.status(r.state),
-        fmt.latency(lat.ttft_s if lat else None, "p95", slo.ttft_p95_ms),
-        fmt.latency(lat.itl_s if lat else None, "p95", slo.itl_p95_ms),
-        fmt.latency(lat.e2e_s if lat else None, "p95", slo.e2e_p95_ms),
-        fmt.rate(s.request_rate if s else None),
-        fmt.count(s.requests_waiting if s else None),
-        fmt.ratio(s.kv_cache_usage if s else None, kv_warn),
-        fmt.error_rate(
-            s.error_rate if s else None,
-            slo.error_rate if slo.error_rate is not None else error_limit,
-        ),
-        Text("-" if r.weight is None else str(r.weight)),
-        Text(r.node),
-        fmt.latency(lat.ttft_s if lat else None, "p50"),
-    )
+
+    def cells() -> tuple[Text, ...]:
+        name = Text("   " + (r.id or f"({r.engine_id}, undeclared)"))
+        if r.slo_ok is False:
+            name.stylize("bold red")
+        return (
+            name,
+            Text(f"{r.engine} {r.version or '?'}"[:13]),
+            fmt.status(r.state),
+            fmt.latency(lat.ttft_s if lat else None, "p95", slo.ttft_p95_ms),
+            fmt.latency(lat.itl_s if lat else None, "p95", slo.itl_p95_ms),
+            fmt.latency(lat.e2e_s if lat else None, "p95", slo.e2e_p95_ms),
+            fmt.rate(s.request_rate if s else None),
+            fmt.count(s.requests_waiting if s else None),
+            fmt.ratio(s.kv_cache_usage if s else None, kv_warn),
+            fmt.error_rate(
+                s.error_rate if s else None,
+                slo.error_rate if slo.error_rate is not None else error_limit,
+            ),
+            Text("-" if r.weight is None else str(r.weight)),
+            Text(r.node),
+            fmt.latency(lat.ttft_s if lat else None, "p50"),
+        )
 
     def p95(p: object) -> float | None:
         from console.core.wire import Percentiles

@@ -7,7 +7,7 @@ from textual import on
 from textual.app import ComposeResult
 from textual.widgets import DataTable, Static
 
-from console.collect.history import Ring
+from console.collect.history import Series
 from console.collect.view import FleetView, engine_summary
 from console.tui import format as fmt
 from console.tui.screens.base import ViewScreen
@@ -98,7 +98,9 @@ class NodeScreen(ViewScreen):
             for g in snap.gpus:
                 rings = history.gpu(self.node, g.index)
 
-                def series(name: str, _rings: dict[str, Ring] = rings or {}) -> list[float | None]:
+                def series(
+                    name: str, _rings: dict[str, Series] = rings or {}
+                ) -> list[float | None]:
                     ring = _rings.get(name)
                     return ring.values() if ring is not None else []
 

@@ -1,43 +1,84 @@
-"""One cell per GPU, coloured by utilization, a row per node (as all-smi's LED grid)."""
+"""One cell per GPU, coloured by utilization, a row per node (as all-smi's LED grid).
+
+A thousand nodes make eight thousand cells, so the grid draws only the lines on screen
+(Textual's line API): each refresh stores the cells, and render_line builds the few
+visible lines.
+"""
 
 from __future__ import annotations
 
-from rich.text import Text
-from textual.widgets import Static
+from rich.segment import Segment
+from rich.style import Style
+from textual.geometry import Size
+from textual.scroll_view import ScrollView
+from textual.strip import Strip
 
 from console.collect.view import GpuCell
-from console.tui.format import util_style
+
+CELL = 4  # "100" and a marker
+_STYLES = {
+    "hot": Style(color="black", bgcolor="red", bold=True),
+    "busy": Style(color="black", bgcolor="yellow"),
+    "calm": Style(color="black", bgcolor="green"),
+    "unknown": Style(dim=True, reverse=True),
+    "stale": Style(dim=True, reverse=True),
+}
+_MARK = Style(color="red", bold=True)
+_LABEL = Style(bold=True)
 
 
-def render_grid(cells: list[GpuCell], temp_crit: float, width: int = 80) -> Text:
-    by_node: dict[str, list[GpuCell]] = {}
-    for cell in cells:
-        by_node.setdefault(cell.node, []).append(cell)
-    name_width = min(14, max((len(n) for n in by_node), default=4) + 1)
-    per_line = max(1, (width - name_width - 2) // 4)
-    out = Text()
-    for node, node_cells in by_node.items():
-        for start in range(0, len(node_cells), per_line):
-            label = node if start == 0 else ""
-            out.append(f"{label[: name_width - 1]:<{name_width}}", style="bold" if label else "")
-            for cell in node_cells[start : start + per_line]:
-                u = cell.gpu.utilization_pct
-                stale = cell.node_status != "up"
-                text = " ? " if u is None else f"{u:3.0f}"
-                style = "dim reverse" if stale else f"reverse {util_style(u)}"
-                hot = cell.gpu.temperature_c is not None and cell.gpu.temperature_c >= temp_crit
-                broken = bool(cell.gpu.ecc_uncorrected or cell.gpu.xid_events or cell.gpu.errors)
-                out.append(text, style=style)
-                # "!" beside a GPU that is too hot or reports ECC/XID/NVML errors
-                out.append("!" if (hot or broken) and not stale else " ", style="bold red")
-            out.append("\n")
-    if not by_node:
-        out.append("no GPUs reported", style="dim")
-    return out
+def _style(util: float | None, stale: bool) -> Style:
+    if stale:
+        return _STYLES["stale"]
+    if util is None:
+        return _STYLES["unknown"]
+    return _STYLES["hot" if util >= 80 else "busy" if util >= 60 else "calm"]
 
 
-class GpuGrid(Static):
-    DEFAULT_CSS = "GpuGrid { height: auto; padding: 0 1; }"
+class GpuGrid(ScrollView):
+    DEFAULT_CSS = "GpuGrid { height: auto; max-height: 45%; padding: 0 1; }"
+
+    def __init__(self, **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self._lines: list[tuple[str, list[GpuCell]]] = []
+        self._temp_crit = 90.0
+        self._label_width = 8
 
     def show(self, cells: list[GpuCell], temp_crit: float) -> None:
-        self.update(render_grid(cells, temp_crit, max(40, self.size.width or 80)))
+        self._temp_crit = temp_crit
+        by_node: dict[str, list[GpuCell]] = {}
+        for cell in cells:
+            by_node.setdefault(cell.node, []).append(cell)
+        self._label_width = min(14, max((len(n) for n in by_node), default=4) + 1)
+        width = max(20, (self.size.width or 80) - 2)
+        per_line = max(1, (width - self._label_width) // CELL)
+        lines: list[tuple[str, list[GpuCell]]] = []
+        for node, node_cells in by_node.items():
+            for start in range(0, len(node_cells), per_line):
+                lines.append((node if start == 0 else "", node_cells[start : start + per_line]))
+        if not lines:
+            lines = [("", [])]
+        self._lines = lines
+        size = Size(width, len(lines))
+        if size != self.virtual_size:  # a new size means a layout pass; most refreshes don't
+            self.virtual_size = size
+        self.refresh()
+
+    def render_line(self, y: int) -> Strip:
+        index = y + self.scroll_offset.y
+        if index >= len(self._lines):
+            return Strip.blank(self.size.width)
+        label, cells = self._lines[index]
+        if not cells and not label and len(self._lines) == 1:
+            return Strip([Segment("no GPUs reported", Style(dim=True))])
+        segments = [Segment(f"{label[: self._label_width - 1]:<{self._label_width}}", _LABEL)]
+        for cell in cells:
+            gpu = cell.gpu
+            util = gpu.utilization_pct
+            stale = cell.node_status != "up"
+            segments.append(Segment(" ? " if util is None else f"{util:3.0f}", _style(util, stale)))
+            hot = gpu.temperature_c is not None and gpu.temperature_c >= self._temp_crit
+            broken = bool(gpu.ecc_uncorrected or gpu.xid_events or gpu.errors)
+            # "!" beside a GPU that is too hot or reports ECC/XID/NVML errors
+            segments.append(Segment("!" if (hot or broken) and not stale else " ", _MARK))
+        return Strip(segments).crop(self.scroll_offset.x, self.scroll_offset.x + self.size.width)

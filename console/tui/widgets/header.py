@@ -42,4 +42,4 @@ class FleetHeader(Static):
         else:
             t.append("  no alerts", style="green")
         t.append(f"  {where}", style="bold cyan")
-        self.update(t)
+        self.update(t, layout=False)  # one line, always: no layout pass each refresh

@@ -6,7 +6,7 @@ free-text filtering. The cursor stays on the same row key across refreshes.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,13 +16,23 @@ from textual.widgets import DataTable
 
 from console.tui.filtering import Filter
 
+Cells = tuple[RenderableType, ...]
+
 
 @dataclass
 class Row:
+    """A table row. `cells` may be a function that makes them: a table of a thousand
+    rows then formats only the rows it draws."""
+
     key: str
-    cells: tuple[RenderableType, ...]
+    cells: Cells | Callable[[], Cells]
     fields: dict[str, Any] = field(default_factory=dict)
     text: str = ""
+
+    def made(self) -> Cells:
+        if callable(self.cells):
+            self.cells = self.cells()
+        return self.cells
 
 
 class FleetTable(DataTable[RenderableType]):
@@ -35,6 +45,7 @@ class FleetTable(DataTable[RenderableType]):
         self._columns_spec = columns
         self._order: list[str] = []
         self._shown: dict[str, tuple[RenderableType, ...]] = {}
+        self._widest: dict[int, int] = {}  # auto-width columns: the widest cell drawn
         self.rows_by_key: dict[str, Row] = {}
         self.total = 0
 
@@ -45,8 +56,6 @@ class FleetTable(DataTable[RenderableType]):
             self.add_column(shown, key=label, width=None if width is None else width + (i == 0))
 
     def show(self, rows: list[Row], flt: Filter | None = None) -> None:
-        for row in rows:
-            row.cells = (_margin(row.cells[0]), *row.cells[1:])
         self.total = len(rows)
         visible = [r for r in rows if flt is None or flt.matches(r.fields, r.text)]
         self.rows_by_key = {r.key: r for r in visible}
@@ -54,23 +63,53 @@ class FleetTable(DataTable[RenderableType]):
         if keys != self._order:
             self._rebuild(visible)
             return
+        self._update_on_screen()
+
+    def _update_on_screen(self) -> None:
+        """Redraw changed cells of the rows on screen; the rest wait until scrolled to.
+
+        With a thousand nodes, updating every row each refresh costs more than all the
+        polling; a row off screen is brought up to date when it scrolls into view.
+        """
+        if not self._order:
+            return
+        top = int(self.scroll_offset.y)
+        height = max(1, self.size.height or 50)
         labels = [label for label, _ in self._columns_spec]
         auto = [width is None for _, width in self._columns_spec]
-        for row in visible:
-            before = self._shown.get(row.key)
-            for i, cell in enumerate(row.cells):
+        for key in self._order[max(0, top - 2) : top + height + 2]:
+            row = self.rows_by_key.get(key)
+            if row is None:
+                continue
+            cells = _with_margin(row.made())
+            before = self._shown.get(key)
+            for i, cell in enumerate(cells):
                 if before is None or _differs(before[i], cell):
-                    # Only auto-width columns re-measure: it is costly on big tables.
-                    self.update_cell(row.key, labels[i], cell, update_width=auto[i])
-            self._shown[row.key] = row.cells
+                    # DataTable re-measures a whole column when asked to fit a cell: with a
+                    # thousand rows that is costly, so a cell that outgrows its auto-width
+                    # column makes the next refresh rebuild the table instead (rare).
+                    if auto[i] and _width(cell) > self._widest.get(i, 0):
+                        self._order = []
+                    self.update_cell(key, labels[i], cell)
+            self._shown[key] = cells
+
+    def watch_scroll_y(self, old_value: float, new_value: float) -> None:
+        super().watch_scroll_y(old_value, new_value)
+        self.call_after_refresh(self._update_on_screen)
 
     def _rebuild(self, rows: list[Row]) -> None:
         current = self.selected_key()
         self.clear()
-        for row in rows:
-            self.add_row(*row.cells, key=row.key)
+        made = [_with_margin(r.made()) for r in rows]
+        for row, cells in zip(rows, made, strict=True):
+            self.add_row(*cells, key=row.key)
         self._order = [r.key for r in rows]
-        self._shown = {r.key: r.cells for r in rows}
+        self._shown = {r.key: cells for r, cells in zip(rows, made, strict=True)}
+        self._widest = {
+            i: max((_width(cells[i]) for cells in made), default=0)
+            for i, (_, width) in enumerate(self._columns_spec)
+            if width is None
+        }
         if current in self._order:
             self.move_cursor(row=self._order.index(current))
 
@@ -84,11 +123,23 @@ class FleetTable(DataTable[RenderableType]):
         return self.rows_by_key.get(key) if key else None
 
 
-def _margin(cell: RenderableType) -> RenderableType:
-    if isinstance(cell, Text):
-        return Text(" ") + cell
-    return f" {cell}" if isinstance(cell, str) else cell
+def _width(cell: RenderableType) -> int:
+    return cell.cell_len if isinstance(cell, Text) else len(str(cell))
+
+
+def _with_margin(cells: Cells) -> Cells:
+    """A one-character margin before the first column."""
+    first = cells[0]
+    if isinstance(first, Text):
+        first = Text(" ") + first
+    elif isinstance(first, str):
+        first = f" {first}"
+    return (first, *cells[1:])
 
 
 def _differs(a: RenderableType, b: RenderableType) -> bool:
-    return str(a) != str(b) or getattr(a, "style", None) != getattr(b, "style", None)
+    if isinstance(a, Text) and isinstance(b, Text):
+        # Colour lives in spans as well as the base style: a value that turns red
+        # without changing its text must still be redrawn.
+        return a.plain != b.plain or a.style != b.style or a.spans != b.spans
+    return str(a) != str(b)

@@ -1,0 +1,108 @@
+"""`make screenshots`: every screen of the console on the SIMULATED demo fleet, as SVG and PNG.
+
+    python -m console.tui.screenshots screenshots/ [--warmup 50]
+
+It starts the demo fleet, lets the console collect history for --warmup seconds (the
+demo's planned incidents, a TTFT SLO breach and a hot GPU, show by then), then drives
+the app with Textual's pilot and saves each screen.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import secrets
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from console.core.config import load_fleet
+from console.demo import start_sim
+from console.sim.fleetfile import TOKEN_ENV
+from console.tui.app import EngineroomApp
+
+# (file name, keys typed after the previous screen, terminal size)
+SHOTS = [
+    ("fleet", [], (120, 36)),
+    ("fleet-80x24", [], (80, 24)),
+    ("models", [":models\r"], (120, 36)),
+    ("model-detail", [":model llama-3.1-8b-instruct\r"], (120, 36)),
+    ("node", [":node gpu-a1\r"], (120, 36)),
+    ("gpus-hot", [":gpus\r", "/temp>80\r"], (120, 36)),
+    ("engine", [":engine gpu-a1/{triton}\r"], (120, 36)),
+    ("events", [":events\r"], (120, 36)),
+    ("help", ["?"], (120, 36)),
+]
+KEYS = {
+    " ": "space",
+    ":": "colon",
+    "/": "slash",
+    ">": "greater_than_sign",
+    "<": "less_than_sign",
+    "=": "equals_sign",
+    "?": "question_mark",
+    ".": "full_stop",
+    "-": "minus",
+    "_": "underscore",
+    "\r": "enter",
+}
+
+
+async def shoot(fleet_path: Path, out: Path, warmup: float) -> list[Path]:
+    fleet = load_fleet(fleet_path)
+    saved: list[Path] = []
+    app = EngineroomApp(fleet)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await pilot.pause(warmup)
+        for name, typed, size in SHOTS:
+            await pilot.resize_terminal(*size)
+            while len(app.screen_stack) > 2:
+                app.pop_screen()
+            await pilot.pause(0.3)
+            for text in typed:
+                text = text.format(triton=_first_engine(app, "gpu-a1", "triton"))
+                await pilot.press(*[KEYS.get(ch, ch) for ch in text])
+                await pilot.pause(0.5)
+            await pilot.pause(1.2)  # one refresh after the last key
+            svg = out / f"{name}.svg"
+            app.save_screenshot(svg.name, str(out))
+            saved.append(svg)
+    return saved
+
+
+def _first_engine(app: EngineroomApp, node: str, kind: str) -> str:
+    snap = app.collector.states[node].snapshot
+    engines = [e.id for e in snap.engines if e.kind == kind] if snap else []
+    return engines[0] if engines else "none"
+
+
+def to_png(svg: Path) -> Path:
+    """librsvg lays out the monospace grid exactly (cairosvg does not honour textLength)."""
+    png = svg.with_suffix(".png")
+    subprocess.run(["rsvg-convert", "-w", "1600", str(svg), "-o", str(png)], check=True)
+    return png
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--warmup", type=float, default=50.0)
+    parser.add_argument("--nodes", type=int, default=4)
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    token = os.environ.get(TOKEN_ENV) or secrets.token_urlsafe(24)
+    os.environ[TOKEN_ENV] = token
+    proc, fleet_path = start_sim(args.nodes, Path(tempfile.mkdtemp(prefix="shots-")), token)
+    try:
+        for svg in asyncio.run(shoot(fleet_path, args.out, args.warmup)):
+            print(f"{svg} {to_png(svg)}")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,126 @@
+"""The console in a real pseudo-terminal: it leaves when the SSH session drops, and
+honours NO_COLOR."""
+
+from __future__ import annotations
+
+import os
+import pty
+import re
+import select
+import signal
+import sys
+import time
+
+import pytest
+
+from tests.conftest import ROOT
+from tests.engines.servers import free_port
+
+FLEET = """\
+[fleet]
+name = "tty"
+[[nodes]]
+name = "n1"
+agent = "http://127.0.0.1:{port}"
+token_env = "T_TTY"
+"""
+
+
+def spawn_console(tmp_path, **env: str) -> tuple[int, int]:
+    fleet = tmp_path / "fleet.toml"
+    fleet.write_text(FLEET.format(port=free_port()))
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: the console on the pty, as over SSH
+        child_env = {k: v for k, v in os.environ.items() if k != "NO_COLOR"}
+        child_env.update(
+            T_TTY="token-0123456789", TERM="xterm-256color", COLUMNS="100", LINES="30", **env
+        )
+        os.chdir(ROOT)
+        os.execve(
+            sys.executable, [sys.executable, "-m", "console.cli", "--fleet", str(fleet)], child_env
+        )
+    return pid, fd
+
+
+def read_for(fd: int, seconds: float) -> bytes:
+    out = b""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([fd], [], [], 0.1)
+        if ready:
+            try:
+                out += os.read(fd, 65536)
+            except OSError:
+                break
+    return out
+
+
+def wait_exit(pid: int, timeout: float) -> int | None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return status
+        time.sleep(0.05)
+    return None
+
+
+def test_the_console_leaves_cleanly_when_the_terminal_goes_away(tmp_path):
+    pid, fd = spawn_console(tmp_path)
+    try:
+        screen = read_for(fd, 6)
+        assert b"n1" in screen  # it drew the fleet
+        os.close(fd)  # the SSH session drops: the kernel hangs up the terminal
+        status = wait_exit(pid, 10)
+        assert status is not None, "the console kept running after its terminal went away"
+    finally:
+        try:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        except (ProcessLookupError, ChildProcessError):
+            pass
+
+
+@pytest.mark.parametrize("no_color", [False, True])
+def test_no_color_drops_colours(tmp_path, no_color):
+    pid, fd = spawn_console(tmp_path, **({"NO_COLOR": "1"} if no_color else {}))
+    try:
+        screen = read_for(fd, 6)
+    finally:
+        os.kill(pid, signal.SIGTERM)
+        if wait_exit(pid, 10) is None:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        os.close(fd)
+    assert b"n1" in screen
+    hues = [c for c in colours_in(screen) if not is_grey(c)]
+    if no_color:
+        assert hues == []  # Textual renders NO_COLOR as shades of grey
+    else:
+        assert hues  # the same screen, coloured: the check above can fail
+
+
+GREYS_256 = {0, 7, 8, 15, 16, 231, *range(232, 256)}
+
+
+def colours_in(screen: bytes) -> list[tuple[int, ...]]:
+    out: list[tuple[int, ...]] = []
+    for params in re.findall(rb"\x1b\[([0-9;]*)m", screen):
+        fields = [int(f) for f in params.split(b";") if f]
+        i = 0
+        while i < len(fields):
+            if fields[i] in (38, 48) and i + 2 < len(fields) and fields[i + 1] == 5:
+                out.append((fields[i + 2],))
+                i += 3
+            elif fields[i] in (38, 48) and i + 4 < len(fields) and fields[i + 1] == 2:
+                out.append(tuple(fields[i + 2 : i + 5]))
+                i += 5
+            else:
+                i += 1
+    return out
+
+
+def is_grey(colour: tuple[int, ...]) -> bool:
+    if len(colour) == 1:
+        return colour[0] in GREYS_256
+    return colour[0] == colour[1] == colour[2]
