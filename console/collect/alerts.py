@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Literal
 
 from console.collect.collector import NodeState
 from console.collect.history import History
-from console.core.config import Fleet
+from console.core.config import Fleet, Model
 
 if TYPE_CHECKING:
     from console.collect.view import DeploymentRow
@@ -111,14 +111,19 @@ def evaluate(
                 )
             if gpu.remapped_rows and gpu.remapped_rows.get("failure"):
                 out.append(Alert("critical", subject, "row remapping: failure", name))
+    by_name = {m.name: m for m in fleet.models}
     for model_name, rows in models.items():
         for row in rows:
-            out.extend(_deployment_alerts(fleet, model_name, row, history))
+            out.extend(_deployment_alerts(fleet, by_name, model_name, row, history))
     return out
 
 
 def _deployment_alerts(
-    fleet: Fleet, model_name: str, row: DeploymentRow, history: History | None
+    fleet: Fleet,
+    models: dict[str, Model],
+    model_name: str,
+    row: DeploymentRow,
+    history: History | None,
 ) -> Iterable[Alert]:
     t = fleet.thresholds
     # Deployment ids are unique in the fleet; an undeclared engine is named by its node.
@@ -137,7 +142,7 @@ def _deployment_alerts(
     stats = row.stats
     if stats is None:
         return
-    model = next((m for m in fleet.models if m.name == model_name), None)
+    model = models.get(model_name)
     lat = stats.latency
     checks = (
         ("ttft", "SLO TTFT p95", lat.ttft_s, model.slo.ttft_p95_ms if model else None),
@@ -158,7 +163,10 @@ def _deployment_alerts(
         yield Alert("warning", subject, f"error rate: {stats.error_rate:.1%}", row.node)
     if stats.kv_cache_usage is not None and stats.kv_cache_usage >= t.kv_cache_warn:
         yield Alert("warning", subject, f"KV cache: {stats.kv_cache_usage:.0%} used", row.node)
-    if history is not None and row.engine_id:
+    waiting_now = stats.requests_waiting
+    # Only a queue at least queue_min long now can have been growing: skip the history
+    # for every other deployment (most of them, every refresh).
+    if history is not None and row.engine_id and (waiting_now or 0) >= t.queue_min:
         rings = history.deployment(row.node, row.engine_id, stats.name)
         if rings is not None:
             waiting = rings["waiting"].tail(t.queue_growth_polls)

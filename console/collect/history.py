@@ -96,10 +96,13 @@ class History:
             h.gpu_frames = Frames(len(gpu_index) * len(GPU_SERIES) or 1, self.size)
         values: list[float] = []
         for g in snap.gpus:
-            mem = NAN
-            if g.memory_used_bytes is not None and g.memory_total_bytes:
-                mem = 100.0 * g.memory_used_bytes / g.memory_total_bytes
-            values += (_f(g.utilization_pct), mem, _f(g.temperature_c), _f(g.power_w))
+            used, total = g.memory_used_bytes, g.memory_total_bytes
+            values += (
+                NAN if g.utilization_pct is None else g.utilization_pct,
+                100.0 * used / total if used is not None and total else NAN,
+                NAN if g.temperature_c is None else g.temperature_c,
+                NAN if g.power_w is None else g.power_w,
+            )
         h.gpu_frames.push(values or [NAN])
         model_index = tuple((e.id, m.name) for e in snap.engines for m in e.models)
         if model_index != h.model_index or h.model_frames is None:
