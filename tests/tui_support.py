@@ -1,20 +1,17 @@
 """Support for the TUI tests: a console over recorded, real agent snapshots.
 
-RecordedCollector is a TEST DOUBLE for the network side of the collector only: it replays
-snapshots that real agents printed (on the H200s and over real vLLM + Triton), so the
-screens render the same way every run. The real polling path, against real agents, is
-tested in tests/test_collector.py.
+ReplayCollector (console/collect/replay.py) stands in for the network side of the
+collector only: it replays snapshots that real agents printed (on the H200s and over real
+vLLM + Triton), so the screens render the same way every run. The real polling and
+streaming paths, against real agents, are tested in tests/test_collector.py.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import time
 from pathlib import Path
 
-from console.collect.collector import Collector
-from console.core.config import Fleet, parse_fleet
+from console.collect.replay import ReplayCollector
+from console.core.config import parse_fleet
 from console.core.wire import Snapshot
 from console.tui.app import EngineroomApp
 
@@ -61,37 +58,6 @@ slo = { ttft_p95_ms = 500, itl_p95_ms = 60 }
 """
 
 
-class RecordedCollector(Collector):
-    def __init__(self, fleet: Fleet, snapshots: dict[str, Snapshot | None]) -> None:
-        super().__init__(fleet)
-        self.recorded = snapshots
-        for name, snap in snapshots.items():
-            state = self.states[name]
-            if snap is None:
-                state.failures, state.error = 3, "connection refused"
-                continue
-            state.snapshot, state.last_ok = snap, time.monotonic()
-            for _ in range(30):
-                self.history.record(name, snap)
-        self._keeper: asyncio.Task[None] | None = None
-
-    def start(self) -> None:
-        self._keeper = asyncio.create_task(self._keep_fresh())
-
-    async def _keep_fresh(self) -> None:
-        while True:  # recorded nodes stay "up", as if each poll returned the recording
-            for name, snap in self.recorded.items():
-                if snap is not None:
-                    self.states[name].last_ok = time.monotonic()
-            await asyncio.sleep(0.05)
-
-    async def stop(self) -> None:
-        if self._keeper is not None:
-            self._keeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._keeper
-
-
 def recorded_app(fleet_text: str = FLEET, read_only: bool = False) -> EngineroomApp:
     fleet = parse_fleet(fleet_text)
     snapshots = {
@@ -99,7 +65,7 @@ def recorded_app(fleet_text: str = FLEET, read_only: bool = False) -> Engineroom
         "cpu-1": Snapshot.model_validate_json(CPU.read_text()),
         "gone": None,
     }
-    return EngineroomApp(fleet, read_only=read_only, collector=RecordedCollector(fleet, snapshots))
+    return EngineroomApp(fleet, read_only=read_only, collector=ReplayCollector(fleet, snapshots))
 
 
 def keys(text: str) -> list[str]:

@@ -78,10 +78,43 @@ def _first_engine(app: EngineroomApp, node: str, kind: str) -> str:
     return engines[0] if engines else "none"
 
 
+EVIDENCE = Path(__file__).resolve().parents[2] / "docs" / "evidence" / "h200x2-agent-once.json"
+
+
+async def shoot_evidence(out: Path) -> list[Path]:
+    """The Node screen and GPU grid rendered from what the agent printed on real H200s."""
+    from console.collect.replay import ReplayCollector
+    from console.core.config import parse_fleet
+    from console.core.wire import Snapshot
+
+    fleet = parse_fleet(
+        '[fleet]\nname = "h200x2 (recorded on the device machine)"\n'
+        '[[nodes]]\nname = "h200x2"\nagent = "http://127.0.0.1:1"\n'
+    )
+    snap = Snapshot.model_validate_json(EVIDENCE.read_text())
+    app = EngineroomApp(fleet, collector=ReplayCollector(fleet, {"h200x2": snap}))
+    saved = []
+    async with app.run_test(size=(120, 30)) as pilot:
+        await pilot.pause(1.5)
+        for name, typed in (("h200x2-fleet", []), ("h200x2-node", [":node h200x2\r"])):
+            for text in typed:
+                await pilot.press(*[KEYS.get(ch, ch) for ch in text])
+            await pilot.pause(1.2)
+            svg = out / f"{name}.svg"
+            app.save_screenshot(svg.name, str(out))
+            saved.append(svg)
+    return saved
+
+
 def to_png(svg: Path) -> Path:
-    """librsvg lays out the monospace grid exactly (cairosvg does not honour textLength)."""
+    """librsvg lays out the monospace grid exactly (cairosvg does not honour textLength),
+    but drops leading spaces unless told to keep them, in the copy it reads."""
     png = svg.with_suffix(".png")
-    subprocess.run(["rsvg-convert", "-w", "1600", str(svg), "-o", str(png)], check=True)
+    text = svg.read_text().replace("<text ", '<text xml:space="preserve" ')
+    with tempfile.NamedTemporaryFile("w", suffix=".svg") as tmp:
+        tmp.write(text)
+        tmp.flush()
+        subprocess.run(["rsvg-convert", "-w", "1600", tmp.name, "-o", str(png)], check=True)
     return png
 
 
@@ -96,6 +129,8 @@ def main() -> int:
     os.environ[TOKEN_ENV] = token
     proc, fleet_path = start_sim(args.nodes, Path(tempfile.mkdtemp(prefix="shots-")), token)
     try:
+        for svg in asyncio.run(shoot_evidence(args.out)):
+            print(f"{svg} {to_png(svg)}")
         for svg in asyncio.run(shoot(fleet_path, args.out, args.warmup)):
             print(f"{svg} {to_png(svg)}")
     finally:

@@ -55,11 +55,12 @@ class EngineScreen(ViewScreen):
             t.append(f"\n\nwhy: {engine.reason}", style="yellow")
         for m in engine.models:
             lat = m.latency
+            window = "?" if m.window_s is None else f"{m.window_s:.0f}"
             t.append(f"\n\nmodel {m.name}", style="bold")
             t.append(
                 f"\n  running {fmt.count(m.requests_running)}  waiting "
                 f"{fmt.count(m.requests_waiting)}  KV {fmt.ratio(m.kv_cache_usage)}  "
-                f"rate {fmt.rate(m.request_rate)}  window {m.window_s or '?'} s"
+                f"rate {fmt.rate(m.request_rate)}  window {window} s"
             )
             for name, p in (("TTFT", lat.ttft_s), ("ITL", lat.itl_s), ("e2e", lat.e2e_s)):
                 t.append(

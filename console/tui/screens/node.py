@@ -155,8 +155,9 @@ class NodeScreen(ViewScreen):
                 Row(
                     "-",
                     (
-                        Text(" no engines found on this node", style="dim"),
-                        *[Text("")] * (len(ENGINE_COLUMNS) - 1),
+                        Text("none", style="dim"),
+                        *[Text("")] * (len(ENGINE_COLUMNS) - 2),
+                        Text("no engine process or deployment found on this node", style="dim"),
                     ),
                 )
             )
