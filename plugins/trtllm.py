@@ -7,21 +7,17 @@ The gauges (running, waiting, KV) appeared in 1.3, so every family is optional.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 from typing import Any
 
 from console.core.fetch import FetchError, Response
 from console.core.promtext import MetricsGarbage, parse
 from console.core.readings import EngineReading, ModelReading, histograms_by, values_by
+from plugins import openai_server
 from plugins.base import (
     Discovered,
     EnginePlugin,
     EngineTarget,
     ProbeContext,
-    flag_value,
-    local_url,
-    port_from,
 )
 
 
@@ -32,33 +28,20 @@ class TrtllmPlugin(EnginePlugin):
     def discover(self, cmdline: list[str], listening: list[int]) -> Discovered | None:
         if not any(a.endswith("trtllm-serve") for a in cmdline[:2]):
             return None
-        port = port_from(cmdline, ("--port",), listening, 8000)
-        if port is None:
-            return None
-        return Discovered(local_url(flag_value(cmdline, "--host"), port))
+        return openai_server.discover(cmdline, listening)
 
     async def probe(self, target: EngineTarget, ctx: ProbeContext) -> EngineReading:
         base = target.endpoint
-        try:
-            health = await ctx.get(f"{base}/health")
-        except FetchError as exc:
-            return EngineReading(
-                state="down" if exc.refused else "unhealthy", reason=f"/health: {exc}"
-            )
-        version, models, prom = await asyncio.gather(
-            ctx.get(f"{base}/version"),
-            ctx.get(f"{base}/v1/models"),
-            ctx.get(f"{base}/prometheus/metrics"),
-            return_exceptions=True,
-        )
+        answers = await openai_server.probe(ctx, base, "/prometheus/metrics")
+        if isinstance(answers, EngineReading):
+            return answers
+        health, prom = answers.health, answers.metrics
         problems: list[str] = []
         reading = EngineReading(state="ready" if health.status == 200 else "unhealthy")
         if health.status != 200:
             problems.append(f"/health answered {health.status}")
-        if isinstance(version, Response) and version.status == 200:
-            with contextlib.suppress(FetchError, AttributeError):
-                reading.version = str(version.json().get("version")) or None
-        served = _served(models)
+        reading.version = openai_server.version(answers.version)
+        served = openai_server.served_models(answers.models, []) or []
         if isinstance(prom, Response) and prom.status == 200:
             try:
                 reading.models = prometheus_models(prom.text(), served)
@@ -70,15 +53,6 @@ class TrtllmPlugin(EnginePlugin):
             reading.models = [iteration_model(name, stats) for name in served]
         reading.reason = "; ".join(problems) or None
         return reading
-
-
-def _served(models: Response | BaseException) -> list[str]:
-    if isinstance(models, Response) and models.status == 200:
-        try:
-            return [str(card["id"]) for card in models.json()["data"]]
-        except (FetchError, KeyError, TypeError):
-            return []
-    return []
 
 
 async def _iteration_stats(ctx: ProbeContext, base: str) -> dict[str, Any] | None:

@@ -2,20 +2,17 @@
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
-from console.core.fetch import FetchError, Response
+from console.core.fetch import Response
 from console.core.promtext import Exposition, MetricsGarbage, parse
 from console.core.readings import EngineReading, ModelReading, histograms_by, values_by
+from plugins import openai_server
 from plugins.base import (
     Discovered,
     EnginePlugin,
     EngineTarget,
     ProbeContext,
-    flag_value,
-    local_url,
-    port_from,
 )
 
 # Current names first; the names renamed or removed since 0.10 follow as fallbacks.
@@ -36,28 +33,14 @@ class VllmPlugin(EnginePlugin):
             or (any(a.endswith("vllm") for a in cmdline[:2]) and "serve" in cmdline[1:3])
             or "vllm.entrypoints.cli.main serve" in joined
         )
-        if not is_server:
-            return None
-        port = port_from(cmdline, ("--port",), listening, 8000)
-        if port is None:
-            return None
-        return Discovered(local_url(flag_value(cmdline, "--host"), port))
+        return openai_server.discover(cmdline, listening) if is_server else None
 
     async def probe(self, target: EngineTarget, ctx: ProbeContext) -> EngineReading:
-        base = target.endpoint
-        try:
-            health = await ctx.get(f"{base}/health")
-        except FetchError as exc:
-            return EngineReading(
-                state="down" if exc.refused else "unhealthy", reason=f"/health: {exc}"
-            )
-        version, models, metrics = await asyncio.gather(
-            ctx.get(f"{base}/version"),
-            ctx.get(f"{base}/v1/models"),
-            ctx.get(f"{base}/metrics"),
-            return_exceptions=True,
-        )
-        reading = EngineReading(state="ready", version=_version(version))
+        answers = await openai_server.probe(ctx, target.endpoint, "/metrics")
+        if isinstance(answers, EngineReading):
+            return answers
+        health, models, metrics = answers.health, answers.models, answers.metrics
+        reading = EngineReading(state="ready", version=openai_server.version(answers.version))
         problems: list[str] = []
         if health.status != 200:
             reading.state = "unhealthy"
@@ -65,7 +48,7 @@ class VllmPlugin(EnginePlugin):
                 f"/health answered {health.status}"
                 + (" (engine dead)" if health.status == 503 else "")
             )
-        served = _served_models(models, problems)
+        served = openai_server.served_models(models, problems)
         if served == [] and reading.state == "ready":
             reading.state = "unhealthy"
             problems.append("/v1/models lists no model")
@@ -82,32 +65,6 @@ class VllmPlugin(EnginePlugin):
             reading.models = [ModelReading(name) for name in served]
         reading.reason = "; ".join(problems) or None
         return reading
-
-
-def _version(result: Response | BaseException) -> str | None:
-    if isinstance(result, Response) and result.status == 200:
-        try:
-            data = result.json()
-        except FetchError:
-            return None
-        if isinstance(data, dict) and isinstance(data.get("version"), str):
-            return str(data["version"])
-    return None
-
-
-def _served_models(result: Response | BaseException, problems: list[str]) -> list[str] | None:
-    if isinstance(result, BaseException):
-        problems.append(f"/v1/models: {result}")
-        return None
-    if result.status != 200:
-        problems.append(f"/v1/models answered {result.status}")
-        return None
-    try:
-        data = result.json()
-        return [str(card["id"]) for card in data["data"]]
-    except (FetchError, KeyError, TypeError) as exc:
-        problems.append(f"/v1/models: unexpected shape ({exc.__class__.__name__})")
-        return None
 
 
 def _exposition(result: Response | BaseException, problems: list[str]) -> Exposition | None:

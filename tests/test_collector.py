@@ -25,6 +25,7 @@ AGENT_FLEET = """\
 name = "t"
 [agent]
 scrape_interval_s = 0.5
+discover = false  # other tests' real engines run on this machine too
 [[nodes]]
 name = "local"
 agent = "http://127.0.0.1:9410"

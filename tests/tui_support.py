@@ -14,6 +14,7 @@ from console.collect.replay import ReplayCollector
 from console.core.config import parse_fleet
 from console.core.wire import Snapshot
 from console.tui.app import EngineroomApp
+from console.tui.screenshots import key_names
 
 ROOT = Path(__file__).resolve().parents[1]
 H200 = ROOT / "docs" / "evidence" / "h200x2-agent-once.json"
@@ -70,17 +71,4 @@ def recorded_app(fleet_text: str = FLEET, read_only: bool = False) -> Engineroom
 
 def keys(text: str) -> list[str]:
     """Key names for typing `text` with pilot.press."""
-    names = {
-        " ": "space",
-        ":": "colon",
-        "/": "slash",
-        ">": "greater_than_sign",
-        "<": "less_than_sign",
-        "=": "equals_sign",
-        "?": "question_mark",
-        ".": "full_stop",
-        "-": "minus",
-        "_": "underscore",
-        "\r": "enter",
-    }
-    return [names.get(ch, ch) for ch in text]
+    return key_names(text)

@@ -50,6 +50,11 @@ KEYS = {
 }
 
 
+def key_names(text: str) -> list[str]:
+    """Key names for typing `text` with Textual's pilot ("\r" is Enter)."""
+    return [KEYS.get(ch, ch) for ch in text]
+
+
 async def shoot(fleet_path: Path, out: Path, warmup: float) -> list[Path]:
     fleet = load_fleet(fleet_path)
     saved: list[Path] = []
@@ -63,7 +68,7 @@ async def shoot(fleet_path: Path, out: Path, warmup: float) -> list[Path]:
             await pilot.pause(0.3)
             for text in typed:
                 text = text.format(triton=_first_engine(app, "gpu-a1", "triton"))
-                await pilot.press(*[KEYS.get(ch, ch) for ch in text])
+                await pilot.press(*key_names(text))
                 await pilot.pause(0.5)
             await pilot.pause(1.2)  # one refresh after the last key
             svg = out / f"{name}.svg"
@@ -98,7 +103,7 @@ async def shoot_evidence(out: Path) -> list[Path]:
         await pilot.pause(1.5)
         for name, typed in (("h200x2-fleet", []), ("h200x2-node", [":node h200x2\r"])):
             for text in typed:
-                await pilot.press(*[KEYS.get(ch, ch) for ch in text])
+                await pilot.press(*key_names(text))
             await pilot.pause(1.2)
             svg = out / f"{name}.svg"
             app.save_screenshot(svg.name, str(out))
