@@ -1,7 +1,7 @@
 """engineroom's command line: argument parsing, then a call into the packages.
 
 Every command takes --fleet PATH (default $ENGINEROOM_FLEET, else ./fleet.toml). A bad
-fleet file prints its one-line error and exits 2 before anything starts.
+fleet file prints its one-line error and exits 3 before anything starts.
 """
 
 from __future__ import annotations
