@@ -1,0 +1,126 @@
+"""From a launch profile and validated overrides to an argv list and environment.
+
+The agent runs only what fleet.toml declares. A console sends a profile name and
+overrides; this module accepts an override only where the profile marks it overridable
+(or, for extra engine flags, lists it in `allowed_args`), checks its type, and builds
+the argv itself. Nothing here goes through a shell. A request outside the profile raises
+LaunchError with the key and the reason, and the agent answers 422 with it.
+
+Groundwork for the vLLM lifecycle (jobs `vllm.start` / `engine.restart`); the job runner
+that starts and supervises the process is not written yet.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from console.core.config import ArgValue, Profile
+
+DEFAULT_VLLM_COMMAND = ("vllm", "serve")
+_ARG_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+# Overrides a profile may mark overridable, besides "args.NAME".
+TOP_LEVEL = ("port", "gpus", "tensor_parallel_size")
+
+
+class LaunchError(ValueError):
+    """A launch request outside its profile; str() names the key and says why."""
+
+
+@dataclass(frozen=True, slots=True)
+class Launch:
+    argv: tuple[str, ...]
+    env: dict[str, str]
+    port: int
+    gpus: tuple[int, ...]
+
+
+def _flag(name: str) -> str:
+    if not _ARG_NAME.match(name):
+        raise LaunchError(f"args.{name}: not a flag name (lowercase letters, digits, _)")
+    return "--" + name.replace("_", "-")
+
+
+def _check_type(key: str, value: Any, like: ArgValue | None) -> ArgValue:
+    if isinstance(value, bool) or like is None or isinstance(like, bool):
+        if like is not None and isinstance(like, bool) and not isinstance(value, bool):
+            raise LaunchError(f"{key}: wants true or false, got {value!r}")
+        if not isinstance(value, str | int | float | bool):
+            raise LaunchError(f"{key}: wants a string, number or boolean, got {value!r}")
+        return value
+    if isinstance(like, int) and not (isinstance(value, int) and not isinstance(value, bool)):
+        raise LaunchError(f"{key}: wants an integer, got {value!r}")
+    if isinstance(like, float) and not isinstance(value, int | float):
+        raise LaunchError(f"{key}: wants a number, got {value!r}")
+    if isinstance(like, str) and not isinstance(value, str):
+        raise LaunchError(f"{key}: wants a string, got {value!r}")
+    return value
+
+
+def _apply(
+    profile: Profile, overrides: dict[str, Any]
+) -> tuple[int, list[int], int, dict[str, ArgValue]]:
+    port, gpus, tp = profile.port, list(profile.gpus), profile.tensor_parallel_size
+    args: dict[str, ArgValue] = dict(profile.args)
+    for key, value in overrides.items():
+        name = key.removeprefix("args.")
+        is_arg = key.startswith("args.")
+        allowed = key in profile.overridable or (is_arg and name in profile.allowed_args)
+        if not allowed:
+            marked = ", ".join(profile.overridable + [f"args.{a}" for a in profile.allowed_args])
+            raise LaunchError(
+                f"{key}: the profile does not allow overriding it "
+                f"(overridable: {marked or 'nothing'})"
+            )
+        if key == "port":
+            if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 65535:
+                raise LaunchError(f"port: wants a TCP port 1-65535, got {value!r}")
+            port = value
+        elif key == "gpus":
+            if not isinstance(value, list) or not all(
+                isinstance(g, int) and not isinstance(g, bool) and g >= 0 for g in value
+            ):
+                raise LaunchError(f"gpus: wants a list of GPU indexes, got {value!r}")
+            gpus = list(value)
+        elif key == "tensor_parallel_size":
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise LaunchError(f"tensor_parallel_size: wants an integer >= 1, got {value!r}")
+            tp = value
+        elif is_arg:
+            _flag(name)
+            args[name] = _check_type(key, value, profile.args.get(name))
+        else:
+            raise LaunchError(f"{key}: not something a launch can override ({TOP_LEVEL})")
+    if gpus and tp > len(gpus):
+        raise LaunchError(
+            f"tensor_parallel_size {tp} needs {tp} GPUs, the launch has {len(gpus)} ({gpus})"
+        )
+    return port, gpus, tp, args
+
+
+def vllm_launch(profile: Profile, overrides: dict[str, Any] | None = None) -> Launch:
+    """The argv and environment that start `profile`, with `overrides` applied."""
+    if profile.engine != "vllm":
+        raise LaunchError(f"engine: this builds vLLM launches, the profile is {profile.engine!r}")
+    port, gpus, tp, args = _apply(profile, overrides or {})
+    command = list(profile.command or DEFAULT_VLLM_COMMAND)
+    # `vllm serve MODEL` takes the model as its argument; the module entry point as --model.
+    argv = (
+        [*command, profile.model]
+        if command[-1] == "serve"
+        else [*command, "--model", profile.model]
+    )
+    argv += ["--served-model-name", profile.served_model_name, "--port", str(port)]
+    if tp > 1:
+        argv += ["--tensor-parallel-size", str(tp)]
+    for name, value in args.items():
+        if value is False:
+            continue
+        argv.append(_flag(name))
+        if value is not True:
+            argv.append(str(value))
+    env = dict(profile.env)
+    if gpus:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
+    return Launch(tuple(argv), env, port, tuple(gpus))
