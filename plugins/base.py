@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import aiohttp
 
@@ -51,17 +51,6 @@ class ProbeContext:
     async def get(self, url: str) -> Response:
         assert self.http is not None
         return await fetch(self.http, url, timeout=self.timeout, max_bytes=self.max_bytes)
-
-    async def post(self, url: str, body: Any = None) -> Response:
-        assert self.http is not None
-        return await fetch(
-            self.http,
-            url,
-            timeout=self.timeout,
-            max_bytes=self.max_bytes,
-            method="POST",
-            json_body=body,
-        )
 
 
 class EnginePlugin(abc.ABC):

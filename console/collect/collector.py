@@ -24,7 +24,7 @@ import aiohttp
 from pydantic import ValidationError
 
 from console.collect.history import History
-from console.core.config import ConfigError, Fleet, Node
+from console.core.config import Fleet, Node
 from console.core.wire import Snapshot
 
 NodeStatus = Literal["up", "stale", "down", "unknown"]
@@ -286,6 +286,3 @@ def check_tokens(fleet: Fleet) -> None:
     for i, node in enumerate(fleet.nodes):
         if node.token_env:
             fleet.secret(node.token_env, ("nodes", i, "token_env"))
-
-
-__all__ = ["Collector", "ConfigError", "NodeState", "NodeStatus", "PollError", "check_tokens"]

@@ -34,10 +34,6 @@ class Series:
         """The newest `n` values, oldest first (cheap: alerts read this every refresh)."""
         return self._frames.column(self._column, last=n)
 
-    def last(self) -> float | None:
-        values = self.values()
-        return values[-1] if values else None
-
 
 class Frames:
     __slots__ = ("_count", "_data", "_next", "size", "width")

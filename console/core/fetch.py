@@ -60,13 +60,11 @@ async def fetch(
     *,
     timeout: float,
     max_bytes: int,
-    method: str = "GET",
-    json_body: Any = None,
 ) -> Response:
-    """One request, finished within `timeout` seconds and `max_bytes` of body."""
+    """One GET, finished within `timeout` seconds and `max_bytes` of body."""
     try:
         async with asyncio.timeout(timeout):
-            async with session.request(method, url, json=json_body) as resp:
+            async with session.get(url) as resp:
                 declared = resp.content_length
                 if declared is not None and declared > max_bytes:
                     raise FetchError(f"response too large ({declared} bytes > {max_bytes})")

@@ -32,9 +32,6 @@ class Exposition:
     first_bad: str | None = None
     lines: int = 0
 
-    def by_name(self, name: str) -> list[Sample]:
-        return [s for s in self.samples if s.name == name]
-
 
 class MetricsGarbage(ValueError):
     """The text had lines but not one readable sample."""

@@ -17,7 +17,6 @@ from console.collect.view import FleetView
 from console.tui.filtering import Filter
 from console.tui.widgets.command_line import CommandLine
 from console.tui.widgets.header import FleetHeader
-from console.tui.widgets.table import FleetTable
 
 if TYPE_CHECKING:
     from console.tui.app import EngineroomApp
@@ -66,7 +65,3 @@ class ViewScreen(Screen[None]):
 
     def draw(self, view: FleetView) -> None:
         """Redraw the body from a new view."""
-
-    def table(self) -> FleetTable | None:
-        tables = self.query(FleetTable)
-        return tables.first() if tables else None

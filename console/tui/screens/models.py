@@ -156,12 +156,6 @@ class ModelsScreen(ViewScreen):
             rows.extend(shown)
         self.query_one(FleetTable).show(rows)
 
-    def _selected_model(self) -> tuple[str, str | None] | None:
-        row = self.query_one(FleetTable).selected()
-        if row is None:
-            return None
-        return str(row.fields.get("model")), row.fields.get("deployment")
-
     @on(DataTable.RowSelected, "#models")
     def _open(self, event: DataTable.RowSelected) -> None:
         row = self.query_one(FleetTable).rows_by_key.get(str(event.row_key.value))

@@ -46,9 +46,6 @@ class NodeScreen(ViewScreen):
         yield FleetTable(GPU_COLUMNS, id="node-gpus")
         yield FleetTable(ENGINE_COLUMNS, id="node-engines")
 
-    def table(self) -> FleetTable:
-        return self.query_one("#node-gpus", FleetTable)
-
     def draw(self, view: FleetView) -> None:
         state = self.console.collector.states.get(self.node)
         row = next((n for n in view.nodes if n.name == self.node), None)

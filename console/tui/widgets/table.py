@@ -47,7 +47,6 @@ class FleetTable(DataTable[RenderableType]):
         self._shown: dict[str, tuple[RenderableType, ...]] = {}
         self._widest: dict[int, int] = {}  # auto-width columns: the widest cell drawn
         self.rows_by_key: dict[str, Row] = {}
-        self.total = 0
 
     def on_mount(self) -> None:
         for i, (label, width) in enumerate(self._columns_spec):
@@ -56,7 +55,6 @@ class FleetTable(DataTable[RenderableType]):
             self.add_column(shown, key=label, width=None if width is None else width + (i == 0))
 
     def show(self, rows: list[Row], flt: Filter | None = None) -> None:
-        self.total = len(rows)
         visible = [r for r in rows if flt is None or flt.matches(r.fields, r.text)]
         self.rows_by_key = {r.key: r for r in visible}
         keys = [r.key for r in visible]
