@@ -151,7 +151,7 @@ def _deployment_alerts(
     )
     for key, label, pct, limit in checks:
         if row.slo.get(key) == "breach" and limit is not None:
-            value = pct.p95 if pct.p95 is not None else pct.mean
+            value = pct.p95_or_mean
             kind = "" if pct.p95 is not None else " (mean)"
             yield Alert(
                 "warning",

@@ -109,9 +109,9 @@ class History:
             for m in e.models:
                 lat = m.latency
                 values += (
-                    _f(lat.ttft_s.p95 if lat.ttft_s.p95 is not None else lat.ttft_s.mean),
-                    _f(lat.itl_s.p95 if lat.itl_s.p95 is not None else lat.itl_s.mean),
-                    _f(lat.e2e_s.p95 if lat.e2e_s.p95 is not None else lat.e2e_s.mean),
+                    _f(lat.ttft_s.p95_or_mean),
+                    _f(lat.itl_s.p95_or_mean),
+                    _f(lat.e2e_s.p95_or_mean),
                     _f(m.requests_waiting),
                 )
         h.model_frames.push(values or [NAN])

@@ -14,7 +14,7 @@ from console.collect.alerts import NOT_REPORTED, Alert, evaluate
 from console.collect.collector import NodeState, NodeStatus
 from console.collect.history import History
 from console.core.config import Deployment, Fleet, Model
-from console.core.wire import Engine, Gpu, ModelStats, Percentiles, Snapshot
+from console.core.wire import Engine, Gpu, ModelStats, Snapshot
 
 SloState = Literal["ok", "breach", "unknown"]
 
@@ -143,10 +143,6 @@ def engine_summary(engines: list[Engine]) -> str:
     return ", ".join(f"{label} x{n}" if n > 1 else label for label, n in counts.items())
 
 
-def _p95(p: Percentiles) -> float | None:
-    return p.p95 if p.p95 is not None else p.mean
-
-
 def _slo_state(value: float | None, limit: float | None) -> SloState:
     if limit is None or value is None:
         return "unknown"
@@ -162,9 +158,9 @@ def slo_states(model: Model, stats: ModelStats | None, error_limit: float) -> di
         return None if v is None else v * ms
 
     return {
-        "ttft": _slo_state(seconds(_p95(lat.ttft_s)) if lat else None, slo.ttft_p95_ms),
-        "itl": _slo_state(seconds(_p95(lat.itl_s)) if lat else None, slo.itl_p95_ms),
-        "e2e": _slo_state(seconds(_p95(lat.e2e_s)) if lat else None, slo.e2e_p95_ms),
+        "ttft": _slo_state(seconds(lat.ttft_s.p95_or_mean) if lat else None, slo.ttft_p95_ms),
+        "itl": _slo_state(seconds(lat.itl_s.p95_or_mean) if lat else None, slo.itl_p95_ms),
+        "e2e": _slo_state(seconds(lat.e2e_s.p95_or_mean) if lat else None, slo.e2e_p95_ms),
         "errors": _slo_state(
             stats.error_rate if stats else None,
             slo.error_rate if slo.error_rate is not None else error_limit,

@@ -90,6 +90,14 @@ class Percentiles(_Wire):
     # "histogram": percentiles from bucket deltas; "mean": only a windowed mean is known.
     source: Literal["histogram", "mean"] | None = None
 
+    @property
+    def p95_or_mean(self) -> float | None:
+        """The p95 where a histogram gave one, else the windowed mean; None if neither.
+
+        What an SLO on p95 is checked against, and what history plots, for every engine.
+        """
+        return self.p95 if self.p95 is not None else self.mean
+
 
 class Latency(_Wire):
     ttft_s: Percentiles = Field(default_factory=Percentiles)

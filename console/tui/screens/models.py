@@ -74,13 +74,6 @@ def deployment_row(r: DeploymentRow, model: Model, kv_warn: float, error_limit: 
             fmt.latency(lat.ttft_s if lat else None, "p50"),
         )
 
-    def p95(p: object) -> float | None:
-        from console.core.wire import Percentiles
-
-        if not isinstance(p, Percentiles):
-            return None
-        return p.p95 if p.p95 is not None else p.mean
-
     fields = {
         "model": r.model,
         "deployment": r.id,
@@ -89,9 +82,9 @@ def deployment_row(r: DeploymentRow, model: Model, kv_warn: float, error_limit: 
         "state": r.state,
         "weight": r.weight,
         "rate": s.request_rate if s else None,
-        "ttft_p95": p95(lat.ttft_s) if lat else None,
-        "itl_p95": p95(lat.itl_s) if lat else None,
-        "e2e_p95": p95(lat.e2e_s) if lat else None,
+        "ttft_p95": lat.ttft_s.p95_or_mean if lat else None,
+        "itl_p95": lat.itl_s.p95_or_mean if lat else None,
+        "e2e_p95": lat.e2e_s.p95_or_mean if lat else None,
         "queue": s.requests_waiting if s else None,
         "kv": s.kv_cache_usage if s else None,
         "errors": s.error_rate if s else None,
