@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -142,3 +143,19 @@ async def wait_for_status(agent: NodeAgent, status: str):
             return snap
         await asyncio.sleep(0.1)
     pytest.fail(f"gpu_status never became {status!r}")
+
+
+async def test_a_hung_mount_keeps_the_last_host_values_and_says_so():
+    agent = NodeAgent(FLEET, "local", gpu=GpuSampler(FakeNvml([FakeGpu()])))
+    first = await agent.cycle()
+    assert first.host.error is None and first.host.mem_total_bytes
+    release = threading.Event()
+    agent._disks.fn = lambda: release.wait(30)  # statvfs on a hung NFS mount
+    agent._disks.deadline_s = 0.3
+    started = time.monotonic()
+    hung = await agent.cycle()
+    assert time.monotonic() - started < 5
+    assert hung.host.error.startswith("host statistics did not answer within 0.3 s")
+    assert hung.host.mem_total_bytes == first.host.mem_total_bytes  # the last good values
+    release.set()
+    await agent.close()

@@ -1,15 +1,15 @@
 """The agent's snapshot cycle: GPUs, host and engines, sampled together every interval.
 
 The cycle reschedules itself only after the previous one finished, so a hung engine or a
-slow NVML call never piles up work. NVML runs in its own thread with a deadline: a GPU
-that hangs the driver leaves the last good values in place, marked, and the HTTP API
-keeps answering.
+slow NVML call never piles up work. NVML and the host's disk statistics each run on their
+own thread with a deadline (console.agent.watched): a GPU that hangs the driver, or a
+hung mount, leaves the last good values in place, marked, and the HTTP API keeps
+answering.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import logging
 import socket
 import time
@@ -22,15 +22,17 @@ from console.agent import discovery
 from console.agent.engines import EngineTracker
 from console.agent.gpu import GpuSampler
 from console.agent.host import HostSampler
+from console.agent.watched import Watched
 from console.core.config import Fleet
 from console.core.fetch import new_session
-from console.core.wire import Gpu, NodeInfo, Snapshot
+from console.core.wire import Gpu, Host, NodeInfo, Snapshot
 from plugins import load_plugins
 
 log = logging.getLogger(__name__)
 
 DISCOVER_EVERY_S = 10.0
 NVML_DEADLINE_S = 5.0
+HOST_DEADLINE_S = 5.0
 
 
 class NodeAgent:
@@ -45,10 +47,12 @@ class NodeAgent:
         self.http: aiohttp.ClientSession | None = None  # made in the loop, at the first cycle
         self.engines = EngineTracker(fleet, node, self.plugins)
         self.owners = discovery.Owners()
-        self.nvml_deadline_s = NVML_DEADLINE_S
-        self._nvml_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="nvml")
-        self._nvml_pending: concurrent.futures.Future[list[Gpu]] | None = None
-        self._last_gpus: list[Gpu] = []
+        self._nvml: Watched[list[Gpu]] = Watched(
+            "NVML", "GPU values", self.gpu.read, NVML_DEADLINE_S, []
+        )
+        self._disks: Watched[Host] = Watched(
+            "host statistics", "host values", self.host.sample, HOST_DEADLINE_S, Host()
+        )
         self._last_discovery = float("-inf")
         self._task: asyncio.Task[None] | None = None
         self.latest: Snapshot | None = None
@@ -66,8 +70,12 @@ class NodeAgent:
             processes = await asyncio.to_thread(discovery.scan, self.plugins)
             self.engines.merge(processes, now)
         gpus_task = asyncio.ensure_future(self._sample_gpus())
+        host_task = asyncio.ensure_future(self._disks.call())
         engines = await self.engines.probe_all(now)
         gpus, gpu_status, nvml_ms = await gpus_task
+        host, host_problem, _ = await host_task
+        if host_problem is not None:
+            host = host.model_copy(update={"error": host_problem})
         owners = self.engines.pids()
         seen: set[int] = set()
         for gpu in gpus:
@@ -79,7 +87,7 @@ class NodeAgent:
             node=NodeInfo(
                 name=self.node, agent_version=__version__, time=now, hostname=socket.gethostname()
             ),
-            host=self.host.sample(),
+            host=host,
             gpu_status=gpu_status,
             driver_version=self.gpu.driver_version,
             cuda_driver_version=self.gpu.cuda_driver_version,
@@ -113,34 +121,19 @@ class NodeAgent:
             await self._updated.wait()
         return self.latest
 
+    @property
+    def nvml_deadline_s(self) -> float:
+        return self._nvml.deadline_s
+
+    @nvml_deadline_s.setter
+    def nvml_deadline_s(self, value: float) -> None:
+        self._nvml.deadline_s = value
+
     async def _sample_gpus(self) -> tuple[list[Gpu], str, float | None]:
         if not self.gpu.available:
             return [], self.gpu.status, None
-        if self._nvml_pending is not None and not self._nvml_pending.done():
-            # The previous NVML call still hangs: don't queue another behind it.
-            return (
-                self._last_gpus,
-                "NVML is not answering (a call has hung); GPU values are from the last good sample",
-                None,
-            )
-        started = time.perf_counter()
-        self._nvml_pending = self._nvml_pool.submit(self.gpu.read)
-        try:
-            gpus = await asyncio.wait_for(
-                asyncio.wrap_future(self._nvml_pending), self.nvml_deadline_s
-            )
-        except TimeoutError:
-            return (
-                self._last_gpus,
-                f"NVML did not answer within {self.nvml_deadline_s:g} s; "
-                "GPU values are from the last good sample",
-                None,
-            )
-        except Exception as exc:
-            log.exception("NVML sample failed")
-            return self._last_gpus, f"NVML sample failed: {exc}", None
-        self._last_gpus = gpus
-        return gpus, "ok", round((time.perf_counter() - started) * 1000, 3)
+        gpus, problem, ms = await self._nvml.call()
+        return gpus, problem or "ok", ms
 
     async def run(self) -> None:
         """Take a snapshot every interval, each one after the previous one finished."""
@@ -166,5 +159,6 @@ class NodeAgent:
                 await plugin.forget(key)
         if self.http is not None:
             await self.http.close()
-        self._nvml_pool.shutdown(wait=False, cancel_futures=True)
+        self._nvml.close()
+        self._disks.close()
         self.gpu.close()

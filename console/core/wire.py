@@ -41,6 +41,7 @@ class Host(_Wire):
     mem_used_bytes: int | None = None
     mem_total_bytes: int | None = None
     disks: list[Disk] = Field(default_factory=list)
+    error: str | None = None  # why these values are old (a statistics call hung)
 
 
 class GpuProcess(_Wire):
