@@ -59,6 +59,20 @@ def agent_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def run_cli(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    """`engineroom ARGS...` as a real process, from the repository root; its output."""
+    return subprocess.run(
+        [sys.executable, "-m", "console.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        env=agent_env() if env is None else env,
+    )
+
+
 def start_agent(
     workdir: Path, fleet_text: str, node: str, port: int | None = None, **env: str
 ) -> Agent:

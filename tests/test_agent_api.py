@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
-from tests.conftest import OPERATOR, ROOT, agent_env
+from tests.conftest import OPERATOR, agent_env, run_cli
 
 FLEET = """\
 [fleet]
@@ -99,24 +97,8 @@ def test_an_agent_without_tokens_refuses_to_start(tmp_path):
     fleet = tmp_path / "fleet.toml"
     fleet.write_text(FLEET)
     env = {k: v for k, v in agent_env().items() if "TOKEN" not in k}
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "console.cli",
-            "agent",
-            "--fleet",
-            str(fleet),
-            "--node",
-            "local",
-            "--listen",
-            "127.0.0.1:1",
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-        cwd=ROOT,
+    result = run_cli(
+        "agent", "--fleet", str(fleet), "--node", "local", "--listen", "127.0.0.1:1", env=env
     )
     assert result.returncode == 3
     assert (
@@ -127,24 +109,8 @@ def test_an_agent_without_tokens_refuses_to_start(tmp_path):
 def test_once_json_prints_one_snapshot_for_agentless_use(tmp_path):
     fleet = tmp_path / "fleet.toml"
     fleet.write_text(FLEET)
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "console.cli",
-            "agent",
-            "--fleet",
-            str(fleet),
-            "--node",
-            "local",
-            "--once",
-            "--json",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=ROOT,
-        env=agent_env(),
+    result = run_cli(
+        "agent", "--fleet", str(fleet), "--node", "local", "--once", "--json", env=agent_env()
     )
     assert result.returncode == 0, result.stderr
     snap = json.loads(result.stdout)

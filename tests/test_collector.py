@@ -10,14 +10,13 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
 
 from console.collect.collector import Collector
 from console.core.config import parse_fleet
-from tests.conftest import ROOT, VIEWER, agent_env
+from tests.conftest import VIEWER, agent_env, run_cli
 from tests.engines.servers import free_port
 
 AGENT_FLEET = """\
@@ -40,14 +39,7 @@ def console_fleet(*nodes: tuple[str, str], refresh: float = 0.5, extra: str = ""
 
 
 def run_check(fleet_path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "console.cli", "check", "--fleet", str(fleet_path), *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=ROOT,
-        env=agent_env(T_VIEW=VIEWER),
-    )
+    return run_cli("check", "--fleet", str(fleet_path), *args, env=agent_env(T_VIEW=VIEWER))
 
 
 async def test_a_killed_agent_goes_stale_then_down_then_recovers(agent_factory, tmp_path):
@@ -164,13 +156,6 @@ def test_check_names_an_unset_token_variable(tmp_path):
     path = tmp_path / "console.toml"
     path.write_text(console_fleet(("local", "http://127.0.0.1:1")))
     env = {k: v for k, v in agent_env().items() if k != "T_VIEW"}
-    result = subprocess.run(
-        [sys.executable, "-m", "console.cli", "check", "--fleet", str(path)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=ROOT,
-        env=env,
-    )
+    result = run_cli("check", "--fleet", str(path), env=env)
     assert result.returncode == 3
     assert f"{path}:7: nodes[0].token_env: environment variable T_VIEW is not set" in result.stderr

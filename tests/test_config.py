@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from console.core.config import ConfigError, load_fleet, parse_fleet
+from tests.conftest import run_cli
 
 GOOD = """\
 [fleet]
@@ -118,23 +117,7 @@ def test_a_token_variable_that_is_not_set_names_the_line_that_named_it():
 def test_the_agent_refuses_a_bad_file_with_one_line_and_a_nonzero_exit(tmp_path):
     bad = tmp_path / "fleet.toml"
     bad.write_text(GOOD.replace("[[nodes]]", "[[nodez]]", 1))
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "console.cli",
-            "agent",
-            "--fleet",
-            str(bad),
-            "--node",
-            "gpu-a1",
-            "--once",
-            "--json",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    result = run_cli("agent", "--fleet", str(bad), "--node", "gpu-a1", "--once", "--json")
     assert result.returncode == 3
     assert result.stdout == ""
     assert f"{bad}:5: nodez: unknown key 'nodez'" in result.stderr
@@ -144,22 +127,6 @@ def test_the_agent_refuses_a_bad_file_with_one_line_and_a_nonzero_exit(tmp_path)
 def test_the_agent_names_a_node_the_file_does_not_declare(tmp_path):
     path = tmp_path / "fleet.toml"
     path.write_text(GOOD)
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "console.cli",
-            "agent",
-            "--fleet",
-            str(path),
-            "--node",
-            "nope",
-            "--once",
-            "--json",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    result = run_cli("agent", "--fleet", str(path), "--node", "nope", "--once", "--json")
     assert result.returncode == 3
     assert "no node named 'nope' (nodes: gpu-a1, gpu-b7)" in result.stderr
