@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import resource
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ from pydantic import ValidationError
 
 from console.collect.history import History
 from console.core.config import Fleet, Node
+from console.core.oslimits import raise_open_files
 from console.core.wire import Snapshot
 
 NodeStatus = Literal["up", "stale", "down", "unknown"]
@@ -79,13 +79,6 @@ class _Target:
     stream: bool = True  # False once the agent answers 404 to the stream (an older agent)
 
 
-def _raise_fd_limit(wanted: int) -> None:
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft < wanted:
-        new = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
-        resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
-
-
 class Collector:
     """Polls the fleet in the background; `states` always holds the latest view."""
 
@@ -122,7 +115,7 @@ class Collector:
         )
 
     async def __aenter__(self) -> Collector:
-        _raise_fd_limit(len(self._targets) + 256)
+        raise_open_files(len(self._targets) + 256)
         self._session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, enable_cleanup_closed=True),
             timeout=aiohttp.ClientTimeout(total=self.timeout_s),

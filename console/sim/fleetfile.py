@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
-import resource
 import socket
 import string
 from collections.abc import Iterable
@@ -36,15 +34,6 @@ def listen_socket(preferred: int | None = None) -> socket.socket:
 
 def port_of(sock: socket.socket) -> int:
     return int(sock.getsockname()[1])
-
-
-def raise_open_files(wanted: int) -> None:
-    """Lift the soft open-file limit towards `wanted` (as far as the hard limit allows)."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
-    if soft != resource.RLIM_INFINITY and soft < target:
-        with contextlib.suppress(ValueError, OSError):
-            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
 
 
 def rack(n: int) -> str:

@@ -27,6 +27,7 @@ import httptools
 import pydantic_core
 
 from console import __version__
+from console.core.oslimits import raise_open_files
 from console.sim.engines import ENSEMBLE, TRITON_VERSION, VLLM_VERSION
 from console.sim.fleetfile import (
     TOKEN_ENV,
@@ -35,7 +36,6 @@ from console.sim.fleetfile import (
     model_tables,
     node_name,
     port_of,
-    raise_open_files,
 )
 from console.sim.nvml import MEM_MHZ, POWER_LIMIT_MW, TOTAL_MEMORY
 
