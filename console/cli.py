@@ -70,6 +70,31 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="print a fresh table every N seconds, without a TUI",
     )
+
+    vllm = sub.add_parser("vllm", help="start, stop or restart a vLLM server on a node (a job)")
+    verbs = vllm.add_subparsers(dest="verb", required=True)
+    start = verbs.add_parser("start", help="start a launch profile")
+    start.add_argument("--profile", required=True)
+    start.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an override the profile allows (port=8002, gpus=[1], args.max_model_len=4096)",
+    )
+    for verb in ("stop", "restart"):
+        action = verbs.add_parser(verb, help=f"{verb} an engine (drains in-flight requests)")
+        action.add_argument("--engine", required=True, help="engine id, as in the snapshot")
+    for action in verbs.choices.values():
+        _fleet_arg(action)
+        action.add_argument("--node", required=True)
+        action.add_argument("--wait", action="store_true", help="follow the job to its end")
+        action.add_argument("--json", action="store_true", help="print the job as JSON")
+
+    jobs = sub.add_parser("jobs", help="the jobs of every agent, newest first")
+    _fleet_arg(jobs)
+    jobs.add_argument("--node", default=None)
+    jobs.add_argument("--json", action="store_true")
     return parser
 
 
@@ -97,6 +122,25 @@ def main(argv: list[str] | None = None) -> int:
 
             fleet = load_fleet(args.fleet or _default_fleet())
             return run_check(fleet, as_json=args.json, watch=args.watch)
+        if args.command == "vllm":
+            from console.collect.actions import run_vllm
+
+            return run_vllm(
+                load_fleet(args.fleet or _default_fleet()),
+                args.verb,
+                args.node,
+                profile=getattr(args, "profile", None),
+                engine=getattr(args, "engine", None),
+                sets=getattr(args, "set", None),
+                wait=args.wait,
+                as_json=args.json,
+            )
+        if args.command == "jobs":
+            from console.collect.actions import run_jobs
+
+            return run_jobs(
+                load_fleet(args.fleet or _default_fleet()), args.node, as_json=args.json
+            )
         if args.command == "tui":
             from console.tui.app import run_tui
 
@@ -142,8 +186,10 @@ def _agent(args: argparse.Namespace) -> int:
         print(f"engineroom agent: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     host, port = args.listen or _split_listen(settings.listen)
+    from console.agent.jobs import JobRunner
+
     agent = NodeAgent(fleet, node)
-    app = create_app(agent, tokens)
+    app = create_app(agent, tokens, runner=JobRunner.open(agent))
     print(
         f"engineroom agent: node {node!r} serving on http://{host}:{port} "
         f"(gpu: {agent.gpu.status})",

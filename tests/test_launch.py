@@ -54,6 +54,8 @@ def test_the_profile_alone_gives_vllm_serve_with_its_flags_and_gpus():
         "8192",
         "--dtype",
         "bfloat16",
+        "--shutdown-timeout",  # drains in-flight requests within the stop grace (30 s less 5)
+        "25",
     )
     assert launch.env == {"VLLM_CPU_KVCACHE_SPACE": "1", "CUDA_VISIBLE_DEVICES": "0,1"}
 

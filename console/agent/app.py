@@ -7,6 +7,7 @@ and errors name the role, not the token.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -20,7 +21,10 @@ from starlette.exceptions import HTTPException
 from console import __version__
 from console.agent.auth import Principal, Role, Tokens
 from console.agent.exposition import render
+from console.agent.jobs import JobRefused, JobRunner, new_lines
 from console.agent.node import NodeAgent
+from console.agent.store import FINAL
+from console.agent.supervisor import log_tail
 from console.core.wire import Health, Job, Snapshot
 
 _bearer = HTTPBearer(auto_error=False)
@@ -47,15 +51,22 @@ def _require(tokens: Tokens, role: Role) -> Callable[..., Awaitable[Principal]]:
     return check
 
 
-def create_app(agent: NodeAgent, tokens: Tokens, *, run_cycle: bool = True) -> FastAPI:
+def create_app(
+    agent: NodeAgent, tokens: Tokens, *, run_cycle: bool = True, runner: JobRunner | None = None
+) -> FastAPI:
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        if runner is not None:
+            agent.jobs_view = runner.recent
+            await runner.start()  # re-adopt engines before the first snapshot lists them
         if run_cycle:
             await agent.cycle()  # serve a real snapshot from the first request on
             agent.start()
         try:
             yield
         finally:
+            if runner is not None:
+                await runner.close()
             await agent.close()
 
     app = FastAPI(title="engineroom agent", version=__version__, lifespan=lifespan)
@@ -115,27 +126,77 @@ def create_app(agent: NodeAgent, tokens: Tokens, *, run_cycle: bool = True) -> F
             raise ApiError(503, "the first snapshot is still being taken")
         return PlainTextResponse(render(snap), media_type="text/plain; version=0.0.4")
 
-    # Jobs: the routes are in place; the job kinds (vllm.start, engine.stop, drill.run)
-    # arrive with the lifecycle and drill work. Until then nothing can be started.
+    @app.get("/v1/whoami")
+    async def whoami(who: Principal = Depends(viewer)) -> dict[str, Any]:
+        """The caller's role, so a console can disable what its token may not do."""
+        return {"name": who.name, "role": who.role, "jobs": runner is not None}
+
+    # Jobs (console.agent.jobs): start, stop and restart engines from launch profiles.
     @app.get("/v1/jobs", response_model=list[Job], dependencies=[Depends(viewer)])
-    async def jobs() -> list[Job]:
-        return []
+    async def jobs(limit: int = 100) -> list[Job]:
+        return [] if runner is None else runner.jobs(max(1, min(limit, 1000)))
 
     @app.get("/v1/jobs/{job_id}", response_model=Job, dependencies=[Depends(viewer)])
     async def job(job_id: str) -> Job:
-        raise ApiError(404, f"no job {job_id!r}")
+        found = None if runner is None else runner.job(job_id)
+        if found is None:
+            raise ApiError(404, f"no job {job_id!r}")
+        return found
 
     @app.get("/v1/jobs/{job_id}/log", dependencies=[Depends(viewer)])
-    async def job_log(job_id: str) -> Response:
-        raise ApiError(404, f"no job {job_id!r}")
+    async def job_log(job_id: str, request: Request, tail: int = 200) -> Response:
+        """The job's engine log: its last `tail` lines, or followed live with SSE
+        (`Accept: text/event-stream`) until the job ends."""
+        path = None if runner is None else runner.log_path(job_id)
+        if runner is None or path is None:
+            raise ApiError(404, f"no job {job_id!r}")
+        lines = log_tail(path, max(1, min(tail, 5000)))
+        if "text/event-stream" not in request.headers.get("accept", ""):
+            return PlainTextResponse("\n".join(lines) + ("\n" if lines else ""))
 
-    @app.post("/v1/jobs", status_code=202, dependencies=[Depends(operator)])
-    async def start_job(body: dict[str, Any]) -> dict[str, str]:
-        kind = body.get("kind")
-        raise ApiError(422, f"job kind {kind!r} is not available on this agent yet")
+        async def events() -> AsyncIterator[bytes]:
+            for line in lines:
+                yield b"data: " + line.encode() + b"\n\n"
+            offset = path.stat().st_size if path.exists() else 0
+            while True:
+                offset, new = await asyncio.to_thread(new_lines, path, offset)
+                for line in new:
+                    yield b"data: " + line.encode() + b"\n\n"
+                current = runner.job(job_id)
+                if current is None or current.state in FINAL:
+                    yield b"event: end\ndata: " + (current.state if current else "gone").encode()
+                    yield b"\n\n"
+                    return
+                await asyncio.sleep(0.25)
 
-    @app.delete("/v1/jobs/{job_id}", dependencies=[Depends(operator)])
-    async def cancel_job(job_id: str) -> Response:
-        raise ApiError(404, f"no job {job_id!r}")
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    @app.post("/v1/jobs", status_code=202, response_model=Job)
+    async def start_job(body: dict[str, Any], who: Principal = Depends(operator)) -> Any:
+        if runner is None:
+            raise ApiError(422, "this agent runs no jobs (started without a state directory)")
+        try:
+            return await runner.submit(body, who.name)
+        except JobRefused as exc:
+            return JSONResponse({"error": str(exc), **exc.extra}, status_code=exc.status)
+
+    @app.post("/v1/jobs/plan", dependencies=[Depends(viewer)])
+    async def plan_job(body: dict[str, Any]) -> Any:
+        """What `POST /v1/jobs` would run, with its preflight, starting nothing."""
+        if runner is None:
+            raise ApiError(422, "this agent runs no jobs (started without a state directory)")
+        try:
+            return await runner.plan(body)
+        except JobRefused as exc:
+            return JSONResponse({"error": str(exc), **exc.extra}, status_code=exc.status)
+
+    @app.delete("/v1/jobs/{job_id}", response_model=Job)
+    async def cancel_job(job_id: str, who: Principal = Depends(operator)) -> Job:
+        if runner is None:
+            raise ApiError(404, f"no job {job_id!r}")
+        try:
+            return await runner.cancel(job_id, who.name)
+        except JobRefused as exc:
+            raise ApiError(exc.status, str(exc)) from None
 
     return app

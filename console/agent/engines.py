@@ -42,6 +42,7 @@ class Tracked:
     discovered: bool = False
     windows: dict[str, ModelWindow] = field(default_factory=dict)
     gone_since: float | None = None
+    profile: str | None = None  # started by this agent from this launch profile
 
 
 class EngineTracker:
@@ -88,6 +89,29 @@ class EngineTracker:
                 entry.target.metrics_endpoint = proc.where.metrics_endpoint
             entry.gone_since = None
 
+    def manage(self, target: EngineTarget, process: EngineProcess, profile: str) -> None:
+        """Track an engine this agent started, from its first second (it shows as loading)."""
+        entry = self.tracked.get(target.id)
+        if entry is None:
+            entry = self.tracked[target.id] = Tracked(target, discovered=True)
+        entry.profile = profile
+        entry.process = process
+        entry.target.pid = process.pid
+        entry.gone_since = None
+
+    async def release(self, engine_id: str) -> None:
+        """An engine this agent stopped on purpose: a declared deployment stays (as down),
+        anything else leaves the list now."""
+        entry = self.tracked.get(engine_id)
+        if entry is None:
+            return
+        entry.profile = None
+        if not entry.deployment_ids:
+            del self.tracked[engine_id]
+            plugin = self.plugins.get(entry.target.kind)
+            if plugin is not None:
+                await plugin.forget(engine_id)
+
     def pids(self) -> dict[int, str]:
         return {e.process.pid: key for key, e in self.tracked.items() if e.process is not None}
 
@@ -133,6 +157,7 @@ class EngineTracker:
             discovered=entry.discovered,
             config=reading.config,
             probe_ms=round(probe_ms, 2),
+            profile=entry.profile,
         )
         for model in reading.models:
             window = entry.windows.get(model.name)

@@ -6,8 +6,7 @@ overrides; this module accepts an override only where the profile marks it overr
 the argv itself. Nothing here goes through a shell. A request outside the profile raises
 LaunchError with the key and the reason, and the agent answers 422 with it.
 
-Groundwork for the vLLM lifecycle (jobs `vllm.start` / `engine.restart`); the job runner
-that starts and supervises the process is not written yet.
+Used by the job runner (console.agent.jobs) for `vllm.start` and `engine.restart`.
 """
 
 from __future__ import annotations
@@ -114,6 +113,9 @@ def vllm_launch(profile: Profile, overrides: dict[str, Any] | None = None) -> La
     argv += ["--served-model-name", profile.served_model_name, "--port", str(port)]
     if tp > 1:
         argv += ["--tensor-parallel-size", str(tp)]
+    if "shutdown_timeout" not in args:
+        # SIGTERM drains in-flight requests for this long, inside the agent's stop grace.
+        args["shutdown_timeout"] = max(1, int(profile.stop_grace_s) - 5)
     for name, value in args.items():
         if value is False:
             continue

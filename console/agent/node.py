@@ -13,6 +13,7 @@ import asyncio
 import logging
 import socket
 import time
+from collections.abc import Callable
 from contextlib import suppress
 
 import aiohttp
@@ -25,7 +26,7 @@ from console.agent.host import HostSampler
 from console.agent.watched import Watched
 from console.core.config import Fleet
 from console.core.fetch import new_session
-from console.core.wire import Gpu, Host, NodeInfo, Snapshot
+from console.core.wire import Gpu, Host, Job, NodeInfo, Snapshot
 from plugins import load_plugins
 
 log = logging.getLogger(__name__)
@@ -59,6 +60,7 @@ class NodeAgent:
         self.cycles = 0
         self._json: tuple[Snapshot | None, bytes] = (None, b"")
         self._updated = asyncio.Event()  # set when a new snapshot lands, then replaced
+        self.jobs_view: Callable[[], list[Job]] | None = None  # the job runner's, if any
 
     async def cycle(self) -> Snapshot:
         wall0, cpu0 = time.perf_counter(), time.process_time()
@@ -93,6 +95,7 @@ class NodeAgent:
             cuda_driver_version=self.gpu.cuda_driver_version,
             gpus=gpus,
             engines=engines,
+            jobs=self.jobs_view() if self.jobs_view is not None else [],
         )
         snapshot.cycle = {
             "wall_ms": round((time.perf_counter() - wall0) * 1000, 3),
@@ -128,6 +131,11 @@ class NodeAgent:
     @nvml_deadline_s.setter
     def nvml_deadline_s(self, value: float) -> None:
         self._nvml.deadline_s = value
+
+    async def fresh_gpus(self) -> tuple[list[Gpu], str]:
+        """A new NVML read for a preflight (the snapshot may be an interval old)."""
+        gpus, status, _ = await self._sample_gpus()
+        return gpus, status
 
     async def _sample_gpus(self) -> tuple[list[Gpu], str, float | None]:
         if not self.gpu.available:

@@ -63,7 +63,9 @@ class AgentSection(_Strict):
     disk_paths: list[str] = Field(default_factory=list)  # model and engine directories
     viewer_token_env: EnvName = DEFAULT_VIEWER_ENV
     operator_token_env: EnvName = DEFAULT_OPERATOR_ENV
-    state_dir: str = "~/.local/state/engineroom"
+    state_dir: str = "~/.local/state/engineroom"  # jobs database, engine pid files and logs
+    engine_log_max_bytes: Annotated[int, Field(ge=4096)] = 16 * 1024 * 1024  # per file
+    engine_log_keep: Annotated[int, Field(ge=1, le=20)] = 3  # rotated files kept besides it
 
 
 class Node(_Strict):
@@ -135,6 +137,8 @@ class Profile(_Strict):
     env: dict[str, str] = Field(default_factory=dict)
     overridable: list[str] = Field(default_factory=list)
     allowed_args: list[str] = Field(default_factory=list)
+    ready_timeout_s: Seconds = 900.0  # process start to ready, or the start job fails
+    stop_grace_s: Seconds = 30.0  # SIGTERM to SIGKILL; vLLM drains for this less 5 s
 
 
 class Thresholds(_Strict):

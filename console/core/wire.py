@@ -132,12 +132,36 @@ class Engine(_Wire):
     models: list[ModelStats] = Field(default_factory=list)
     config: dict[str, Any] = Field(default_factory=dict)
     probe_ms: float | None = None
+    profile: str | None = None  # set when this agent started it from a launch profile
+
+
+JobState = Literal["queued", "running", "succeeded", "failed", "cancelled"]
+StepState = Literal["pending", "running", "succeeded", "failed", "skipped", "cancelled"]
+
+
+class JobStep(_Wire):
+    name: str  # preflight | spawn | load | stop | ...
+    state: StepState = "pending"
+    started: float | None = None  # wall clock
+    ended: float | None = None
+    detail: str | None = None
 
 
 class Job(_Wire):
+    """A long operation on the agent (DESIGN.md: jobs). `result` is kind-specific:
+    vllm.start records `argv`, `engine_id`, `cold_start` (seconds from process start to
+    each phase and to ready) and, on failure, `log_tail`."""
+
     id: str
-    kind: str
-    state: Literal["queued", "running", "succeeded", "failed", "cancelled"]
+    kind: str  # vllm.start | engine.stop | engine.restart
+    state: JobState
+    who: str | None = None  # the token's name, never the token
+    created: float | None = None
+    updated: float | None = None
+    params: dict[str, Any] = Field(default_factory=dict)
+    steps: list[JobStep] = Field(default_factory=list)
+    error: str | None = None
+    result: dict[str, Any] = Field(default_factory=dict)
 
 
 class Snapshot(_Wire):

@@ -31,6 +31,7 @@ from console.tui.screens.events import EventsScreen
 from console.tui.screens.fleet import FleetScreen
 from console.tui.screens.gpus import GpusScreen
 from console.tui.screens.help import HelpScreen
+from console.tui.screens.jobs import ConfirmScreen, JobScreen, JobsScreen, StartVllmScreen
 from console.tui.screens.model_detail import ModelDetailScreen
 from console.tui.screens.models import ModelsScreen
 from console.tui.screens.node import NodeScreen
@@ -42,6 +43,7 @@ VIEWS = {
     "gpus": GpusScreen,
     "models": ModelsScreen,
     "events": EventsScreen,
+    "jobs": JobsScreen,
 }
 
 
@@ -59,6 +61,7 @@ class EngineroomApp(App[int]):
         Binding("g", "goto('gpus')", "gpus", id="gpus"),
         Binding("m", "goto('models')", "models", id="models"),
         Binding("v", "goto('events')", "events", id="events"),
+        Binding("j", "goto('jobs')", "jobs", id="jobs"),
         Binding("q", "quit", "quit", id="quit"),
     ]
 
@@ -74,6 +77,7 @@ class EngineroomApp(App[int]):
         self.view: FleetView | None = None
         self.refresh_s = self.collector.refresh_s
         self.tick_ms: deque[tuple[float, float]] = deque(maxlen=300)  # (build, draw)
+        self.roles: dict[str, str] = {}  # node -> the role its token has on the agent
 
     async def on_mount(self) -> None:
         tune_gc()
@@ -86,6 +90,8 @@ class EngineroomApp(App[int]):
             asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, self.exit)
         self.tick()
         await self.push_screen(FleetScreen())
+        if not self.read_only:
+            self.run_worker(self._learn_roles(), group="roles")
         self.set_interval(self.refresh_s, self.tick)
 
     async def on_unmount(self) -> None:
@@ -123,6 +129,104 @@ class EngineroomApp(App[int]):
 
     def open_engine(self, node: str, engine_id: str) -> None:
         self._open(EngineScreen(node, engine_id))
+
+    def open_job(self, node: str, job_id: str) -> None:
+        self._open(JobScreen(node, job_id))
+
+    # acting: every action names its target and asks first
+    async def _learn_roles(self) -> None:
+        """Ask each agent what our token may do, so viewer tokens disable actions up front."""
+        from console.collect.actions import ActionError, AgentActions
+
+        async def one(node: str) -> None:
+            try:
+                actions = AgentActions(self.fleet, node, timeout=3.0)
+            except Exception:
+                return
+            try:
+                self.roles[node] = str((await actions.whoami()).get("role"))
+            except ActionError:
+                pass
+            finally:
+                await actions.close()
+
+        await asyncio.gather(*(one(n.name) for n in self.fleet.nodes if n.agent))
+
+    def action_blocked(self, node: str) -> str | None:
+        """Why nothing may be started or stopped on `node` from here; None if it may."""
+        if self.read_only:
+            return "read-only console: starting and stopping engines is disabled"
+        declared = next((n for n in self.fleet.nodes if n.name == node), None)
+        if declared is None:
+            return f"no node named {node!r}"
+        if declared.agent is None:
+            return f"{node} is read over SSH: starting and stopping engines needs its agent"
+        if self.roles.get(node) == "viewer":
+            return f"the token for {node} is a viewer token: actions need an operator token"
+        return None
+
+    def start_vllm(self, node: str | None = None, model: str | None = None) -> None:
+        choices = [
+            (p.node, name)
+            for name, p in self.fleet.profiles.items()
+            if p.engine == "vllm"
+            and (node is None or p.node == node)
+            and (model is None or p.served_model_name == model)
+        ]
+        blocked = [c for c in choices if self.action_blocked(c[0])]
+        if not choices:
+            where = " ".join(
+                x for x in (f"for {model}" if model else "", f"on {node}" if node else "") if x
+            )
+            self.notify(
+                f"no vLLM launch profile {where}: declare [profiles.NAME] in fleet.toml",
+                severity="warning",
+            )
+            return
+        if len(blocked) == len(choices):
+            self.notify(str(self.action_blocked(blocked[0][0])), severity="warning")
+            return
+        choices = [c for c in choices if c not in blocked]
+
+        def started(result: tuple[str, str] | None) -> None:
+            if result is not None:
+                self.open_job(*result)
+
+        self.push_screen(StartVllmScreen(choices, model), started)
+
+    def stop_engine(self, node: str, engine_id: str, restart: bool = False) -> None:
+        reason = self.action_blocked(node)
+        if reason:
+            self.notify(reason, severity="warning")
+            return
+        verb = "Restart" if restart else "Stop"
+        body = (
+            f"{verb} engine {engine_id} on node {node}.\n\n"
+            "SIGTERM first: in-flight requests drain within the profile's stop grace, then "
+            "SIGKILL." + ("\nThen it starts again from the same profile." if restart else "")
+        )
+
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self.run_worker(self._stop(node, engine_id, restart), group="act")
+
+        self.push_screen(
+            ConfirmScreen(f"{verb} {engine_id} on {node}?", body, f"{verb.lower()} {engine_id}"),
+            answered,
+        )
+
+    async def _stop(self, node: str, engine_id: str, restart: bool) -> None:
+        from console.collect.actions import ActionError, AgentActions
+
+        actions = AgentActions(self.fleet, node)
+        try:
+            job = await actions.stop(engine_id, restart)
+        except ActionError as exc:
+            self.notify(str(exc), title="refused", severity="error", timeout=15)
+            return
+        finally:
+            await actions.close()
+        self.open_job(node, job.id)
 
     def action_goto(self, view: str) -> None:
         target = VIEWS[view]
@@ -217,6 +321,11 @@ class EngineroomApp(App[int]):
             self.open_node(arg)
         elif word == "model" and arg:
             self.open_model(arg)
+        elif word == "job" and "/" in arg:
+            node, _, job_id = arg.partition("/")
+            self.open_job(node, job_id)
+        elif word == "start":
+            self.start_vllm(model=arg or None)
         elif word == "engine" and "/" in arg:
             node, _, engine = arg.partition("/")
             self.open_engine(node, engine)
@@ -227,7 +336,7 @@ class EngineroomApp(App[int]):
         elif word:
             self.notify(
                 f"unknown command {text!r}: try :nodes :gpus :models :model NAME "
-                ":node NAME :engine NODE/ID :events",
+                ":node NAME :engine NODE/ID :events :jobs :start [MODEL]",
                 severity="error",
             )
 
@@ -238,6 +347,7 @@ class EngineroomApp(App[int]):
             ("gpus", "GPUs: every GPU of the fleet"),
             ("models", "Models: deployments across engines side by side"),
             ("events", "Events: alerts raised and cleared"),
+            ("jobs", "Jobs: starts, stops and restarts on every agent"),
         ):
             yield SystemCommand(f"View {name}", what, lambda n=name: self.action_goto(n))
         for node in self.collector.states:
@@ -251,6 +361,10 @@ class EngineroomApp(App[int]):
         yield SystemCommand(
             "Filter the table", "/ then text or util>80 engine=triton", self.action_filter
         )
+        if not self.read_only and self.fleet.profiles:
+            yield SystemCommand(
+                "Start vLLM", "from a launch profile, with preflight", self.start_vllm
+            )
         yield SystemCommand("Keys", "every key and command", self.action_help)
 
 

@@ -122,7 +122,10 @@ def model_head(name: str, model: Model, breach: bool, error_limit: float) -> tup
 
 class ModelsScreen(ViewScreen):
     where = "Models"
-    BINDINGS = [Binding("e", "engine", "engine detail", id="engine_detail")]
+    BINDINGS = [
+        Binding("e", "engine", "engine detail", id="engine_detail"),
+        Binding("s", "start_vllm", "start vLLM", id="start_vllm"),
+    ]
 
     def compose_body(self) -> ComposeResult:
         yield FleetTable(COLUMNS, id="models")
@@ -154,6 +157,17 @@ class ModelsScreen(ViewScreen):
         row = self.query_one(FleetTable).rows_by_key.get(str(event.row_key.value))
         if row is not None:
             self.console.open_model(str(row.fields["model"]))
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "start_vllm" and (self.console.read_only or not self.console.fleet.profiles):
+            return None
+        return True
+
+    def action_start_vllm(self) -> None:
+        """Start vLLM for the selected model (a standby before a failover, say)."""
+        row = self.query_one(FleetTable).selected()
+        model = str(row.fields["model"]) if row is not None and "model" in row.fields else None
+        self.console.start_vllm(model=model)
 
     def action_engine(self) -> None:
         row = self.query_one(FleetTable).selected()

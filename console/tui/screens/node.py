@@ -5,6 +5,7 @@ from __future__ import annotations
 from rich.text import Text
 from textual import on
 from textual.app import ComposeResult
+from textual.binding import Binding
 from textual.widgets import DataTable, Static
 
 from console.collect.history import Series
@@ -35,7 +36,16 @@ ENGINE_COLUMNS = [
 ]
 
 
+ACTIONS = ("start_vllm", "stop_engine", "restart_engine")
+
+
 class NodeScreen(ViewScreen):
+    BINDINGS = [
+        Binding("s", "start_vllm", "start vLLM", id="start_vllm"),
+        Binding("x", "stop_engine", "stop engine", id="stop_engine"),
+        Binding("r", "restart_engine", "restart engine", id="restart_engine"),
+    ]
+
     def __init__(self, node: str) -> None:
         super().__init__()
         self.node = node
@@ -80,6 +90,13 @@ class NodeScreen(ViewScreen):
             t.append(f"  {engine_summary(snap.engines)}")
             if snap.gpu_status != "ok":
                 t.append(f"\nGPUs: {snap.gpu_status}", style="yellow")
+            running = [j for j in snap.jobs if j.state in ("queued", "running")]
+            if running:
+                t.append(f"\njobs running: {', '.join(f'{j.kind} {j.id}' for j in running)}")
+                t.append("  (j: jobs)", style="dim")
+        blocked = self.console.action_blocked(self.node)
+        if blocked:
+            t.append(f"\nactions disabled: {blocked}", style="dim yellow")
         info.update(t)
         self._draw_gpus(snap)
         self._draw_engines(snap)
@@ -144,7 +161,11 @@ class NodeScreen(ViewScreen):
                     Text(e.version or "?"),
                     fmt.status(e.state),
                     Text(", ".join(m.name for m in e.models) or "-"),
-                    Text(e.reason or "", style="yellow" if e.reason else ""),
+                    Text(e.reason or "", style="yellow")
+                    if e.reason
+                    else Text(
+                        f"started from profile {e.profile}" if e.profile else "", style="dim"
+                    ),
                 )
                 rows.append(Row(e.id, cells, {"engine": e.kind, "state": e.state}, e.id))
         if not rows:
@@ -159,6 +180,31 @@ class NodeScreen(ViewScreen):
                 )
             )
         self.query_one("#node-engines", FleetTable).show(rows)
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action in ACTIONS and self.console.action_blocked(self.node):
+            return None  # shown, dimmed: the info line says why
+        return True
+
+    def action_start_vllm(self) -> None:
+        self.console.start_vllm(node=self.node)
+
+    def _selected_engine(self) -> str | None:
+        row = self.query_one("#node-engines", FleetTable).selected()
+        if row is None or row.key == "-":
+            self.notify("select an engine in the engines table first", severity="warning")
+            return None
+        return row.key
+
+    def action_stop_engine(self) -> None:
+        engine = self._selected_engine()
+        if engine is not None:
+            self.console.stop_engine(self.node, engine)
+
+    def action_restart_engine(self) -> None:
+        engine = self._selected_engine()
+        if engine is not None:
+            self.console.stop_engine(self.node, engine, restart=True)
 
     @on(DataTable.RowSelected, "#node-engines")
     def _open_engine(self, event: DataTable.RowSelected) -> None:

@@ -1,0 +1,278 @@
+"""Engines the agent started: spawned in sessions of their own, found again after a restart.
+
+Each managed engine has a directory under `STATE_DIR/NODE/engines/ENGINE_ID/`:
+
+    engine.json   what was started, by which job, and the session leader's pid
+    status.json   written by the log capper: the engine's pid, then its exit code
+    engine.log    the engine's output, capped and rotated (engine.log.1, ...)
+
+The session leader is the log capper (console.agent.logcap), which runs the engine. It
+is not a child of the agent's process group, so stopping or upgrading the agent leaves
+the engine running; a new agent reads engine.json, checks the pid still belongs to the
+same process (start time), and adopts it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from console.agent.launch import Launch
+
+POLL_S = 0.1
+
+
+@dataclass(slots=True)
+class Managed:
+    engine_id: str
+    kind: str
+    profile: str
+    overrides: dict[str, Any]
+    endpoint: str
+    served_model_name: str
+    argv: list[str]
+    pgid: int  # the log capper: session and process-group leader
+    leader_created: float  # its start time, so a reused pid is not mistaken for it
+    job_id: str
+    started: float  # wall clock
+    dir: Path
+    log_offset: int = 0  # where this run's output starts in engine.log
+    # Set when this agent spawned it (reaps the leader); None for an adopted engine.
+    process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+
+    @property
+    def log_path(self) -> Path:
+        return self.dir / "engine.log"
+
+    @property
+    def status_path(self) -> Path:
+        return self.dir / "status.json"
+
+    def status(self) -> dict[str, Any]:
+        try:
+            data = json.loads(self.status_path.read_text())
+        except (OSError, ValueError):
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    def engine_pid(self) -> int | None:
+        pid = self.status().get("engine_pid")
+        return pid if isinstance(pid, int) else None
+
+    def exit_code(self) -> int | None:
+        code = self.status().get("exit_code")
+        return code if isinstance(code, int) else None
+
+    def alive(self) -> bool:
+        """True while any process of the engine's group runs (the leader is reaped here)."""
+        if self.process is not None:
+            self.process.poll()
+        if _leader_alive(self.pgid, self.leader_created):
+            return True
+        return bool(group_pids(self.pgid))
+
+    def to_json(self) -> dict[str, Any]:
+        data = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "process"}
+        data["dir"] = str(self.dir)
+        return data
+
+
+def _leader_alive(pid: int, created: float) -> bool:
+    try:
+        proc = psutil.Process(pid)
+        return abs(proc.create_time() - created) < 0.01 and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def group_pids(pgid: int) -> list[int]:
+    """Live (non-zombie) members of a process group."""
+    pids = []
+    for proc in psutil.process_iter(["pid", "status"]):
+        with contextlib.suppress(psutil.Error, OSError):
+            if proc.info["status"] != psutil.STATUS_ZOMBIE and os.getpgid(proc.pid) == pgid:
+                pids.append(proc.pid)
+    return pids
+
+
+def log_tail(path: Path, lines: int = 30, max_bytes: int = 64 * 1024) -> list[str]:
+    """The last `lines` lines of a log (reads only its end)."""
+    try:
+        with path.open("rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - max_bytes))
+            data = f.read()
+    except OSError:
+        return []
+    text = data.decode(errors="replace").splitlines()
+    if size > max_bytes and text:
+        text = text[1:]  # the first line was cut by the seek
+    return text[-lines:]
+
+
+class Supervisor:
+    def __init__(self, root: Path, log_max_bytes: int, log_keep: int) -> None:
+        self.root = root / "engines"
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.log_max_bytes = log_max_bytes
+        self.log_keep = log_keep
+        self.engines: dict[str, Managed] = {}
+
+    def spawn(
+        self,
+        engine_id: str,
+        kind: str,
+        profile: str,
+        overrides: dict[str, Any],
+        launch: Launch,
+        endpoint: str,
+        served_model_name: str,
+        job_id: str,
+    ) -> Managed:
+        """Start `launch.argv` under the log capper, in a new session. Never via a shell."""
+        where = self.root / engine_id
+        where.mkdir(parents=True, exist_ok=True)
+        for stale in ("status.json", "status.tmp"):
+            (where / stale).unlink(missing_ok=True)
+        capper = [
+            sys.executable,
+            "-m",
+            "console.agent.logcap",
+            "--max-bytes",
+            str(self.log_max_bytes),
+            "--keep",
+            str(self.log_keep),
+            "--log",
+            str(where / "engine.log"),
+            "--status",
+            str(where / "status.json"),
+            "--",
+            *launch.argv,
+        ]
+        env = {**os.environ, **launch.env}
+        with (where / "engine.log").open("ab") as log:
+            log.write(f"--- engineroom job {job_id}: starting {engine_id} ---\n".encode())
+            log_offset = log.tell()
+        with (where / "logcap.err").open("ab") as errors:
+            process = subprocess.Popen(
+                capper,
+                env=env,
+                cwd=where,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=errors,
+                start_new_session=True,  # outlives the agent; one signal reaches all of it
+                close_fds=True,
+            )
+        try:
+            managed = self._record(
+                engine_id,
+                kind,
+                profile,
+                overrides,
+                launch,
+                endpoint,
+                served_model_name,
+                job_id,
+                where,
+                log_offset,
+                process,
+            )
+        except BaseException:
+            signal_group(process.pid, signal.SIGKILL)  # no engine without its record
+            process.wait()
+            raise
+        self.engines[engine_id] = managed
+        return managed
+
+    def _record(
+        self,
+        engine_id: str,
+        kind: str,
+        profile: str,
+        overrides: dict[str, Any],
+        launch: Launch,
+        endpoint: str,
+        served_model_name: str,
+        job_id: str,
+        where: Path,
+        log_offset: int,
+        process: subprocess.Popen[bytes],
+    ) -> Managed:
+        managed = Managed(
+            engine_id=engine_id,
+            kind=kind,
+            profile=profile,
+            overrides=overrides,
+            endpoint=endpoint,
+            served_model_name=served_model_name,
+            argv=list(launch.argv),
+            pgid=process.pid,
+            leader_created=psutil.Process(process.pid).create_time(),
+            job_id=job_id,
+            started=time.time(),
+            dir=where,
+            log_offset=log_offset,
+            process=process,
+        )
+        _write_json(where / "engine.json", managed.to_json())
+        return managed
+
+    def adopt(self) -> tuple[list[Managed], list[tuple[str, dict[str, Any]]]]:
+        """Read the engine records a previous agent left: (still running, gone with status)."""
+        running: list[Managed] = []
+        gone: list[tuple[str, dict[str, Any]]] = []
+        for record in sorted(self.root.glob("*/engine.json")):
+            try:
+                data = json.loads(record.read_text())
+                managed = Managed(**{**data, "dir": Path(data["dir"])})
+            except (OSError, ValueError, TypeError, KeyError):
+                continue
+            if managed.alive():
+                self.engines[managed.engine_id] = managed
+                running.append(managed)
+            else:
+                gone.append((managed.engine_id, {**managed.status(), "job_id": managed.job_id}))
+                record.unlink(missing_ok=True)
+        return running, gone
+
+    def forget(self, engine_id: str) -> None:
+        managed = self.engines.pop(engine_id, None)
+        if managed is not None:
+            (managed.dir / "engine.json").unlink(missing_ok=True)
+
+    async def stop(self, managed: Managed, grace_s: float) -> str:
+        """SIGTERM the engine's group; SIGKILL what is left after `grace_s`. Says how it ended."""
+        started = time.monotonic()
+        signal_group(managed.pgid, signal.SIGTERM)
+        while time.monotonic() - started < grace_s:
+            if not managed.alive():
+                return f"exited {time.monotonic() - started:.1f} s after SIGTERM"
+            await asyncio.sleep(POLL_S)
+        signal_group(managed.pgid, signal.SIGKILL)
+        while managed.alive() and time.monotonic() - started < grace_s + 10:
+            await asyncio.sleep(POLL_S)
+        return f"did not exit within {grace_s:g} s of SIGTERM: killed (SIGKILL)"
+
+
+def signal_group(pgid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    os.replace(tmp, path)

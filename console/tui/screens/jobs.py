@@ -1,0 +1,468 @@
+"""Jobs: start a vLLM server from a launch profile, stop or restart an engine, and watch
+each job live (steps, cold-start phases, the engine's log, time so far).
+
+Nothing here acts without a confirmation that names the node and the target. The agent
+decides what may run; the form shows the exact argv it will run and its preflight.
+"""
+
+from __future__ import annotations
+
+import shlex
+import time
+from typing import Any
+
+from rich.text import Text
+from textual import on, work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import Button, DataTable, Input, Label, Select, Static
+
+from console.collect.actions import ActionError, AgentActions
+from console.collect.view import FleetView
+from console.core.wire import Job
+from console.tui import format as fmt
+from console.tui.screens.base import ViewScreen
+from console.tui.widgets.table import FleetTable, Row
+
+STATE_STYLE = {
+    "queued": "cyan",
+    "running": "bold cyan",
+    "succeeded": "green",
+    "failed": "bold red",
+    "cancelled": "yellow",
+    "skipped": "dim",
+    "pending": "dim",
+}
+
+
+def job_target(job: Job) -> str:
+    return str(job.params.get("profile") or job.params.get("engine") or "")
+
+
+def took(job: Job) -> str:
+    if job.created is None:
+        return "?"
+    end = time.time() if job.state in ("queued", "running") else (job.updated or time.time())
+    return fmt.seconds(max(0.0, end - job.created))
+
+
+class ConfirmScreen(ModalScreen[bool]):
+    """A yes/no question that names its target; `y` confirms, `n` or Esc cancels."""
+
+    BINDINGS = [
+        Binding("y", "answer(True)", "yes"),
+        Binding("n,escape", "answer(False)", "no"),
+    ]
+    DEFAULT_CSS = """
+    ConfirmScreen { align: center middle; }
+    ConfirmScreen > Vertical { width: 80%; max-width: 90; height: auto;
+                               border: thick $warning; background: $surface; padding: 1 2; }
+    ConfirmScreen Horizontal { height: auto; margin-top: 1; }
+    ConfirmScreen Button { margin-right: 2; }
+    """
+
+    def __init__(self, title: str, body: str, yes: str) -> None:
+        super().__init__()
+        self.title_text, self.body, self.yes = title, body, yes
+
+    def compose(self) -> ComposeResult:
+        with Vertical():
+            yield Label(Text(self.title_text, style="bold"))
+            yield Static(self.body)
+            with Horizontal():
+                yield Button(f"[y] {self.yes}", id="yes", variant="warning")
+                yield Button("[n] cancel", id="no")
+
+    def action_answer(self, answer: bool) -> None:
+        self.dismiss(answer)
+
+    @on(Button.Pressed)
+    def _pressed(self, event: Button.Pressed) -> None:
+        self.dismiss(event.button.id == "yes")
+
+
+class StartVllmScreen(ModalScreen[tuple[str, str] | None]):
+    """The Start vLLM form: node, profile, overrides; the exact argv and the preflight.
+
+    Dismisses with (node, job id) once the agent accepted the job.
+    """
+
+    BINDINGS = [
+        Binding("escape", "close", "cancel"),
+        Binding("ctrl+s", "start", "start"),
+    ]
+    DEFAULT_CSS = """
+    StartVllmScreen { align: center middle; }
+    StartVllmScreen > VerticalScroll { width: 94%; height: 92%; border: round $accent;
+                                       background: $surface; padding: 0 1; }
+    StartVllmScreen Input { width: 40; }
+    StartVllmScreen .override { height: auto; }
+    StartVllmScreen .override Label { width: 30; padding: 1 1 0 0; }
+    StartVllmScreen #plan { margin-top: 1; }
+    StartVllmScreen #buttons { height: auto; margin-top: 1; }
+    StartVllmScreen Button { margin-right: 2; }
+    """
+
+    def __init__(self, choices: list[tuple[str, str]], model: str | None = None) -> None:
+        """`choices`: (node, profile) pairs an operator may start here."""
+        super().__init__()
+        self.choices = choices
+        self.model = model
+        self.plan: dict[str, Any] | None = None
+
+    @property
+    def console(self) -> Any:
+        return self.app
+
+    def compose(self) -> ComposeResult:
+        fleet = self.console.fleet
+        title = "Start vLLM" + (f" for {self.model}" if self.model else "")
+        with VerticalScroll():
+            yield Label(Text(title, style="bold"))
+            yield Select(
+                [
+                    (f"{p}  on {n}  ({fleet.profiles[p].served_model_name})", (n, p))
+                    for n, p in self.choices
+                ],
+                value=self.choices[0],
+                allow_blank=False,
+                id="profile",
+            )
+            yield Vertical(id="overrides")
+            yield Static(id="plan")
+            with Horizontal(id="buttons"):
+                yield Button("Start (ctrl+s)", id="start", variant="warning", disabled=True)
+                yield Button("Cancel (esc)", id="cancel")
+
+    async def on_mount(self) -> None:
+        await self._show_overrides()
+        self.refresh_plan()
+
+    @property
+    def selected(self) -> tuple[str, str]:
+        value = self.query_one("#profile", Select).value
+        return value if isinstance(value, tuple) else self.choices[0]
+
+    async def _show_overrides(self) -> None:
+        box = self.query_one("#overrides", Vertical)
+        await box.remove_children()
+        _, name = self.selected
+        profile = self.console.fleet.profiles[name]
+        keys = [*profile.overridable, *(f"args.{a}" for a in profile.allowed_args)]
+        rows: list[Horizontal | Static] = []
+        for key in keys:
+            current = _current(profile, key)
+            rows.append(
+                Horizontal(
+                    Label(key),
+                    Input(placeholder=current, id=f"o-{key.replace('.', '--')}"),
+                    classes="override",
+                )
+            )
+        if not rows:
+            rows.append(Static(Text("this profile allows no overrides", style="dim")))
+        await box.mount_all(rows)
+
+    def overrides(self) -> dict[str, Any]:
+        import json
+
+        out: dict[str, Any] = {}
+        for field in self.query(Input):
+            raw = field.value.strip()
+            if not raw or field.id is None:
+                continue
+            key = field.id.removeprefix("o-").replace("--", ".")
+            try:
+                out[key] = json.loads(raw)
+            except ValueError:
+                out[key] = raw
+        return out
+
+    @on(Select.Changed, "#profile")
+    async def _profile_changed(self) -> None:
+        await self._show_overrides()
+        self.refresh_plan()
+
+    @on(Input.Changed)
+    def _override_changed(self) -> None:
+        self.refresh_plan()
+
+    @work(exclusive=True, group="plan")
+    async def refresh_plan(self) -> None:
+        node, name = self.selected
+        out = self.query_one("#plan", Static)
+        start = self.query_one("#start", Button)
+        start.disabled = True
+        self.plan = None
+        out.update(Text("asking the agent for the plan ...", style="dim"))
+        actions = AgentActions(self.console.fleet, node)
+        try:
+            plan = await actions.plan(name, self.overrides())
+        except ActionError as exc:
+            out.update(Text(f"refused: {exc}", style="bold red"))
+            return
+        finally:
+            await actions.close()
+        self.plan = plan
+        t = Text()
+        t.append(f"node {node}  engine {plan['engine_id']}  {plan['endpoint']}\n", style="bold")
+        t.append("the agent will run (argv, no shell):\n", style="dim")
+        t.append("  " + shlex.join(plan["argv"]) + "\n")
+        if plan.get("env"):
+            env = " ".join(f"{k}={v}" for k, v in plan["env"].items())
+            t.append(f"  env: {env}\n")
+        t.append("preflight\n", style="dim")
+        for check in plan["checks"]:
+            mark = ("  ok   ", "green") if check["ok"] else ("  FAIL ", "bold red")
+            t.append(mark[0], style=mark[1])
+            t.append(f"{check['name']:<7} {check['detail']}\n")
+        out.update(t)
+        start.disabled = not plan["ok"]
+        start.label = f"Start {name} on {node} (ctrl+s)"
+
+    def action_close(self) -> None:
+        self.dismiss(None)
+
+    @on(Button.Pressed, "#cancel")
+    def _cancel(self) -> None:
+        self.dismiss(None)
+
+    @on(Button.Pressed, "#start")
+    def _start_pressed(self) -> None:
+        self.action_start()
+
+    def action_start(self) -> None:
+        plan = self.plan
+        if plan is None or not plan["ok"]:
+            self.notify("the preflight has not passed", severity="warning")
+            return
+        node, name = self.selected
+        overrides = self.overrides()
+        body = (
+            f"Start vLLM profile {name} on node {node} as engine {plan['engine_id']}.\n\n"
+            f"{shlex.join(plan['argv'])}"
+        )
+
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self._submit(node, name, overrides)
+
+        self.app.push_screen(
+            ConfirmScreen(f"Start {name} on {node}?", body, f"start on {node}"), answered
+        )
+
+    @work(exclusive=True, group="start")
+    async def _submit(self, node: str, name: str, overrides: dict[str, Any]) -> None:
+        actions = AgentActions(self.console.fleet, node)
+        try:
+            job = await actions.start(name, overrides)
+        except ActionError as exc:
+            self.notify(str(exc), title="start refused", severity="error", timeout=15)
+            self.refresh_plan()
+            return
+        finally:
+            await actions.close()
+        self.dismiss((node, job.id))
+
+
+def _current(profile: Any, key: str) -> str:
+    if key.startswith("args."):
+        value = profile.args.get(key[5:])
+        return "(not set)" if value is None else str(value)
+    return str(getattr(profile, key, ""))
+
+
+class JobScreen(ViewScreen):
+    """One job, live: steps with durations, cold-start phases, the engine's log tail."""
+
+    BINDINGS = [Binding("c", "cancel_job", "cancel job", id="cancel_job")]
+
+    def __init__(self, node: str, job_id: str) -> None:
+        super().__init__()
+        self.node, self.job_id = node, job_id
+        self.where = f"Job {job_id} on {node}"
+        self.job: Job | None = None
+        self.log_lines: list[str] = []
+
+    def compose_body(self) -> ComposeResult:
+        yield Static(id="job-info")
+        yield FleetTable([("STEP", 10), ("STATE", 10), ("TOOK", 7), ("DETAIL", None)], id="steps")
+        yield Static(Text("engine log", style="bold"), id="log-title")
+        with VerticalScroll(id="job-log"):
+            yield Static(id="log")
+
+    def on_mount(self) -> None:
+        super().on_mount()
+        self.fetch()
+        self.set_interval(1.0, self.fetch)
+
+    @work(exclusive=True, group="job")
+    async def fetch(self) -> None:
+        """The job and its log tail from the agent (the snapshot lags by an interval)."""
+        ended = self.job is not None and self.job.state not in ("queued", "running")
+        if ended and self.log_lines:
+            return  # an ended job does not change
+        actions = AgentActions(self.console.fleet, self.node)
+        try:
+            self.job = await actions.job(self.job_id)
+            self.log_lines = await actions.log(self.job_id, tail=40)
+        except ActionError as exc:
+            self.query_one("#job-info", Static).update(Text(str(exc), style="red"))
+            return
+        finally:
+            await actions.close()
+        self._draw_job()
+
+    def draw(self, view: FleetView) -> None:
+        self._draw_job()
+
+    def _draw_job(self) -> None:
+        job = self.job
+        info = self.query_one("#job-info", Static)
+        if job is None:
+            info.update(Text("asking the agent ...", style="dim"))
+            return
+        t = Text()
+        t.append(f"{job.kind} ", style="bold")
+        t.append(f"{job_target(job)} on {self.node}  ")
+        t.append(job.state.upper(), style=STATE_STYLE.get(job.state, ""))
+        t.append(f"  {took(job)}  by {job.who}")
+        engine = job.result.get("engine_id")
+        if engine:
+            t.append(f"  engine {engine}")
+        if job.error:
+            t.append(f"\n{job.error}", style="bold red")
+        cold = job.result.get("cold_start")
+        if isinstance(cold, dict):
+            t.append("\ncold start  ")
+            for phase, at in cold.get("phases", {}).items():
+                t.append(f"{phase} ")
+                t.append("?" if at is None else f"{at:.1f}s", style="dim" if at is None else "")
+                t.append("  ")
+        if job.result.get("argv"):
+            t.append("\n" + shlex.join(job.result["argv"]), style="dim")
+        info.update(t)
+        rows = []
+        for step in job.steps:
+            duration = (
+                fmt.seconds((step.ended or time.time()) - step.started) if step.started else "-"
+            )
+            rows.append(
+                Row(
+                    step.name,
+                    (
+                        Text(step.name, style="bold"),
+                        Text(step.state, style=STATE_STYLE.get(step.state, "")),
+                        Text(duration),
+                        Text(step.detail or "", overflow="fold"),
+                    ),
+                )
+            )
+        self.query_one("#steps", FleetTable).show(rows)
+        lines = self.log_lines or job.result.get("log_tail", [])
+        self.query_one("#log", Static).update(
+            Text("\n".join(lines[-40:]) or "(no output yet)", style="" if lines else "dim")
+        )
+
+    def action_cancel_job(self) -> None:
+        reason = self.console.action_blocked(self.node)
+        if reason:
+            self.notify(reason, severity="warning")
+            return
+        if self.job is None or self.job.state not in ("queued", "running"):
+            self.notify("this job has ended", severity="warning")
+            return
+
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self._cancel()
+
+        self.app.push_screen(
+            ConfirmScreen(
+                f"Cancel job {self.job_id} on {self.node}?",
+                f"{self.job.kind} {job_target(self.job)}: a start being cancelled stops the "
+                "engine it started.",
+                "cancel the job",
+            ),
+            answered,
+        )
+
+    @work(group="cancel")
+    async def _cancel(self) -> None:
+        actions = AgentActions(self.console.fleet, self.node)
+        try:
+            await actions.cancel(self.job_id)
+        except ActionError as exc:
+            self.notify(str(exc), severity="error")
+        finally:
+            await actions.close()
+        self.fetch()
+
+
+class JobsScreen(ViewScreen):
+    """Every agent's recent jobs, newest first, from the snapshots."""
+
+    where = "Jobs"
+    COLUMNS = [
+        ("NODE", 12),
+        ("JOB", 13),
+        ("KIND", 15),
+        ("TARGET", 18),
+        ("STATE", 10),
+        ("TOOK", 7),
+        ("BY", 8),
+        ("STEP / RESULT", None),
+    ]
+
+    def compose_body(self) -> ComposeResult:
+        yield FleetTable(self.COLUMNS, id="jobs")
+
+    def draw(self, view: FleetView) -> None:
+        rows: list[Row] = []
+        found: list[tuple[str, Job]] = []
+        for node, state in self.console.collector.states.items():
+            if state.snapshot is not None:
+                found += [(node, j) for j in state.snapshot.jobs]
+        found.sort(key=lambda nj: nj[1].created or 0, reverse=True)
+        for node, job in found:
+            current = next((s for s in job.steps if s.state == "running"), None)
+            if job.error:
+                note = Text(job.error, style="red")
+            elif current is not None:
+                note = Text(f"{current.name}: {current.detail or ''}")
+            else:
+                cold = job.result.get("cold_start", {}).get("total_s")
+                note = Text(f"cold start {cold:.1f} s" if cold else "")
+            cells = (
+                Text(node),
+                Text(job.id, style="bold"),
+                Text(job.kind),
+                Text(job_target(job)),
+                Text(job.state, style=STATE_STYLE.get(job.state, "")),
+                Text(took(job)),
+                Text(job.who or "?"),
+                note,
+            )
+            fields = {"node": node, "kind": job.kind, "state": job.state}
+            rows.append(Row(f"{node}/{job.id}", cells, fields, f"{node} {job.kind} {job.id}"))
+        if not rows:
+            rows.append(
+                Row(
+                    "-",
+                    (
+                        Text("none", style="dim"),
+                        *[Text("")] * (len(self.COLUMNS) - 2),
+                        Text("no job in the last 10 minutes: s on a Node starts vLLM", style="dim"),
+                    ),
+                )
+            )
+        self.query_one(FleetTable).show(rows, self.filter)
+
+    @on(DataTable.RowSelected, "#jobs")
+    def _open(self, event: DataTable.RowSelected) -> None:
+        key = str(event.row_key.value)
+        if "/" in key:
+            node, _, job_id = key.partition("/")
+            self.console.open_job(node, job_id)
