@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import OPERATOR, VIEWER, Agent
+from tests.conftest import OPERATOR, VIEWER, Agent, agent_env, run_cli
 from tests.engines.servers import free_port, stop, vllm_python, wait_until
 
 FLEET = """
@@ -355,3 +355,60 @@ def test_an_engine_that_crashes_during_load_fails_its_job_with_the_log(
     assert [s["state"] for s in job["steps"]] == ["succeeded", "succeeded", "failed"]
     assert any("safetensors" in line or "Error" in line for line in job["result"]["log_tail"])
     assert engine_records(state) == []
+
+
+# ---------------------------------------------------------------------------------------------
+# The CLI
+
+
+def test_cli_start_wait_follows_the_job_and_exits_non_zero_when_it_fails(
+    agent_factory, state, model_dir
+):
+    # This python has no vLLM: the engine exits at once, a real crash with a real log.
+    port = free_port()
+    agent = agent_factory(fleet_text(state, model_dir, port, Path(sys.executable)))
+    console_fleet = state.parent / "console.toml"
+    console_fleet.write_text(
+        agent.fleet.read_text().replace(
+            'agent = "http://127.0.0.1:9410"', f'agent = "{agent.url}"\ntoken_env = "T_OP"'
+        )
+    )
+    env = {**agent_env(), "T_OP": OPERATOR_TOKEN}
+    fleet = ["--fleet", str(console_fleet)]
+
+    result = run_cli(
+        "vllm", "start", *fleet, "--node", "local", "--profile", "tiny", "--wait", env=env
+    )
+    assert result.returncode == 1, result.stderr
+    assert "preflight  succeeded" in result.stdout and "load       failed" in result.stdout
+    assert ": failed after" in result.stdout and "exited with code 1" in result.stdout
+    assert "No module named 'vllm'" in result.stdout  # the log tail
+
+    refused = run_cli(
+        "vllm",
+        "start",
+        *fleet,
+        "--node",
+        "local",
+        "--profile",
+        "tiny",
+        "--set",
+        "args.trust_remote_code=true",
+        env=env,
+    )
+    assert refused.returncode == 1
+    assert "args.trust_remote_code: the profile does not allow overriding it" in refused.stderr
+
+    listed = run_cli("jobs", *fleet, "--node", "local", "--json", env=env)
+    assert listed.returncode == 0, listed.stderr
+    (job,) = json.loads(listed.stdout)["jobs"]
+    assert (job["node"], job["kind"], job["state"], job["who"]) == (
+        "local",
+        "vllm.start",
+        "failed",
+        "alice",
+    )
+
+    stop(agent.process, grace=5)
+    gone = run_cli("jobs", *fleet, "--node", "local", env=env)
+    assert gone.returncode == 2 and "did not answer" in gone.stderr

@@ -1,0 +1,151 @@
+"""Starting vLLM from the console against a real agent: the form shows the agent's plan,
+the confirmation names the target, the job is followed live, and read-only consoles and
+viewer tokens cannot act.
+
+The profile's command is this test's own python, which has no vLLM: the engine the agent
+starts exits at once, so the job fails with the engine's real error in its log tail. That
+is the "crash during load" path, through the console, in seconds.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from console.core.config import parse_fleet
+from console.tui.app import EngineroomApp
+from console.tui.screens.jobs import ConfirmScreen, JobScreen, JobsScreen, StartVllmScreen
+from console.tui.screens.node import NodeScreen
+from tests.conftest import OPERATOR, VIEWER
+from tests.engines.servers import free_port
+
+SIZE = (120, 40)
+
+AGENT_FLEET = """
+[fleet]
+name = "jobs"
+[agent]
+state_dir = "{state}"
+scrape_interval_s = 0.5
+[[nodes]]
+name = "local"
+agent = "http://127.0.0.1:{agent_port}"
+token_env = "{token_env}"
+
+[profiles.tiny]
+engine = "vllm"
+node = "local"
+model = "{model}"
+served_model_name = "tiny"
+port = {port}
+command = ["{python}", "-m", "vllm.entrypoints.openai.api_server"]
+args = {{ host = "127.0.0.1", max_model_len = 256 }}
+overridable = ["port"]
+"""
+
+
+@pytest.fixture
+def setup(agent_factory, tmp_path: Path):
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    agent_port, port = free_port(), free_port()
+
+    def make(token_env: str) -> str:
+        text = AGENT_FLEET.format(
+            state=tmp_path / "state",
+            agent_port=agent_port,
+            token_env=token_env,
+            model=model,
+            port=port,
+            python=sys.executable,
+        )
+        return text
+
+    agent_factory(make("UNUSED"), port=agent_port)
+    os.environ["T_OPERATOR"] = OPERATOR.split(":", 1)[1]
+    os.environ["T_VIEWER"] = VIEWER
+    return make
+
+
+async def until(pilot, predicate, timeout: float = 20.0, what: str = "condition"):
+    for _ in range(int(timeout / 0.1)):
+        result = predicate()
+        if result:
+            return result
+        await pilot.pause(0.1)
+    raise AssertionError(f"{what}: not met within {timeout} s")
+
+
+async def test_start_vllm_from_the_node_screen_shows_the_plan_and_follows_the_job(setup):
+    app = EngineroomApp(parse_fleet(setup("T_OPERATOR")))
+    async with app.run_test(size=SIZE) as pilot:
+        app.open_node("local")
+        await until(pilot, lambda: isinstance(app.screen, NodeScreen), what="node screen")
+        await until(pilot, lambda: app.roles.get("local") == "operator", what="role learned")
+        await pilot.press("s")
+        form = await until(
+            pilot, lambda: app.screen if isinstance(app.screen, StartVllmScreen) else None
+        )
+        plan = await until(pilot, lambda: form.plan, what="the agent's plan")
+        assert plan["ok"] and plan["argv"][0] == sys.executable
+        shown = str(form.query_one("#plan").render())
+        assert "vllm.entrypoints.openai.api_server" in shown and "ok   port" in shown
+
+        await pilot.press("ctrl+s")
+        confirm = await until(
+            pilot, lambda: app.screen if isinstance(app.screen, ConfirmScreen) else None
+        )
+        assert confirm.title_text == "Start tiny on local?"
+        assert plan["engine_id"] in confirm.body
+        await pilot.press("y")
+
+        job_screen = await until(
+            pilot, lambda: app.screen if isinstance(app.screen, JobScreen) else None
+        )
+        job = await until(
+            pilot,
+            lambda: job_screen.job if job_screen.job and job_screen.job.state == "failed" else None,
+            what="the job to fail",
+        )
+        assert job.error.startswith("load: the engine exited with code 1")
+        assert any("No module named 'vllm'" in line for line in job.result["log_tail"])
+        await pilot.pause(1.2)
+        info = str(job_screen.query_one("#job-info").render())
+        assert "FAILED" in info and "by alice" in info
+
+        await pilot.press("escape")
+        await pilot.press("j")
+        await until(pilot, lambda: isinstance(app.screen, JobsScreen), what="jobs screen")
+        await until(
+            pilot,
+            lambda: (
+                app.collector.states["local"].snapshot
+                and app.collector.states["local"].snapshot.jobs
+            ),
+            what="the job in the snapshot",
+        )
+
+
+async def test_read_only_and_viewer_tokens_disable_actions_visibly(setup):
+    for app, reason in (
+        (
+            EngineroomApp(parse_fleet(setup("T_OPERATOR")), read_only=True),
+            "read-only console",
+        ),
+        (EngineroomApp(parse_fleet(setup("T_VIEWER"))), "viewer token"),
+    ):
+        async with app.run_test(size=SIZE) as pilot:
+            app.open_node("local")
+            await until(pilot, lambda a=app: isinstance(a.screen, NodeScreen), what="node screen")
+            if not app.read_only:
+                await until(pilot, lambda a=app: a.roles.get("local") == "viewer", what="role")
+            await pilot.pause(0.6)
+            assert reason in str(app.screen.query_one("#node-info").render())
+            await pilot.press("s")
+            await pilot.pause(0.3)
+            assert isinstance(app.screen, NodeScreen), "the form opened anyway"
+            assert app.screen.check_action("start_vllm", ()) is None  # shown, dimmed
