@@ -59,6 +59,7 @@ bench: $(VENV)/.test-deps engines
 	ENGINEROOM_VLLM_PYTHON=$(CURDIR)/$(VLLM_VENV)/bin/python \
 	ENGINEROOM_TRITON_PYTHON=$(CURDIR)/$(TRITON_VENV)/bin/python \
 	$(BIN)/python -m bench.agent_cycle
+	$(BIN)/python -m bench.cold_start
 	$(BIN)/python -m bench.console_scale
 
 # Every screen on the simulated demo fleet, as SVG and PNG (PNG through Debian's librsvg).

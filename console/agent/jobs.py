@@ -41,7 +41,7 @@ from console.agent.store import FINAL, JobRecord, Store
 from console.agent.supervisor import Managed, Supervisor, log_tail
 from console.core.config import Profile
 from console.core.fetch import FetchError, fetch, new_session
-from console.core.wire import Job, JobStep
+from console.core.wire import COLD_START_PHASES, Job, JobStep
 from plugins.base import Discovered, EngineTarget, local_url
 
 log = logging.getLogger(__name__)
@@ -409,8 +409,7 @@ class JobRunner:
     ) -> None:
         step = self._begin(active, "load")
         t0 = managed.started  # wall clock of the spawn, so a re-adopting agent agrees
-        phases: dict[str, float | None] = {p: None for p, _ in PHASES}
-        phases["ready"] = None
+        phases: dict[str, float | None] = dict.fromkeys(COLD_START_PHASES)
         if isinstance(active.result.get("cold_start"), dict):
             phases.update(active.result["cold_start"].get("phases", {}))
         active.result["cold_start"] = {"phases": phases, "total_s": None}

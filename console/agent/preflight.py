@@ -38,6 +38,9 @@ def failures(checks: list[Check]) -> str:
 
 def port_check(port: int) -> Check:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        # As servers bind (uvicorn too): a port whose last server just exited, with
+        # connections in TIME_WAIT, is free; one that something listens on is not.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind(("0.0.0.0", port))
         except OSError:

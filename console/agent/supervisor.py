@@ -161,7 +161,8 @@ class Supervisor:
             "--",
             *launch.argv,
         ]
-        env = {**os.environ, **launch.env}
+        # Unbuffered: the engine's lines reach the log (and the phase clock) as it writes them.
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **launch.env}
         with (where / "engine.log").open("ab") as log:
             log.write(f"--- engineroom job {job_id}: starting {engine_id} ---\n".encode())
             log_offset = log.tell()
@@ -254,9 +255,20 @@ class Supervisor:
             (managed.dir / "engine.json").unlink(missing_ok=True)
 
     async def stop(self, managed: Managed, grace_s: float) -> str:
-        """SIGTERM the engine's group; SIGKILL what is left after `grace_s`. Says how it ended."""
+        """SIGTERM the engine's main process; SIGKILL its whole group after `grace_s`.
+
+        Like systemd's KillMode=mixed: the engine's own process orchestrates its shutdown
+        (vLLM drains in-flight requests, then stops its engine core and workers). A SIGTERM
+        to the whole group reached vLLM's engine core alongside the API server and, measured
+        here, could leave it waiting 25 s for a shutdown that the API server then forced.
+        """
         started = time.monotonic()
-        signal_group(managed.pgid, signal.SIGTERM)
+        engine_pid = managed.engine_pid()
+        if engine_pid is not None and engine_pid in group_pids(managed.pgid):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(engine_pid, signal.SIGTERM)
+        else:
+            signal_group(managed.pgid, signal.SIGTERM)
         while time.monotonic() - started < grace_s:
             if not managed.alive():
                 return f"exited {time.monotonic() - started:.1f} s after SIGTERM"

@@ -17,7 +17,7 @@ from typing import Any, TextIO
 import httpx
 
 from console.core.config import ConfigError, Fleet, Node
-from console.core.wire import Job
+from console.core.wire import COLD_START_PHASES, Job
 
 FINAL = ("succeeded", "failed", "cancelled")
 EXIT_OK, EXIT_FAILED, EXIT_UNREACHABLE = 0, 1, 2
@@ -207,8 +207,9 @@ async def _act(
                 )
                 cold = job.result.get("cold_start")
                 if isinstance(cold, dict) and cold.get("total_s") is not None:
+                    at = cold["phases"]
                     phases = ", ".join(
-                        f"{k} {v:.1f} s" for k, v in cold["phases"].items() if v is not None
+                        f"{k} {at[k]:.1f} s" for k in COLD_START_PHASES if at.get(k) is not None
                     )
                     print(f"cold start {cold['total_s']:.1f} s ({phases})", file=out)
                 for line in job.result.get("log_tail", [])[-15:]:

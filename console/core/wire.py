@@ -135,6 +135,15 @@ class Engine(_Wire):
     profile: str | None = None  # set when this agent started it from a launch profile
 
 
+# A vLLM cold start's phases, in order (console.agent.jobs finds them in the engine's log).
+COLD_START_PHASES = (
+    "engine_init",
+    "weights_loaded",
+    "kv_cache_allocated",
+    "graphs_captured",
+    "server_up",
+    "ready",
+)
 JobState = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 StepState = Literal["pending", "running", "succeeded", "failed", "skipped", "cancelled"]
 

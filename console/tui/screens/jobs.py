@@ -21,7 +21,7 @@ from textual.widgets import Button, DataTable, Input, Label, Select, Static
 
 from console.collect.actions import ActionError, AgentActions
 from console.collect.view import FleetView
-from console.core.wire import Job
+from console.core.wire import COLD_START_PHASES, Job
 from console.tui import format as fmt
 from console.tui.screens.base import ViewScreen
 from console.tui.widgets.table import FleetTable, Row
@@ -72,8 +72,8 @@ class ConfirmScreen(ModalScreen[bool]):
             yield Label(Text(self.title_text, style="bold"))
             yield Static(self.body)
             with Horizontal():
-                yield Button(f"[y] {self.yes}", id="yes", variant="warning")
-                yield Button("[n] cancel", id="no")
+                yield Button(Text(f"y  {self.yes}"), id="yes", variant="warning")
+                yield Button(Text("n  cancel"), id="no")
 
     def action_answer(self, answer: bool) -> None:
         self.dismiss(answer)
@@ -97,9 +97,11 @@ class StartVllmScreen(ModalScreen[tuple[str, str] | None]):
     StartVllmScreen { align: center middle; }
     StartVllmScreen > VerticalScroll { width: 94%; height: 92%; border: round $accent;
                                        background: $surface; padding: 0 1; }
-    StartVllmScreen Input { width: 40; }
-    StartVllmScreen .override { height: auto; }
-    StartVllmScreen .override Label { width: 30; padding: 1 1 0 0; }
+    StartVllmScreen Input { width: 40; height: 1; border: none; padding: 0 1; }
+    StartVllmScreen Input:focus { background: $boost; }
+    StartVllmScreen .override { height: 1; }
+    StartVllmScreen .override Label { width: 30; padding: 0 1 0 2; }
+    StartVllmScreen #overrides { height: auto; margin-top: 1; }
     StartVllmScreen #plan { margin-top: 1; }
     StartVllmScreen #buttons { height: auto; margin-top: 1; }
     StartVllmScreen Button { margin-right: 2; }
@@ -277,6 +279,13 @@ def _current(profile: Any, key: str) -> str:
 class JobScreen(ViewScreen):
     """One job, live: steps with durations, cold-start phases, the engine's log tail."""
 
+    DEFAULT_CSS = """
+    JobScreen #job-info { height: auto; padding: 0 1; }
+    JobScreen #steps { height: auto; max-height: 8; }
+    JobScreen #log-title { padding: 0 1; border-top: solid $panel-lighten-2; }
+    JobScreen #job-log { height: 1fr; padding: 0 1; }
+    """
+
     BINDINGS = [Binding("c", "cancel_job", "cancel job", id="cancel_job")]
 
     def __init__(self, node: str, job_id: str) -> None:
@@ -336,11 +345,15 @@ class JobScreen(ViewScreen):
             t.append(f"\n{job.error}", style="bold red")
         cold = job.result.get("cold_start")
         if isinstance(cold, dict):
-            t.append("\ncold start  ")
-            for phase, at in cold.get("phases", {}).items():
-                t.append(f"{phase} ")
-                t.append("?" if at is None else f"{at:.1f}s", style="dim" if at is None else "")
-                t.append("  ")
+            t.append("\ncold start ")
+            phases = cold.get("phases", {})
+            seen = [p for p in COLD_START_PHASES if phases.get(p) is not None]
+            for i, phase in enumerate(seen):
+                t.append(" → " if i else " ")
+                t.append(f"{phase} {phases[phase]:.1f}s", style="bold" if phase == "ready" else "")
+            missing = [p for p in COLD_START_PHASES if phases.get(p) is None]
+            if missing:
+                t.append(f"   not seen (yet): {', '.join(missing)}", style="dim")
         if job.result.get("argv"):
             t.append("\n" + shlex.join(job.result["argv"]), style="dim")
         info.update(t)
@@ -365,6 +378,7 @@ class JobScreen(ViewScreen):
         self.query_one("#log", Static).update(
             Text("\n".join(lines[-40:]) or "(no output yet)", style="" if lines else "dim")
         )
+        self.query_one("#job-log", VerticalScroll).scroll_end(animate=False)
 
     def action_cancel_job(self) -> None:
         reason = self.console.action_blocked(self.node)
