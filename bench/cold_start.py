@@ -90,14 +90,16 @@ def direct(argv: list[str], env: dict[str, str], port: int, log: Path) -> float:
         servers.wait_until(lambda: not servers._group_alive(proc), 30, what="group exit")
 
 
-def through_agent(agent: str) -> tuple[float, float]:
-    """(client-observed seconds from POST to succeeded, the job's own cold start)."""
+def through_agent(agent: str) -> tuple[float, float, float]:
+    """(client-observed seconds from POST to succeeded, the job's own cold start, and the
+    seconds from the POST to the engine's process being spawned: preflight and all)."""
     auth = {"Authorization": f"Bearer {OPERATOR}"}
     started = time.perf_counter()
     resp = httpx.post(
         agent + "/v1/jobs", json={"kind": "vllm.start", "profile": "tiny"}, headers=auth
     )
     resp.raise_for_status()
+    answered = time.perf_counter() - started  # preflight done, job recorded
     job_id = resp.json()["id"]
     while True:
         job = httpx.get(f"{agent}/v1/jobs/{job_id}", headers=auth).json()
@@ -113,7 +115,9 @@ def through_agent(agent: str) -> tuple[float, float]:
     ).json()
     while httpx.get(f"{agent}/v1/jobs/{stop['id']}", headers=auth).json()["state"] == "running":
         time.sleep(0.2)
-    return observed, job["result"]["cold_start"]["total_s"]
+    spawn = next(s for s in job["steps"] if s["name"] == "spawn")
+    before_spawn = answered + (spawn["ended"] - spawn["started"])
+    return observed, job["result"]["cold_start"]["total_s"], before_spawn
 
 
 def main() -> int:
@@ -157,11 +161,12 @@ def main() -> int:
             rows = []
             for i in range(args.rounds):
                 d = direct(argv, engine_env, port, work / "direct.log")
-                observed, recorded = through_agent(agent_url)
-                rows.append((d, observed, recorded))
+                observed, recorded, before_spawn = through_agent(agent_url)
+                rows.append((d, observed, recorded, before_spawn))
                 print(
                     f"round {i + 1}: direct {d:6.2f} s   agent {observed:6.2f} s "
-                    f"(job's own cold start {recorded:6.2f} s)   overhead {observed - d:+.2f} s",
+                    f"(job's own cold start {recorded:6.2f} s, request to spawn "
+                    f"{before_spawn * 1000:.0f} ms)   overhead {observed - d:+.2f} s",
                     flush=True,
                 )
         finally:
@@ -170,12 +175,17 @@ def main() -> int:
     directs = [r[0] for r in rows]
     agents = [r[1] for r in rows]
     overheads = [r[1] - r[0] for r in rows]
+    spawns = [r[3] * 1000 for r in rows]
     print(
         f"\ncold start of the tiny model, {args.rounds} rounds, medians:\n"
         f"  direct python -m vllm...     {statistics.median(directs):6.2f} s\n"
         f"  through the agent (client)   {statistics.median(agents):6.2f} s\n"
         f"  agent overhead               {statistics.median(overheads):+6.2f} s "
-        f"(per round: {', '.join(f'{o:+.2f}' for o in overheads)}; target < 0.5 s)"
+        f"(per round: {', '.join(f'{o:+.2f}' for o in overheads)}; target < 0.5 s)\n"
+        f"  request to spawn (agent)     {statistics.median(spawns):6.0f} ms "
+        f"(the POST with its preflight, then the spawn of the log capper)\n"
+        f"  spread of the direct starts  {max(directs) - min(directs):6.2f} s "
+        "(vLLM's own run-to-run noise on this machine)"
     )
     return 0
 

@@ -133,7 +133,14 @@ class JobRunner:
             if isinstance(engine, str) and engine in exits:
                 code = exits[engine].get("exit_code")
                 why += f"; engine {engine} is gone (exit code {code if code is not None else '?'})"
-            self.store.update_job(record.id, "failed", {**(record.result or {}), "error": why})
+            stored = dict(record.result or {})
+            stored["steps"] = [
+                {**step, "state": "failed" if step.get("state") == "running" else "skipped"}
+                if step.get("state") in ("running", "pending")
+                else step
+                for step in stored.get("steps", [])
+            ]
+            self.store.update_job(record.id, "failed", {**stored, "error": why})
 
     async def close(self) -> None:
         """Stop watching (the engines keep running; the next agent re-adopts them)."""
@@ -155,7 +162,10 @@ class JobRunner:
         return None if record is None else _stored_view(record)
 
     def jobs(self, limit: int = 100) -> list[Job]:
-        return [self.job(r.id) or _stored_view(r) for r in self.store.jobs(limit)]
+        return [
+            self._view(self.active[r.id]) if r.id in self.active else _stored_view(r)
+            for r in self.store.jobs(limit)
+        ]
 
     def recent(self) -> list[Job]:
         """What the snapshot carries: every open job, and those that ended in 10 minutes."""

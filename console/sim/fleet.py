@@ -17,9 +17,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import os
 import shutil
+import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -32,6 +36,7 @@ from console.agent.app import create_app
 from console.agent.auth import Tokens
 from console.agent.discovery import EngineProcess
 from console.agent.gpu import GpuSampler
+from console.agent.jobs import JobRunner
 from console.agent.node import NodeAgent
 from console.core.config import Fleet, load_fleet
 from console.core.wire import Snapshot
@@ -123,6 +128,11 @@ LAYOUTS: tuple[tuple[tuple[str, str, tuple[int, ...]], ...], ...] = (
     ),
 )
 
+# (node, model, GPU) of the demo's launch profiles: vLLM standbys on GPUs left idle.
+STANDBYS = (
+    (0, "llama8b", 1),  # beside gpu-a1's Triton/TensorRT-LLM llama: the failover standby
+    (1, "mistral7b", 7),
+)
 HOT_GPU = (0, 2)  # (node, GPU): a llama-70b shard with poor cooling
 XID = 94  # contained uncorrectable ECC error, as Hopper reports it
 
@@ -242,6 +252,7 @@ class DemoFleet:
         for sock in self._sockets:  # those a server never took over, after a failed start
             sock.close()
         self._sockets = []
+        self.stop_started_engines()
 
     async def _start(self, nodes: int, token: str) -> None:
         out_dir = self.path.parent
@@ -325,7 +336,7 @@ class DemoFleet:
             environ={settings.operator_token_env: token},
         )
         config = uvicorn.Config(
-            create_app(agent, tokens),
+            create_app(agent, tokens, runner=JobRunner.open(agent)),
             log_config=None,
             log_level="warning",
             access_log=False,
@@ -410,7 +421,47 @@ class DemoFleet:
                 )
             models.append((model.name, model.slo, deployments))
         model_tables(out, models)
+        self._write_profiles(out, len(agent_socks))
         self.path.write_text(out.text(), encoding="utf-8")
+
+    def _write_profiles(self, out: FleetText, nodes: int) -> None:
+        """Launch profiles on GPUs the layout leaves idle, for "Start vLLM" in the demo.
+
+        They launch console.sim.standin_vllm (SIMULATED): vLLM's log lines, then the
+        simulated engine. The model directories hold only a config.json, for the preflight.
+        """
+        models_dir = self.path.parent / "models"
+        for node, short, gpu in STANDBYS:
+            if node >= nodes:
+                continue
+            model = MODELS[short]
+            directory = models_dir / short
+            directory.mkdir(parents=True, exist_ok=True)
+            (directory / "config.json").write_text('{"SIMULATED": true}\n')
+            with listen_socket(ENGINE_PORTS + 20 * node + 15) as sock:
+                port = port_of(sock)  # free now; the agent's preflight checks it again
+            out.add(
+                f"[profiles.{short}-standby-{node_name(node, 2).removeprefix('gpu-')}]",
+                {
+                    "engine": "vllm",
+                    "node": node_name(node, 2),
+                    "model": str(directory),
+                    "served_model_name": model.name,
+                    "port": port,
+                    "gpus": [gpu],
+                    "command": [sys.executable, "-m", "console.sim.standin_vllm"],
+                    "args": {"host": "127.0.0.1", "max_model_len": 8192, "dtype": "bfloat16"},
+                    "overridable": ["port"],
+                    "allowed_args": ["max_num_seqs", "gpu_memory_utilization"],
+                    "stop_grace_s": 10.0,
+                },
+            )
+
+    def stop_started_engines(self) -> None:
+        """The engines the demo's agents started: they outlive agents by design, not demos."""
+        for record in (self.path.parent / "state").glob("*/engines/*/engine.json"):
+            with contextlib.suppress(OSError, ValueError, KeyError):
+                os.killpg(int(json.loads(record.read_text())["pgid"]), signal.SIGKILL)
 
 
 DEMO_HEADER = """

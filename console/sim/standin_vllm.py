@@ -1,0 +1,91 @@
+"""A SIMULATED vLLM server process, for the demo fleet's launch profiles only.
+
+    python -m console.sim.standin_vllm --model DIR --served-model-name NAME --port P [...]
+
+`engineroom demo` has no vLLM, so its profiles launch this instead: it takes vLLM's
+command line (unknown flags are ignored), prints the log lines vLLM prints at each
+cold-start phase, a few seconds apart, then serves the simulated vLLM engine of the demo
+(console.sim.engines) with light traffic. SIGTERM ends it the way vLLM ends. It is never
+used by a test of a real path: those run real vLLM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import sys
+import time
+
+from console.sim.engines import VllmEngine
+from console.sim.load import TICK_S, Traffic, Workload
+
+# (seconds after start, line): what vLLM 0.32 logs on its way to ready (SIMULATED).
+PHASES = (
+    (1.0, "INFO [core.py] Initializing a V1 LLM engine (v0.32.0 SIMULATED) with config: ..."),
+    (3.5, "INFO [default_loader.py] Loading weights took 2.41 seconds"),
+    (4.5, "INFO [kv_cache_utils.py] GPU KV cache size: 412,000 tokens"),
+    (6.0, "INFO [gpu_model_runner.py] Graph capturing finished in 1 secs, took 0.35 GiB"),
+    (6.5, "INFO [entry.py] Starting vLLM server on http://{host}:{port}"),
+)
+TRAFFIC = Traffic(1.5, 900, 200, 128, 412_000, 0.08, 0.012)
+
+
+def say(line: str) -> None:
+    print(f"(APIServer pid={os.getpid()}) {line}", flush=True)
+
+
+async def serve(args: argparse.Namespace) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    loop.add_signal_handler(signal.SIGINT, stop.set)
+    started = time.monotonic()
+    say(f"INFO [api_utils.py] version 0.32.0 (SIMULATED)  model {args.model}")
+    for at, line in PHASES:
+        remaining = max(0.0, at - (time.monotonic() - started))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), remaining)
+        if stop.is_set():
+            say("INFO [launcher.py] [shutdown] API server: shutdown triggered during load")
+            return
+        say(line.format(host=args.host, port=args.port))
+    workload = Workload(TRAFFIC, seed=args.port, start=time.monotonic())
+    engine = VllmEngine(workload, args.served_model_name, gpus=1)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((args.host, args.port))  # exactly this port, as vLLM: taken means exit
+    sock.listen(128)
+    sock.setblocking(False)
+    await engine.start(sock)
+    say("INFO:     Application startup complete.")
+
+    async def tick() -> None:
+        while True:
+            await asyncio.sleep(TICK_S)
+            workload.tick(time.monotonic())
+
+    ticker = asyncio.create_task(tick())
+    await stop.wait()
+    say("INFO [launcher.py] [shutdown] API server: shutdown triggered")
+    ticker.cancel()
+    await engine.stop()
+    say("INFO:     Application shutdown complete.")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="standin_vllm")
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--served-model-name", required=True)
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--host", default="127.0.0.1")
+    args, _ = parser.parse_known_args(argv)
+    asyncio.run(serve(args))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
