@@ -23,17 +23,23 @@ from console.demo import start_sim
 from console.sim.fleetfile import TOKEN_ENV
 from console.tui.app import EngineroomApp
 
-# (file name, keys typed after the previous screen, terminal size)
+# (file name, keys typed after the previous screen, terminal size, seconds to wait after).
+# A name starting with "+" keeps the screens open (a dialog, then what it leads to).
 SHOTS = [
-    ("fleet", [], (120, 36)),
-    ("fleet-80x24", [], (80, 24)),
-    ("models", [":models\r"], (120, 36)),
-    ("model-detail", [":model llama-3.1-8b-instruct\r"], (120, 36)),
-    ("node", [":node gpu-a1\r"], (120, 36)),
-    ("gpus-hot", [":gpus\r", "/temp>80\r"], (120, 36)),
-    ("engine", [":engine gpu-a1/{triton}\r"], (120, 36)),
-    ("events", [":events\r"], (120, 36)),
-    ("help", ["?"], (120, 36)),
+    ("fleet", [], (120, 36), 1.2),
+    ("fleet-80x24", [], (80, 24), 1.2),
+    ("models", [":models\r"], (120, 36), 1.2),
+    ("model-detail", [":model llama-3.1-8b-instruct\r"], (120, 36), 1.2),
+    ("node", [":node gpu-a1\r"], (120, 36), 1.2),
+    ("gpus-hot", [":gpus\r", "/temp>80\r"], (120, 36), 1.2),
+    ("engine", [":engine gpu-a1/{triton}\r"], (120, 36), 1.2),
+    ("events", [":events\r"], (120, 36), 1.2),
+    ("help", ["?"], (120, 36), 1.2),
+    ("start-vllm", [":node gpu-a1\r", "s"], (120, 36), 2.0),
+    ("+start-vllm-confirm", ["ctrl+s"], (120, 36), 0.8),
+    ("+job-loading", ["y"], (120, 36), 4.0),  # the SIMULATED stand-in loads in ~7 s
+    ("+job-ready", [], (120, 36), 5.0),
+    ("jobs", [":jobs\r"], (120, 36), 1.2),
 ]
 KEYS = {
     " ": "space",
@@ -61,16 +67,18 @@ async def shoot(fleet_path: Path, out: Path, warmup: float) -> list[Path]:
     app = EngineroomApp(fleet)
     async with app.run_test(size=(120, 36)) as pilot:
         await pilot.pause(warmup)
-        for name, typed, size in SHOTS:
+        for name, typed, size, wait in SHOTS:
             await pilot.resize_terminal(*size)
-            while len(app.screen_stack) > 2:
-                app.pop_screen()
+            if not name.startswith("+"):
+                while len(app.screen_stack) > 2:
+                    app.pop_screen()
+            name = name.removeprefix("+")
             await pilot.pause(0.3)
             for text in typed:
                 text = text.format(triton=_first_engine(app, "gpu-a1", "triton"))
-                await pilot.press(*key_names(text))
+                await pilot.press(*([text] if text.startswith("ctrl+") else key_names(text)))
                 await pilot.pause(0.5)
-            await pilot.pause(1.2)  # one refresh after the last key
+            await pilot.pause(wait)  # a refresh after the last key, or a job's progress
             svg = out / f"{name}.svg"
             app.save_screenshot(svg.name, str(out))
             saved.append(svg)

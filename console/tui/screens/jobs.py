@@ -281,7 +281,7 @@ class JobScreen(ViewScreen):
 
     DEFAULT_CSS = """
     JobScreen #job-info { height: auto; padding: 0 1; }
-    JobScreen #steps { height: auto; max-height: 8; }
+    JobScreen #steps { height: auto; max-height: 8; overflow-x: hidden; }
     JobScreen #log-title { padding: 0 1; border-top: solid $panel-lighten-2; }
     JobScreen #job-log { height: 1fr; padding: 0 1; }
     """
@@ -297,7 +297,7 @@ class JobScreen(ViewScreen):
 
     def compose_body(self) -> ComposeResult:
         yield Static(id="job-info")
-        yield FleetTable([("STEP", 10), ("STATE", 10), ("TOOK", 7), ("DETAIL", None)], id="steps")
+        yield FleetTable([("STEP", 10), ("STATE", 10), ("TOOK", 8), ("DETAIL", None)], id="steps")
         yield Static(Text("engine log", style="bold"), id="log-title")
         with VerticalScroll(id="job-log"):
             yield Static(id="log")
@@ -419,14 +419,15 @@ class JobsScreen(ViewScreen):
     """Every agent's recent jobs, newest first, from the snapshots."""
 
     where = "Jobs"
+    # Widths include the one space that separates columns (FleetTable has no padding).
     COLUMNS = [
-        ("NODE", 12),
+        ("NODE", 11),
         ("JOB", 13),
         ("KIND", 15),
-        ("TARGET", 18),
+        ("TARGET", 22),
         ("STATE", 10),
-        ("TOOK", 7),
-        ("BY", 8),
+        ("TOOK", 8),
+        ("BY", 12),
         ("STEP / RESULT", None),
     ]
 
