@@ -249,6 +249,7 @@ def _stream(url: str, out: dict) -> None:
         "ignore_eos": True,
         "stream": True,
         "temperature": 0,
+        "stream_options": {"include_usage": True},  # the token count, whatever the chunking
     }
     chunks, done = 0, False
     try:
@@ -258,9 +259,13 @@ def _stream(url: str, out: dict) -> None:
                 if line == "data: [DONE]":
                     done = True
                 elif line.startswith("data: "):
+                    chunk = json.loads(line[6:])
                     chunks += 1
                     out.setdefault("first", time.time())
-                    out["finish"] = json.loads(line[6:])["choices"][0].get("finish_reason")
+                    if chunk["choices"]:
+                        out["finish"] = chunk["choices"][0].get("finish_reason")
+                    if chunk.get("usage"):
+                        out["tokens"] = chunk["usage"]["completion_tokens"]
     except httpx.HTTPError as exc:
         out["error"] = repr(exc)
     out.update(chunks=chunks, done=done, last=time.time())
@@ -343,12 +348,30 @@ def test_vllm_start_readopt_and_a_stop_that_lets_the_stream_finish(
     assert "re-adopted " + engine_id in again.log.read_text()
     assert again.get(f"/v1/jobs/{job['id']}").json()["state"] == "succeeded"
 
+    # Restart: a stop, then the same profile again, with a new cold start.
+    resp = post(again, "/v1/jobs", {"kind": "engine.restart", "engine": engine_id})
+    assert resp.status_code == 202, resp.text
+    restarted = wait_job(again, resp.json()["id"], timeout=300)
+    assert restarted["state"] == "succeeded", restarted
+    assert [(s["name"], s["state"]) for s in restarted["steps"]] == [
+        ("stop", "succeeded"),
+        ("preflight", "succeeded"),
+        ("spawn", "succeeded"),
+        ("load", "succeeded"),
+    ]
+    assert restarted["result"]["cold_start"]["total_s"] > 0
+    assert not os.path.exists(f"/proc/{engine_pid}")
+    (record,) = engine_records(state)
+    engine_pid = json.loads((Path(record["dir"]) / "status.json").read_text())["engine_pid"]
+
     # Stop it while a stream is in flight: the stream ends whole.
     stream: dict = {}
     client = threading.Thread(target=_stream, args=(f"http://127.0.0.1:{port}", stream))
     client.start()
     wait_until(lambda: "first" in stream or "error" in stream, 60, what="first chunk")
+    posted = time.time()
     resp = post(again, "/v1/jobs", {"kind": "engine.stop", "engine": engine_id})
+    stream["post_s"] = round(time.time() - posted, 3)
     assert resp.status_code == 202, resp.text
     stopped = wait_job(again, resp.json()["id"], timeout=60)
     client.join(60)
@@ -358,7 +381,7 @@ def test_vllm_start_readopt_and_a_stop_that_lets_the_stream_finish(
     assert stopped["steps"][0]["started"] < stream["last"], (
         f"stream ended before the stop: {stream}"
     )
-    assert stream["chunks"] == STREAM_TOKENS
+    assert stream["tokens"] == STREAM_TOKENS
     assert not os.path.exists(f"/proc/{engine_pid}")
     assert engine_records(state) == []
     wait_until(  # gone from the list from the next cycle on

@@ -23,6 +23,7 @@ import aiohttp
 from pydantic import ValidationError
 
 from console.collect.history import History
+from console.collect.ssh import SshError, SshReader
 from console.core.config import Fleet, Node
 from console.core.oslimits import raise_open_files
 from console.core.wire import Snapshot
@@ -99,6 +100,10 @@ class Collector:
         self.states = {n.name: NodeState(n.name, n.transport) for n in fleet.nodes}
         self.history = History()
         self._targets = [self._target(i, n) for i, n in enumerate(fleet.nodes) if n.agent]
+        self._sessions = asyncio.Semaphore(fleet.fleet.ssh_concurrency)
+        self._ssh = [
+            SshReader(fleet, n, self._sessions) for n in fleet.nodes if not n.agent and n.ssh
+        ]
         self._session: aiohttp.ClientSession | None = None
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -126,6 +131,7 @@ class Collector:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
+        await asyncio.gather(*(reader.close() for reader in self._ssh), return_exceptions=True)
         if self._session is not None:
             await self._session.close()
 
@@ -133,6 +139,8 @@ class Collector:
         """Start one self-rescheduling poll loop per node, spread over the first refresh."""
         for target in self._targets:
             self._tasks.append(asyncio.create_task(self._loop(target), name=target.node.name))
+        for reader in self._ssh:
+            self._tasks.append(asyncio.create_task(self._ssh_loop(reader), name=reader.node.name))
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -142,8 +150,39 @@ class Collector:
 
     async def poll_all(self) -> dict[str, NodeState]:
         """Poll every node once, concurrently (for `engineroom check`)."""
-        await asyncio.gather(*(self._poll(t) for t in self._targets))
+        await asyncio.gather(
+            *(self._poll(t) for t in self._targets), *(self._ssh_poll(r) for r in self._ssh)
+        )
         return self.states
+
+    async def _ssh_loop(self, reader: SshReader) -> None:
+        """Like `_loop`, at the SSH refresh: a run of `engineroom agent --once` costs a
+        process start on the host, so it is not done every second."""
+        every = max(self.refresh_s, self.fleet.fleet.ssh_refresh_s)
+        await asyncio.sleep(random.uniform(0, every))
+        while True:
+            started = time.monotonic()
+            await self._ssh_poll(reader)
+            state = self.states[reader.node.name]
+            if state.failures:
+                delay = min(every * 2 ** min(state.failures - 1, 4), MAX_BACKOFF_S)
+                delay *= random.uniform(0.8, 1.2)
+            else:
+                delay = every - (time.monotonic() - started)
+            await asyncio.sleep(max(0.0, delay))
+
+    async def _ssh_poll(self, reader: SshReader) -> None:
+        started = time.monotonic()
+        self.states[reader.node.name].last_attempt = started
+        try:
+            snapshot = await reader.snapshot()
+        except SshError as exc:
+            state = self._failed(reader, str(exc))
+        else:
+            state = self._record(reader, snapshot)
+        state.poll_ms = (time.monotonic() - started) * 1000
+        if self.on_update is not None:
+            self.on_update(state)
 
     async def _loop(self, target: _Target) -> None:
         await asyncio.sleep(random.uniform(0, self.refresh_s))  # no thundering herd
@@ -161,7 +200,7 @@ class Collector:
                 delay = self.refresh_s - (time.monotonic() - started)
             await asyncio.sleep(max(0.0, delay))
 
-    def _record(self, target: _Target, snapshot: Snapshot) -> NodeState:
+    def _record(self, target: _Target | SshReader, snapshot: Snapshot) -> NodeState:
         state = self.states[target.node.name]
         state.snapshot = snapshot
         state.last_ok = time.monotonic()
@@ -171,7 +210,7 @@ class Collector:
         self.history.record(target.node.name, snapshot)
         return state
 
-    def _failed(self, target: _Target, error: str) -> NodeState:
+    def _failed(self, target: _Target | SshReader, error: str) -> NodeState:
         state = self.states[target.node.name]
         state.failures += 1
         state.error = error

@@ -49,6 +49,10 @@ class FleetSection(_Strict):
     # How the console reads agents: one long-lived snapshot stream per node, or a request
     # per node per refresh (bench/console_scale.py measures both).
     collect: Literal["stream", "poll"] = "stream"
+    # Agentless nodes (ssh = "user@host"): how often, how many sessions at once, how long.
+    ssh_refresh_s: Seconds = 5.0
+    ssh_concurrency: Annotated[int, Field(ge=1, le=1024)] = 16
+    ssh_timeout_s: Seconds = 10.0
 
 
 class AgentSection(_Strict):
@@ -75,7 +79,12 @@ class Node(_Strict):
     ssh: str | None = None  # user@host, for agentless nodes
     ssh_port: Port | None = None
     ssh_key: str | None = None
-    ssh_known_hosts: str | None = None
+    ssh_known_hosts: str | None = None  # default ~/.ssh/known_hosts
+    ssh_trust_on_first_use: bool = False  # add an unknown host's key to ssh_known_hosts
+    # What runs on the host; the console falls back to nvidia-smi when it is not there.
+    ssh_agent_command: list[str] = Field(
+        default_factory=lambda: ["engineroom", "agent", "--once", "--json"]
+    )
 
     @property
     def transport(self) -> Literal["agent", "ssh"]:

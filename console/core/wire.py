@@ -183,6 +183,10 @@ class Snapshot(_Wire):
     engines: list[Engine] = Field(default_factory=list)
     jobs: list[Job] = Field(default_factory=list)
     cycle: dict[str, float | None] = Field(default_factory=dict)  # the agent's own cost
+    # How the console got it: "agent" (HTTP), "ssh" (the agent run once over SSH), or
+    # "ssh nvidia-smi" (no engineroom on the host); and what such a reading cannot show.
+    source: str = "agent"
+    missing: list[str] = Field(default_factory=list)
 
 
 class Health(_Wire):

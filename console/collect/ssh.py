@@ -1,0 +1,316 @@
+"""Agentless nodes: read a host over SSH (asyncssh), as an engineer would by hand.
+
+A node with `ssh = "user@host"` is read by running `engineroom agent --once --json` on
+it (the node's `ssh_agent_command`). Where that is not installed (exit 127), the console
+falls back to `nvidia-smi --query-gpu=... --format=csv` and a process listing, and the
+snapshot says what it cannot show (`missing`).
+
+- One connection per host, kept across refreshes and reopened when it drops.
+- At most `fleet.ssh_concurrency` sessions run at once; each refresh of a host has its
+  own deadline (`fleet.ssh_timeout_s`, connect included), so a host that hangs before
+  its banner costs a timeout, never a stalled console.
+- Host keys are checked against `ssh_known_hosts` (default ~/.ssh/known_hosts). An
+  unknown or changed key is an error naming the host and the fingerprint it presented.
+  `ssh_trust_on_first_use = true` adds a host that is not in the file at all (never one
+  whose key changed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import csv
+import io
+import os
+import shlex
+import time
+from pathlib import Path
+
+import asyncssh
+from pydantic import ValidationError
+
+from console.core.config import Fleet, Node
+from console.core.wire import Gpu, GpuProcess, Host, NodeInfo, Snapshot
+
+MAX_OUTPUT = 16 * 1024 * 1024
+NOT_FOUND = 127  # the shell's "command not found"
+
+GPU_FIELDS = (
+    "index,uuid,name,utilization.gpu,utilization.memory,memory.used,memory.total,"
+    "temperature.gpu,power.draw,power.limit,clocks.sm,clocks.mem,driver_version"
+)
+APP_FIELDS = "pid,used_memory,gpu_uuid,process_name"
+# One remote command, three parts split by a marker: fewer round trips than three runs.
+FALLBACK = (
+    f"nvidia-smi --query-gpu={GPU_FIELDS} --format=csv,noheader,nounits; echo '@@exit' $?; "
+    f"nvidia-smi --query-compute-apps={APP_FIELDS} --format=csv,noheader,nounits; "
+    "echo '@@ps'; ps -eo pid=,args=; echo '@@host'; uname -n"
+)
+ENGINE_MARKERS = {
+    "vllm": ("vllm.entrypoints", "vllm serve"),
+    "triton": ("tritonserver",),
+    "trtllm": ("trtllm-serve",),
+}
+
+
+class SshError(Exception):
+    """Why an SSH read failed, worded for the node row."""
+
+
+def _target(node: Node) -> tuple[str | None, str]:
+    user, _, host = (node.ssh or "").rpartition("@")
+    return user or None, host
+
+
+class SshReader:
+    def __init__(self, fleet: Fleet, node: Node, sessions: asyncio.Semaphore) -> None:
+        self.fleet = fleet
+        self.node = node
+        self.user, self.host = _target(node)
+        self.port = node.ssh_port or 22
+        self.known_hosts = Path(node.ssh_known_hosts or "~/.ssh/known_hosts").expanduser()
+        self.sessions = sessions
+        self.timeout_s = fleet.fleet.ssh_timeout_s
+        self._conn: asyncssh.SSHClientConnection | None = None
+        self.command = shlex.join(node.ssh_agent_command)
+
+    async def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            with contextlib.suppress(Exception):
+                await self._conn.wait_closed()
+            self._conn = None
+
+    async def snapshot(self) -> Snapshot:
+        """One reading of the host; raises SshError, within the timeout."""
+        async with self.sessions:
+            try:
+                async with asyncio.timeout(self.timeout_s):
+                    return await self._read()
+            except TimeoutError:
+                await self.close()
+                stage = "connect (no SSH banner?)" if self._conn is None else "answer"
+                raise SshError(f"ssh {self.host}: no {stage} within {self.timeout_s:g} s") from None
+
+    async def _read(self) -> Snapshot:
+        conn = await self._connection()
+        try:
+            result = await conn.run(self.command, check=False)
+        except (asyncssh.Error, OSError) as exc:
+            await self.close()  # the next refresh reconnects
+            raise SshError(f"ssh {self.host}: session failed: {_why(exc)}") from None
+        out = _text(result.stdout)
+        if result.exit_status == 0:
+            return self._parse(out)
+        if result.exit_status == NOT_FOUND:
+            return await self._fallback(conn)
+        err = _text(result.stderr).strip().splitlines()
+        raise SshError(
+            f"ssh {self.host}: `{self.command}` exited {result.exit_status}"
+            + (f": {err[-1][:200]}" if err else "")
+        )
+
+    def _parse(self, out: str) -> Snapshot:
+        if len(out) > MAX_OUTPUT:
+            raise SshError(f"ssh {self.host}: `{self.command}` printed over 16 MiB")
+        try:
+            snap = Snapshot.model_validate_json(out)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"]) or "output"
+            raise SshError(
+                f"ssh {self.host}: `{self.command}` printed no snapshot "
+                f"({where}: {first['msg']}; starts {out[:40]!r})"
+            ) from None
+        snap.node.name = self.node.name
+        snap.source = "ssh"
+        snap.cycle["interval_s"] = self.fleet.fleet.ssh_refresh_s
+        return snap
+
+    async def _connection(self) -> asyncssh.SSHClientConnection:
+        if self._conn is not None and not self._conn.is_closed():
+            return self._conn
+        self._conn = None
+        try:
+            self._conn = await self._connect()
+        except asyncssh.HostKeyNotVerifiable:
+            self._conn = await self._unknown_host_key()
+        except asyncssh.PermissionDenied:
+            raise SshError(f"ssh {self.node.ssh}: permission denied (key refused)") from None
+        except (asyncssh.Error, OSError) as exc:
+            raise SshError(f"ssh {self.host}:{self.port}: {_why(exc)}") from None
+        return self._conn
+
+    async def _connect(self, known_hosts: object = None) -> asyncssh.SSHClientConnection:
+        if not self.known_hosts.exists():
+            raise SshError(
+                f"ssh {self.host}: known_hosts file {self.known_hosts} does not exist "
+                "(host keys are always checked)"
+            )
+        return await asyncssh.connect(
+            self.host,
+            port=self.port,
+            username=self.user,
+            client_keys=[os.path.expanduser(self.node.ssh_key)] if self.node.ssh_key else (),
+            known_hosts=known_hosts if known_hosts is not None else str(self.known_hosts),
+            agent_path=None,
+            config=None,
+            keepalive_interval=30,
+        )
+
+    async def _unknown_host_key(self) -> asyncssh.SSHClientConnection:
+        key = await asyncssh.get_server_host_key(self.host, self.port)
+        if key is None:
+            raise SshError(f"ssh {self.host}: host key not verifiable and not presented")
+        fingerprint = key.get_fingerprint()
+        listed = self._listed()
+        if listed or not self.node.ssh_trust_on_first_use:
+            what = "CHANGED: it does not match" if listed else "is not in"
+            raise SshError(
+                f"ssh {self.host}:{self.port}: host key {key.get_algorithm()} {fingerprint} "
+                f"{what} {self.known_hosts}"
+            )
+        entry = self.host if self.port == 22 else f"[{self.host}]:{self.port}"
+        line = f"{entry} {key.export_public_key('openssh').decode().strip()}\n"
+        with self.known_hosts.open("a") as f:
+            f.write(line)  # trust on first use, as the fleet file asks
+        return await self._connect()
+
+    def _listed(self) -> bool:
+        """Whether the known_hosts file has any key for this host (then a mismatch is a
+        changed key, never a first use)."""
+        names = {self.host, f"[{self.host}]:{self.port}"}
+        try:
+            lines = self.known_hosts.read_text().splitlines()
+        except OSError:
+            return False
+        for line in lines:
+            hosts = line.split(maxsplit=1)[0] if line.strip() else ""
+            if names & set(hosts.split(",")):
+                return True
+        return False
+
+    async def _fallback(self, conn: asyncssh.SSHClientConnection) -> Snapshot:
+        """No engineroom on the host: GPUs from nvidia-smi, engines from the process list."""
+        try:
+            result = await conn.run(FALLBACK, check=False)
+        except (asyncssh.Error, OSError) as exc:
+            await self.close()
+            raise SshError(f"ssh {self.host}: session failed: {_why(exc)}") from None
+        out = _text(result.stdout)
+        if len(out) > MAX_OUTPUT:
+            raise SshError(f"ssh {self.host}: the fallback commands printed over 16 MiB")
+        gpu_part, _, rest = out.partition("@@exit ")
+        code, _, rest = rest.partition("\n")
+        apps_part, _, rest = rest.partition("@@ps\n")
+        ps_part, _, hostname = rest.partition("@@host\n")
+        processes = _processes(ps_part)
+        gpus, driver, gpu_status = _gpus(gpu_part, code.strip(), apps_part, processes)
+        engines = sorted(
+            f"{kind} pid {pid}"
+            for pid, args in processes.items()
+            for kind, marks in ENGINE_MARKERS.items()
+            if any(m in args for m in marks)
+        )
+        missing = [
+            f"engines: `{self.node.ssh_agent_command[0]}` is not installed on {self.host}, so "
+            "no engine is probed"
+            + (f" (running: {', '.join(engines[:6])})" if engines else " (none running)"),
+            "host CPU, memory and disks",
+            "GPU ECC, clock reasons and XID events",
+        ]
+        return Snapshot(
+            node=NodeInfo(
+                name=self.node.name,
+                agent_version="none (nvidia-smi over SSH)",
+                time=time.time(),
+                hostname=hostname.strip() or self.host,
+            ),
+            host=Host(),
+            gpu_status=gpu_status,
+            driver_version=driver,
+            gpus=gpus,
+            cycle={"interval_s": self.fleet.fleet.ssh_refresh_s},
+            source="ssh nvidia-smi",
+            missing=missing,
+        )
+
+
+def _processes(text: str) -> dict[int, str]:
+    out = {}
+    for line in text.splitlines():
+        pid, _, args = line.strip().partition(" ")
+        if pid.isdigit():
+            out[int(pid)] = args.strip()
+    return out
+
+
+def _num(value: str) -> float | None:
+    try:
+        return float(value)
+    except ValueError:
+        return None  # "[N/A]", "[Not Supported]": unknown, never 0
+
+
+def _gpus(
+    text: str, code: str, apps: str, processes: dict[int, str]
+) -> tuple[list[Gpu], str | None, str]:
+    if code != "0":
+        status = "nvidia-smi not found" if code == "127" else f"nvidia-smi exited {code}"
+        first = text.strip().splitlines()[:1]
+        return [], None, status + (f": {first[0][:160]}" if first and code != "127" else "")
+    by_uuid: dict[str, list[GpuProcess]] = {}
+    for row in csv.reader(io.StringIO(apps)):
+        if len(row) < 3 or not row[0].strip().isdigit():
+            continue
+        pid, used = int(row[0]), _num(row[1].strip())
+        name = processes.get(pid, row[3].strip() if len(row) > 3 else "").split(" ")[0]
+        by_uuid.setdefault(row[2].strip(), []).append(
+            GpuProcess(
+                pid=pid,
+                used_memory_bytes=None if used is None else int(used * 2**20),
+                name=os.path.basename(name) or None,
+            )
+        )
+    gpus, driver = [], None
+    for row in csv.reader(io.StringIO(text)):
+        row = [c.strip() for c in row]
+        if len(row) < 13 or not row[0].isdigit():
+            continue
+        mib = 2**20
+        used, total = _num(row[5]), _num(row[6])
+        sm, mem = _num(row[10]), _num(row[11])
+        gpus.append(
+            Gpu(
+                index=int(row[0]),
+                uuid=row[1],
+                name=row[2],
+                utilization_pct=_num(row[3]),
+                memory_utilization_pct=_num(row[4]),
+                memory_used_bytes=None if used is None else int(used * mib),
+                memory_total_bytes=None if total is None else int(total * mib),
+                temperature_c=_num(row[7]),
+                power_w=_num(row[8]),
+                power_limit_w=_num(row[9]),
+                sm_clock_mhz=None if sm is None else int(sm),
+                mem_clock_mhz=None if mem is None else int(mem),
+                processes=by_uuid.get(row[1], []),
+            )
+        )
+        driver = row[12] or driver
+    if not gpus:
+        return [], driver, f"nvidia-smi printed no GPU rows ({text.strip()[:80]!r})"
+    return gpus, driver, "ok"
+
+
+def _text(value: object) -> str:
+    if isinstance(value, bytes):
+        return value.decode(errors="replace")
+    return value if isinstance(value, str) else ""
+
+
+def _why(exc: BaseException) -> str:
+    if isinstance(exc, ConnectionRefusedError):
+        return "connection refused"
+    text = str(exc) or exc.__class__.__name__
+    return text[:200]

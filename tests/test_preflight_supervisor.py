@@ -1,0 +1,93 @@
+"""The preflight's GPU check over NVML readings, and the supervisor's SIGKILL fallback.
+
+GPU readings are wire objects as the agent builds them from NVML; these machines have no
+GPU. The SIGKILL test runs a real process that ignores SIGTERM, standing in for a hung
+engine (a stand-in, not vLLM: the point is the supervisor's escalation).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from console.agent import preflight
+from console.agent.launch import vllm_launch
+from console.agent.supervisor import Supervisor, group_pids
+from console.core.config import parse_fleet
+from console.core.wire import Gpu, GpuProcess
+
+GIB = 2**30
+FLEET = parse_fleet("""
+[fleet]
+name = "t"
+[[nodes]]
+name = "n"
+agent = "http://127.0.0.1:9410"
+[profiles.p]
+engine = "vllm"
+node = "n"
+model = "/m"
+served_model_name = "m"
+port = 8001
+gpus = [0, 1]
+tensor_parallel_size = 2
+args = { gpu_memory_utilization = 0.5 }
+stop_grace_s = 1
+""")
+PROFILE = FLEET.profiles["p"]
+
+
+def gpu(index: int, used_gib: float, processes: list[GpuProcess] | None = None) -> Gpu:
+    return Gpu(
+        index=index,
+        memory_total_bytes=int(80 * GIB),
+        memory_used_bytes=int(used_gib * GIB),
+        processes=[] if processes is None else processes,
+    )
+
+
+def test_idle_gpus_with_room_pass():
+    check = preflight.gpu_check((0, 1), PROFILE, [gpu(0, 0.5), gpu(1, 30)], "ok")
+    assert check.ok, check.detail
+    assert check.detail == "GPU 0 idle, 79.5 GiB free; GPU 1 idle, 50.0 GiB free"
+
+
+def test_a_gpu_held_by_another_engine_or_short_of_memory_fails_naming_it():
+    busy = gpu(0, 70, [GpuProcess(pid=4242, engine_id="triton-8000", used_memory_bytes=70 * GIB)])
+    check = preflight.gpu_check((0, 1), PROFILE, [busy, gpu(1, 45)], "ok")
+    assert not check.ok
+    assert "GPU 0 is in use by pid 4242 (triton-8000)" in check.detail
+    assert "GPU 1 has 35.0 GiB free, the profile needs 40.0 GiB (gpu_memory_utilization 0.5)" in (
+        check.detail
+    )
+
+
+def test_missing_gpus_and_no_nvml_fail_clearly():
+    check = preflight.gpu_check((0, 7), PROFILE, [gpu(0, 0)], "ok")
+    assert "GPU 7 does not exist (this node has [0])" in check.detail
+    check = preflight.gpu_check((0,), PROFILE, [], "no NVIDIA driver (NVML library not found)")
+    assert check.detail == (
+        "GPUs [0] requested, but NVML reports: no NVIDIA driver (NVML library not found)"
+    )
+
+
+async def test_an_engine_that_ignores_sigterm_is_killed_after_the_grace(tmp_path: Path):
+    supervisor = Supervisor(tmp_path, log_max_bytes=65536, log_keep=1)
+    launch = vllm_launch(PROFILE)
+    stubborn = (
+        sys.executable,
+        "-c",
+        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        "print('ignoring SIGTERM', flush=True); time.sleep(120)",
+    )
+    launch = type(launch)(stubborn, {}, launch.port, launch.gpus)
+    managed = supervisor.spawn("vllm-8001", "vllm", "p", {}, launch, "http://x", "m", "job1")
+    deadline = time.monotonic() + 10
+    while managed.engine_pid() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert managed.alive()
+    how = await supervisor.stop(managed, grace_s=1.0)
+    assert how == "did not exit within 1 s of SIGTERM: killed (SIGKILL)"
+    assert not managed.alive() and group_pids(managed.pgid) == []
+    assert "ignoring SIGTERM" in managed.log_path.read_text()
