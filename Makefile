@@ -6,7 +6,7 @@ ENGINES := .engines
 VLLM_VENV := $(ENGINES)/vllm
 TRITON_VENV := $(ENGINES)/triton
 
-.PHONY: demo test test-quick lint bench bench-console screenshots engines clean
+.PHONY: demo test test-quick lint bench bench-console screenshots engines sshd clean
 
 # The console's own environment: the demo needs only this.
 $(BIN)/engineroom: pyproject.toml
@@ -38,6 +38,12 @@ $(TRITON_VENV)/.ready:
 
 engines: $(VLLM_VENV)/.ready $(TRITON_VENV)/.ready
 
+# A real OpenSSH server for the agentless-node tests (Debian's openssh-server; it is not
+# started as a service: each test run starts its own on a loopback port).
+sshd:
+	test -x /usr/sbin/sshd || apt-get install -y -qq openssh-server >/dev/null \
+		|| (apt-get update -qq && apt-get install -y -qq openssh-server >/dev/null)
+
 demo: $(BIN)/engineroom
 	$(BIN)/engineroom demo
 
@@ -46,13 +52,13 @@ lint: $(VENV)/.test-deps
 	$(BIN)/ruff format --check console plugins tests bench
 	$(BIN)/mypy
 
-test: $(VENV)/.test-deps engines lint
+test: $(VENV)/.test-deps engines sshd lint
 	ENGINEROOM_VLLM_PYTHON=$(CURDIR)/$(VLLM_VENV)/bin/python \
 	ENGINEROOM_TRITON_PYTHON=$(CURDIR)/$(TRITON_VENV)/bin/python \
 	$(BIN)/pytest -q
 
 # The quick subset while working: no real engines.
-test-quick: $(VENV)/.test-deps
+test-quick: $(VENV)/.test-deps sshd
 	$(BIN)/pytest -q -m 'not engines'
 
 bench: $(VENV)/.test-deps engines
@@ -60,6 +66,7 @@ bench: $(VENV)/.test-deps engines
 	ENGINEROOM_TRITON_PYTHON=$(CURDIR)/$(TRITON_VENV)/bin/python \
 	$(BIN)/python -m bench.agent_cycle
 	$(BIN)/python -m bench.cold_start
+	$(BIN)/python -m bench.ssh_refresh
 	$(BIN)/python -m bench.console_scale
 
 # Every screen on the simulated demo fleet, as SVG and PNG (PNG through Debian's librsvg).

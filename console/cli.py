@@ -64,6 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
     _fleet_arg(check)
     check.add_argument("--json", action="store_true", help="stable JSON (docs/check-json.md)")
     check.add_argument(
+        "--prometheus", action="store_true", help="Prometheus text (node up, alerts, status)"
+    )
+    check.add_argument(
         "--watch",
         type=float,
         default=None,
@@ -121,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
             from console.collect.check import run_check
 
             fleet = load_fleet(args.fleet or _default_fleet())
-            return run_check(fleet, as_json=args.json, watch=args.watch)
+            return run_check(fleet, as_json=args.json, watch=args.watch, prometheus=args.prometheus)
         if args.command == "vllm":
             from console.collect.actions import run_vllm
 

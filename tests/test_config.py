@@ -130,3 +130,14 @@ def test_the_agent_names_a_node_the_file_does_not_declare(tmp_path):
     result = run_cli("agent", "--fleet", str(path), "--node", "nope", "--once", "--json")
     assert result.returncode == 3
     assert "no node named 'nope' (nodes: gpu-a1, gpu-b7)" in result.stderr
+
+
+def test_a_node_without_a_way_to_reach_it_is_refused():
+    with pytest.raises(ConfigError) as exc:
+        parse_fleet('[fleet]\nname = "t"\n[[nodes]]\nname = "lost"\n')
+    assert str(exc.value) == (
+        'fleet.toml:3: nodes[0]: needs agent = "http://HOST:PORT" or ssh = "user@host"'
+    )
+    with pytest.raises(ConfigError) as exc:
+        parse_fleet('[fleet]\nname = "t"\n[[nodes]]\nname = "x"\nssh = "root@"\n')
+    assert "nodes[0]: ssh: wants user@host or host, got 'root@'" in str(exc.value)

@@ -27,11 +27,19 @@ async def poll_once(fleet: Fleet, timeout_s: float | None = None) -> tuple[Fleet
 
 
 def run_check(
-    fleet: Fleet, *, as_json: bool = False, watch: float | None = None, out: TextIO = sys.stdout
+    fleet: Fleet,
+    *,
+    as_json: bool = False,
+    watch: float | None = None,
+    out: TextIO = sys.stdout,
+    prometheus: bool = False,
 ) -> int:
     if watch is None:
         view, states = asyncio.run(poll_once(fleet))
-        out.write(to_json(view, states) + "\n" if as_json else render(view) + "\n")
+        if prometheus:
+            out.write(to_prometheus(fleet, view))
+        else:
+            out.write(to_json(view, states) + "\n" if as_json else render(view) + "\n")
         return EXIT[view.summary.status]
     return asyncio.run(_watch(fleet, watch, as_json, out))
 
@@ -130,6 +138,8 @@ def to_dict(view: FleetView, states: dict[str, NodeState]) -> dict[str, Any]:
                 "name": row.name,
                 "status": row.status,
                 "transport": row.transport,
+                "source": snap.source if snap else None,
+                "missing": snap.missing if snap else [],
                 "error": row.error,
                 "age_s": None if row.age_s is None else round(row.age_s, 3),
                 "host": snap.host.model_dump() if snap else None,
@@ -206,3 +216,39 @@ def to_dict(view: FleetView, states: dict[str, NodeState]) -> dict[str, Any]:
 
 def to_json(view: FleetView, states: dict[str, NodeState]) -> str:
     return json.dumps(to_dict(view, states), indent=2, sort_keys=False)
+
+
+def _label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def to_prometheus(fleet: Fleet, view: FleetView) -> str:
+    """The check as Prometheus text (for node_exporter's textfile collector, say)."""
+    name = _label(fleet.fleet.name)
+    lines = [
+        "# HELP engineroom_check_status 0 healthy, 1 degraded, 2 unreachable (the exit code).",
+        "# TYPE engineroom_check_status gauge",
+        f'engineroom_check_status{{fleet="{name}"}} {EXIT[view.summary.status]}',
+        "# HELP engineroom_node_up 1 when the node's newest snapshot is fresh.",
+        "# TYPE engineroom_node_up gauge",
+    ]
+    for row in view.nodes:
+        labels = f'node="{_label(row.name)}",transport="{row.transport}"'
+        lines.append(f"engineroom_node_up{{{labels}}} {int(row.status == 'up')}")
+    lines += [
+        "# HELP engineroom_node_snapshot_age_seconds Age of the newest snapshot (absent: none).",
+        "# TYPE engineroom_node_snapshot_age_seconds gauge",
+    ]
+    for row in view.nodes:
+        if row.age_s is not None:
+            lines.append(
+                f'engineroom_node_snapshot_age_seconds{{node="{_label(row.name)}"}} {row.age_s:.3f}'
+            )
+    lines += [
+        "# HELP engineroom_alerts Alerts raised now, by severity.",
+        "# TYPE engineroom_alerts gauge",
+    ]
+    for severity in ("critical", "warning"):
+        count = sum(1 for a in view.alerts if a.severity == severity)
+        lines.append(f'engineroom_alerts{{severity="{severity}"}} {count}')
+    return "\n".join(lines) + "\n"

@@ -16,7 +16,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from console.core.tomlpos import Path as KeyPath
 from console.core.tomlpos import format_path, key_lines, line_of
@@ -85,6 +85,14 @@ class Node(_Strict):
     ssh_agent_command: list[str] = Field(
         default_factory=lambda: ["engineroom", "agent", "--once", "--json"]
     )
+
+    @model_validator(mode="after")
+    def _reachable(self) -> Node:
+        if not self.agent and not self.ssh:
+            raise ValueError('needs agent = "http://HOST:PORT" or ssh = "user@host"')
+        if self.ssh is not None and not self.ssh.rpartition("@")[2]:
+            raise ValueError(f"ssh: wants user@host or host, got {self.ssh!r}")
+        return self
 
     @property
     def transport(self) -> Literal["agent", "ssh"]:

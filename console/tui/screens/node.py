@@ -90,6 +90,10 @@ class NodeScreen(ViewScreen):
             t.append(f"  {engine_summary(snap.engines)}")
             if snap.gpu_status != "ok":
                 t.append(f"\nGPUs: {snap.gpu_status}", style="yellow")
+            if snap.source != "agent":
+                t.append(f"\nread by {snap.source}", style="cyan")
+            for gap in snap.missing:
+                t.append(f"\nnot shown: {gap}", style="dim yellow")
             running = [j for j in snap.jobs if j.state in ("queued", "running")]
             if running:
                 t.append(f"\njobs running: {', '.join(f'{j.kind} {j.id}' for j in running)}")

@@ -1,0 +1,222 @@
+"""Agentless nodes over SSH, against a real OpenSSH server on loopback (tests/sshd.py).
+
+Read with engineroom installed on the host, and without it (the nvidia-smi fallback runs
+the nvidia-smi TEST DOUBLE: these machines have no GPU). A wrong host key, an unknown
+one, a refused port, a host that never sends its banner and a command that prints
+garbage each give the node a clear state, within the timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from console.collect.collector import Collector
+from console.core.config import parse_fleet
+from console.tui.app import EngineroomApp
+from console.tui.screens.node import NodeScreen
+from tests.conftest import run_cli
+from tests.engines.servers import free_port
+from tests.sshd import (
+    Sshd,
+    install_engineroom,
+    install_nvidia_smi_double,
+    keygen,
+    start_sshd,
+    stop_sshd,
+)
+
+
+@pytest.fixture(scope="module")
+def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sshd]:
+    server = start_sshd(tmp_path_factory.mktemp("sshd"))
+    install_engineroom(server)
+    install_nvidia_smi_double(server)
+    yield server
+    stop_sshd(server)
+
+
+def node(sshd: Sshd, name: str, known_hosts: Path, port: int | None = None, **extra: str) -> str:
+    lines = [
+        "[[nodes]]",
+        f'name = "{name}"',
+        f'ssh = "{sshd.user}@127.0.0.1"',
+        f"ssh_port = {port or sshd.port}",
+        f'ssh_key = "{sshd.client_key}"',
+        f'ssh_known_hosts = "{known_hosts}"',
+        *(f"{k} = {v}" for k, v in extra.items()),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def fleet_text(*nodes: str, timeout: float = 20.0) -> str:
+    return (
+        f'[fleet]\nname = "ssh"\nrefresh_s = 0.5\nssh_refresh_s = 1\n'
+        f"ssh_timeout_s = {timeout}\n" + "".join(nodes)
+    )
+
+
+async def poll(text: str) -> Collector:
+    collector = Collector(parse_fleet(text))
+    async with collector:
+        await collector.poll_all()
+    return collector
+
+
+async def test_a_host_with_engineroom_is_read_by_running_the_agent_once(sshd, tmp_path):
+    text = fleet_text(node(sshd, "box", sshd.known_hosts(tmp_path / "kh")))
+    state = (await poll(text)).states["box"]
+    assert state.error is None, state.error
+    snap = state.snapshot
+    assert snap is not None and snap.source == "ssh"
+    assert snap.node.name == "box" and snap.host.cpu_count  # the host's own reading
+    assert snap.gpu_status.startswith("no NVIDIA driver")  # this machine has no GPU
+    assert snap.missing == []
+
+
+async def test_a_host_without_engineroom_falls_back_to_nvidia_smi_and_says_what_is_missing(
+    sshd, tmp_path
+):
+    text = fleet_text(
+        node(
+            sshd,
+            "bare",
+            sshd.known_hosts(tmp_path / "kh"),
+            ssh_agent_command='["engineroom-not-installed", "agent", "--once", "--json"]',
+        )
+    )
+    state = (await poll(text)).states["bare"]
+    assert state.error is None, state.error
+    snap = state.snapshot
+    assert snap is not None and snap.source == "ssh nvidia-smi" and snap.gpu_status == "ok"
+    assert snap.driver_version == "580.159.04"
+    busy, idle = snap.gpus
+    assert (busy.name, busy.utilization_pct, busy.power_w) == ("NVIDIA H200", 87.0, 512.34)
+    assert busy.memory_used_bytes == 120210 * 2**20
+    assert busy.processes and busy.processes[0].used_memory_bytes == 118000 * 2**20
+    assert idle.utilization_pct == 0.0 and idle.processes == []
+    assert busy.ecc_uncorrected is None  # nvidia-smi was not asked: unknown, not 0
+    assert snap.host.cpu_pct is None
+    assert snap.missing[0].startswith("engines: `engineroom-not-installed` is not installed")
+
+
+@pytest.mark.parametrize(
+    ("case", "expected"),
+    [
+        ("changed key", "CHANGED: it does not match"),
+        ("unknown key", "is not in"),
+        ("refused", "connection refused"),
+        ("garbage", "printed no snapshot"),
+        ("hung", "no connect (no SSH banner?) within 2 s"),
+    ],
+)
+async def test_bad_hosts_get_a_clear_state_within_the_timeout(sshd, tmp_path, case, expected):
+    known = sshd.known_hosts(tmp_path / "kh")
+    port, extra = None, {}
+    server = None
+    if case == "changed key":
+        keygen(tmp_path / "other")
+        other = " ".join((tmp_path / "other.pub").read_text().split()[:2])
+        known = sshd.known_hosts(tmp_path / "kh", other)
+    elif case == "unknown key":
+        known.write_text("")
+    elif case == "refused":
+        port = free_port()
+    elif case == "garbage":
+        extra["ssh_agent_command"] = '["echo", "this is not JSON"]'
+    elif case == "hung":
+        server = await asyncio.start_server(lambda r, w: asyncio.sleep(3600), "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+    text = fleet_text(node(sshd, "bad", known, port=port, **extra), timeout=2)
+    started = time.monotonic()
+    state = (await poll(text)).states["bad"]
+    took = time.monotonic() - started
+    if server is not None:
+        server.close()
+    assert state.snapshot is None
+    assert expected in (state.error or ""), state.error
+    if "key" in case:
+        assert "SHA256:" in (state.error or "")  # the fingerprint it presented
+    assert took < 5, f"{case} took {took:.1f} s"
+
+
+async def test_trust_on_first_use_adds_the_key_when_the_file_asks(sshd, tmp_path):
+    known = tmp_path / "kh"
+    known.write_text("")
+    text = fleet_text(node(sshd, "new", known, ssh_trust_on_first_use="true"))
+    state = (await poll(text)).states["new"]
+    assert state.error is None, state.error
+    assert sshd.host_key_line in known.read_text()
+
+
+def test_check_reads_ssh_nodes_with_exit_codes_0_1_2(sshd, tmp_path):
+    known = sshd.known_hosts(tmp_path / "kh")
+    good = fleet_text(node(sshd, "box", known))
+    (tmp_path / "good.toml").write_text(good)
+    result = run_cli("check", "--fleet", str(tmp_path / "good.toml"), "--json")
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads(result.stdout)
+    (row,) = report["nodes"]
+    assert (row["name"], row["status"], row["transport"]) == ("box", "up", "ssh")
+
+    gone = node(sshd, "gone", known, port=free_port())
+    (tmp_path / "mixed.toml").write_text(fleet_text(node(sshd, "box", known), gone))
+    result = run_cli("check", "--fleet", str(tmp_path / "mixed.toml"))
+    assert result.returncode == 1, result.stdout + result.stderr  # degraded: one is down
+    assert "connection refused" in result.stdout
+
+    result = run_cli("check", "--fleet", str(tmp_path / "mixed.toml"), "--prometheus")
+    assert result.returncode == 1
+    assert 'engineroom_node_up{node="box",transport="ssh"} 1' in result.stdout
+    assert 'engineroom_node_up{node="gone",transport="ssh"} 0' in result.stdout
+    assert 'engineroom_check_status{fleet="ssh"} 1' in result.stdout
+
+    (tmp_path / "gone.toml").write_text(fleet_text(gone))
+    result = run_cli("check", "--fleet", str(tmp_path / "gone.toml"))
+    assert result.returncode == 2, result.stdout + result.stderr  # unreachable: none answered
+
+
+async def test_ssh_nodes_show_as_ssh_and_cannot_start_engines(sshd, tmp_path):
+    text = fleet_text(node(sshd, "box", sshd.known_hosts(tmp_path / "kh")))
+    app = EngineroomApp(parse_fleet(text))
+    async with app.run_test(size=(120, 36)) as pilot:
+        for _ in range(100):
+            if app.collector.states["box"].snapshot is not None:
+                break
+            await pilot.pause(0.1)
+        app.open_node("box")
+        await pilot.pause(0.5)
+        assert isinstance(app.screen, NodeScreen)
+        info = str(app.screen.query_one("#node-info").render())
+        assert "via ssh" in info
+        assert "box is read over SSH: starting and stopping engines needs its agent" in info
+        assert app.screen.check_action("start_vllm", ()) is None
+
+
+async def test_the_console_answers_keys_while_an_ssh_host_hangs(sshd, tmp_path):
+    server = await asyncio.start_server(lambda r, w: asyncio.sleep(3600), "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    text = fleet_text(node(sshd, "hung", sshd.known_hosts(tmp_path / "kh"), port=port), timeout=3)
+    app = EngineroomApp(parse_fleet(text))
+    async with app.run_test(size=(120, 36)) as pilot:
+        await pilot.pause(1.2)  # the first read is now waiting on the hung host
+        worst = 0.0
+        for key in ("m", "g", "v", "n"):
+            started = time.monotonic()
+            await pilot.press(key)
+            await pilot.pause()
+            worst = max(worst, time.monotonic() - started)
+        assert worst < 1.0, f"a key took {worst:.2f} s while an SSH host hung"
+        for _ in range(60):
+            if app.collector.states["hung"].error:
+                break
+            await pilot.pause(0.1)
+        assert "no connect (no SSH banner?) within 3 s" in (
+            app.collector.states["hung"].error or ""
+        )
+    server.close()
