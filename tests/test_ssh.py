@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +22,7 @@ from console.collect.collector import Collector
 from console.core.config import parse_fleet
 from console.tui.app import EngineroomApp
 from console.tui.screens.node import NodeScreen
-from tests.conftest import run_cli
+from tests.conftest import agent_env, run_cli
 from tests.engines.servers import free_port
 from tests.sshd import (
     Sshd,
@@ -220,3 +222,21 @@ async def test_the_console_answers_keys_while_an_ssh_host_hangs(sshd, tmp_path):
             app.collector.states["hung"].error or ""
         )
     server.close()
+
+
+def test_check_watch_prints_a_fresh_table_every_interval_without_a_tui(sshd, tmp_path):
+    (tmp_path / "f.toml").write_text(
+        fleet_text(node(sshd, "box", sshd.known_hosts(tmp_path / "kh")))
+    )
+    process = subprocess.Popen(
+        [sys.executable, "-m", "console.cli", "check", "--fleet", str(tmp_path / "f.toml"),
+         "--watch", "0.5"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=agent_env(),
+    )  # fmt: skip
+    time.sleep(5)
+    process.terminate()
+    out, err = process.communicate(timeout=10)
+    tables = out.count("NODE ")
+    assert tables >= 2, out + err
+    assert out.count("box           up/ssh") == tables  # every table is a fresh, full one
+    assert "\x1b[" not in out  # not a terminal: no screen clearing
