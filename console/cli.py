@@ -94,6 +94,19 @@ def build_parser() -> argparse.ArgumentParser:
         action.add_argument("--wait", action="store_true", help="follow the job to its end")
         action.add_argument("--json", action="store_true", help="print the job as JSON")
 
+    gateway = sub.add_parser("gateway", help="run the OpenAI gateway in front of the fleet")
+    _fleet_arg(gateway)
+    gateway.add_argument("--listen", type=_split_listen, default=None, metavar="HOST:PORT")
+
+    failover = sub.add_parser("failover", help="move a model's traffic to another deployment")
+    _fleet_arg(failover)
+    failover.add_argument("model")
+    failover.add_argument("--to", required=True, metavar="DEPLOYMENT")
+    failover.add_argument("--emergency", action="store_true", help="all weight at once")
+    failover.add_argument("--why", default="", help="recorded in the audit log")
+    failover.add_argument("--wait", action="store_true", help="follow the job to its end")
+    failover.add_argument("--json", action="store_true")
+
     jobs = sub.add_parser("jobs", help="the jobs of every agent, newest first")
     _fleet_arg(jobs)
     jobs.add_argument("--node", default=None)
@@ -135,6 +148,22 @@ def main(argv: list[str] | None = None) -> int:
                 profile=getattr(args, "profile", None),
                 engine=getattr(args, "engine", None),
                 sets=getattr(args, "set", None),
+                wait=args.wait,
+                as_json=args.json,
+            )
+        if args.command == "gateway":
+            from console.gateway.server import run_gateway
+
+            return run_gateway(args.fleet or _default_fleet(), args.listen)
+        if args.command == "failover":
+            from console.collect.failover_cli import run_failover
+
+            return run_failover(
+                load_fleet(args.fleet or _default_fleet()),
+                args.model,
+                args.to,
+                emergency=args.emergency,
+                why=args.why,
                 wait=args.wait,
                 as_json=args.json,
             )

@@ -84,7 +84,9 @@ async def test_an_engine_that_ignores_sigterm_is_killed_after_the_grace(tmp_path
     launch = type(launch)(stubborn, {}, launch.port, launch.gpus)
     managed = supervisor.spawn("vllm-8001", "vllm", "p", {}, launch, "http://x", "m", "job1")
     deadline = time.monotonic() + 10
-    while managed.engine_pid() is None and time.monotonic() < deadline:
+    # Its handler is in place once it says so (a SIGTERM before that would kill it).
+    while "ignoring SIGTERM" not in managed.log_path.read_text():
+        assert time.monotonic() < deadline, "the stand-in never started"
         time.sleep(0.05)
     assert managed.alive()
     how = await supervisor.stop(managed, grace_s=1.0)

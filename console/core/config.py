@@ -100,9 +100,18 @@ class Node(_Strict):
 
 
 class GatewaySection(_Strict):
-    url: str
-    token_env: EnvName = DEFAULT_ADMIN_ENV
-    listen: str | None = None
+    """The gateway: the fleet's one OpenAI front door (console.gateway)."""
+
+    url: str  # where consoles and the CLI reach it
+    token_env: EnvName = DEFAULT_ADMIN_ENV  # the admin token (routes, failovers)
+    listen: str | None = None  # HOST:PORT; default the host and port of `url`
+    api_keys_env: EnvName | None = None  # client keys (comma-separated) for the front door
+    state_dir: str = "~/.local/state/engineroom/gateway"  # routes, jobs and audit (SQLite)
+    health_interval_s: Seconds = 1.0  # active checks of every deployment
+    connect_timeout_s: Seconds = 2.0
+    read_timeout_s: Seconds = 600.0  # between two chunks of an answer
+    max_body_bytes: Annotated[int, Field(ge=1024)] = 4 * 1024 * 1024
+    window_s: Seconds = 60.0  # the gateway's own latency and error windows
 
 
 class Slo(_Strict):
@@ -121,6 +130,9 @@ class Deployment(_Strict):
     metrics_endpoint: str | None = None  # where it differs from endpoint (Triton: port 8002)
     weight: Annotated[int, Field(ge=0)] = 100
     profile: str | None = None
+    # Triton: how the gateway renders chat messages into one text_input ({role}, {content}).
+    chat_template: str = "{role}: {content}\n"
+    chat_prompt_suffix: str = "assistant:"
 
     @field_validator("endpoint", "metrics_endpoint")
     @classmethod
@@ -130,10 +142,22 @@ class Deployment(_Strict):
         return value.rstrip("/") if value else value
 
 
+class FailoverPlan(_Strict):
+    """How a planned failover shifts a model's traffic (POST /admin/failover)."""
+
+    steps: list[Annotated[int, Field(gt=0, le=100)]] = Field(default_factory=lambda: [10, 50, 100])
+    verify_s: Seconds = 10.0  # the verification window after each step
+    warmup_requests: Annotated[int, Field(ge=0)] = 5
+    drain_timeout_s: Seconds = 120.0
+    canary_prompt: str = "Say hello."
+
+
 class Model(_Strict):
     name: str
     slo: Slo = Slo()
     deployments: list[Deployment] = Field(default_factory=list)
+    auto_failover: bool = False  # the gateway moves traffic itself when a deployment dies
+    failover: FailoverPlan = FailoverPlan()
 
 
 ArgValue = str | int | float | bool

@@ -1,0 +1,1 @@
+"""The gateway: one OpenAI front door across engines, live routes, and failover jobs."""

@@ -1,0 +1,474 @@
+"""Failover jobs: move a model's traffic to another deployment without dropping a request.
+
+Planned (`mode: planned`):
+  1. preflight: the target answers its health check and serves the model; a canary
+     completion through it meets the model's TTFT SLO; its queue and KV cache have room;
+  2. warm-up: `warmup_requests` requests to the target;
+  3. shift in steps (default 10%, 50%, 100%), each followed by a verification window in
+     which the target's error rate and p95 TTFT/ITL, as the gateway measured them, must
+     meet the SLO; a breach rolls back to the weights from before the job and fails it
+     with the numbers;
+  4. drain: the source takes no new requests; wait until its in-flight count is zero;
+  5. done: before and after routes, timings, the verification figures.
+Emergency (`mode: emergency`): the target's health check, then all weight at once.
+
+Jobs run in the gateway, so a console that disconnects changes nothing. One failover per
+model at a time. Every weight change is audited with the job id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+import aiohttp
+
+from console.agent.store import FINAL
+from console.gateway.upstream import Upstream, check
+from plugins import load_plugins
+from plugins.base import EngineTarget, ProbeContext
+
+if TYPE_CHECKING:
+    from console.gateway.server import Gateway
+
+log = logging.getLogger(__name__)
+
+KV_FULL = 0.9  # a target whose KV cache is fuller than this has no room
+
+
+class FailoverRefused(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class StepFailed(Exception):
+    pass
+
+
+class Failovers:
+    def __init__(self, gateway: Gateway) -> None:
+        self.gw = gateway
+        self.running: dict[str, str] = {}  # model -> job id
+        self.live: dict[str, dict[str, Any]] = {}  # job id -> its live record
+        self.tasks: dict[str, asyncio.Task[None]] = {}
+
+    # -- bookkeeping -------------------------------------------------------------------
+
+    def settle_interrupted(self) -> None:
+        for record in self.gw.store.interrupted():
+            stored = dict(record.result or {})
+            stored["error"] = (
+                "the gateway stopped during this failover; the routes are as its last "
+                "completed step left them"
+            )
+            self.gw.store.update_job(record.id, "failed", stored)
+
+    def job(self, job_id: str) -> dict[str, Any] | None:
+        if job_id in self.live:
+            return self.live[job_id]
+        record = self.gw.store.job(job_id)
+        if record is None:
+            return None
+        return {
+            "id": record.id,
+            "kind": record.kind,
+            "state": record.state,
+            "who": record.who,
+            "created": record.created,
+            "updated": record.updated,
+            "params": record.params,
+            **(record.result or {}),
+        }
+
+    def jobs(self) -> list[dict[str, Any]]:
+        return [j for r in self.gw.store.jobs(50) if (j := self.job(r.id)) is not None]
+
+    def _save(self, job: dict[str, Any]) -> None:
+        job["updated"] = time.time()
+        keep = {k: v for k, v in job.items() if k not in ("id", "kind", "state", "who", "params")}
+        self.gw.store.update_job(job["id"], job["state"], json.loads(json.dumps(keep)))
+
+    async def close(self) -> None:
+        for task in list(self.tasks.values()):
+            task.cancel()
+        await asyncio.gather(*self.tasks.values(), return_exceptions=True)
+
+    async def cancel(self, job_id: str) -> dict[str, Any]:
+        task = self.tasks.get(job_id)
+        if task is None:
+            raise FailoverRefused(409, f"job {job_id} is not running")
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        return self.job(job_id) or {}
+
+    # -- starting ----------------------------------------------------------------------
+
+    def start(self, model: str, to: str, mode: str, who: str, why: str) -> dict[str, Any]:
+        if model not in self.gw.models:
+            raise FailoverRefused(404, f"no model {model!r}")
+        if mode not in ("planned", "emergency"):
+            raise FailoverRefused(422, f"mode: wants planned or emergency, got {mode!r}")
+        target = self.gw.upstream(model, to)
+        if target is None:
+            known = ", ".join(u.id for u in self.gw.upstreams[model])
+            raise FailoverRefused(404, f"to: {model} has no deployment {to!r} ({known})")
+        if (running := self.running.get(model)) is not None:
+            raise FailoverRefused(
+                409, f"a failover of {model} is already running (job {running}); wait or cancel"
+            )
+        weights = self.gw.weights[model]
+        sources = [u for u in self.gw.upstreams[model] if u.id != to and weights.get(u.id, 0) > 0]
+        params = {"model": model, "to": to, "mode": mode, "why": why}
+        record = self.gw.store.create_job(f"failover.{mode}", who, params)
+        steps = (
+            ["preflight", "warmup", *(f"shift {p}%" for p in self.gw.models[model].failover.steps),
+             "drain", "done"]
+            if mode == "planned"
+            else ["readiness", "shift 100%", "done"]
+        )  # fmt: skip
+        job: dict[str, Any] = {
+            "id": record.id,
+            "kind": record.kind,
+            "state": "running",
+            "who": who,
+            "created": record.created,
+            "params": params,
+            "steps": [
+                {"name": s, "state": "pending", "started": None, "ended": None, "detail": None}
+                for s in steps
+            ],
+            "before": dict(weights),
+            "after": None,
+            "sources": [u.id for u in sources],
+            "verification": [],
+            "error": None,
+        }
+        self.live[record.id] = job
+        self.running[model] = record.id
+        self._save(job)
+        work = (
+            self._planned(job, model, target)
+            if mode == "planned"
+            else self._emergency(job, model, target)
+        )
+        self.tasks[record.id] = asyncio.create_task(self._guard(job, model, work))
+        return job
+
+    def maybe_auto(self, down: Upstream) -> None:
+        """A deployment went down: with auto_failover, move its weight to a healthy one."""
+        model = self.gw.models.get(down.model)
+        if model is None or not model.auto_failover or down.model in self.running:
+            return
+        if self.gw.weights[down.model].get(down.id, 0) == 0:
+            return
+        healthy = [u for u in self.gw.upstreams[down.model] if u.up and u.id != down.id]
+        if not healthy:
+            return
+        target = max(healthy, key=lambda u: self.gw.weights[down.model].get(u.id, 0))
+        with contextlib.suppress(FailoverRefused):
+            self.start(down.model, target.id, "emergency", "auto", f"{down.id}: {down.reason}")
+
+    async def _guard(self, job: dict[str, Any], model: str, work: Any) -> None:
+        try:
+            await work
+            job["state"] = "succeeded"
+        except StepFailed as exc:
+            job["state"], job["error"] = "failed", str(exc)
+        except asyncio.CancelledError:
+            job["state"], job["error"] = "cancelled", "cancelled; the routes stay as they are"
+        except Exception as exc:
+            log.exception("failover %s", job["id"])
+            job["state"], job["error"] = "failed", f"internal error: {exc!r}"[:300]
+        for step in job["steps"]:
+            if step["state"] == "running":
+                step["state"], step["ended"] = (
+                    ("failed" if job["state"] == "failed" else "cancelled"),
+                    time.time(),
+                )
+            elif step["state"] == "pending":
+                step["state"] = "skipped"
+        job["after"] = dict(self.gw.weights[model])
+        self._save(job)
+        self.running.pop(model, None)
+        self.tasks.pop(job["id"], None)
+        self.live.pop(job["id"], None)
+
+    def _step(self, job: dict[str, Any], name: str) -> dict[str, Any]:
+        step = next(s for s in job["steps"] if s["name"] == name)
+        step["state"], step["started"] = "running", time.time()
+        self._save(job)
+        return step
+
+    def _done(self, job: dict[str, Any], step: dict[str, Any], detail: str) -> None:
+        step["state"], step["ended"], step["detail"] = "succeeded", time.time(), detail
+        self._save(job)
+
+    def _fail(self, job: dict[str, Any], step: dict[str, Any], detail: str) -> StepFailed:
+        step["detail"] = detail
+        return StepFailed(f"{step['name']}: {detail}")
+
+    # -- the steps ---------------------------------------------------------------------
+
+    async def _emergency(self, job: dict[str, Any], model: str, target: Upstream) -> None:
+        started = time.monotonic()
+        step = self._step(job, "readiness")
+        assert self.gw.http is not None
+        problem = await check(self.gw.http, target, 2.0)
+        if problem is not None:
+            raise self._fail(job, step, f"{target.id} is not ready: {problem}")
+        target.mark_up()
+        self._done(job, step, f"{target.id} answers its health check")
+        step = self._step(job, "shift 100%")
+        served_before = _served(target)
+        self._all_to(job, model, target)
+        cutover = time.monotonic() - started
+        self._done(job, step, f"all weight on {target.id} {cutover * 1000:.0f} ms after start")
+        job["cutover_s"] = round(cutover, 4)
+        step = self._step(job, "done")
+        first = await _first_served(target, served_before, 5.0)
+        job["first_served_s"] = None if first is None else round(first - started, 4)
+        self._done(
+            job,
+            step,
+            "no request reached the target within 5 s (no traffic?)"
+            if first is None
+            else f"the target answered its first request {first - started:.3f} s after the command",
+        )
+
+    def _all_to(self, job: dict[str, Any], model: str, target: Upstream) -> None:
+        weights = {u.id: (100 if u.id == target.id else 0) for u in self.gw.upstreams[model]}
+        self.gw.set_weights(model, weights, job["who"], f"failover {job['id']}: all to {target.id}")
+
+    async def _planned(self, job: dict[str, Any], model: str, target: Upstream) -> None:
+        plan = self.gw.models[model].failover
+        slo = self.gw.models[model].slo
+        timings: dict[str, float] = {}
+        t = time.monotonic()
+        step = self._step(job, "preflight")
+        detail = await self._preflight(job, step, model, target)
+        self._done(job, step, detail)
+        timings["preflight_s"] = time.monotonic() - t
+
+        t = time.monotonic()
+        step = self._step(job, "warmup")
+        failures = 0
+        for _ in range(plan.warmup_requests):
+            ok, _, _ = await self.canary(target, plan.canary_prompt)
+            failures += 0 if ok else 1
+        if failures:
+            raise self._fail(
+                job, step, f"{failures} of {plan.warmup_requests} warm-up requests failed"
+            )
+        self._done(job, step, f"{plan.warmup_requests} requests answered")
+        timings["warmup_s"] = time.monotonic() - t
+
+        before = dict(job["before"])
+        others = [u for u in self.gw.upstreams[model] if u.id != target.id]
+        for pct in plan.steps:
+            t = time.monotonic()
+            step = self._step(job, f"shift {pct}%")
+            self.gw.set_weights(
+                model, _split(before, others, target, pct), job["who"],
+                f"failover {job['id']}: {pct}% to {target.id}",
+            )  # fmt: skip
+            since = time.monotonic()
+            await asyncio.sleep(plan.verify_s)
+            summary = target.measures.summary(since)
+            if summary["requests"] == 0:  # no traffic in the window: verify with canaries
+                for _ in range(3):
+                    await self.canary(target, plan.canary_prompt, through_measures=True)
+                summary = target.measures.summary(since)
+            figures = _figures(summary)
+            job["verification"].append({"step": pct, **figures})
+            breach = _breach(figures, slo, self.gw.fleet.thresholds.error_rate)
+            if breach:
+                self.gw.set_weights(
+                    model, before, job["who"], f"failover {job['id']}: rolled back ({breach})"
+                )
+                job["rolled_back"] = True
+                raise self._fail(job, step, f"SLO breached at {pct}%: {breach}; rolled back")
+            self._done(job, step, _figure_text(figures))
+            timings[f"shift_{pct}_s"] = time.monotonic() - t
+
+        t = time.monotonic()
+        step = self._step(job, "drain")
+        deadline = time.monotonic() + plan.drain_timeout_s
+        while any(u.inflight for u in others) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        left = {u.id: u.inflight for u in others if u.inflight}
+        if left:
+            raise self._fail(job, step, f"still in flight after {plan.drain_timeout_s:g} s: {left}")
+        self._done(job, step, f"no request in flight on {', '.join(u.id for u in others)}")
+        timings["drain_s"] = time.monotonic() - t
+        step = self._step(job, "done")
+        job["timings"] = {k: round(v, 3) for k, v in timings.items()}
+        self._done(job, step, f"{model} now served by {target.id}")
+
+    async def _preflight(
+        self, job: dict[str, Any], step: dict[str, Any], model: str, target: Upstream
+    ) -> str:
+        assert self.gw.http is not None
+        problem = await check(self.gw.http, target, 2.0)
+        if problem is not None:
+            hint = (
+                f"; it has launch profile {target.dep.profile}: start it first "
+                f"(engineroom vllm start --node {target.dep.node} --profile {target.dep.profile})"
+                if target.dep.profile
+                else ""
+            )
+            raise self._fail(job, step, f"{target.id} is not ready: {problem}{hint}")
+        target.mark_up()
+        slo = self.gw.models[model].slo
+        ok, ttft, error = await self.canary(target, self.gw.models[model].failover.canary_prompt)
+        if not ok:
+            raise self._fail(job, step, f"the canary through {target.id} failed: {error}")
+        assert ttft is not None
+        if slo.ttft_p95_ms is not None and ttft * 1000 > slo.ttft_p95_ms:
+            raise self._fail(
+                job, step,
+                f"canary TTFT {ttft * 1000:.0f} ms is over the SLO ({slo.ttft_p95_ms:g} ms)",
+            )  # fmt: skip
+        room = await self._room(target)
+        if room is not None and not room[0]:
+            raise self._fail(job, step, room[1])
+        rate = (
+            sum(
+                u.measures.outcomes.rate()[0] for u in self.gw.upstreams[model] if u.id != target.id
+            )
+            / self.gw.settings.window_s
+        )
+        return (
+            f"{target.id} healthy and serving; canary TTFT {ttft * 1000:.0f} ms; "
+            f"{room[1] if room else 'capacity unknown (no metrics)'}; "
+            f"source rate {rate:.1f} req/s"
+        )
+
+    async def _room(self, target: Upstream) -> tuple[bool, str] | None:
+        """(room?, what was seen) from the target engine's own metrics; None if unknown."""
+        plugin = load_plugins().get(target.kind)
+        if plugin is None or self.gw.http is None:
+            return None
+        ctx = ProbeContext(self.gw.http, 2.0, 8 * 1024 * 1024)
+        metrics = target.dep.metrics_endpoint
+        reading = await plugin.probe(
+            EngineTarget(target.id, target.kind, target.dep.endpoint, metrics,
+                         [target.engine_model]),
+            ctx,
+        )  # fmt: skip
+        stats = next((m for m in reading.models if m.name == target.engine_model), None)
+        if stats is None:
+            return None
+        kv, waiting = stats.kv_cache_usage, stats.requests_waiting
+        seen = f"target KV cache {'?' if kv is None else f'{kv:.0%}'}, queue " + (
+            "?" if waiting is None else f"{waiting:g}"
+        )
+        if kv is not None and kv > KV_FULL:
+            return False, f"{seen}: no room (KV over {KV_FULL:.0%})"
+        return True, seen
+
+    async def canary(
+        self, target: Upstream, prompt: str, through_measures: bool = False
+    ) -> tuple[bool, float | None, str | None]:
+        """One small streaming completion straight to the target: (ok, TTFT, error)."""
+        assert self.gw.http is not None
+        from console.gateway import triton_openai as tri
+
+        if target.kind == "triton":
+            path, body = tri.request(
+                {"prompt": prompt, "max_tokens": 4, "stream": True}, False, target.dep,
+                target.engine_model,
+            )  # fmt: skip
+        else:
+            path = "/v1/completions"
+            body = {"model": target.engine_model, "prompt": prompt, "max_tokens": 4,
+                    "stream": True}  # fmt: skip
+        started = time.perf_counter()
+        ttft = None
+        try:
+            async with (
+                asyncio.timeout(30),
+                self.gw.http.post(target.dep.endpoint + path, json=body) as resp,
+            ):
+                if resp.status != 200:
+                    raise StepFailed(f"HTTP {resp.status}: {(await resp.read())[:200]!r}")
+                async for _ in resp.content.iter_any():
+                    if ttft is None:
+                        ttft = time.perf_counter() - started
+        except (aiohttp.ClientError, TimeoutError, StepFailed) as exc:
+            if through_measures:
+                target.measures.outcomes.add(False)
+            return False, None, str(exc) or exc.__class__.__name__
+        if through_measures and ttft is not None:
+            target.measures.ttft.add(ttft)
+            target.measures.outcomes.add(True)
+        return ttft is not None, ttft, None if ttft is not None else "no answer"
+
+
+def _split(
+    before: dict[str, int], others: list[Upstream], target: Upstream, pct: int
+) -> dict[str, int]:
+    """Target gets `pct`; the rest share 100 - pct in their proportions from before."""
+    base = {u.id: before.get(u.id, 0) for u in others}
+    total = sum(base.values())
+    weights = {target.id: pct}
+    for uid, w in base.items():
+        weights[uid] = 0 if total == 0 else round((100 - pct) * w / total)
+    return weights
+
+
+def _figures(summary: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "requests": summary["requests"],
+        "failures": summary["failures"],
+        "error_rate": summary["error_rate"],
+        "ttft_p95_s": summary["ttft_s"]["p95"],
+        "itl_p95_s": summary["itl_s"]["p95"],
+    }
+
+
+def _breach(figures: dict[str, Any], slo: Any, default_error_rate: float) -> str | None:
+    limit = slo.error_rate if slo.error_rate is not None else default_error_rate
+    if figures["error_rate"] is not None and figures["error_rate"] > limit:
+        return f"error rate {figures['error_rate']:.1%} over {limit:.1%}"
+    ttft, itl = figures["ttft_p95_s"], figures["itl_p95_s"]
+    if slo.ttft_p95_ms is not None and ttft is not None and ttft * 1000 > slo.ttft_p95_ms:
+        return f"TTFT p95 {ttft * 1000:.0f} ms over {slo.ttft_p95_ms:g} ms"
+    if slo.itl_p95_ms is not None and itl is not None and itl * 1000 > slo.itl_p95_ms:
+        return f"ITL p95 {itl * 1000:.0f} ms over {slo.itl_p95_ms:g} ms"
+    return None
+
+
+def _figure_text(f: dict[str, Any]) -> str:
+    def ms(v: float | None) -> str:
+        return "?" if v is None else f"{v * 1000:.0f} ms"
+
+    rate = "?" if f["error_rate"] is None else f"{f['error_rate']:.1%}"
+    return (
+        f"{f['requests']} requests, errors {rate}, TTFT p95 {ms(f['ttft_p95_s'])}, "
+        f"ITL p95 {ms(f['itl_p95_s'])}"
+    )
+
+
+def _served(target: Upstream) -> int:
+    """Answers begun (a first byte) or ended by the target, so far."""
+    m = target.measures
+    return m.ttft.n + m.outcomes.ok_total + m.outcomes.failed_total
+
+
+async def _first_served(target: Upstream, before: int, timeout: float) -> float | None:
+    """When the target finished its first request routed after the cutover (monotonic)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if _served(target) > before:
+            return time.monotonic()
+        await asyncio.sleep(0.002)
+    return None
+
+
+__all__ = ["FINAL", "FailoverRefused", "Failovers"]
