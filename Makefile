@@ -6,7 +6,7 @@ ENGINES := .engines
 VLLM_VENV := $(ENGINES)/vllm
 TRITON_VENV := $(ENGINES)/triton
 
-.PHONY: demo test test-quick lint bench bench-console screenshots engines sshd clean
+.PHONY: demo test test-quick lint bench bench-console screenshots engines sshd nginx clean
 
 # The console's own environment: the demo needs only this.
 $(BIN)/engineroom: pyproject.toml
@@ -61,12 +61,18 @@ test: $(VENV)/.test-deps engines sshd lint
 test-quick: $(VENV)/.test-deps sshd
 	$(BIN)/pytest -q -m 'not engines'
 
-bench: $(VENV)/.test-deps engines
+# nginx (Debian's package) is the gateway benchmark's reference proxy.
+nginx:
+	command -v nginx >/dev/null || test -x /usr/sbin/nginx || apt-get install -y -qq nginx >/dev/null \
+		|| (apt-get update -qq && apt-get install -y -qq nginx >/dev/null)
+
+bench: $(VENV)/.test-deps engines sshd nginx
 	ENGINEROOM_VLLM_PYTHON=$(CURDIR)/$(VLLM_VENV)/bin/python \
 	ENGINEROOM_TRITON_PYTHON=$(CURDIR)/$(TRITON_VENV)/bin/python \
 	$(BIN)/python -m bench.agent_cycle
 	$(BIN)/python -m bench.cold_start
 	$(BIN)/python -m bench.ssh_refresh
+	$(BIN)/python -m bench.gateway_overhead
 	$(BIN)/python -m bench.console_scale
 
 # Every screen on the simulated demo fleet, as SVG and PNG (PNG through Debian's librsvg).

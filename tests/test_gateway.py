@@ -347,3 +347,49 @@ def test_killing_the_active_engine_under_load_fails_over_by_itself(
     assert weights == {"tiny-trt": 0, "tiny-vllm": 100}
     (job,) = [j for j in gw.admin("GET", "/admin/jobs").json() if j["who"] == "auto"]
     assert job["state"] == "succeeded" and job["kind"] == "failover.emergency"
+
+
+def test_sighup_reloads_deployments_without_dropping_requests(gateway_factory, vllm_server):
+    gw = gateway_factory()
+    load = Load(gw.url, clients=4).start()
+    try:
+        time.sleep(1)
+        text = gw.fleet.read_text().replace(
+            '  id = "tiny-vllm"\n', '  id = "tiny-vllm-2"\n'
+        )  # one deployment removed, one added (the same engine, under a new id)
+        gw.fleet.write_text(text)
+        gw.process.send_signal(signal.SIGHUP)
+        wait_until(
+            lambda: (
+                [d["id"] for d in gw.admin("GET", "/admin/routes").json()["tiny"]["deployments"]]
+                == ["tiny-trt", "tiny-vllm-2"]
+            ),
+            10,
+            what="reloaded routes",
+        )
+        time.sleep(1)
+    finally:
+        load.finish()
+    assert load.failed == [], load.failed[:3]
+    audit = gw.admin("GET", "/admin/audit").json()
+    reload = next(a for a in audit if a["action"] == "fleet reloaded")
+    assert sorted(reload["params"]["changes"]) == [
+        "added tiny/tiny-vllm-2",
+        "removed tiny/tiny-vllm",
+    ]
+
+
+def test_api_keys_and_the_admin_token_are_checked(gateway_factory):
+    os.environ["GW_KEYS"] = "key-one-0123,key-two-4567"
+    gw = gateway_factory(extra_gateway='api_keys_env = "GW_KEYS"')
+    url = gw.url + "/v1/completions"
+    body = {"model": "tiny", "prompt": "x", "max_tokens": 2}
+    assert httpx.post(url, json=body).status_code == 401
+    wrong = httpx.post(url, json=body, headers={"Authorization": "Bearer nope"})
+    assert wrong.status_code == 401 and wrong.json()["error"]["code"] == "invalid_api_key"
+    right = httpx.post(url, json=body, headers={"Authorization": "Bearer key-two-4567"})
+    assert right.status_code == 200, right.text
+    assert httpx.get(gw.url + "/admin/routes").status_code == 401
+    bad = httpx.get(gw.url + "/admin/routes", headers={"Authorization": "Bearer key-one-0123"})
+    assert bad.status_code == 401  # a client key is not the admin token
+    assert ADMIN not in gw.log.read_text() and "key-two-4567" not in gw.log.read_text()
