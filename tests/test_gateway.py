@@ -393,3 +393,47 @@ def test_api_keys_and_the_admin_token_are_checked(gateway_factory):
     bad = httpx.get(gw.url + "/admin/routes", headers={"Authorization": "Bearer key-one-0123"})
     assert bad.status_code == 401  # a client key is not the admin token
     assert ADMIN not in gw.log.read_text() and "key-two-4567" not in gw.log.read_text()
+
+
+async def test_the_console_fails_over_after_the_model_name_is_typed(gateway_factory):
+    from textual.widgets import Button, Input, Select
+
+    from console.core.config import load_fleet
+    from console.tui.app import EngineroomApp
+    from console.tui.screens.failover import FailoverScreen
+
+    gw = gateway_factory()
+    os.environ["ENGINEROOM_ADMIN_TOKEN"] = ADMIN
+    app = EngineroomApp(load_fleet(gw.fleet))
+    async with app.run_test(size=(140, 45)) as pilot:
+        for _ in range(50):
+            if app.gateway_snapshot is not None:
+                break
+            await pilot.pause(0.1)
+        assert app.gateway_snapshot is not None, app.gateway_error
+        await pilot.press("m")
+        await pilot.pause(0.5)
+        app.fail_over("tiny")
+        await pilot.pause(0.5)
+        screen = app.screen
+        assert isinstance(screen, FailoverScreen)
+        plan = str(screen.query_one("#plan-table").render())
+        assert "tiny-trt" in plan and "tiny-vllm" in plan and "GW TTFT95" in plan
+        assert screen.query_one("#target", Select).value == "tiny-vllm"
+        screen.query_one("#mode", Select).value = "emergency"
+        go = screen.query_one("#go", Button)
+        screen.query_one("#confirm", Input).value = "tin"
+        await pilot.pause(0.2)
+        assert go.disabled  # not the model's name yet
+        screen.query_one("#confirm", Input).value = "tiny"
+        await pilot.pause(0.2)
+        assert not go.disabled
+        await pilot.click("#go")
+        for _ in range(100):
+            if screen.job and screen.job.get("state") == "succeeded":
+                break
+            await pilot.pause(0.1)
+        assert screen.job and screen.job["state"] == "succeeded", screen.job
+        assert "SUCCEEDED" in str(screen.query_one("#progress").render())
+    routes = gw.admin("GET", "/admin/routes").json()["tiny"]["deployments"]
+    assert {d["id"]: d["weight"] for d in routes} == {"tiny-trt": 0, "tiny-vllm": 100}

@@ -78,6 +78,8 @@ class EngineroomApp(App[int]):
         self.refresh_s = self.collector.refresh_s
         self.tick_ms: deque[tuple[float, float]] = deque(maxlen=300)  # (build, draw)
         self.roles: dict[str, str] = {}  # node -> the role its token has on the agent
+        self.gateway_snapshot: dict | None = None  # the gateway's routes and measures
+        self.gateway_error: str | None = None
 
     async def on_mount(self) -> None:
         tune_gc()
@@ -92,6 +94,11 @@ class EngineroomApp(App[int]):
         await self.push_screen(FleetScreen())
         if not self.read_only:
             self.run_worker(self._learn_roles(), group="roles")
+        from console.collect.gateway_client import GatewayClient
+
+        if GatewayClient.configured(self.fleet):
+            self.set_interval(self.refresh_s, self._poll_gateway)
+            self._poll_gateway()
         self.set_interval(self.refresh_s, self.tick)
 
     async def on_unmount(self) -> None:
@@ -151,6 +158,41 @@ class EngineroomApp(App[int]):
                 await actions.close()
 
         await asyncio.gather(*(one(n.name) for n in self.fleet.nodes if n.agent))
+
+    def _poll_gateway(self) -> None:
+        self.run_worker(self._gateway_once(), group="gateway", exclusive=True)
+
+    async def _gateway_once(self) -> None:
+        from console.collect.gateway_client import GatewayClient, GatewayError
+
+        client = GatewayClient(self.fleet, timeout=max(1.0, self.refresh_s * 2))
+        try:
+            self.gateway_snapshot = await client.snapshot()
+            self.gateway_error = None
+        except GatewayError as exc:
+            self.gateway_snapshot, self.gateway_error = None, str(exc)
+        finally:
+            await client.close()
+
+    def fail_over(self, model: str) -> None:
+        from console.collect.gateway_client import GatewayClient
+        from console.tui.screens.failover import FailoverScreen
+
+        if self.read_only:
+            self.notify("read-only console: failovers are disabled", severity="warning")
+            return
+        if not GatewayClient.configured(self.fleet):
+            self.notify(
+                "no gateway: declare [gateway] in fleet.toml and set its token variable",
+                severity="warning",
+            )
+            return
+        if model not in {m.name for m in self.fleet.models}:
+            self.notify(
+                f"{model} is not a declared model: nothing to fail over", severity="warning"
+            )
+            return
+        self.push_screen(FailoverScreen(model))
 
     def action_blocked(self, node: str) -> str | None:
         """Why nothing may be started or stopped on `node` from here; None if it may."""

@@ -6,6 +6,8 @@ where the engine has no histogram (Triton's default).
 
 from __future__ import annotations
 
+from typing import Any
+
 from rich.text import Text
 from textual import on
 from textual.app import ComposeResult
@@ -14,6 +16,7 @@ from textual.widgets import DataTable
 
 from console.collect.view import DeploymentRow, FleetView
 from console.core.config import Model, Slo
+from console.core.wire import Percentiles
 from console.tui import format as fmt
 from console.tui.screens.base import ViewScreen
 from console.tui.widgets.table import FleetTable, Row
@@ -32,6 +35,7 @@ COLUMNS = [
     ("W", 4),
     ("NODE", 9),
     ("TTFT50", 7),
+    ("GW TTFT95", 10),  # the gateway's measure, as clients feel it (one for every engine)
 ]
 
 
@@ -46,7 +50,14 @@ def slo_text(slo: Slo) -> str:
     return "SLO " + " ".join(parts) if parts else "no SLO"
 
 
-def deployment_row(r: DeploymentRow, model: Model, kv_warn: float, error_limit: float) -> Row:
+def deployment_row(
+    r: DeploymentRow,
+    model: Model,
+    kv_warn: float,
+    error_limit: float,
+    gw: dict[str, Any] | None = None,
+) -> Row:
+    """`gw`: this deployment in the gateway's snapshot (live weight, its own TTFT)."""
     s = r.stats
     lat = s.latency if s else None
     slo = model.slo
@@ -69,9 +80,10 @@ def deployment_row(r: DeploymentRow, model: Model, kv_warn: float, error_limit: 
                 s.error_rate if s else None,
                 slo.error_rate if slo.error_rate is not None else error_limit,
             ),
-            Text("-" if r.weight is None else str(r.weight)),
+            _weight(r.weight, gw),
             Text(r.node),
             fmt.latency(lat.ttft_s if lat else None, "p50"),
+            _gateway_ttft(gw, slo.ttft_p95_ms),
         )
 
     fields = {
@@ -92,6 +104,25 @@ def deployment_row(r: DeploymentRow, model: Model, kv_warn: float, error_limit: 
     }
     key = f"d:{r.model}:{r.id or r.node + '/' + (r.engine_id or '')}"
     return Row(key, cells, fields, f"{r.model} {r.id} {r.engine} {r.node} {r.state}")
+
+
+def _weight(declared: int | None, gw: dict[str, Any] | None) -> Text:
+    """The live weight when the gateway answers (bold when it differs from the file)."""
+    if gw is None:
+        return Text("-" if declared is None else str(declared))
+    live = gw.get("weight")
+    return Text(str(live), style="bold cyan" if live != declared else "")
+
+
+def _gateway_ttft(gw: dict[str, Any] | None, slo_ms: float | None) -> Text:
+    if gw is None:
+        return Text("-", style="dim")
+    if not gw.get("up", True):
+        return Text("down", style="bold red")
+    p95 = (gw.get("ttft_s") or {}).get("p95")
+    if p95 is None:
+        return Text("?", style="dim")
+    return fmt.latency(Percentiles(p95=p95), "p95", slo_ms)
 
 
 def model_head(name: str, model: Model, breach: bool, error_limit: float) -> tuple[Text, ...]:
@@ -125,6 +156,7 @@ class ModelsScreen(ViewScreen):
     BINDINGS = [
         Binding("e", "engine", "engine detail", id="engine_detail"),
         Binding("s", "start_vllm", "start vLLM", id="start_vllm"),
+        Binding("f", "fail_over", "fail over", id="fail_over"),
     ]
 
     def compose_body(self) -> ComposeResult:
@@ -136,9 +168,14 @@ class ModelsScreen(ViewScreen):
         rows: list[Row] = []
         for name, deployments in view.models.items():
             model = models.get(name) or Model(name=name)
+            live = (self.console.gateway_snapshot or {}).get("models", {}).get(name, {})
             shown = [
                 deployment_row(
-                    r, model, fleet.thresholds.kv_cache_warn, fleet.thresholds.error_rate
+                    r,
+                    model,
+                    fleet.thresholds.kv_cache_warn,
+                    fleet.thresholds.error_rate,
+                    live.get(r.id) if self.console.gateway_snapshot else None,
                 )
                 for r in deployments
             ]
@@ -161,7 +198,16 @@ class ModelsScreen(ViewScreen):
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action == "start_vllm" and (self.console.read_only or not self.console.fleet.profiles):
             return None
+        if action == "fail_over" and (self.console.read_only or self.console.fleet.gateway is None):
+            return None
         return True
+
+    def action_fail_over(self) -> None:
+        row = self.query_one(FleetTable).selected()
+        if row is None or "model" not in row.fields:
+            self.notify("select a model first", severity="warning")
+            return
+        self.console.fail_over(str(row.fields["model"]))
 
     def action_start_vllm(self) -> None:
         """Start vLLM for the selected model (a standby before a failover, say)."""

@@ -1,0 +1,212 @@
+"""Fail over: the plan for one model, a typed confirmation, then the job live.
+
+The plan shows every deployment of the model side by side (engine and version, state,
+the engine's own TTFT p95 and the gateway's, queue, KV cache, live weight, in flight),
+the steps the gateway will take, and asks the operator to type the model's name. The
+job runs in the gateway: closing the console does not stop it.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from rich.text import Text
+from textual import on, work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import Button, Input, Label, Select, Static
+
+from console.collect.gateway_client import GatewayClient, GatewayError
+from console.tui import format as fmt
+from console.tui.screens.jobs import STATE_STYLE
+
+
+def _ms(value: float | None) -> str:
+    return "?" if value is None else fmt.seconds(value)
+
+
+class FailoverScreen(ModalScreen[None]):
+    BINDINGS = [Binding("escape", "close", "close")]
+    DEFAULT_CSS = """
+    FailoverScreen { align: center middle; }
+    FailoverScreen > VerticalScroll { width: 96%; height: 94%; border: thick $warning;
+                                      background: $surface; padding: 0 1; }
+    FailoverScreen Horizontal { height: auto; margin-top: 1; }
+    FailoverScreen Select { width: 40; margin-right: 2; }
+    FailoverScreen Input { width: 50; }
+    FailoverScreen Button { margin-right: 2; }
+    """
+
+    def __init__(self, model: str) -> None:
+        super().__init__()
+        self.model = model
+        self.job: dict[str, Any] | None = None
+
+    @property
+    def console(self) -> Any:
+        return self.app
+
+    def _deployments(self) -> list[Any]:
+        return next(m for m in self.console.fleet.models if m.name == self.model).deployments
+
+    def compose(self) -> ComposeResult:
+        deployments = self._deployments()
+        live = self._live()
+        heaviest = max(deployments, key=lambda d: live.get(d.id, {}).get("weight", d.weight))
+        targets = [(f"to {d.id} ({d.engine})", d.id) for d in deployments if d.id != heaviest.id]
+        with VerticalScroll():
+            yield Label(Text(f"Fail over {self.model}", style="bold"))
+            yield Static(id="plan-table")
+            with Horizontal():
+                yield Select(
+                    targets or [("(no other deployment)", "")],
+                    value=targets[0][1] if targets else "",
+                    allow_blank=False,
+                    id="target",
+                )
+                yield Select(
+                    [("planned: preflight, warm-up, shift in steps, drain", "planned"),
+                     ("emergency: all weight at once", "emergency")],
+                    value="planned",
+                    allow_blank=False,
+                    id="mode",
+                )  # fmt: skip
+            yield Static(id="steps")
+            yield Input(placeholder=f"type {self.model} to confirm", id="confirm")
+            with Horizontal():
+                yield Button("Fail over", id="go", variant="error", disabled=True)
+                yield Button("Start a vLLM standby first", id="standby")
+                yield Button("Close (esc)", id="close")
+            yield Static(id="progress")
+
+    def on_mount(self) -> None:
+        self._draw_plan()
+        self.set_interval(1.0, self._tick)
+
+    def _live(self) -> dict[str, Any]:
+        snap = self.console.gateway_snapshot or {}
+        result: dict[str, Any] = snap.get("models", {}).get(self.model, {})
+        return result
+
+    def _draw_plan(self) -> None:
+        live = self._live()
+        rows = {
+            r.id: r
+            for r in (self.console.view.models.get(self.model, []) if self.console.view else [])
+        }
+        t = Text()
+        t.append(f"{'DEPLOYMENT':<16}{'ENGINE':<18}{'STATE':<10}{'TTFT95':>8}{'GW TTFT95':>11}"
+                 f"{'QUEUE':>7}{'KV':>6}{'WEIGHT':>8}{'INFL':>6}\n", style="bold")  # fmt: skip
+        for dep in self._deployments():
+            row = rows.get(dep.id)
+            gw = live.get(dep.id, {})
+            stats = row.stats if row else None
+            lat = stats.latency if stats else None
+            engine = f"{dep.engine} {(row.version if row else None) or '?'}"[:17]
+            state = row.state if row else "unknown"
+            gw_state = "" if gw.get("up", True) else " (gw: down)"
+            queue = stats.requests_waiting if stats else None
+            kv = stats.kv_cache_usage if stats else None
+            t.append(f"{dep.id:<16}{engine:<18}")
+            t.append(f"{state + gw_state:<10}", style="green" if state == "ready" else "yellow")
+            t.append(
+                f"{_ms(lat.ttft_s.p95_or_mean if lat else None):>8}"
+                f"{_ms((gw.get('ttft_s') or {}).get('p95')):>11}"
+                f"{'?' if queue is None else f'{queue:g}':>7}"
+                f"{'?' if kv is None else f'{kv:.0%}':>6}"
+                f"{gw.get('weight', dep.weight):>8}{gw.get('inflight', '?'):>6}\n"
+            )
+        if self.console.gateway_error:
+            t.append(f"gateway: {self.console.gateway_error}\n", style="bold red")
+        self.query_one("#plan-table", Static).update(t)
+        self._draw_steps()
+
+    def _draw_steps(self) -> None:
+        plan = next(m for m in self.console.fleet.models if m.name == self.model).failover
+        mode = self.query_one("#mode", Select).value
+        target = self.query_one("#target", Select).value
+        if mode == "emergency":
+            text = f"1. readiness of {target}  2. all weight to {target} at once  3. done"
+        else:
+            shifts = ", ".join(f"{p}%" for p in plan.steps)
+            text = (
+                f"1. preflight: {target} healthy, serves the model, canary meets the SLO, has room"
+                f"\n2. warm-up: {plan.warmup_requests} requests\n3. shift {shifts}, each verified "
+                f"for {plan.verify_s:g} s (a breach rolls back)\n4. drain the source "
+                f"(up to {plan.drain_timeout_s:g} s)\n5. done"
+            )
+        self.query_one("#steps", Static).update(Text(text, style="dim"))
+
+    @on(Select.Changed)
+    def _changed(self) -> None:
+        self._draw_steps()
+
+    @on(Input.Changed, "#confirm")
+    def _typed(self, event: Input.Changed) -> None:
+        ready = event.value.strip() == self.model and self.job is None
+        self.query_one("#go", Button).disabled = not ready
+
+    @on(Button.Pressed, "#close")
+    def action_close(self) -> None:
+        self.dismiss(None)
+
+    @on(Button.Pressed, "#standby")
+    def _standby(self) -> None:
+        self.dismiss(None)
+        self.console.start_vllm(model=self.model)
+
+    @on(Button.Pressed, "#go")
+    def _go(self) -> None:
+        if self.query_one("#confirm", Input).value.strip() != self.model:
+            return
+        self._start(str(self.query_one("#target", Select).value),
+                    str(self.query_one("#mode", Select).value))  # fmt: skip
+
+    @work(exclusive=True, group="failover")
+    async def _start(self, target: str, mode: str) -> None:
+        client = GatewayClient(self.console.fleet)
+        try:
+            self.job = await client.failover(self.model, target, mode, "from the console")
+        except GatewayError as exc:
+            self.notify(str(exc), title="failover refused", severity="error", timeout=15)
+            return
+        finally:
+            await client.close()
+        self.query_one("#go", Button).disabled = True
+        self._draw_job()
+
+    async def _tick(self) -> None:
+        self._draw_plan()
+        if self.job is None or self.job.get("state") not in (None, "running"):
+            return
+        client = GatewayClient(self.console.fleet)
+        try:
+            self.job = await client.job(self.job["id"])
+        except GatewayError as exc:
+            self.query_one("#progress", Static).update(Text(str(exc), style="red"))
+            return
+        finally:
+            await client.close()
+        self._draw_job()
+
+    def _draw_job(self) -> None:
+        job = self.job
+        if job is None:
+            return
+        t = Text()
+        took = time.time() - job.get("created", time.time())
+        t.append(f"\njob {job['id']} {job['kind']}  ", style="bold")
+        t.append(job["state"].upper(), style=STATE_STYLE.get(job["state"], ""))
+        t.append(f"  {fmt.seconds(took)}\n")
+        for step in job.get("steps", []):
+            t.append(f"  {step['name']:<12}", style="bold")
+            t.append(f"{step['state']:<10}", style=STATE_STYLE.get(step["state"], ""))
+            t.append(f" {step.get('detail') or ''}\n")
+        if job.get("error"):
+            t.append(f"{job['error']}\n", style="bold red")
+        if job.get("after"):
+            t.append(f"routes before {job.get('before')}  after {job.get('after')}\n")
+        self.query_one("#progress", Static).update(t)
