@@ -28,6 +28,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import psutil
 import uvicorn
@@ -55,6 +56,7 @@ from plugins.base import Discovered
 
 GPUS_PER_NODE = 8
 ENGINE_PORTS, AGENT_PORTS = 18000, 19400  # preferred; each node gets 20 engine ports
+GATEWAY_PORT = 19390
 STARTUP_S = 30.0
 
 
@@ -222,6 +224,8 @@ class DemoFleet:
         self._children: list[subprocess.Popen[bytes]] = []
         self._ticker: asyncio.Task[None] | None = None
         self._sockets: list[socket.socket] = []
+        self._gateway_runner: Any = None
+        self._clients: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> DemoFleet:
         return self
@@ -230,7 +234,15 @@ class DemoFleet:
         await self.close()
 
     async def close(self) -> None:
-        """Stop the agents, then the engines, then the stand-in processes."""
+        """Stop the gateway and the agents, then the engines, then the stand-in processes."""
+        if self._clients is not None:
+            self._clients.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._clients
+            self._clients = None
+        if self._gateway_runner is not None:
+            await self._gateway_runner.cleanup()
+            self._gateway_runner = None
         for server, _ in self._servers:
             server.should_exit = True
         await asyncio.gather(*(task for _, task in self._servers), return_exceptions=True)
@@ -269,8 +281,9 @@ class DemoFleet:
             http.append(listen_socket(base))
             metrics.append(listen_socket(base + 10) if spec.kind == "triton" else None)
         agent_socks = [listen_socket(AGENT_PORTS + i) for i in range(nodes)]
-        self._sockets = [*http, *(m for m in metrics if m), *agent_socks]
-        self._write(specs, http, metrics, agent_socks)
+        gateway_sock = listen_socket(GATEWAY_PORT)
+        self._sockets = [*http, *(m for m in metrics if m), *agent_socks, gateway_sock]
+        self._write(specs, http, metrics, agent_socks, gateway_sock)
         fleet = load_fleet(self.path)  # the same validation as any fleet file
 
         start = time.monotonic()
@@ -312,6 +325,7 @@ class DemoFleet:
                 gpus[ecc_gpu].xid = XID
             await self._start_agent(fleet, node, gpus, processes, agent_socks[node], token)
         await self._wait_started()
+        await self._start_gateway(fleet, gateway_sock, token)
 
     async def _start_agent(
         self,
@@ -348,6 +362,20 @@ class DemoFleet:
         self._servers.append((server, task))
         self.agents[name] = f"http://127.0.0.1:{port_of(sock)}"
 
+    async def _start_gateway(self, fleet: Fleet, sock: socket.socket, token: str) -> None:
+        """The real gateway in front of the simulated engines: `f` on Models fails over."""
+        from aiohttp import web
+
+        from console.gateway.server import Gateway
+
+        gateway = Gateway(fleet, admin_token=token, state_dir=self.path.parent / "gateway")
+        runner = web.AppRunner(gateway.app(), access_log=None, handle_signals=False)
+        await runner.setup()
+        await web.SockSite(runner, sock).start()
+        self._gateway_runner = runner
+        url = f"http://127.0.0.1:{port_of(sock)}"
+        self._clients = asyncio.create_task(_gateway_clients(url, list(MODELS.values())))
+
     async def _wait_started(self) -> None:
         """Until every agent serves (each has taken its first snapshot by then)."""
         deadline = time.monotonic() + STARTUP_S
@@ -374,11 +402,20 @@ class DemoFleet:
         http: list[socket.socket],
         metrics: list[socket.socket | None],
         agent_socks: list[socket.socket],
+        gateway_sock: socket.socket,
     ) -> None:
         out = FleetText(DEMO_HEADER)
         out.add(
             "[fleet]",
             {"name": "demo (SIMULATED)", "environment": "staging", "refresh_s": 1.0},
+        )
+        out.add(
+            "[gateway]",
+            {
+                "url": f"http://127.0.0.1:{port_of(gateway_sock)}",
+                "token_env": TOKEN_ENV,
+                "state_dir": str(self.path.parent / "gateway"),
+            },
         )
         out.add(
             "[agent]",
@@ -462,6 +499,24 @@ class DemoFleet:
         for record in (self.path.parent / "state").glob("*/engines/*/engine.json"):
             with contextlib.suppress(OSError, ValueError, KeyError):
                 os.killpg(int(json.loads(record.read_text())["pgid"]), signal.SIGKILL)
+
+
+async def _gateway_clients(url: str, models: list[ModelInfo]) -> None:
+    """SIMULATED clients: a light stream of requests per model through the gateway, so its
+    own TTFT (GW TTFT95 on Models) and a failover's verification have traffic to see."""
+    import aiohttp
+
+    async def client(model: str, every: float) -> None:
+        body = {"model": model, "prompt": "hello", "max_tokens": 8, "stream": True}
+        while True:
+            with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+                async with http.post(url + "/v1/completions", json=body) as resp:
+                    async for _ in resp.content.iter_any():
+                        pass
+            await asyncio.sleep(every)
+
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as http:
+        await asyncio.gather(*(client(m.name, 0.4) for m in models for _ in range(2)))
 
 
 DEMO_HEADER = """

@@ -40,6 +40,7 @@ SHOTS = [
     ("+job-loading", ["y"], (120, 36), 4.0),  # the SIMULATED stand-in loads in ~7 s
     ("+job-ready", [], (120, 36), 5.0),
     ("jobs", [":jobs\r"], (120, 36), 1.2),
+    ("failover-plan", [":models\r", "f"], (140, 40), 2.0),
 ]
 KEYS = {
     " ": "space",

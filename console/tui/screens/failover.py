@@ -68,8 +68,8 @@ class FailoverScreen(ModalScreen[None]):
                     id="target",
                 )
                 yield Select(
-                    [("planned: preflight, warm-up, shift in steps, drain", "planned"),
-                     ("emergency: all weight at once", "emergency")],
+                    [("planned (in verified steps)", "planned"),
+                     ("emergency (all at once)", "emergency")],
                     value="planned",
                     allow_blank=False,
                     id="mode",
