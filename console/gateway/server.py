@@ -39,6 +39,7 @@ import aiohttp
 from aiohttp import web
 
 from console.core.config import Fleet, Model, load_fleet
+from console.gateway import rawhttp
 from console.gateway import triton_openai as tri
 from console.gateway.failover import FailoverRefused, Failovers
 from console.gateway.measure import exposition
@@ -82,7 +83,8 @@ class Gateway:
             fleet.models, self.settings.window_s
         )
         self.weights = self._initial_weights()
-        self.http: aiohttp.ClientSession | None = None
+        self.http: aiohttp.ClientSession | None = None  # health checks, Triton, canaries
+        self.pools: dict[str, rawhttp.Pool] = {}  # the pass-through's kept-alive connections
         self.failovers = Failovers(self)
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -154,6 +156,8 @@ class Gateway:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.failovers.close()
+        for pool in self.pools.values():
+            pool.close()
         if self.http is not None:
             await self.http.close()
         self.store.close()
@@ -305,12 +309,35 @@ class Gateway:
             raise NotStarted(f"HTTP {resp.status}: {text}")
         return resp
 
+    def _pool(self, up: Upstream) -> rawhttp.Pool:
+        pool = self.pools.get(up.dep.endpoint)
+        if pool is None:
+            pool = self.pools[up.dep.endpoint] = rawhttp.Pool.for_url(
+                up.dep.endpoint, self.settings.connect_timeout_s
+            )
+        return pool
+
     async def _pass_through(
         self, request: web.Request, up: Upstream, url: str, body: bytes, stream: bool
     ) -> web.StreamResponse:
+        """vLLM and trtllm-serve: the lean client (console.gateway.rawhttp), bytes in and
+        bytes out; any failure before the status line is one the client never saw."""
         started = time.perf_counter()
-        resp = await self._open(up, url, body)
+        path = url[len(up.dep.endpoint) :]
         try:
+            resp = await self._pool(up).post(path, body, self.settings.read_timeout_s)
+        except rawhttp.UpstreamError as exc:
+            up.measures.outcomes.add(False)
+            if str(exc).startswith("connection failed") and up.mark_down(str(exc)):
+                self.failovers.maybe_auto(up)
+            raise NotStarted(str(exc)) from None
+        try:
+            if resp.status >= 500:
+                text = (await resp.read())[:200].decode(errors="replace")
+                up.measures.outcomes.add(False)
+                if up.server_error(resp.status):
+                    self.failovers.maybe_auto(up)
+                raise NotStarted(f"HTTP {resp.status}: {text}")
             if not stream or resp.status != 200:
                 payload = await resp.read()
                 up.measures.e2e.add(time.perf_counter() - started)
@@ -318,13 +345,16 @@ class Gateway:
                 return web.Response(
                     body=payload,
                     status=resp.status,
-                    content_type=resp.content_type or "application/json",
+                    content_type=resp.content_type,
                     headers={SERVED_BY: up.id},
                 )
             out = web.StreamResponse(status=200, headers={**SSE_HEADERS, SERVED_BY: up.id})
             await out.prepare(request)
-            await self._relay(request, out, up, resp.content.iter_any(), started, None)
+            await self._relay(request, out, up, resp.chunks(), started, None)
             return out
+        except (rawhttp.UpstreamError, asyncio.IncompleteReadError) as exc:
+            up.measures.outcomes.add(False)
+            raise NotStarted(f"the answer broke off: {exc.__class__.__name__}") from None
         finally:
             resp.release()
 
@@ -363,7 +393,14 @@ class Gateway:
             if shaper is not None:
                 with contextlib.suppress(ConnectionResetError, aiohttp.ClientConnectionResetError):
                     await out.write(shaper.last())
-        except (aiohttp.ClientError, TimeoutError, tri.BadRequest) as exc:
+        except (
+            aiohttp.ClientError,
+            TimeoutError,
+            tri.BadRequest,
+            rawhttp.UpstreamError,
+            asyncio.IncompleteReadError,
+            ConnectionError,
+        ) as exc:
             up.measures.outcomes.add(False)
             event = {
                 "error": {
