@@ -92,25 +92,26 @@ def _first_engine(app: EngineroomApp, node: str, kind: str) -> str:
     return engines[0] if engines else "none"
 
 
-EVIDENCE = Path(__file__).resolve().parents[2] / "docs" / "evidence" / "h200x2-agent-once.json"
+EVIDENCE = Path(__file__).resolve().parents[2] / "docs" / "evidence"
 
 
-async def shoot_evidence(out: Path) -> list[Path]:
-    """The Node screen and GPU grid rendered from what the agent printed on real H200s."""
+async def shoot_evidence(out: Path, kind: str = "h200x2") -> list[Path]:
+    """The Fleet and Node screens rendered from what the agent printed on real H200s
+    (docs/evidence/KIND-agent-once.json, recorded on the device machine)."""
     from console.collect.replay import ReplayCollector
     from console.core.config import parse_fleet
     from console.core.wire import Snapshot
 
     fleet = parse_fleet(
-        '[fleet]\nname = "h200x2 (recorded on the device machine)"\n'
-        '[[nodes]]\nname = "h200x2"\nagent = "http://127.0.0.1:1"\n'
+        f'[fleet]\nname = "{kind} (recorded on the device machine)"\n'
+        f'[[nodes]]\nname = "{kind}"\nagent = "http://127.0.0.1:1"\n'
     )
-    snap = Snapshot.model_validate_json(EVIDENCE.read_text())
-    app = EngineroomApp(fleet, collector=ReplayCollector(fleet, {"h200x2": snap}))
+    snap = Snapshot.model_validate_json((EVIDENCE / f"{kind}-agent-once.json").read_text())
+    app = EngineroomApp(fleet, collector=ReplayCollector(fleet, {kind: snap}))
     saved = []
     async with app.run_test(size=(120, 30)) as pilot:
         await pilot.pause(1.5)
-        for name, typed in (("h200x2-fleet", []), ("h200x2-node", [":node h200x2\r"])):
+        for name, typed in ((f"{kind}-fleet", []), (f"{kind}-node", [f":node {kind}\r"])):
             for text in typed:
                 await pilot.press(*key_names(text))
             await pilot.pause(1.2)
@@ -143,8 +144,9 @@ def main() -> int:
     os.environ[TOKEN_ENV] = token
     proc, fleet_path = start_sim(args.nodes, Path(tempfile.mkdtemp(prefix="shots-")), token)
     try:
-        for svg in asyncio.run(shoot_evidence(args.out)):
-            print(f"{svg} {to_png(svg)}")
+        for kind in ("h200x2", "h200x4"):
+            for svg in asyncio.run(shoot_evidence(args.out, kind)):
+                print(f"{svg} {to_png(svg)}")
         for svg in asyncio.run(shoot(fleet_path, args.out, args.warmup)):
             print(f"{svg} {to_png(svg)}")
     finally:
