@@ -420,6 +420,11 @@ async def test_the_console_fails_over_after_the_model_name_is_typed(gateway_fact
         plan = str(screen.query_one("#plan-table").render())
         assert "tiny-trt" in plan and "tiny-vllm" in plan and "GW TTFT95" in plan
         assert screen.query_one("#target", Select).value == "tiny-vllm"
+        for _ in range(100):  # the preflight, shown before anyone confirms
+            if "preflight ok" in str(screen.query_one("#preflight").render()):
+                break
+            await pilot.pause(0.1)
+        assert "canary TTFT" in str(screen.query_one("#preflight").render())
         screen.query_one("#mode", Select).value = "emergency"
         go = screen.query_one("#go", Button)
         screen.query_one("#confirm", Input).value = "tin"

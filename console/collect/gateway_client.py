@@ -55,6 +55,12 @@ class GatewayClient:
         result: dict[str, Any] = await self._call("POST", "/admin/failover", body)
         return result
 
+    async def plan(self, model: str, to: str) -> dict[str, Any]:
+        result: dict[str, Any] = await self._call(
+            "POST", "/admin/failover/plan", {"model": model, "to": to}
+        )
+        return result
+
     async def job(self, job_id: str) -> dict[str, Any]:
         result: dict[str, Any] = await self._call("GET", f"/admin/jobs/{job_id}")
         return result

@@ -160,6 +160,22 @@ class Failovers:
         self.tasks[record.id] = asyncio.create_task(self._guard(job, model, work))
         return job
 
+    async def plan(self, model: str, to: str) -> dict[str, Any]:
+        """The planned failover's preflight alone (health, canary, room): what the console
+        shows before anyone confirms. Changes no route."""
+        if model not in self.gw.models:
+            raise FailoverRefused(404, f"no model {model!r}")
+        target = self.gw.upstream(model, to)
+        if target is None:
+            raise FailoverRefused(404, f"to: {model} has no deployment {to!r}")
+        scratch: dict[str, Any] = {"steps": [{"name": "preflight", "state": "running"}]}
+        step = scratch["steps"][0]
+        try:
+            detail = await self._preflight(scratch, step, model, target, save=False)
+        except StepFailed as exc:
+            return {"ok": False, "detail": str(exc).removeprefix("preflight: ")}
+        return {"ok": True, "detail": detail}
+
     def maybe_auto(self, down: Upstream) -> None:
         """A deployment went down: with auto_failover, move its weight to a healthy one."""
         model = self.gw.models.get(down.model)
@@ -311,7 +327,12 @@ class Failovers:
         self._done(job, step, f"{model} now served by {target.id}")
 
     async def _preflight(
-        self, job: dict[str, Any], step: dict[str, Any], model: str, target: Upstream
+        self,
+        job: dict[str, Any],
+        step: dict[str, Any],
+        model: str,
+        target: Upstream,
+        save: bool = True,
     ) -> str:
         assert self.gw.http is not None
         problem = await check(self.gw.http, target, 2.0)
@@ -323,7 +344,8 @@ class Failovers:
                 else ""
             )
             raise self._fail(job, step, f"{target.id} is not ready: {problem}{hint}")
-        target.mark_up()
+        if save:
+            target.mark_up()
         slo = self.gw.models[model].slo
         ok, ttft, error = await self.canary(target, self.gw.models[model].failover.canary_prompt)
         if not ok:

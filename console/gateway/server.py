@@ -533,6 +533,16 @@ class Gateway:
             return web.json_response({"error": str(exc)}, status=exc.status)
         return web.json_response(job, status=202)
 
+    async def plan_failover(self, request: web.Request) -> web.Response:
+        try:
+            body = await request.json()
+            result = await self.failovers.plan(str(body.get("model")), str(body.get("to")))
+        except ValueError:
+            return _refuse(400, "the body is not JSON")
+        except FailoverRefused as exc:
+            return _refuse(exc.status, str(exc))
+        return web.json_response(result)
+
     async def get_job(self, request: web.Request) -> web.Response:
         job = self.failovers.job(request.match_info["id"])
         if job is None:
@@ -605,6 +615,7 @@ class Gateway:
         app.router.add_put("/admin/routes/{model}", self.admin(self.put_routes))
         app.router.add_post("/admin/routes/save", self.admin(self.save_routes))
         app.router.add_post("/admin/failover", self.admin(self.post_failover))
+        app.router.add_post("/admin/failover/plan", self.admin(self.plan_failover))
         app.router.add_get("/admin/jobs", self.admin(self.list_jobs))
         app.router.add_get("/admin/jobs/{id}", self.admin(self.get_job))
         app.router.add_delete("/admin/jobs/{id}", self.admin(self.cancel_job))

@@ -75,6 +75,7 @@ class FailoverScreen(ModalScreen[None]):
                     id="mode",
                 )  # fmt: skip
             yield Static(id="steps")
+            yield Static(id="preflight")
             yield Input(placeholder=f"type {self.model} to confirm", id="confirm")
             with Horizontal():
                 yield Button("Fail over", id="go", variant="error", disabled=True)
@@ -85,6 +86,29 @@ class FailoverScreen(ModalScreen[None]):
     def on_mount(self) -> None:
         self._draw_plan()
         self.set_interval(1.0, self._tick)
+        self._preflight()
+
+    @work(exclusive=True, group="preflight")
+    async def _preflight(self) -> None:
+        """The gateway's preflight for the chosen target, before anyone confirms."""
+        target = str(self.query_one("#target", Select).value)
+        box = self.query_one("#preflight", Static)
+        if not target:
+            box.update("")
+            return
+        box.update(Text(f"preflight of {target}: asking the gateway ...", style="dim"))
+        client = GatewayClient(self.console.fleet, timeout=40)
+        try:
+            result = await client.plan(self.model, target)
+        except GatewayError as exc:
+            box.update(Text(f"preflight: {exc}", style="bold red"))
+            return
+        finally:
+            await client.close()
+        mark = ("preflight ok: ", "green") if result["ok"] else ("preflight FAILED: ", "bold red")
+        text = Text(mark[0], style=mark[1])
+        text.append(result["detail"])
+        box.update(text)
 
     def _live(self) -> dict[str, Any]:
         snap = self.console.gateway_snapshot or {}
@@ -141,8 +165,10 @@ class FailoverScreen(ModalScreen[None]):
         self.query_one("#steps", Static).update(Text(text, style="dim"))
 
     @on(Select.Changed)
-    def _changed(self) -> None:
+    def _changed(self, event: Select.Changed) -> None:
         self._draw_steps()
+        if event.select.id == "target" and self.is_mounted:
+            self._preflight()
 
     @on(Input.Changed, "#confirm")
     def _typed(self, event: Input.Changed) -> None:
