@@ -102,6 +102,7 @@ class JobRunner:
         self.supervisor = supervisor
         self.active: dict[str, Active] = {}
         self._lock = asyncio.Lock()  # one submission at a time: preflight then spawn
+        self.agent_closing = False  # set by close(): open jobs stay open for the next agent
 
     @classmethod
     def open(cls, agent: NodeAgent) -> JobRunner:
@@ -363,8 +364,6 @@ class JobRunner:
                 step.state = "skipped"
         self._save(active)
         self.active.pop(active.record.id, None)
-
-    agent_closing = False
 
     async def _cleanup_cancelled(self, active: Active) -> None:
         """A cancelled start leaves no engine behind."""
