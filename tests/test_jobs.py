@@ -38,10 +38,13 @@ node = "local"
 model = "{model}"
 served_model_name = "tiny"
 port = {port}
-# nice: on these 2-core machines a vLLM CPU worker generating at full speed starves every
-# other process for the whole stream (measured: a plain python http.server took 8.6 s to
-# answer during one; with vLLM at nice 19, 15 ms). The agent must answer the stop mid-stream.
-command = ["nice", "-n", "19", "{python}", "-m", "vllm.entrypoints.openai.api_server"]
+# taskset + nice: on these 2-core machines a vLLM CPU worker generating at full speed
+# starves every other process for the whole stream (measured: a plain python http.server
+# took 8.6 s to answer during one; with vLLM at nice 19, 15 ms, though once in CI the agent
+# still took 11 s; pinned to core 0 as well, the agent answered a stop in 45 ms). The agent
+# must answer the stop mid-stream.
+command = ["taskset", "-c", "0", "nice", "-n", "19",
+           "{python}", "-m", "vllm.entrypoints.openai.api_server"]
 args = {{ host = "127.0.0.1", max_model_len = 4608, dtype = "bfloat16", optimization_level = 0 }}
 # The tiny model declares 512 positions; its rotary embedding serves longer streams fine, and
 # a stream must last long enough on a fast CPU to still be in flight when the stop lands.
@@ -219,7 +222,10 @@ def test_a_plan_shows_the_exact_argv_and_the_preflight_without_starting(
     assert resp.status_code == 200, resp.text
     plan = resp.json()
     assert plan["ok"] and plan["engine_id"] == f"vllm-{port}"
-    assert plan["argv"][:6] == [
+    assert plan["argv"][:9] == [
+        "taskset",
+        "-c",
+        "0",
         "nice",
         "-n",
         "19",
