@@ -178,57 +178,28 @@ class Supervisor:
                 close_fds=True,
             )
         try:
-            managed = self._record(
-                engine_id,
-                kind,
-                profile,
-                overrides,
-                launch,
-                endpoint,
-                served_model_name,
-                job_id,
-                where,
-                log_offset,
-                process,
+            managed = Managed(
+                engine_id=engine_id,
+                kind=kind,
+                profile=profile,
+                overrides=overrides,
+                endpoint=endpoint,
+                served_model_name=served_model_name,
+                argv=list(launch.argv),
+                pgid=process.pid,
+                leader_created=psutil.Process(process.pid).create_time(),
+                job_id=job_id,
+                started=time.time(),
+                dir=where,
+                log_offset=log_offset,
+                process=process,
             )
+            _write_json(where / "engine.json", managed.to_json())
         except BaseException:
             signal_group(process.pid, signal.SIGKILL)  # no engine without its record
             process.wait()
             raise
         self.engines[engine_id] = managed
-        return managed
-
-    def _record(
-        self,
-        engine_id: str,
-        kind: str,
-        profile: str,
-        overrides: dict[str, Any],
-        launch: Launch,
-        endpoint: str,
-        served_model_name: str,
-        job_id: str,
-        where: Path,
-        log_offset: int,
-        process: subprocess.Popen[bytes],
-    ) -> Managed:
-        managed = Managed(
-            engine_id=engine_id,
-            kind=kind,
-            profile=profile,
-            overrides=overrides,
-            endpoint=endpoint,
-            served_model_name=served_model_name,
-            argv=list(launch.argv),
-            pgid=process.pid,
-            leader_created=psutil.Process(process.pid).create_time(),
-            job_id=job_id,
-            started=time.time(),
-            dir=where,
-            log_offset=log_offset,
-            process=process,
-        )
-        _write_json(where / "engine.json", managed.to_json())
         return managed
 
     def adopt(self) -> tuple[list[Managed], list[tuple[str, dict[str, Any]]]]:

@@ -27,7 +27,6 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
-from console.agent.store import FINAL
 from console.gateway.upstream import Upstream, check
 from plugins import load_plugins
 from plugins.base import EngineTarget, ProbeContext
@@ -491,6 +490,3 @@ async def _first_served(target: Upstream, before: int, timeout: float) -> float 
             return time.monotonic()
         await asyncio.sleep(0.002)
     return None
-
-
-__all__ = ["FINAL", "FailoverRefused", "Failovers"]

@@ -9,12 +9,10 @@ layout (tomlkit) and replacing the file atomically.
 
 from __future__ import annotations
 
-import json
 import os
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 import tomlkit
 
@@ -98,7 +96,3 @@ def save_to_fleet(fleet: Fleet, weights: dict[str, dict[str, int]]) -> list[str]
         Path(tmp).unlink(missing_ok=True)
         raise
     return changed
-
-
-def dumps(value: Any) -> str:
-    return json.dumps(value, sort_keys=True)

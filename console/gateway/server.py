@@ -30,7 +30,6 @@ import contextlib
 import hmac
 import json
 import logging
-import os
 import random
 import signal
 import time
@@ -673,8 +672,3 @@ def _listen_of(url: str) -> tuple[str, int]:
         url = "http://" + url
     parts = urlsplit(url)
     return parts.hostname or "127.0.0.1", parts.port or 80
-
-
-def admin_token_from_env(fleet: Fleet) -> str:
-    assert fleet.gateway is not None
-    return os.environ.get(fleet.gateway.token_env, "")
