@@ -107,6 +107,28 @@ def build_parser() -> argparse.ArgumentParser:
     failover.add_argument("--wait", action="store_true", help="follow the job to its end")
     failover.add_argument("--json", action="store_true")
 
+    drill = sub.add_parser("drill", help="TensorRT-LLM rebuild drills")
+    drills = drill.add_subparsers(dest="verb", required=True)
+    run = drills.add_parser("run", help="run a drill on its node's agent (a job)")
+    run.add_argument("name")
+    run.add_argument("--wait", action="store_true", help="follow the job to its end")
+    run.add_argument("--json", action="store_true", help="print the job as JSON")
+    listed = drills.add_parser("list", help="the drills in the fleet file, and their history")
+    listed.add_argument("--json", action="store_true")
+    show = drills.add_parser("show", help="a drill's report (Markdown, or --json)")
+    show.add_argument("id", help="the drill's job id")
+    show.add_argument("--node", default=None, help="the node that ran it (default: ask all)")
+    show.add_argument("--markdown", action="store_true", help="Markdown (the default)")
+    show.add_argument("--json", action="store_true")
+    whatif = drills.add_parser(
+        "what-if", help="which TensorRT-LLM engines an upgrade would make stale"
+    )
+    for flag in ("driver", "cuda", "tensorrt", "tensorrt-llm", "gpu", "compute-capability"):
+        whatif.add_argument(f"--{flag}", default=None, metavar="VERSION")
+    whatif.add_argument("--json", action="store_true")
+    for action in drills.choices.values():
+        _fleet_arg(action)
+
     jobs = sub.add_parser("jobs", help="the jobs of every agent, newest first")
     _fleet_arg(jobs)
     jobs.add_argument("--node", default=None)
@@ -167,6 +189,28 @@ def main(argv: list[str] | None = None) -> int:
                 wait=args.wait,
                 as_json=args.json,
             )
+        if args.command == "drill":
+            from console.collect import drill_cli
+
+            fleet = load_fleet(args.fleet or _default_fleet())
+            if args.verb == "run":
+                return drill_cli.run_drill(fleet, args.name, wait=args.wait, as_json=args.json)
+            if args.verb == "list":
+                return drill_cli.list_drills(fleet, as_json=args.json)
+            if args.verb == "show":
+                return drill_cli.show_drill(fleet, args.id, node=args.node, as_json=args.json)
+            change = {
+                key: getattr(args, key)
+                for key in (
+                    "driver",
+                    "cuda",
+                    "tensorrt",
+                    "tensorrt_llm",
+                    "gpu",
+                    "compute_capability",
+                )
+            }
+            return drill_cli.what_if(fleet, change, as_json=args.json)
         if args.command == "jobs":
             from console.collect.actions import run_jobs
 

@@ -25,6 +25,7 @@ from console.agent.jobs import JobRefused, JobRunner, new_lines
 from console.agent.node import NodeAgent
 from console.agent.store import FINAL
 from console.agent.supervisor import log_tail
+from console.core import drillreport
 from console.core.wire import Health, Job, Snapshot
 
 _bearer = HTTPBearer(auto_error=False)
@@ -58,6 +59,7 @@ def create_app(
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         if runner is not None:
             agent.jobs_view = runner.recent
+            agent.trt_view = runner.drills.view
             await runner.start()  # re-adopt engines before the first snapshot lists them
         if run_cycle:
             await agent.cycle()  # serve a real snapshot from the first request on
@@ -179,6 +181,30 @@ def create_app(
             return await runner.submit(body, who.name)
         except JobRefused as exc:
             return JSONResponse({"error": str(exc), **exc.extra}, status_code=exc.status)
+
+    @app.get("/v1/jobs/{job_id}/report", dependencies=[Depends(viewer)])
+    async def job_report(job_id: str, format: str = "json") -> Response:
+        """A drill's report, from its persisted record: JSON, or Markdown (format=md)."""
+        found = None if runner is None else runner.job(job_id)
+        if found is None:
+            raise ApiError(404, f"no job {job_id!r}")
+        if found.kind != "drill.run":
+            raise ApiError(422, f"job {job_id} is a {found.kind}; only drills have reports")
+        report = drillreport.report(found, agent.node)
+        if format == "md":
+            return PlainTextResponse(drillreport.markdown(report), media_type="text/markdown")
+        return JSONResponse(report)
+
+    @app.post("/v1/drills/what-if", dependencies=[Depends(viewer)])
+    async def what_if(body: dict[str, Any]) -> Any:
+        """Each TensorRT-LLM deployment here against a hypothetical node: {"driver",
+        "cuda", "tensorrt", "tensorrt_llm", "gpu", "compute_capability"}, any of them."""
+        if runner is None:
+            return []
+        try:
+            return await runner.drills.what_if(body)
+        except ValueError as exc:
+            raise ApiError(422, str(exc)) from None
 
     @app.post("/v1/jobs/plan", dependencies=[Depends(viewer)])
     async def plan_job(body: dict[str, Any]) -> Any:

@@ -5,6 +5,7 @@ Kinds (POST /v1/jobs):
     {"kind": "vllm.start", "profile": P, "overrides": {...}}   preflight, spawn, load
     {"kind": "engine.stop", "engine": ID}                       stop (drain, then SIGKILL)
     {"kind": "engine.restart", "engine": ID}                    stop, preflight, spawn, load
+    {"kind": "drill.run", "drill": NAME}                        a rebuild drill (drills.py)
 
 A request the profile does not allow, or whose preflight fails, is refused (JobRefused,
 422) before anything starts; the refusal is audited. An accepted job is written to the
@@ -34,6 +35,7 @@ import psutil
 
 from console.agent import preflight
 from console.agent.discovery import EngineProcess, alive
+from console.agent.drills import DrillRunner
 from console.agent.engines import engine_id as make_engine_id
 from console.agent.launch import Launch, LaunchError, vllm_launch
 from console.agent.node import NodeAgent
@@ -46,7 +48,7 @@ from plugins.base import Discovered, EngineTarget, local_url
 
 log = logging.getLogger(__name__)
 
-KINDS = ("vllm.start", "engine.stop", "engine.restart")
+KINDS = ("vllm.start", "engine.stop", "engine.restart", "drill.run")
 READY_POLL_S = 0.1
 LOG_TAIL_LINES = 30
 RECENT_S = 600.0  # finished jobs stay in the snapshot this long
@@ -103,6 +105,7 @@ class JobRunner:
         self.active: dict[str, Active] = {}
         self._lock = asyncio.Lock()  # one submission at a time: preflight then spawn
         self.agent_closing = False  # set by close(): open jobs stay open for the next agent
+        self.drills = DrillRunner(self, supervisor.root.parent)
 
     @classmethod
     def open(cls, agent: NodeAgent) -> JobRunner:
@@ -130,6 +133,9 @@ class JobRunner:
                 self._resume_load(record, managed)
                 continue
             why = "the agent stopped while this job ran"
+            if record.kind == "drill.run":
+                killed = self.drills.cleanup_interrupted((record.result or {}).get("result", {}))
+                why += "".join(f"; {k}" for k in killed)
             engine = record.params.get("engine") or (record.result or {}).get("engine_id")
             if isinstance(engine, str) and engine in exits:
                 code = exits[engine].get("exit_code")
@@ -142,10 +148,12 @@ class JobRunner:
                 for step in stored.get("steps", [])
             ]
             self.store.update_job(record.id, "failed", {**stored, "error": why})
+        self.drills.start()
 
     async def close(self) -> None:
         """Stop watching (the engines keep running; the next agent re-adopts them)."""
         self.agent_closing = True
+        await self.drills.close()
         for active in list(self.active.values()):
             if active.task is not None:
                 active.task.cancel()
@@ -179,6 +187,8 @@ class JobRunner:
         job = self.job(job_id)
         if job is None:
             return None
+        if job.kind == "drill.run":
+            return self.drills.log_path(job_id)
         engine = job.result.get("engine_id") or job.params.get("engine")
         return self.supervisor.root / engine / "engine.log" if isinstance(engine, str) else None
 
@@ -210,6 +220,8 @@ class JobRunner:
                     )
                 if kind == "vllm.start":
                     return await self._submit_start(body, who)
+                if kind == "drill.run":
+                    return self._view(await self.drills.submit(body, who))
                 return await self._submit_stop(body, who, restart=kind == "engine.restart")
             except JobRefused as exc:
                 self.store.audit(

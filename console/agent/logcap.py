@@ -10,7 +10,8 @@ pipe held by the agent, whose death would break it.
 - SIGTERM, SIGINT and SIGHUP are ignored here: a group SIGTERM stops the engine, and
   this process keeps writing the engine's shutdown lines until it exits.
 - `--status` is a JSON file, replaced atomically: `{"engine_pid", "started"}` once the
-  engine runs, then `{"exit_code", "ended"}` added when it exits. A restarted agent
+  engine runs, `first_output` when its first line arrives, then `{"exit_code", "ended"}`
+  added when it exits. A restarted agent
   reads an engine's exit code from it; it is not the engine's parent.
 - When the log passes `--max-bytes` it becomes PATH.1 (PATH.1 becomes PATH.2 ...), and
   at most `--keep` old files stay. Over-long lines are cut at 64 KiB.
@@ -69,11 +70,28 @@ class RotatingLog:
         self.size = 0
 
 
-def _copy(pipe: IO[bytes], log: RotatingLog) -> None:
+class Status:
+    """The status file, written from the main thread and the reader alike."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.lock = path, threading.Lock()
+        self.data: dict[str, Any] = {}
+
+    def update(self, **values: Any) -> None:
+        with self.lock:
+            self.data.update(values)
+            write_status(self.path, self.data)
+
+
+def _copy(pipe: IO[bytes], log: RotatingLog, status: Status) -> None:
+    first = True
     while True:
         line = pipe.readline(MAX_LINE)
         if not line:
             return
+        if first:
+            status.update(first_output=time.time())  # a drill step's spawn-to-output time
+            first = False
         if not line.endswith(b"\n"):
             line += b"\n"
         log.write(line)
@@ -93,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)
     log = RotatingLog(args.log, args.max_bytes, args.keep)
+    status = Status(args.status)
     started = time.time()
     try:
         engine = subprocess.Popen(
@@ -105,18 +124,15 @@ def main(argv: list[str] | None = None) -> int:
         )
     except OSError as exc:
         log.write(f"engineroom: could not start {command[0]!r}: {exc}\n".encode())
-        write_status(args.status, {"engine_pid": None, "exit_code": 127, "error": str(exc)})
+        status.update(engine_pid=None, exit_code=127, error=str(exc), ended=time.time())
         return 127
-    write_status(args.status, {"engine_pid": engine.pid, "started": started})
+    status.update(engine_pid=engine.pid, started=started)
     assert engine.stdout is not None
-    reader = threading.Thread(target=_copy, args=(engine.stdout, log), daemon=True)
+    reader = threading.Thread(target=_copy, args=(engine.stdout, log, status), daemon=True)
     reader.start()
     code = engine.wait()
     reader.join(DRAIN_S)
-    write_status(
-        args.status,
-        {"engine_pid": engine.pid, "started": started, "exit_code": code, "ended": time.time()},
-    )
+    status.update(exit_code=code, ended=time.time())
     return code if code >= 0 else 128 - code
 
 

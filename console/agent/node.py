@@ -26,7 +26,7 @@ from console.agent.host import HostSampler
 from console.agent.watched import Watched
 from console.core.config import Fleet
 from console.core.fetch import new_session
-from console.core.wire import Gpu, Host, Job, NodeInfo, Snapshot
+from console.core.wire import Gpu, Host, Job, NodeInfo, Snapshot, TrtEngine
 from plugins import load_plugins
 
 log = logging.getLogger(__name__)
@@ -61,6 +61,7 @@ class NodeAgent:
         self._json: tuple[Snapshot | None, bytes] = (None, b"")
         self._updated = asyncio.Event()  # set when a new snapshot lands, then replaced
         self.jobs_view: Callable[[], list[Job]] | None = None  # the job runner's, if any
+        self.trt_view: Callable[[], list[TrtEngine]] | None = None  # the drill runner's
 
     async def cycle(self) -> Snapshot:
         wall0, cpu0 = time.perf_counter(), time.process_time()
@@ -96,6 +97,7 @@ class NodeAgent:
             gpus=gpus,
             engines=engines,
             jobs=self.jobs_view() if self.jobs_view is not None else [],
+            trt_engines=self.trt_view() if self.trt_view is not None else [],
         )
         snapshot.cycle = {
             "wall_ms": round((time.perf_counter() - wall0) * 1000, 3),

@@ -99,6 +99,19 @@ class AgentActions:
             await self._call("POST", "/v1/jobs", {"kind": kind, "engine": engine})
         )
 
+    async def drill(self, name: str) -> Job:
+        return Job.model_validate(
+            await self._call("POST", "/v1/jobs", {"kind": "drill.run", "drill": name})
+        )
+
+    async def report(self, job_id: str) -> dict[str, Any]:
+        result: dict[str, Any] = await self._call("GET", f"/v1/jobs/{job_id}/report")
+        return result
+
+    async def what_if(self, change: dict[str, Any]) -> list[dict[str, Any]]:
+        result: list[dict[str, Any]] = await self._call("POST", "/v1/drills/what-if", change)
+        return result
+
     async def cancel(self, job_id: str) -> Job:
         return Job.model_validate(await self._call("DELETE", f"/v1/jobs/{job_id}"))
 
@@ -151,7 +164,7 @@ def parse_sets(items: list[str]) -> dict[str, Any]:
 
 def describe(job: Job) -> str:
     """One line per job for `engineroom jobs` and the follow output."""
-    target = job.params.get("profile") or job.params.get("engine") or ""
+    target = job.params.get("profile") or job.params.get("engine") or job.params.get("drill") or ""
     took = ""
     if job.created and job.updated:
         took = f" {job.updated - job.created:6.1f} s"
@@ -212,6 +225,9 @@ async def _act(
                         f"{k} {at[k]:.1f} s" for k in COLD_START_PHASES if at.get(k) is not None
                     )
                     print(f"cold start {cold['total_s']:.1f} s ({phases})", file=out)
+                rebuilt = job.result.get("time_to_rebuild_s")
+                if isinstance(rebuilt, int | float):
+                    print(f"time to rebuild {rebuilt:.1f} s", file=out)
                 for line in job.result.get("log_tail", [])[-15:]:
                     print(f"  | {line}", file=out)
         if as_json:

@@ -111,6 +111,12 @@ def evaluate(
                 )
             if gpu.remapped_rows and gpu.remapped_rows.get("failure"):
                 out.append(Alert("critical", subject, "row remapping: failure", name))
+        for trt in snap.trt_engines:
+            if trt.state == "stale":
+                why = "; ".join(trt.reasons)
+                out.append(
+                    Alert("warning", f"{name}/{trt.deployment}", f"REBUILD REQUIRED: {why}", name)
+                )
     by_name = {m.name: m for m in fleet.models}
     for model_name, rows in models.items():
         for row in rows:

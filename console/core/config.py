@@ -133,6 +133,10 @@ class Deployment(_Strict):
     # Triton: how the gateway renders chat messages into one text_input ({role}, {content}).
     chat_template: str = "{role}: {content}\n"
     chat_prompt_suffix: str = "assistant:"
+    # TensorRT-LLM: the engine directory this deployment serves. The agent reads its
+    # engineroom manifest to tell whether it went stale; a drill's promote re-points it
+    # when it is a symbolic link.
+    engine_dir: str | None = None
 
     @field_validator("endpoint", "metrics_endpoint")
     @classmethod
@@ -182,6 +186,101 @@ class Profile(_Strict):
     stop_grace_s: Seconds = 30.0  # SIGTERM to SIGKILL; vLLM drains for this less 5 s
 
 
+Precision = Literal["fp16", "bf16", "fp8", "int8-sq", "int4-awq", "w4a8-awq", "nvfp4"]
+DrillStepName = Literal["preflight", "convert", "build", "serve"]
+
+
+class DrillShapes(_Strict):
+    """The shape range the engine is built for (trtllm-build's limits)."""
+
+    max_batch_size: Annotated[int, Field(ge=1)] = 64
+    max_input_len: Annotated[int, Field(ge=1)] = 4096
+    max_seq_len: Annotated[int, Field(ge=1)] = 8192
+    max_num_tokens: Annotated[int, Field(ge=1)] = 8192
+
+
+class DrillPins(_Strict):
+    """The versions the drill expects on the node; a mismatch fails its preflight."""
+
+    driver: str | None = None
+    cuda: str | None = None
+    tensorrt: str | None = None
+    tensorrt_llm: str | None = None
+    compute_capability: str | None = None
+    gpu: str | None = None
+
+
+class DrillStep(_Strict):
+    """One step's argv template ({placeholders}), timeout and success condition."""
+
+    argv: list[str] | None = None  # None: the pipeline's shipped template
+    timeout_s: Seconds = 3600.0
+    expect_files: list[str] | None = None  # must exist after it; None: the template's
+    expect_output: str | None = None  # a regular expression its output must contain
+
+
+class DrillValidate(_Strict):
+    """The candidate against the baseline: a fixed prompt set, greedy."""
+
+    prompts: list[str] = Field(
+        default_factory=lambda: [
+            "The capital of France is",
+            "Write a haiku about GPUs.",
+            "def fibonacci(n):",
+            "Translate to German: good morning",
+            "List three prime numbers:",
+            "Summarize: the engine was rebuilt after a driver upgrade.",
+            "Q: What is 12 * 12? A:",
+            "Once upon a time",
+        ]
+    )
+    max_tokens: Annotated[int, Field(ge=1, le=4096)] = 32
+    first_n: Annotated[int, Field(ge=1)] = 8  # tokens compared for first-N agreement
+    min_exact_match: Annotated[float, Field(ge=0, le=1)] = 0.75
+    min_first_n: Annotated[float, Field(ge=0, le=1)] = 0.9
+    timeout_s: Seconds = 600.0
+
+
+class DrillBenchmark(_Strict):
+    """A concurrency sweep of the candidate and the baseline, and optional gates."""
+
+    concurrency: list[Annotated[int, Field(ge=1, le=4096)]] = Field(
+        default_factory=lambda: [1, 4, 16, 64]
+    )
+    requests_per_level: Annotated[int, Field(ge=1)] | None = None  # default 2 x level, >= 8
+    max_tokens: Annotated[int, Field(ge=1)] = 64
+    prompt: str = "Explain in one paragraph why inference engines are rebuilt."
+    timeout_s: Seconds = 1800.0
+    max_cold_start_s: Seconds | None = None  # gate: the candidate's cold start
+    max_ttft_p95_ratio: Annotated[float, Field(gt=0)] | None = None  # gate: vs the baseline
+    max_itl_p95_ratio: Annotated[float, Field(gt=0)] | None = None
+
+
+class Drill(_Strict):
+    """A TensorRT-LLM rebuild drill: preflight, convert, build, validate, benchmark,
+    promote (console.agent.drills)."""
+
+    model: str  # a [[models]] name
+    deployment: str  # the TensorRT-LLM deployment it rebuilds
+    pipeline: Literal["engine", "pytorch"] = "engine"  # trtllm-build, or trtllm-serve's load
+    precision: Precision = "bf16"
+    checkpoint: str  # the Hugging Face checkpoint directory on the node
+    engine_cache: str = "~/.local/state/engineroom/engine-cache"
+    tp_size: Annotated[int, Field(ge=1)] = 1
+    shapes: DrillShapes = DrillShapes()
+    pins: DrillPins = DrillPins()
+    baseline: str | None = None  # deployment id; default the model's vLLM deployment
+    examples_dir: str = "/opt/TensorRT-LLM/examples"  # convert_checkpoint.py, quantize.py
+    family: str = "llama"  # examples/models/core/FAMILY/convert_checkpoint.py
+    serve_port: Port = 8012  # where the candidate listens during validate and benchmark
+    env: dict[str, str] = Field(default_factory=dict)
+    steps: dict[DrillStepName, DrillStep] = Field(default_factory=dict)
+    validate_: DrillValidate = Field(DrillValidate(), alias="validate")
+    benchmark: DrillBenchmark = DrillBenchmark()
+    use_cache: bool = True  # a build key already in the cache skips convert and build
+    link_engine_dir: bool = True  # promote re-points the deployment's engine_dir link
+
+
 class Thresholds(_Strict):
     """When the console raises an alert."""
 
@@ -202,6 +301,7 @@ class Fleet(_Strict):
     gateway: GatewaySection | None = None
     models: list[Model] = Field(default_factory=list)
     profiles: dict[str, Profile] = Field(default_factory=dict)
+    drills: dict[str, Drill] = Field(default_factory=dict)
 
     # Where the fleet came from, for messages; not part of the file.
     source: Path = Field(default=Path("fleet.toml"), exclude=True)
@@ -222,6 +322,13 @@ class Fleet(_Strict):
 
     def deployments_on(self, node: str) -> list[tuple[Model, Deployment]]:
         return [(m, d) for m in self.models for d in m.deployments if d.node == node]
+
+    def deployment(self, deployment_id: str) -> tuple[Model, Deployment] | None:
+        for model in self.models:
+            for dep in model.deployments:
+                if dep.id == deployment_id:
+                    return model, dep
+        return None
 
     def where(self, path: KeyPath) -> str:
         line = line_of(self.lines, path)
@@ -320,7 +427,7 @@ def _allowed_keys(parent: KeyPath, raw: Any) -> list[str]:
         model = _inner_model(field.annotation)
     if model is None or not hasattr(model, "model_fields"):
         return []
-    return [k for k, f in model.model_fields.items() if not f.exclude]
+    return [f.alias or k for k, f in model.model_fields.items() if not f.exclude]
 
 
 def _inner_model(annotation: Any) -> Any:
@@ -378,4 +485,38 @@ def _cross_check(fleet: Fleet) -> list[str]:
             add((*here, "node"), f"names node {profile.node!r}, which is not in [[nodes]]")
         if plugins and profile.engine not in plugins:
             add((*here, "engine"), f"unknown engine {profile.engine!r} (have: {sorted(plugins)})")
+
+    for name, drill in fleet.drills.items():
+        problems.extend(_check_drill(fleet, name, drill))
+    return problems
+
+
+def _check_drill(fleet: Fleet, name: str, drill: Drill) -> list[str]:
+    from console.agent.drill_plan import template_problems  # the templates live there
+
+    here: KeyPath = ("drills", name)
+    problems: list[str] = []
+
+    def add(key: str, what: str) -> None:
+        path = (*here, key) if key else here
+        problems.append(f"{fleet.where(path)}: {format_path(path)}: {what}")
+
+    model = next((m for m in fleet.models if m.name == drill.model), None)
+    if model is None:
+        add("model", f"names model {drill.model!r}, which is not in [[models]]")
+        return problems
+    ids = [d.id for d in model.deployments]
+    target = next((d for d in model.deployments if d.id == drill.deployment), None)
+    if target is None:
+        add("deployment", f"{drill.deployment!r} is not a deployment of {drill.model} ({ids})")
+    elif target.engine not in ("triton", "trtllm"):
+        add("deployment", f"{target.id} runs {target.engine}; a drill rebuilds a TensorRT-LLM one")
+    if drill.baseline is not None and drill.baseline not in ids:
+        add("baseline", f"{drill.baseline!r} is not a deployment of {drill.model} ({ids})")
+    if drill.baseline is None and not any(d.engine == "vllm" for d in model.deployments):
+        add("baseline", f"model {drill.model} has no vLLM deployment to validate against; name one")
+    for step, what in template_problems(drill):
+        problems.append(
+            f"{fleet.where((*here, 'steps', step))}: {format_path((*here, 'steps', step))}: {what}"
+        )
     return problems

@@ -162,7 +162,7 @@ class Job(_Wire):
     each phase and to ready) and, on failure, `log_tail`."""
 
     id: str
-    kind: str  # vllm.start | engine.stop | engine.restart
+    kind: str  # vllm.start | engine.stop | engine.restart | drill.run
     state: JobState
     who: str | None = None  # the token's name, never the token
     created: float | None = None
@@ -171,6 +171,24 @@ class Job(_Wire):
     steps: list[JobStep] = Field(default_factory=list)
     error: str | None = None
     result: dict[str, Any] = Field(default_factory=dict)
+
+
+class TrtEngine(_Wire):
+    """A TensorRT-LLM deployment's engine against the node as it is now
+    (console.agent.drills): "current", "stale" (rebuild required, with the reasons, such
+    as "driver 575.57 → 580.159") or "unknown" (no manifest: unknown provenance)."""
+
+    deployment: str
+    model: str
+    engine_dir: str | None = None
+    state: Literal["current", "stale", "unknown"]
+    reasons: list[str] = Field(default_factory=list)
+    unchecked: list[str] = Field(default_factory=list)  # facts the agent could not read
+    note: str | None = None
+    build_key: str | None = None
+    built: float | None = None
+    built_with: dict[str, Any] = Field(default_factory=dict)
+    last_drill: dict[str, Any] | None = None  # {job_id, state, ended, time_to_rebuild_s}
 
 
 class Snapshot(_Wire):
@@ -182,6 +200,7 @@ class Snapshot(_Wire):
     gpus: list[Gpu] = Field(default_factory=list)
     engines: list[Engine] = Field(default_factory=list)
     jobs: list[Job] = Field(default_factory=list)
+    trt_engines: list[TrtEngine] = Field(default_factory=list)
     cycle: dict[str, float | None] = Field(default_factory=dict)  # the agent's own cost
     # How the console got it: "agent" (HTTP), "ssh" (the agent run once over SSH), or
     # "ssh nvidia-smi" (no engineroom on the host); and what such a reading cannot show.

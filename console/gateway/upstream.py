@@ -13,12 +13,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from typing import cast
+from urllib.parse import urlsplit
 
 import aiohttp
+import httptools
 
 from console.core.config import Deployment, Model
 from console.gateway.measure import Measures
@@ -39,6 +43,17 @@ class Upstream:
     inflight: int = 0
     checked: float | None = None  # monotonic time of the last active check
     _errors: deque[float] = field(default_factory=deque)
+    _pool: Pool | None = None
+
+    @property
+    def pool(self) -> Pool:
+        """Kept-alive connections to the endpoint (made again when a reload moves it)."""
+        pool = self._pool
+        if pool is None or pool.endpoint != self.dep.endpoint:
+            if pool is not None:
+                pool.close()
+            pool = self._pool = Pool(self.dep.endpoint)
+        return pool
 
     @property
     def id(self) -> str:
@@ -132,3 +147,250 @@ async def health_loop(
                 with contextlib.suppress(Exception):
                     on_change(upstream)
         await asyncio.sleep(max(0.05, interval - (time.monotonic() - started)))
+
+
+# -- the data path's HTTP/1.1 client -----------------------------------------------------
+#
+# Requests to engines go through this small client rather than aiohttp's: one write per
+# request, the answer parsed by httptools (C) as it arrives, kept-alive connections per
+# deployment. aiohttp's client costs ~0.2 ms of Python per request, which a 0.3 ms
+# budget for the whole gateway cannot carry (docs/gateway.md, Figures).
+
+MAX_IDLE = 64  # kept-alive connections per deployment
+
+
+class UpstreamError(Exception):
+    """The engine's connection failed or closed before its answer was complete."""
+
+
+class NotConnected(UpstreamError):
+    """No connection could be made (refused, unreachable, connect timeout)."""
+
+
+class Answer(asyncio.Protocol):
+    """One kept-alive connection to an engine, and the answer being read on it."""
+
+    def __init__(self, read_timeout: float) -> None:
+        self.parser = httptools.HttpResponseParser(self)
+        self.transport: asyncio.Transport | None = None
+        self.read_timeout = read_timeout
+        self.busy = False  # a request was sent and its answer not finished
+        self._reset()
+
+    def _reset(self) -> None:
+        self.status = 0
+        self.content_type = ""
+        self.keep_alive = True
+        self.started = False  # any byte of the answer came
+        self.headers_done = False
+        self.done = False  # the answer is complete
+        self.error: BaseException | None = None
+        self._body: list[bytes] = []
+        self._waiter: asyncio.Future[None] | None = None
+        self._last = 0.0
+        self._timer: asyncio.TimerHandle | None = None
+        self._framed = False  # Content-Length or chunked: else the body ends at close
+
+    # asyncio.Protocol
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+
+    def data_received(self, data: bytes) -> None:
+        if not self.busy:  # nothing was asked: a kept-alive connection is not reusable
+            assert self.transport is not None
+            self.transport.close()
+            return
+        self.started = True
+        self._last = time.monotonic()
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self._fail(UpstreamError(f"bad HTTP from the engine: {exc}"))
+            if self.transport is not None:
+                self.transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.transport = None
+        if self.headers_done and not self._framed and not self.done:
+            self.on_message_complete()  # a body delimited by the close
+        elif not self.done:
+            self._fail(UpstreamError("the engine closed the connection"))
+
+    # httptools callbacks
+    def on_header(self, name: bytes, value: bytes) -> None:
+        lower = name.lower()
+        if lower == b"content-type":
+            self.content_type = value.decode("latin-1")
+        elif lower in (b"content-length", b"transfer-encoding"):
+            self._framed = True
+
+    def on_headers_complete(self) -> None:
+        self.status = self.parser.get_status_code()
+        self.keep_alive = self.parser.should_keep_alive()
+        self.headers_done = True
+        self._wake()
+
+    def on_body(self, body: bytes) -> None:
+        self._body.append(body)
+        self._wake()
+
+    def on_message_complete(self) -> None:
+        self.done = True
+        self._wake()
+
+    # the request side
+    def send(self, head: bytes, body: bytes) -> None:
+        assert self.transport is not None
+        self._reset()
+        self.busy = True
+        self.transport.write(head + body)
+
+    async def headers(self) -> None:
+        while not self.headers_done:
+            await self._wait()
+
+    async def read(self) -> bytes:
+        while not self.done:
+            await self._wait()
+        return self._take()
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        """The body as it arrives: what has come since the last chunk, joined."""
+        while True:
+            if self._body:
+                yield self._take()
+            elif self.done:
+                return
+            else:
+                await self._wait()
+
+    def _take(self) -> bytes:
+        body = self._body
+        self._body = []
+        return body[0] if len(body) == 1 else b"".join(body)
+
+    async def _wait(self) -> None:
+        if self.error is not None:
+            raise self.error
+        loop = asyncio.get_running_loop()
+        self._waiter = loop.create_future()
+        if self._timer is None:  # one timer per answer, re-armed only when it fires
+            self._last = time.monotonic()
+            self._timer = loop.call_at(loop.time() + self.read_timeout, self._check_timeout)
+        try:
+            await self._waiter
+        finally:
+            self._waiter = None
+        if self.error is not None:
+            raise self.error
+
+    def _check_timeout(self) -> None:
+        idle = time.monotonic() - self._last
+        if idle < self.read_timeout:
+            loop = asyncio.get_running_loop()
+            self._timer = loop.call_at(loop.time() + self.read_timeout - idle, self._check_timeout)
+            return
+        self._timer = None
+        if not self.done:
+            self._fail(TimeoutError(f"no data from the engine for {self.read_timeout:g} s"))
+            if self.transport is not None:
+                self.transport.close()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def _fail(self, exc: BaseException) -> None:
+        self.error = exc
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(exc)
+
+    def finish(self) -> bool:
+        """After the answer: True when the connection can serve another request."""
+        self.busy = False
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        reusable = self.done and self.keep_alive and self.transport is not None
+        if not reusable and self.transport is not None:
+            self.transport.close()  # an answer left unread: closing aborts it at the engine
+        return reusable
+
+
+class Pool:
+    """Kept-alive connections to one engine endpoint."""
+
+    def __init__(self, endpoint: str) -> None:
+        self.endpoint = endpoint
+        parts = urlsplit(endpoint)
+        self.host = parts.hostname or "127.0.0.1"
+        self.port = parts.port or (443 if parts.scheme == "https" else 80)
+        self.path_prefix = parts.path.rstrip("/")
+        self.authority = parts.netloc.encode()
+        self.tls = ssl.create_default_context() if parts.scheme == "https" else None
+        self.idle: list[Answer] = []
+
+    async def post(
+        self, path: str, body: bytes, connect_timeout: float, read_timeout: float
+    ) -> Answer:
+        """Send a JSON POST and wait for the answer's status and headers.
+
+        A kept-alive connection that the engine closed meanwhile is retried once on a new
+        one; NotConnected and UpstreamError mean the engine got nothing it answered."""
+        head = (
+            b"POST " + (self.path_prefix + path).encode() + b" HTTP/1.1\r\nHost: "
+            + self.authority + b"\r\nContent-Type: application/json\r\nContent-Length: "
+            + str(len(body)).encode() + b"\r\n\r\n"
+        )  # fmt: skip
+        while self.idle:
+            conn = self.idle.pop()
+            if conn.transport is None or conn.transport.is_closing():
+                continue
+            conn.read_timeout = read_timeout
+            conn.send(head, body)
+            try:
+                await conn.headers()
+                return conn
+            except UpstreamError:
+                conn.finish()
+                if conn.started:
+                    raise
+                break  # a stale connection: the engine closed it while idle
+            except BaseException:  # a timeout, or the client left: the engine stops too
+                conn.finish()
+                raise
+        conn = await self._connect(connect_timeout, read_timeout)
+        conn.send(head, body)
+        try:
+            await conn.headers()
+        except BaseException:
+            conn.finish()
+            raise
+        return conn
+
+    async def _connect(self, connect_timeout: float, read_timeout: float) -> Answer:
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(connect_timeout):
+                _, conn = await loop.create_connection(
+                    lambda: Answer(read_timeout), self.host, self.port, ssl=self.tls
+                )
+        except TimeoutError:
+            raise NotConnected(f"no connection within {connect_timeout:g} s") from None
+        except OSError as exc:
+            raise NotConnected(exc.strerror or exc.__class__.__name__) from None
+        return conn
+
+    def release(self, conn: Answer) -> None:
+        if conn.finish() and len(self.idle) < MAX_IDLE:
+            self.idle.append(conn)
+        elif conn.transport is not None:
+            conn.transport.close()
+
+    def close(self) -> None:
+        for conn in self.idle:
+            if conn.transport is not None:
+                conn.transport.close()
+        self.idle.clear()

@@ -1,0 +1,256 @@
+"""A drill's steps as argv lists: the shipped templates for TensorRT-LLM's two pipelines.
+
+    engine   convert_checkpoint.py (or quantize.py) -> trtllm-build
+             -> trtllm-serve --backend tensorrt
+    pytorch  (quantize.py --export_format hf) -> trtllm-serve --backend pytorch, where the
+             "build" is the server's cold start and warm-up
+
+A `[drills.NAME.steps.STEP]` table replaces a template's argv, timeout or success
+condition. Templates are argv lists whose elements may hold `{placeholders}`; each element
+is filled on its own and never passed through a shell, so a value with spaces or quotes
+stays one argument. An unknown placeholder is a fleet.toml error, found at load time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from console.core.config import Drill, DrillStep
+
+# What the preflight runs on the node when the drill does not say: the versions of the
+# TensorRT-LLM stack in the python that serves it. Driver, GPU and compute capability
+# come from NVML. `import tensorrt_llm` prints a banner, so the last JSON line counts.
+PROBE = """\
+import json
+found = {}
+for key, module, attr in (
+    ("tensorrt_llm", "tensorrt_llm", "__version__"),
+    ("tensorrt", "tensorrt", "__version__"),
+    ("cuda", "torch", "version.cuda"),
+):
+    try:
+        value = __import__(module)
+        for part in attr.split("."):
+            value = getattr(value, part)
+        found[key] = str(value)
+    except Exception as exc:
+        found["error_" + key] = repr(exc)[:200]
+print(json.dumps(found))
+"""
+
+# precision -> (dtype, quantize.py --qformat, --kv_cache_dtype)
+PRECISIONS: dict[str, tuple[str, str | None, str | None]] = {
+    "fp16": ("float16", None, None),
+    "bf16": ("bfloat16", None, None),
+    "fp8": ("bfloat16", "fp8", "fp8"),
+    "int8-sq": ("bfloat16", "int8_sq", "int8"),
+    "int4-awq": ("bfloat16", "int4_awq", None),
+    "w4a8-awq": ("bfloat16", "w4a8_awq", None),
+    "nvfp4": ("bfloat16", "nvfp4", "fp8"),
+}
+
+PLACEHOLDERS = (
+    "checkpoint",  # the Hugging Face checkpoint directory
+    "ckpt_dir",  # the converted (or quantized) checkpoint, in staging
+    "staging",  # where the build writes the engine
+    "engine_dir",  # what the candidate serves: the staged or cached engine
+    "dtype",
+    "qformat",
+    "kv_cache_dtype",
+    "tp_size",
+    "max_batch_size",
+    "max_input_len",
+    "max_seq_len",
+    "max_num_tokens",
+    "port",
+    "served_model_name",
+    "examples_dir",
+    "family",
+    "precision",
+)
+
+
+@dataclass(frozen=True)
+class Template:
+    argv: list[str] | None  # None: the step is skipped (why says why) or built in
+    expect_files: list[str]
+    why: str | None = None
+
+
+def _convert(drill: Drill, export_hf: bool) -> Template:
+    _, qformat, kv = PRECISIONS[drill.precision]
+    if qformat is None:
+        if export_hf:
+            return Template(None, [], "the PyTorch backend loads the checkpoint as it is")
+        argv = [
+            "python3",
+            "{examples_dir}/models/core/{family}/convert_checkpoint.py",
+            "--model_dir",
+            "{checkpoint}",
+            "--output_dir",
+            "{ckpt_dir}",
+            "--dtype",
+            "{dtype}",
+            "--tp_size",
+            "{tp_size}",
+        ]
+        return Template(argv, ["{ckpt_dir}/config.json"])
+    argv = [
+        "python3",
+        "{examples_dir}/quantization/quantize.py",
+        "--model_dir",
+        "{checkpoint}",
+        "--dtype",
+        "{dtype}",
+        "--qformat",
+        "{qformat}",
+        *(["--kv_cache_dtype", "{kv_cache_dtype}"] if kv else []),
+        "--calib_size",
+        "512",
+        "--tp_size",
+        "{tp_size}",
+        "--output_dir",
+        "{ckpt_dir}",
+        *(["--export_format", "hf"] if export_hf else []),
+    ]
+    return Template(argv, ["{ckpt_dir}/config.json"])
+
+
+SHAPE_ARGS = [
+    "--max_batch_size",
+    "{max_batch_size}",
+    "--max_num_tokens",
+    "{max_num_tokens}",
+    "--max_seq_len",
+    "{max_seq_len}",
+]
+
+
+def templates(drill: Drill) -> dict[str, Template]:
+    """The shipped template of each step for the drill's pipeline and precision."""
+    preflight = Template(["python3", "-c", PROBE], [])
+    serve_head = ["trtllm-serve", "{engine_dir}", "--host", "127.0.0.1", "--port", "{port}"]
+    served = ["--served_model_name", "{served_model_name}"]
+    if drill.pipeline == "engine":
+        build = Template(
+            [
+                "trtllm-build",
+                "--checkpoint_dir",
+                "{ckpt_dir}",
+                "--output_dir",
+                "{staging}",
+                "--max_input_len",
+                "{max_input_len}",
+                *SHAPE_ARGS,
+                "--gemm_plugin",
+                "auto",
+            ],
+            ["{staging}/config.json", "{staging}/rank0.engine"],
+        )
+        serve = Template(
+            [*serve_head, "--backend", "tensorrt", "--tokenizer", "{checkpoint}", *served], []
+        )
+        return {
+            "preflight": preflight,
+            "convert": _convert(drill, export_hf=False),
+            "build": build,
+            "serve": serve,
+        }
+    serve = Template(
+        [*serve_head, "--backend", "pytorch", *SHAPE_ARGS, "--tp_size", "{tp_size}", *served], []
+    )
+    build = Template(None, [], "the build is trtllm-serve's cold start and warm-up")
+    return {
+        "preflight": preflight,
+        "convert": _convert(drill, export_hf=True),
+        "build": build,
+        "serve": serve,
+    }
+
+
+@dataclass(frozen=True)
+class PlannedStep:
+    name: str
+    argv: list[str] | None
+    timeout_s: float
+    expect_files: list[Path]
+    expect_output: str | None
+    skip: str | None = None  # why the step does not run
+
+
+def values(
+    drill: Drill, served_model_name: str, staging: Path, ckpt_dir: Path, engine_dir: Path | str
+) -> dict[str, str]:
+    dtype, qformat, kv = PRECISIONS[drill.precision]
+    return {
+        "checkpoint": str(Path(drill.checkpoint).expanduser()),
+        "ckpt_dir": str(ckpt_dir),
+        "staging": str(staging),
+        "engine_dir": str(engine_dir),
+        "dtype": dtype,
+        "qformat": qformat or "full_prec",
+        "kv_cache_dtype": kv or "auto",
+        "tp_size": str(drill.tp_size),
+        "max_batch_size": str(drill.shapes.max_batch_size),
+        "max_input_len": str(drill.shapes.max_input_len),
+        "max_seq_len": str(drill.shapes.max_seq_len),
+        "max_num_tokens": str(drill.shapes.max_num_tokens),
+        "port": str(drill.serve_port),
+        "served_model_name": served_model_name,
+        "examples_dir": str(Path(drill.examples_dir).expanduser()),
+        "family": drill.family,
+        "precision": drill.precision,
+    }
+
+
+def fill(template: list[str], found: dict[str, str]) -> list[str]:
+    """Each argv element with its {placeholders} filled; KeyError for an unknown one."""
+    return [part.format_map(_Strict(found)) for part in template]
+
+
+class _Strict(dict[str, str]):
+    def __missing__(self, key: str) -> str:
+        raise KeyError(key)
+
+
+def plan(drill: Drill, found: dict[str, str]) -> dict[str, PlannedStep]:
+    """Every step's argv, timeout and success condition, filled with `found`."""
+    out: dict[str, PlannedStep] = {}
+    for name, template in templates(drill).items():
+        spec = drill.steps.get(name, DrillStep())  # type: ignore[call-overload]
+        argv = spec.argv if spec.argv is not None else template.argv
+        expect = spec.expect_files if spec.expect_files is not None else template.expect_files
+        skip = template.why if argv is None else None
+        out[name] = PlannedStep(
+            name=name,
+            argv=None if argv is None else fill(argv, found),
+            timeout_s=spec.timeout_s,
+            expect_files=[Path(p) for p in fill(expect, found)],
+            expect_output=spec.expect_output,
+            skip=skip,
+        )
+    return out
+
+
+def template_problems(drill: Drill) -> list[tuple[str, str]]:
+    """Unknown placeholders or bad braces in a drill's steps, as (step, what)."""
+    dummy = {key: "x" for key in PLACEHOLDERS}
+    problems: list[tuple[str, str]] = []
+    for name, spec in drill.steps.items():
+        for part in [*(spec.argv or []), *(spec.expect_files or [])]:
+            try:
+                part.format_map(_Strict(dummy))
+            except KeyError as exc:
+                problems.append(
+                    (
+                        name,
+                        f"unknown placeholder {{{exc.args[0]}}} in {part!r} "
+                        f"(known: {', '.join(PLACEHOLDERS)})",
+                    )
+                )
+            except (ValueError, IndexError) as exc:
+                problems.append((name, f"bad template {part!r}: {exc}"))
+        if spec.argv is not None and not spec.argv:
+            problems.append((name, "argv is empty"))
+    return problems

@@ -1,0 +1,194 @@
+"""`engineroom drill run NAME [--wait] | list | show ID | what-if ...`: rebuild drills.
+
+A drill runs as a job on the agent of its deployment's node (console.agent.drills), so
+interrupting this command does not stop it. Exit codes: 0 ok, 1 refused or failed,
+2 an agent did not answer, 3 a bad fleet file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from typing import Any, TextIO
+
+from console.collect.actions import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_UNREACHABLE,
+    ActionError,
+    AgentActions,
+    _act,
+)
+from console.core import drillreport
+from console.core.config import Fleet
+from console.core.wire import Job
+
+
+def drill_node(fleet: Fleet, name: str) -> str | None:
+    drill = fleet.drills.get(name)
+    found = fleet.deployment(drill.deployment) if drill else None
+    return found[1].node if found else None
+
+
+def run_drill(
+    fleet: Fleet, name: str, *, wait: bool, as_json: bool, out: TextIO = sys.stdout
+) -> int:
+    node = drill_node(fleet, name)
+    if node is None:
+        known = ", ".join(fleet.drills) or "none"
+        print(f"engineroom: {fleet.source}: no drill {name!r} (drills: {known})", file=sys.stderr)
+        return EXIT_FAILED
+    return asyncio.run(_act(fleet, node, lambda a: a.drill(name), wait, as_json, out))
+
+
+async def _each_agent(fleet: Fleet, call: Any) -> tuple[list[tuple[str, Any]], list[str]]:
+    """`call(actions)` on every node with an agent, at once; (node, answer) and problems."""
+
+    async def one(node: str) -> tuple[str, Any]:
+        actions = AgentActions(fleet, node)
+        try:
+            return node, await call(actions)
+        finally:
+            await actions.close()
+
+    nodes = [n.name for n in fleet.nodes if n.agent is not None]
+    answers = await asyncio.gather(*(one(n) for n in nodes), return_exceptions=True)
+    rows, problems = [], []
+    for answer in answers:
+        if isinstance(answer, ActionError):
+            problems.append(str(answer))
+        elif isinstance(answer, BaseException):
+            raise answer
+        else:
+            rows.append(answer)
+    return rows, problems
+
+
+def list_drills(fleet: Fleet, *, as_json: bool, out: TextIO = sys.stdout) -> int:
+    answers, problems = asyncio.run(_each_agent(fleet, lambda a: a.jobs(200)))
+    history: list[tuple[str, Job]] = [
+        (node, job) for node, jobs in answers for job in jobs if job.kind == "drill.run"
+    ]
+    history.sort(key=lambda r: r[1].created or 0, reverse=True)
+    if as_json:
+        print(
+            json.dumps(
+                {
+                    "drills": [
+                        {"name": n, "node": drill_node(fleet, n), **d.model_dump(by_alias=True)}
+                        for n, d in fleet.drills.items()
+                    ],
+                    "history": [
+                        {"node": node, **drillreport.report(job, node)} for node, job in history
+                    ],
+                    "errors": problems,
+                },
+                indent=2,
+            ),
+            file=out,
+        )
+    else:
+        print(
+            f"{'DRILL':<20} {'NODE':<12} {'DEPLOYMENT':<20} {'PIPELINE':<8} "
+            f"{'PRECISION':<9} LAST RUN",
+            file=out,
+        )
+        for name, drill in fleet.drills.items():
+            last = next((j for _, j in history if j.params.get("drill") == name), None)
+            when = "never" if last is None else _last(last)
+            print(
+                f"{name:<20} {drill_node(fleet, name) or '?':<12} {drill.deployment:<20} "
+                f"{drill.pipeline:<8} {drill.precision:<9} {when}",
+                file=out,
+            )
+        if history:
+            print("\nHISTORY", file=out)
+            for node, job in history[:20]:
+                rep = drillreport.report(job, node)
+                took = rep["time_to_rebuild_s"] or rep["total_s"]
+                print(
+                    f"  {job.id}  {rep['drill']:<20} {node:<12} {job.state:<10} "
+                    f"{'' if took is None else f'{took:.1f} s':>9}  {job.error or ''}",
+                    file=out,
+                )
+        for problem in problems:
+            print(f"engineroom: {problem}", file=sys.stderr)
+    return EXIT_UNREACHABLE if problems else EXIT_OK
+
+
+def _last(job: Job) -> str:
+    ago = time.time() - (job.updated or job.created or time.time())
+    return f"{job.state} {ago / 3600:.1f} h ago ({job.id})"
+
+
+def show_drill(
+    fleet: Fleet, job_id: str, *, node: str | None, as_json: bool, out: TextIO = sys.stdout
+) -> int:
+    async def find() -> tuple[str, dict[str, Any]] | None:
+        for n in fleet.nodes:
+            if n.agent is None or (node and n.name != node):
+                continue
+            actions = AgentActions(fleet, n.name)
+            try:
+                return n.name, await actions.report(job_id)
+            except ActionError as exc:
+                if exc.status != 404:
+                    print(f"engineroom: {exc}", file=sys.stderr)
+            finally:
+                await actions.close()
+        return None
+
+    found = asyncio.run(find())
+    if found is None:
+        print(f"engineroom: no drill job {job_id!r} on any agent", file=sys.stderr)
+        return EXIT_FAILED
+    _, rep = found
+    print(json.dumps(rep, indent=2) if as_json else drillreport.markdown(rep), file=out, end="")
+    return EXIT_OK
+
+
+def what_if(
+    fleet: Fleet, change: dict[str, Any], *, as_json: bool, out: TextIO = sys.stdout
+) -> int:
+    change = {k: v for k, v in change.items() if v is not None}
+    if not change:
+        print("engineroom: what-if needs at least one of --driver, --cuda, --tensorrt, "
+              "--tensorrt-llm, --gpu, --compute-capability", file=sys.stderr)  # fmt: skip
+        return EXIT_FAILED
+    answers, problems = asyncio.run(_each_agent(fleet, lambda a: a.what_if(change)))
+    rows = [row for _, found in answers for row in found]
+    if as_json:
+        print(json.dumps(rows, indent=2), file=out)
+    else:
+        shown = ", ".join(f"{k} {v}" for k, v in change.items())
+        print(f"If the nodes had {shown}:", file=out)
+        print(f"{'NODE':<12} {'DEPLOYMENT':<20} {'VERDICT':<22} {'LAST DRILL':>10}  WHY", file=out)
+        for row in rows:
+            verdict = {
+                "serves": "still serves",
+                "cache": "serves from cache",
+                "rebuild": "REBUILD",
+            }[row["verdict"]]
+            est = row.get("estimated_rebuild_s")
+            print(
+                f"{row['node']:<12} {row['deployment']:<20} {verdict:<22} "
+                f"{'no drill' if est is None else f'{est:.0f} s':>10}  "
+                f"{'; '.join(row.get('why') or []) or '-'}",
+                file=out,
+            )
+        if not rows:
+            print("(no TensorRT-LLM deployments on any agent)", file=out)
+        total = sum(r.get("estimated_rebuild_s") or 0 for r in rows if r["verdict"] == "rebuild")
+        rebuilds = [r for r in rows if r["verdict"] == "rebuild"]
+        if rebuilds:
+            unknown = sum(1 for r in rebuilds if r.get("estimated_rebuild_s") is None)
+            print(
+                f"{len(rebuilds)} rebuild(s), about {total:.0f} s of drills"
+                + (f" plus {unknown} never drilled" if unknown else ""),
+                file=out,
+            )
+    for problem in problems:
+        print(f"engineroom: {problem}", file=sys.stderr)
+    return EXIT_UNREACHABLE if problems else EXIT_OK

