@@ -136,6 +136,9 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--requests", type=int, default=1000)
     parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument(
+        "--only-overhead", action="store_true", help="TTFT and requests/s only, no failover"
+    )
     args = parser.parse_args()
     nginx = shutil.which("nginx") or "/usr/sbin/nginx"
     work = Path(tempfile.mkdtemp(prefix="engineroom-gw-bench-"))
@@ -190,8 +193,9 @@ def main() -> int:
         for name, url in paths.items():
             rps = asyncio.run(throughput(url, 64, args.seconds))
             print(f"  {name:<8} {rps:8.0f}")
-        print()
-        failover(paths["gateway"])
+        if not args.only_overhead:
+            print()
+            failover(paths["gateway"])
     finally:
         for proc in procs:
             proc.terminate()
