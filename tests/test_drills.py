@@ -281,6 +281,10 @@ def test_a_drill_builds_validates_benchmarks_and_promotes_then_hits_the_cache(no
     agent = node.start(1)
     wait_until(lambda: node.trt("tiny-trt")["state"] == "stale", timeout=30, what="stale")
     reasons = node.trt("tiny-trt")["reasons"]
+    if os.environ.get("ENGINEROOM_RECORD_DRILL_SNAPSHOT"):  # tests/fixtures, for the TUI tests
+        Path(os.environ["ENGINEROOM_RECORD_DRILL_SNAPSHOT"]).write_text(
+            json.dumps(agent.snapshot(), indent=1)
+        )
     assert "driver 580.159.04 → 575.57.08" in reasons
     assert "TensorRT-LLM 1.2.0 → 1.2.1" in reasons
     check = run_cli("check", "--fleet", str(agent.fleet), "--json")

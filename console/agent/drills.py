@@ -150,7 +150,9 @@ class DrillRunner:
         run = Run(job_id, self.root / job_id, cache.staging(job_id))
         run.dir.mkdir(parents=True, exist_ok=True)
         model, deployment = self.agent.fleet.deployment(drill.deployment)  # type: ignore[misc]
-        served = deployment.engine_model or model.name
+        # What the candidate serves the model as: a trtllm-serve deployment's own name,
+        # else the model's (Triton's engine_model names its ensemble, not the model).
+        served = (deployment.engine_model if deployment.engine == "trtllm" else None) or model.name
         engine_stage = run.staging / "engine"
         ckpt = engine_stage if drill.pipeline == "pytorch" else run.staging / "checkpoint"
         found = values(drill, served, engine_stage, ckpt, engine_stage)
@@ -467,7 +469,7 @@ class DrillRunner:
         for gate, ok, detail in gates:
             self._gate(active, gate, ok, detail)
         failed = [d for _, ok, d in gates if not ok]
-        detail = "; ".join(d for _, _, d in gates)
+        detail = "; ".join([*(d for _, _, d in gates), *sweep_summary(bench)])
         if failed:
             step.detail = detail
             raise StepFailed("benchmark: " + "; ".join(failed))
@@ -789,7 +791,12 @@ class DrillRunner:
             note += f"weights not checked: {exc}"
         entry.build_key = found.get("build_key")
         entry.built = found.get("built")
-        entry.built_with = {**found.get("versions", {}), **found.get("gpu", {})}
+        gpu = found.get("gpu", {})
+        entry.built_with = {
+            **found.get("versions", {}),
+            "gpu": gpu.get("name"),
+            "compute_capability": gpu.get("compute_capability"),
+        }
         entry.reasons = manifest.stale_reasons(found, facts)
         entry.unchecked = manifest.unknown_facts(facts)
         entry.note = note
@@ -936,6 +943,28 @@ def benchmark_gates(drill: Drill, bench: dict[str, Any]) -> list[tuple[str, bool
             )
         )
     return gates
+
+
+def sweep_summary(bench: dict[str, Any]) -> list[str]:
+    """The cold starts and the highest concurrency, candidate against vLLM, in words."""
+    out = []
+    cold = bench["cold_start_s"]
+    base = (cold.get("baseline") or {}).get("total_s")
+    out.append(f"cold start {_num(cold.get('candidate'), 's')} vs vLLM {_num(base, 's')}")
+    if bench["levels"]:
+        top = bench["levels"][-1]
+        c, b = top.get("candidate") or {}, top.get("baseline") or {}
+        out.append(
+            f"at {top['concurrency']}: TTFT p95 {_num(c.get('ttft_p95_ms'), 'ms')} vs "
+            f"{_num(b.get('ttft_p95_ms'), 'ms')}, ITL p95 {_num(c.get('itl_p95_ms'), 'ms')} vs "
+            f"{_num(b.get('itl_p95_ms'), 'ms')}, {_num(c.get('tokens_per_s'), 'tok/s')} vs "
+            f"{_num(b.get('tokens_per_s'), 'tok/s')}"
+        )
+    return out
+
+
+def _num(value: Any, unit: str) -> str:
+    return "unknown" if value is None else f"{value:g} {unit}"
 
 
 def last_json(output: str) -> dict[str, Any] | None:

@@ -25,6 +25,7 @@ import hashlib
 import json
 import os
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -152,8 +153,8 @@ def key_inputs(
     pipeline: str,
     precision: str,
     tp_size: int,
-    shapes: dict[str, Any],
-    facts: dict[str, str | None],
+    shapes: Mapping[str, Any],
+    facts: Mapping[str, str | None],
 ) -> dict[str, Any]:
     return {
         "model": model,

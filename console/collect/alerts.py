@@ -141,7 +141,8 @@ def _deployment_alerts(
             f"not reported by the agent on {row.node} (is it in that agent's fleet file?)",
             row.node,
         )
-    if row.id and row.state in ("down", "unhealthy"):
+    standby = row.weight == 0 and row.state == "down"  # a stopped standby takes no traffic
+    if row.id and row.state in ("down", "unhealthy") and not standby:
         yield Alert(
             "critical", subject, f"engine {row.state}: {row.reason or ''}".rstrip(": "), row.node
         )

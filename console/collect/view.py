@@ -14,7 +14,7 @@ from console.collect.alerts import NOT_REPORTED, Alert, evaluate
 from console.collect.collector import NodeState, NodeStatus
 from console.collect.history import History
 from console.core.config import Deployment, Fleet, Model
-from console.core.wire import Engine, Gpu, ModelStats, Snapshot
+from console.core.wire import Engine, Gpu, ModelStats, Snapshot, TrtEngine
 
 SloState = Literal["ok", "breach", "unknown"]
 
@@ -57,6 +57,7 @@ class DeploymentRow:
     weight: int | None
     stats: ModelStats | None
     slo: dict[str, SloState] = field(default_factory=dict)  # ttft, itl, e2e, errors
+    trt: TrtEngine | None = None  # a TensorRT-LLM engine's provenance: current, stale, unknown
 
     @property
     def slo_ok(self) -> bool | None:
@@ -217,6 +218,7 @@ def deployment_row(
         weight=dep.weight,
         stats=stats,
         slo=slo_states(model, stats, error_limit),
+        trt=next((t for t in snap.trt_engines if t.deployment == dep.id), None) if snap else None,
     )
 
 

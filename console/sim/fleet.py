@@ -226,6 +226,7 @@ class DemoFleet:
         self._sockets: list[socket.socket] = []
         self._gateway_runner: Any = None
         self._clients: asyncio.Task[None] | None = None
+        self._standby_list: list[dict[str, Any]] | None = None
 
     async def __aenter__(self) -> DemoFleet:
         return self
@@ -454,12 +455,51 @@ class DemoFleet:
                         ),
                         "engine_model": ENSEMBLE if spec.kind == "triton" else None,
                         "weight": 100,
+                        "engine_dir": (
+                            str(self.path.parent / "engines" / spec.deployment_id)
+                            if spec.kind == "triton"
+                            else None
+                        ),
                     }
                 )
+            for standby in self._standbys(len(agent_socks)):
+                if standby["short"] == model.short:
+                    deployments.append(
+                        {
+                            "id": standby["profile"],
+                            "node": standby["node"],
+                            "engine": "vllm",
+                            "endpoint": f"http://127.0.0.1:{standby['port']}",
+                            "weight": 0,  # a standby: no traffic until a failover
+                            "profile": standby["profile"],
+                        }
+                    )
             models.append((model.name, model.slo, deployments))
         model_tables(out, models)
         self._write_profiles(out, len(agent_socks))
+        self._write_drills(out, specs, http)
         self.path.write_text(out.text(), encoding="utf-8")
+
+    def _standbys(self, nodes: int) -> list[dict[str, Any]]:
+        """The demo's vLLM standbys: a profile and a weight-0 deployment each (ports fixed
+        once, when the fleet file is written)."""
+        if self._standby_list is None:
+            self._standby_list = []
+            for node, short, gpu in STANDBYS:
+                if node >= nodes:
+                    continue
+                with listen_socket(ENGINE_PORTS + 20 * node + 15) as sock:
+                    port = port_of(sock)  # free now; the agent's preflight checks it again
+                self._standby_list.append(
+                    {
+                        "short": short,
+                        "node": node_name(node, 2),
+                        "gpu": gpu,
+                        "port": port,
+                        "profile": f"{short}-standby-{node_name(node, 2).removeprefix('gpu-')}",
+                    }
+                )
+        return self._standby_list
 
     def _write_profiles(self, out: FleetText, nodes: int) -> None:
         """Launch profiles on GPUs the layout leaves idle, for "Start vLLM" in the demo.
@@ -468,24 +508,20 @@ class DemoFleet:
         simulated engine. The model directories hold only a config.json, for the preflight.
         """
         models_dir = self.path.parent / "models"
-        for node, short, gpu in STANDBYS:
-            if node >= nodes:
-                continue
-            model = MODELS[short]
-            directory = models_dir / short
+        for standby in self._standbys(nodes):
+            model = MODELS[standby["short"]]
+            directory = models_dir / standby["short"]
             directory.mkdir(parents=True, exist_ok=True)
             (directory / "config.json").write_text('{"SIMULATED": true}\n')
-            with listen_socket(ENGINE_PORTS + 20 * node + 15) as sock:
-                port = port_of(sock)  # free now; the agent's preflight checks it again
             out.add(
-                f"[profiles.{short}-standby-{node_name(node, 2).removeprefix('gpu-')}]",
+                f"[profiles.{standby['profile']}]",
                 {
                     "engine": "vllm",
-                    "node": node_name(node, 2),
+                    "node": standby["node"],
                     "model": str(directory),
                     "served_model_name": model.name,
-                    "port": port,
-                    "gpus": [gpu],
+                    "port": standby["port"],
+                    "gpus": [standby["gpu"]],
                     "command": [sys.executable, "-m", "console.sim.standin_vllm"],
                     "args": {"host": "127.0.0.1", "max_model_len": 8192, "dtype": "bfloat16"},
                     "overridable": ["port"],
@@ -493,6 +529,128 @@ class DemoFleet:
                     "stop_grace_s": 10.0,
                 },
             )
+
+    def _write_drills(
+        self, out: FleetText, specs: list[EngineSpec], http: list[socket.socket]
+    ) -> None:
+        """TensorRT-LLM engines with provenance, and a rebuild drill (all SIMULATED).
+
+        Each Triton llama-8b deployment gets an engine directory: gpu-a1's was built for an
+        older driver (REBUILD REQUIRED), gpu-c1's matches the node, and the last one has no
+        manifest (unknown provenance). The drill for gpu-a1 runs the TensorRT-LLM test
+        doubles of tests/trtllm_double.py; its candidate forwards to the simulated vLLM.
+        """
+        from console.agent import manifest
+
+        root = self.path.parent
+        checkpoint = root / "models" / "llama8b"
+        checkpoint.mkdir(parents=True, exist_ok=True)
+        (checkpoint / "config.json").write_text('{"SIMULATED": true}\n')
+        weights = manifest.WeightsHasher(root / "weights-hashes.json").hash(checkpoint)
+        triton = [s for s in specs if s.kind == "triton"]
+        vllm = [(s, k) for s, k in zip(specs, http, strict=True) if s.kind == "vllm"]
+        now = {
+            "driver": "580.95.05-sim",
+            "cuda": "13.0",
+            "tensorrt": "10.13.3.9",
+            "tensorrt_llm": "1.2.0",
+            "gpu": "NVIDIA H200 (SIMULATED)",
+            "compute_capability": "9.0",
+        }
+        shapes: dict[str, object] = {
+            "max_batch_size": 64,
+            "max_input_len": 4096,
+            "max_seq_len": 8192,
+            "max_num_tokens": 8192,
+        }
+        for i, spec in enumerate(triton):
+            link = root / "engines" / spec.deployment_id
+            link.parent.mkdir(parents=True, exist_ok=True)
+            facts = {**now, "driver": "570.133.20"} if i == 0 else now
+            built_for = {**shapes, "max_batch_size": 128} if i else shapes  # not a1's drill's
+            inputs = manifest.key_inputs(
+                spec.model.name, weights, "engine", "bf16", 1, built_for, facts
+            )
+            key = manifest.build_key(inputs)
+            hand_built = i == len(triton) - 1 and len(triton) > 1
+            engine = link if hand_built else root / "engine-cache" / key
+            engine.mkdir(parents=True, exist_ok=True)
+            (engine / "config.json").write_text('{"version": "1.2.0", "SIMULATED": true}\n')
+            (engine / "rank0.engine").write_bytes(b"SIMULATED" * 64)
+            if hand_built:
+                continue  # no manifest: unknown provenance
+            manifest.write_manifest(
+                engine,
+                {
+                    "schema": 1,
+                    "build_key": key,
+                    "built": time.time() - 86400 * (30 if i == 0 else 2),
+                    "model": {
+                        "name": spec.model.name,
+                        "checkpoint": str(checkpoint),
+                        "weights_sha256": weights,
+                    },
+                    "pipeline": "engine",
+                    "precision": "bf16",
+                    "tp_size": 1,
+                    "shapes": built_for,
+                    "versions": {
+                        k: facts[k] for k in ("tensorrt_llm", "tensorrt", "cuda", "driver")
+                    },
+                    "gpu": {
+                        "name": facts["gpu"],
+                        "compute_capability": facts["compute_capability"],
+                    },
+                    "SIMULATED": True,
+                },
+            )
+            if not link.is_symlink():
+                link.symlink_to(engine)
+        first = triton[0] if triton else None
+        baseline = next(((s, k) for s, k in vllm if first and s.model is first.model), None)
+        if first is None or baseline is None:
+            return
+        tools = root / "trtllm-double"
+        subprocess.run(
+            [
+                sys.executable,
+                str(Path(__file__).resolve().parents[2] / "tests" / "trtllm_double.py"),
+                "install",
+                str(tools / "bin"),
+                str(tools / "examples"),
+            ],
+            check=True,
+            capture_output=True,
+        )
+        with listen_socket(ENGINE_PORTS + 19) as sock:
+            serve_port = port_of(sock)
+        name = f"llama8b-bf16-{node_name(first.node, 2).removeprefix('gpu-')}"
+        out.add(
+            f"[drills.{name}]",
+            {
+                "model": first.model.name,
+                "deployment": first.deployment_id,
+                "checkpoint": str(checkpoint),
+                "engine_cache": str(root / "engine-cache"),
+                "examples_dir": str(tools / "examples"),
+                "serve_port": serve_port,
+                "env": {
+                    "PATH": f"{tools / 'bin'}:{os.environ.get('PATH', '')}",
+                    "TRTLLM_DOUBLE_UPSTREAM": f"http://127.0.0.1:{port_of(baseline[1])}",
+                    "TRTLLM_DOUBLE_UPSTREAM_MODEL": first.model.name,
+                    "TRTLLM_DOUBLE_BUILD_S": "6",
+                    "TRTLLM_DOUBLE_LOAD_S": "2",
+                },
+                # SIMULATED engines vary their answers' length: the first-N gate applies.
+                "validate": {"max_tokens": 12, "min_exact_match": 0.0, "first_n": 4},
+                "benchmark": {
+                    "concurrency": [1, 4, 16],
+                    "requests_per_level": 16,
+                    "max_tokens": 24,
+                },
+            },
+        )
+        out.add(f"[drills.{name}.steps.preflight]", {"argv": ["trtllm-versions"]}, indent="  ")
 
     def stop_started_engines(self) -> None:
         """The engines the demo's agents started: they outlive agents by design, not demos."""

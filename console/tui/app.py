@@ -26,6 +26,7 @@ from console.collect.view import FleetView, build
 from console.core.config import Fleet
 from console.tui.filtering import FilterError, parse_filter
 from console.tui.screens.base import ViewScreen
+from console.tui.screens.drills import DrillsScreen, PlaybookScreen
 from console.tui.screens.engine import EngineScreen
 from console.tui.screens.events import EventsScreen
 from console.tui.screens.fleet import FleetScreen
@@ -44,6 +45,7 @@ VIEWS = {
     "models": ModelsScreen,
     "events": EventsScreen,
     "jobs": JobsScreen,
+    "drills": DrillsScreen,
 }
 
 
@@ -62,6 +64,7 @@ class EngineroomApp(App[int]):
         Binding("m", "goto('models')", "models", id="models"),
         Binding("v", "goto('events')", "events", id="events"),
         Binding("j", "goto('jobs')", "jobs", id="jobs"),
+        Binding("d", "goto('drills')", "drills", id="drills"),
         Binding("q", "quit", "quit", id="quit"),
     ]
 
@@ -140,6 +143,55 @@ class EngineroomApp(App[int]):
     def open_job(self, node: str, job_id: str) -> None:
         self._open(JobScreen(node, job_id))
 
+    def open_playbook(self, model: str) -> None:
+        self._open(PlaybookScreen(model))
+
+    def run_drill(self, name: str) -> None:
+        """Run a rebuild drill on its node's agent, after a confirmation naming it."""
+        drill = self.fleet.drills.get(name)
+        found = self.fleet.deployment(drill.deployment) if drill else None
+        if drill is None or found is None:
+            self.notify(f"no drill named {name!r}", severity="error")
+            return
+        node = found[1].node
+        reason = self.action_blocked(node)
+        if reason:
+            self.notify(reason, severity="warning")
+            return
+        body = (
+            f"Drill {name} rebuilds deployment {drill.deployment} ({drill.model}) on node "
+            f"{node}: {drill.pipeline} pipeline, {drill.precision}.\n\n"
+            "Preflight, convert, build into staging, validate against the vLLM baseline, "
+            f"benchmark, then promote into {drill.engine_cache}"
+            + (
+                f" and re-point {found[1].engine_dir}"
+                if found[1].engine_dir and drill.link_engine_dir
+                else ""
+            )
+            + f". The candidate listens on port {drill.serve_port} while it runs."
+        )
+
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self.run_worker(self._run_drill(node, name), group="act")
+
+        self.push_screen(
+            ConfirmScreen(f"Run drill {name} on {node}?", body, f"run drill {name}"), answered
+        )
+
+    async def _run_drill(self, node: str, name: str) -> None:
+        from console.collect.actions import ActionError, AgentActions
+
+        actions = AgentActions(self.fleet, node)
+        try:
+            job = await actions.drill(name)
+        except ActionError as exc:
+            self.notify(str(exc), title="refused", severity="error", timeout=15)
+            return
+        finally:
+            await actions.close()
+        self.open_job(node, job.id)
+
     # acting: every action names its target and asks first
     async def _learn_roles(self) -> None:
         """Ask each agent what our token may do, so viewer tokens disable actions up front."""
@@ -207,7 +259,11 @@ class EngineroomApp(App[int]):
             return f"the token for {node} is a viewer token: actions need an operator token"
         return None
 
-    def start_vllm(self, node: str | None = None, model: str | None = None) -> None:
+    def start_vllm(
+        self, node: str | None = None, model: str | None = None, then_fail_over: bool = False
+    ) -> None:
+        """The Start vLLM form; with `then_fail_over`, once the start succeeds the failover
+        plan opens again with the new standby as its target."""
         choices = [
             (p.node, name)
             for name, p in self.fleet.profiles.items()
@@ -233,8 +289,48 @@ class EngineroomApp(App[int]):
         def started(result: tuple[str, str] | None) -> None:
             if result is not None:
                 self.open_job(*result)
+                if then_fail_over and model is not None:
+                    self.run_worker(self._continue_failover(*result, model), group="standby")
 
         self.push_screen(StartVllmScreen(choices, model), started)
+
+    async def _continue_failover(self, node: str, job_id: str, model: str) -> None:
+        """Follow a standby's start job; when it is ready, reopen the failover plan."""
+        from console.collect.actions import ActionError, AgentActions
+        from console.tui.screens.failover import FailoverScreen
+
+        actions = AgentActions(self.fleet, node)
+        try:
+            job = await actions.follow(job_id, lambda _: None, interval=1.0)
+        except ActionError as exc:
+            self.notify(f"standby start: {exc}", severity="error", timeout=15)
+            return
+        finally:
+            await actions.close()
+        if job.state != "succeeded":
+            self.notify(
+                f"the standby did not start ({job.state}): the failover waits; {job.error or ''}",
+                severity="error",
+                timeout=20,
+            )
+            return
+        declared = next(m for m in self.fleet.models if m.name == model)
+        profile = job.params.get("profile")
+        endpoint = str(job.result.get("endpoint") or "")
+        target = next(
+            (d.id for d in declared.deployments if d.profile == profile or d.endpoint == endpoint),
+            None,
+        )
+        if target is None:
+            self.notify(
+                f"the standby is ready, but no deployment of {model} names profile {profile} "
+                "(deployment.profile in fleet.toml): the gateway cannot route to it",
+                severity="warning",
+                timeout=20,
+            )
+            return
+        self.notify(f"standby {target} is ready: continuing the failover", timeout=10)
+        self.push_screen(FailoverScreen(model, target=target))
 
     def stop_engine(self, node: str, engine_id: str, restart: bool = False) -> None:
         reason = self.action_blocked(node)

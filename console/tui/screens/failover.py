@@ -40,9 +40,10 @@ class FailoverScreen(ModalScreen[None]):
     FailoverScreen Button { margin-right: 2; }
     """
 
-    def __init__(self, model: str) -> None:
+    def __init__(self, model: str, target: str | None = None) -> None:
         super().__init__()
         self.model = model
+        self.target = target  # preselected, e.g. the standby the console just started
         self.job: dict[str, Any] | None = None
 
     @property
@@ -57,6 +58,8 @@ class FailoverScreen(ModalScreen[None]):
         live = self._live()
         heaviest = max(deployments, key=lambda d: live.get(d.id, {}).get("weight", d.weight))
         targets = [(f"to {d.id} ({d.engine})", d.id) for d in deployments if d.id != heaviest.id]
+        if self.target is not None and any(t[1] == self.target for t in targets):
+            targets.sort(key=lambda t: t[1] != self.target)
         with VerticalScroll():
             yield Label(Text(f"Fail over {self.model}", style="bold"))
             yield Static(id="plan-table")
@@ -122,7 +125,8 @@ class FailoverScreen(ModalScreen[None]):
             for r in (self.console.view.models.get(self.model, []) if self.console.view else [])
         }
         t = Text()
-        t.append(f"{'DEPLOYMENT':<16}{'ENGINE':<18}{'STATE':<10}{'TTFT95':>8}{'GW TTFT95':>11}"
+        w = max([16, *(len(d.id) + 2 for d in self._deployments())])
+        t.append(f"{'DEPLOYMENT':<{w}}{'ENGINE':<18}{'STATE':<10}{'TTFT95':>8}{'GW TTFT95':>11}"
                  f"{'QUEUE':>7}{'KV':>6}{'WEIGHT':>8}{'INFL':>6}\n", style="bold")  # fmt: skip
         for dep in self._deployments():
             row = rows.get(dep.id)
@@ -134,7 +138,7 @@ class FailoverScreen(ModalScreen[None]):
             gw_state = "" if gw.get("up", True) else " (gw: down)"
             queue = stats.requests_waiting if stats else None
             kv = stats.kv_cache_usage if stats else None
-            t.append(f"{dep.id:<16}{engine:<18}")
+            t.append(f"{dep.id:<{w}}{engine:<18}")
             t.append(f"{state + gw_state:<10}", style="green" if state == "ready" else "yellow")
             t.append(
                 f"{_ms(lat.ttft_s.p95_or_mean if lat else None):>8}"
@@ -181,8 +185,9 @@ class FailoverScreen(ModalScreen[None]):
 
     @on(Button.Pressed, "#standby")
     def _standby(self) -> None:
+        """Start a standby (the lifecycle job), then come back here with it as the target."""
         self.dismiss(None)
-        self.console.start_vllm(model=self.model)
+        self.console.start_vllm(model=self.model, then_fail_over=True)
 
     @on(Button.Pressed, "#go")
     def _go(self) -> None:

@@ -38,7 +38,38 @@ STATE_STYLE = {
 
 
 def job_target(job: Job) -> str:
-    return str(job.params.get("profile") or job.params.get("engine") or "")
+    return str(
+        job.params.get("profile") or job.params.get("engine") or job.params.get("drill") or ""
+    )
+
+
+def bench_table(bench: dict[str, Any] | None) -> Text:
+    """A drill's benchmark, candidate against the vLLM baseline, level by level."""
+    t = Text()
+    if not bench:
+        return t
+    cold = bench.get("cold_start_s") or {}
+    base = (cold.get("baseline") or {}).get("total_s")
+    t.append("cold start ", style="bold")
+    t.append(f"candidate {fmt.seconds(cold.get('candidate'))}  vLLM {fmt.seconds(base)}\n")
+    t.append(
+        f"{'conc':>5}  {'TTFT p95 cand / vLLM':>22}  {'ITL p95 cand / vLLM':>20}  "
+        f"{'tok/s cand / vLLM':>18}\n",
+        style="bold",
+    )
+    for level in bench.get("levels") or []:
+        both = (level.get("candidate") or {}, level.get("baseline") or {})
+        ttft = " / ".join(_ms(x.get("ttft_p95_ms")) for x in both)
+        itl = " / ".join(_ms(x.get("itl_p95_ms")) for x in both)
+        rate = " / ".join(
+            f"{x['tokens_per_s']:.0f}" if x.get("tokens_per_s") else "?" for x in both
+        )
+        t.append(f"{level['concurrency']:>5}  {ttft:>22}  {itl:>20}  {rate:>18}\n")
+    return t
+
+
+def _ms(value: float | None) -> str:
+    return "?" if value is None else fmt.seconds(value / 1000)
 
 
 def took(job: Job) -> str:
@@ -356,6 +387,25 @@ class JobScreen(ViewScreen):
                 t.append(f"   not seen (yet): {', '.join(missing)}", style="dim")
         if job.result.get("argv"):
             t.append("\n" + shlex.join(job.result["argv"]), style="dim")
+        if job.kind == "drill.run":
+            from console.tui.screens.drills import step_bars
+
+            self.query_one("#log-title", Static).update(Text("drill log", style="bold"))
+            key = job.result.get("build_key")
+            if key:
+                t.append(f"\nbuild key {key}, cache {job.result.get('cache')}", style="dim")
+            t.append("\n")
+            t.append_text(step_bars(job.steps))
+            for gate in job.result.get("gates") or []:
+                t.append(f"{gate['gate']}: ", style="bold")
+                t.append(
+                    "pass" if gate["ok"] else "FAIL", style="green" if gate["ok"] else "bold red"
+                )
+                t.append(f"  {gate['detail']}\n", style="dim")
+            t.append_text(bench_table(job.result.get("benchmark")))
+            rebuilt = job.result.get("time_to_rebuild_s")
+            if rebuilt:
+                t.append(f"time to rebuild {fmt.seconds(rebuilt)}", style="bold")
         info.update(t)
         rows = []
         for step in job.steps:

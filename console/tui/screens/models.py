@@ -15,14 +15,14 @@ from textual.binding import Binding
 from textual.widgets import DataTable
 
 from console.collect.view import DeploymentRow, FleetView
-from console.core.config import Model, Slo
+from console.core.config import Fleet, Model, Slo
 from console.core.wire import Percentiles
 from console.tui import format as fmt
 from console.tui.screens.base import ViewScreen
 from console.tui.widgets.table import FleetTable, Row
 
 COLUMNS = [
-    ("MODEL / DEPLOYMENT", 22),
+    ("MODEL / DEPLOYMENT", 22),  # widened by name_width() for long ids and the badge
     ("ENGINE", 14),
     ("STATE", 9),
     ("TTFT95", 7),
@@ -37,6 +37,20 @@ COLUMNS = [
     ("TTFT50", 7),
     ("GW TTFT95", 10),  # the gateway's measure, as clients feel it (one for every engine)
 ]
+
+
+BADGE = " REBUILD REQUIRED"
+
+
+def name_width(fleet: Fleet) -> int:
+    """The first column: the longest deployment id, and room for the REBUILD REQUIRED
+    badge where a deployment can carry it (a TensorRT-LLM engine_dir, or a drill's target)."""
+    ids = [d.id for m in fleet.models for d in m.deployments]
+    can_go_stale = {d.deployment for d in fleet.drills.values()} | {
+        d.id for m in fleet.models for d in m.deployments if d.engine_dir is not None
+    }
+    longest = max((len(i) + (len(BADGE) if i in can_go_stale else 0) for i in ids), default=0)
+    return max(22, longest + 4)
 
 
 def slo_text(slo: Slo) -> str:
@@ -66,6 +80,8 @@ def deployment_row(
         name = Text("   " + (r.id or f"({r.engine_id}, undeclared)"))
         if r.slo_ok is False:
             name.stylize("bold red")
+        if r.trt is not None and r.trt.state == "stale":
+            name.append(BADGE, style="bold black on yellow")
         return (
             name,
             Text(f"{r.engine} {r.version or '?'}"[:13]),
@@ -101,9 +117,11 @@ def deployment_row(
         "kv": s.kv_cache_usage if s else None,
         "errors": s.error_rate if s else None,
         "slo_ok": r.slo_ok,
+        "rebuild": bool(r.trt and r.trt.state == "stale"),
     }
     key = f"d:{r.model}:{r.id or r.node + '/' + (r.engine_id or '')}"
-    return Row(key, cells, fields, f"{r.model} {r.id} {r.engine} {r.node} {r.state}")
+    badge = " rebuild required" if fields["rebuild"] else ""
+    return Row(key, cells, fields, f"{r.model} {r.id} {r.engine} {r.node} {r.state}{badge}")
 
 
 def _weight(declared: int | None, gw: dict[str, Any] | None) -> Text:
@@ -157,10 +175,13 @@ class ModelsScreen(ViewScreen):
         Binding("e", "engine", "engine detail", id="engine_detail"),
         Binding("s", "start_vllm", "start vLLM", id="start_vllm"),
         Binding("f", "fail_over", "fail over", id="fail_over"),
+        Binding("R", "run_drill", "rebuild drill", id="run_drill"),
+        Binding("p", "playbook", "playbook", id="playbook"),
     ]
 
     def compose_body(self) -> ComposeResult:
-        yield FleetTable(COLUMNS, id="models")
+        yield FleetTable([("MODEL / DEPLOYMENT", name_width(self.console.fleet)), *COLUMNS[1:]],
+                         id="models")  # fmt: skip
 
     def draw(self, view: FleetView) -> None:
         fleet = self.console.fleet
@@ -200,7 +221,39 @@ class ModelsScreen(ViewScreen):
             return None
         if action == "fail_over" and (self.console.read_only or self.console.fleet.gateway is None):
             return None
+        if action == "run_drill" and (self.console.read_only or not self.console.fleet.drills):
+            return None
         return True
+
+    def _selected_model(self) -> str | None:
+        row = self.query_one(FleetTable).selected()
+        if row is None or "model" not in row.fields:
+            self.notify("select a model first", severity="warning")
+            return None
+        return str(row.fields["model"])
+
+    def action_run_drill(self) -> None:
+        """The rebuild drill of the selected deployment (or the model's only drill)."""
+        row = self.query_one(FleetTable).selected()
+        model = self._selected_model()
+        if row is None or model is None:
+            return
+        drills = self.console.fleet.drills
+        deployment = row.fields.get("deployment")
+        mine = [n for n, d in drills.items() if d.deployment == deployment] or [
+            n for n, d in drills.items() if d.model == model
+        ]
+        if not mine:
+            self.notify(
+                f"no [drills.NAME] for {deployment or model} in fleet.toml", severity="warning"
+            )
+            return
+        self.console.run_drill(mine[0])
+
+    def action_playbook(self) -> None:
+        model = self._selected_model()
+        if model is not None:
+            self.console.open_playbook(model)
 
     def action_fail_over(self) -> None:
         row = self.query_one(FleetTable).selected()

@@ -94,6 +94,19 @@ class NodeScreen(ViewScreen):
                 t.append(f"\nread by {snap.source}", style="cyan")
             for gap in snap.missing:
                 t.append(f"\nnot shown: {gap}", style="dim yellow")
+            for trt in snap.trt_engines:
+                t.append(f"\nTensorRT-LLM {trt.deployment}  ")
+                if trt.state == "stale":
+                    t.append(" REBUILD REQUIRED ", style="bold black on yellow")
+                    t.append(f" {'; '.join(trt.reasons)}", style="yellow")
+                elif trt.state == "current":
+                    t.append(f"engine current (build {trt.build_key})", style="green")
+                else:
+                    t.append("; ".join(trt.reasons) or "unknown provenance", style="dim yellow")
+                last = trt.last_drill
+                if last:
+                    took = last.get("time_to_rebuild_s") or last.get("total_s")
+                    t.append(f"  last drill {last['state']} ({took:.0f} s)", style="dim")
             running = [j for j in snap.jobs if j.state in ("queued", "running")]
             if running:
                 t.append(f"\njobs running: {', '.join(f'{j.kind} {j.id}' for j in running)}")

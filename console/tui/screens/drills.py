@@ -1,0 +1,520 @@
+"""Drills: TensorRT-LLM rebuild drills, their history and a drill's step timeline; and the
+incident playbook that strings the existing jobs together.
+
+The Drills screen lists each drill in fleet.toml with the state of its engine (current,
+REBUILD REQUIRED, unknown provenance) and its last run; below, every drill job the agents
+remember, and the selected one's steps as a bar chart of durations, live while it runs.
+`R` runs the selected drill after a confirmation that names the drill, node and deployment.
+
+The playbook (`p` on Models) is one guided flow for a stale or broken TensorRT-LLM
+deployment: start a vLLM standby, fail over to it, run the rebuild drill, fail back when
+it passed. Each step is the existing job; the checklist shows each one's state from the
+live snapshots and the gateway, and Enter starts the next step, each behind its own
+confirmation.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from rich.text import Text
+from textual import on, work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.widgets import DataTable, Static
+
+from console.collect.actions import ActionError, AgentActions
+from console.collect.view import FleetView
+from console.core.wire import Job, JobStep, TrtEngine
+from console.tui import format as fmt
+from console.tui.screens.base import ViewScreen
+from console.tui.screens.jobs import STATE_STYLE, took
+from console.tui.widgets.table import FleetTable, Row
+
+HISTORY_EVERY_S = 5.0
+BAR = "█"
+
+
+def step_bars(steps: list[JobStep], width: int = 36, now: float | None = None) -> Text:
+    """Each step's duration as a bar, scaled to the longest; a running step grows live."""
+    now = time.time() if now is None else now
+    spans = {
+        s.name: (s.ended or now) - s.started
+        for s in steps
+        if s.started is not None and s.state != "skipped"
+    }
+    longest = max(spans.values(), default=0.0) or 1.0
+    text = Text()
+    for step in steps:
+        span = spans.get(step.name)
+        style = STATE_STYLE.get(step.state, "")
+        text.append(f"{step.name:<10} ", style="bold")
+        if span is None:
+            text.append(" " * width)
+            text.append(f"  {'':>7}  ")
+        else:
+            n = max(1, round(width * span / longest))
+            text.append((BAR * n).ljust(width), style=style or "white")
+            text.append(f"  {fmt.seconds(span):>7}  ")
+        text.append(step.state, style=style)
+        if step.state == "skipped" and step.detail:
+            text.append(f"  {step.detail.partition(' /')[0][:60]}", style="dim")
+        text.append("\n")
+    return text
+
+
+def trt_badge(trt: TrtEngine | None) -> Text:
+    if trt is None:
+        return Text("not checked", style="dim")
+    if trt.state == "stale":
+        return Text(" REBUILD REQUIRED ", style="bold black on yellow")
+    if trt.state == "current":
+        return Text("current", style="green")
+    return Text("unknown provenance", style="yellow")
+
+
+def trt_of(console: Any, node: str, deployment: str) -> TrtEngine | None:
+    state = console.collector.states.get(node)
+    snap = state.snapshot if state is not None else None
+    if snap is None:
+        return None
+    return next((t for t in snap.trt_engines if t.deployment == deployment), None)
+
+
+def drill_node(console: Any, name: str) -> str | None:
+    drill = console.fleet.drills.get(name)
+    found = console.fleet.deployment(drill.deployment) if drill else None
+    return found[1].node if found else None
+
+
+class DrillsScreen(ViewScreen):
+    where = "Drills"
+    DEFAULT_CSS = """
+    DrillsScreen #drill-defs { height: auto; max-height: 12; }
+    DrillsScreen #drill-history { height: 1fr; max-height: 14; }
+    DrillsScreen #drill-detail { height: 1fr; padding: 0 1; border-top: solid $panel-lighten-2; }
+    """
+    BINDINGS = [
+        Binding("R", "run_drill", "run drill", id="run_drill"),
+        Binding("enter", "open_job", "open job", show=False),
+    ]
+    DEFS = [
+        ("DRILL", 18),
+        ("NODE", 10),
+        ("DEPLOYMENT", 16),
+        ("PIPELINE", 9),
+        ("PRECISION", 10),
+        ("ENGINE", 20),
+        ("LAST RUN", None),
+    ]
+    HISTORY = [
+        ("JOB", 13),
+        ("DRILL", 18),
+        ("NODE", 10),
+        ("STATE", 10),
+        ("TOOK", 8),
+        ("BY", 12),
+        ("STEP / RESULT", None),
+    ]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.history: dict[str, tuple[str, Job]] = {}  # job id -> (node, job), from agents
+        self.problems: list[str] = []
+
+    def compose_body(self) -> ComposeResult:
+        yield FleetTable(self.DEFS, id="drill-defs")
+        yield FleetTable(self.HISTORY, id="drill-history")
+        yield Static(id="drill-detail")
+
+    def on_mount(self) -> None:
+        super().on_mount()
+        self.fetch_history()
+        self.set_interval(HISTORY_EVERY_S, self.fetch_history)
+
+    @work(exclusive=True, group="drill-history")
+    async def fetch_history(self) -> None:
+        nodes = {n for n in (drill_node(self.console, d) for d in self.console.fleet.drills) if n}
+        problems = []
+        for node in sorted(nodes):
+            declared = next((n for n in self.console.fleet.nodes if n.name == node), None)
+            if declared is None or declared.agent is None:
+                continue
+            try:
+                actions = AgentActions(self.console.fleet, node)
+            except Exception as exc:  # a token variable not set: say so, keep the rest
+                problems.append(str(exc))
+                continue
+            try:
+                for job in await actions.jobs(100):
+                    if job.kind == "drill.run":
+                        self.history[job.id] = (node, job)
+            except ActionError as exc:
+                problems.append(str(exc))
+            finally:
+                await actions.close()
+        self.problems = problems
+        if self.console.view is not None:
+            self.draw(self.console.view)
+
+    def _jobs(self) -> list[tuple[str, Job]]:
+        """Drill jobs: the agents' history, updated by the snapshots' live copies."""
+        found = dict(self.history)
+        for node, state in self.console.collector.states.items():
+            for job in state.snapshot.jobs if state.snapshot else []:
+                if job.kind == "drill.run":
+                    found[job.id] = (node, job)
+        return sorted(found.values(), key=lambda nj: nj[1].created or 0, reverse=True)
+
+    def draw(self, view: FleetView) -> None:
+        jobs = self._jobs()
+        defs: list[Row] = []
+        for name, drill in self.console.fleet.drills.items():
+            node = drill_node(self.console, name) or "?"
+            last = next((j for _, j in jobs if j.params.get("drill") == name), None)
+            cells = (
+                Text(name, style="bold"),
+                Text(node),
+                Text(drill.deployment),
+                Text(drill.pipeline),
+                Text(drill.precision),
+                trt_badge(trt_of(self.console, node, drill.deployment)),
+                _last_text(last),
+            )
+            defs.append(Row(f"d:{name}", cells, {"drill": name, "node": node}, name))
+        if not defs:
+            defs.append(
+                Row(
+                    "-",
+                    (
+                        Text("none", style="dim"),
+                        *[Text("")] * (len(self.DEFS) - 2),
+                        Text("no [drills.NAME] in fleet.toml (docs/drills.md)", style="dim"),
+                    ),
+                )
+            )
+        self.query_one("#drill-defs", FleetTable).show(defs, self.filter)
+        rows: list[Row] = []
+        for node, job in jobs:
+            current = next((s for s in job.steps if s.state == "running"), None)
+            if job.error:
+                note = Text(job.error, style="red")
+            elif current is not None:
+                note = Text(f"{current.name}: {current.detail or ''}")
+            else:
+                rebuilt = job.result.get("time_to_rebuild_s")
+                note = Text(f"time to rebuild {fmt.seconds(rebuilt)}" if rebuilt else "")
+            cells = (
+                Text(job.id, style="bold"),
+                Text(str(job.params.get("drill", "?"))),
+                Text(node),
+                Text(job.state, style=STATE_STYLE.get(job.state, "")),
+                Text(took(job)),
+                Text(job.who or "?"),
+                note,
+            )
+            fields = {"drill": job.params.get("drill"), "node": node, "state": job.state}
+            rows.append(Row(f"{node}/{job.id}", cells, fields, f"{node} {job.id}"))
+        self.query_one("#drill-history", FleetTable).show(rows, self.filter)
+        self._draw_detail(jobs)
+
+    def _draw_detail(self, jobs: list[tuple[str, Job]]) -> None:
+        detail = self.query_one("#drill-detail", Static)
+        picked = self._picked(jobs)
+        t = Text()
+        for problem in self.problems:
+            t.append(f"{problem}\n", style="red")
+        if picked is None:
+            t.append("no drill has run yet: R runs the selected drill", style="dim")
+            detail.update(t)
+            return
+        node, job = picked
+        t.append(f"{job.params.get('drill')} ", style="bold")
+        t.append(f"job {job.id} on {node}  ")
+        t.append(job.state.upper(), style=STATE_STYLE.get(job.state, ""))
+        t.append(f"  {took(job)}")
+        key, cache = job.result.get("build_key"), job.result.get("cache")
+        if key:
+            t.append(f"  build key {key} (cache {cache})", style="dim")
+        t.append("\n")
+        t.append_text(step_bars(job.steps))
+        gates = job.result.get("gates") or []
+        if gates:
+            t.append("gates  ")
+            for gate in gates:
+                t.append(
+                    f"{gate['gate']} {'pass' if gate['ok'] else 'FAIL'}  ",
+                    style="green" if gate["ok"] else "bold red",
+                )
+        if job.error:
+            t.append(f"\n{job.error}", style="bold red")
+        detail.update(t)
+
+    def _picked(self, jobs: list[tuple[str, Job]]) -> tuple[str, Job] | None:
+        row = self.query_one("#drill-history", FleetTable).selected()
+        if row is not None and "/" in row.key:
+            key = row.key.partition("/")[2]
+            found = next((nj for nj in jobs if nj[1].id == key), None)
+            if found is not None:
+                return found
+        running = next((nj for nj in jobs if nj[1].state in ("queued", "running")), None)
+        return running or (jobs[0] if jobs else None)
+
+    @on(DataTable.RowHighlighted, "#drill-history")
+    def _highlighted(self, _: DataTable.RowHighlighted) -> None:
+        self._draw_detail(self._jobs())
+
+    @on(DataTable.RowSelected, "#drill-history")
+    def _open(self, event: DataTable.RowSelected) -> None:
+        key = str(event.row_key.value)
+        if "/" in key:
+            node, _, job_id = key.partition("/")
+            self.console.open_job(node, job_id)
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "run_drill" and (self.console.read_only or not self.console.fleet.drills):
+            return None
+        return True
+
+    def action_run_drill(self) -> None:
+        row = self.query_one("#drill-defs", FleetTable).selected()
+        if row is None or "drill" not in row.fields:
+            self.notify("select a drill in the upper table first", severity="warning")
+            return
+        self.console.run_drill(str(row.fields["drill"]))
+
+    def action_open_job(self) -> None:
+        row = self.query_one("#drill-history", FleetTable).selected()
+        if row is not None and "/" in row.key:
+            node, _, job_id = row.key.partition("/")
+            self.console.open_job(node, job_id)
+
+
+def _last_text(job: Job | None) -> Text:
+    if job is None:
+        return Text("never", style="dim")
+    text = Text(job.state, style=STATE_STYLE.get(job.state, ""))
+    rebuilt = job.result.get("time_to_rebuild_s")
+    if rebuilt:
+        text.append(f" in {fmt.seconds(rebuilt)}")
+    if job.created:
+        when = time.strftime("%m-%d %H:%MZ", time.gmtime(job.created))
+        text.append(f"  {when}", style="dim")
+    return text
+
+
+# -- the playbook -----------------------------------------------------------------------
+
+
+@dataclass
+class Check:
+    name: str
+    state: str  # done | next | waiting | running | failed | blocked
+    detail: str
+    action: str | None = None  # what Enter does when this is the next step
+
+
+PLAY_STYLE = {
+    "done": "green",
+    "next": "bold cyan",
+    "running": "cyan",
+    "waiting": "dim",
+    "failed": "bold red",
+    "blocked": "yellow",
+}
+PLAY_MARK = {
+    "done": "✔",
+    "next": "▶",
+    "running": "…",
+    "waiting": "·",
+    "failed": "✘",
+    "blocked": "!",
+}
+
+
+class PlaybookScreen(ViewScreen):
+    """The incident playbook for one model: a checklist over the existing jobs."""
+
+    DEFAULT_CSS = """
+    PlaybookScreen #playbook-head { height: auto; padding: 0 1; }
+    PlaybookScreen #playbook { height: 1fr; }
+    """
+    BINDINGS = [Binding("enter", "next_step", "do the step marked ▶", id="next_step")]
+    COLUMNS = [("", 3), ("STEP", 30), ("STATE", 9), ("DETAIL", None)]
+
+    def __init__(self, model: str) -> None:
+        super().__init__()
+        self.model = model
+        self.where = f"Playbook {model}"
+        self.checks: list[Check] = []
+
+    def compose_body(self) -> ComposeResult:
+        yield Static(id="playbook-head")
+        yield FleetTable(self.COLUMNS, id="playbook")
+
+    def draw(self, view: FleetView) -> None:
+        self.checks = self.plan(view)
+        head = Text()
+        head.append(f"Incident playbook: {self.model}\n", style="bold")
+        head.append(
+            "A stale or broken TensorRT-LLM deployment: move its traffic to vLLM, rebuild, "
+            "move it back. Enter does the step marked ▶, each behind its own confirmation.",
+            style="dim",
+        )
+        self.query_one("#playbook-head", Static).update(head)
+        rows = []
+        for i, check in enumerate(self.checks, 1):
+            style = PLAY_STYLE.get(check.state, "")
+            cells = (
+                Text(f" {PLAY_MARK.get(check.state, ' ')}", style=style),
+                Text(f"{i}. {check.name}", style=style),
+                Text(check.state, style=style),
+                Text(check.detail),
+            )
+            rows.append(Row(str(i), cells, {"state": check.state}, check.name))
+        self.query_one("#playbook", FleetTable).show(rows)
+
+    @on(DataTable.RowSelected, "#playbook")
+    def _selected(self, _: DataTable.RowSelected) -> None:
+        self.action_next_step()
+
+    def plan(self, view: FleetView) -> list[Check]:
+        console = self.console
+        fleet = console.fleet
+        model = next((m for m in fleet.models if m.name == self.model), None)
+        if model is None:
+            return [Check("model", "blocked", f"{self.model} is not declared in fleet.toml")]
+        rows = {r.id: r for r in view.models.get(self.model, []) if r.id}
+        trt = [d for d in model.deployments if d.engine in ("triton", "trtllm")]
+        vllm = [d for d in model.deployments if d.engine == "vllm"]
+        if not trt or not vllm:
+            return [
+                Check(
+                    "deployments",
+                    "blocked",
+                    "the playbook needs a TensorRT-LLM (triton or trtllm) and a vLLM deployment",
+                )
+            ]
+        source, standby = trt[0], vllm[0]
+        src_row, sb_row = rows.get(source.id), rows.get(standby.id)
+        live = (console.gateway_snapshot or {}).get("models", {}).get(self.model, {})
+
+        def weight(dep_id: str, declared: int) -> int:
+            return int(live.get(dep_id, {}).get("weight", declared)) if live else declared
+
+        checks: list[Check] = []
+        stale = src_row is not None and src_row.trt is not None and src_row.trt.state == "stale"
+        broken = src_row is None or src_row.state != "ready"
+        why = []
+        if stale and src_row is not None and src_row.trt is not None:
+            why.append("REBUILD REQUIRED: " + "; ".join(src_row.trt.reasons))
+        if broken:
+            why.append(f"{source.id} is {src_row.state if src_row else 'not reporting'}")
+        checks.append(
+            Check(
+                "TensorRT-LLM deployment",
+                "failed" if why else "done",
+                "; ".join(why) or f"{source.id} is ready and current: nothing to do",
+            )
+        )
+        # 2. a vLLM standby
+        ready = sb_row is not None and sb_row.state == "ready"
+        starting = _running_job(console, "vllm.start")
+        checks.append(
+            Check(
+                "vLLM standby",
+                "done" if ready else ("running" if starting else "next"),
+                f"{standby.id} is ready on {standby.node}"
+                if ready
+                else (
+                    f"job {starting} is starting it" if starting else "start it (launch profile)"
+                ),
+                None if ready or starting else "start_standby",
+            )
+        )
+        # 3. traffic on the standby
+        moved = weight(source.id, source.weight) == 0 and weight(standby.id, standby.weight) > 0
+        checks.append(
+            Check(
+                "fail over to vLLM",
+                "done" if moved else ("next" if ready else "waiting"),
+                f"{standby.id} carries the traffic"
+                if moved
+                else f"{source.id} weight {weight(source.id, source.weight)}"
+                + ("" if fleet.gateway else " (no [gateway] declared)"),
+                "fail_over" if ready and not moved else None,
+            )
+        )
+        # 4. the rebuild drill
+        drill = next((n for n, d in fleet.drills.items() if d.deployment == source.id), None)
+        last = _last_drill(console, drill) if drill else None
+        passed = last is not None and last.state == "succeeded"
+        if drill is None:
+            checks.append(Check("rebuild drill", "blocked", f"no drill rebuilds {source.id}"))
+        else:
+            state = "waiting"
+            if last is not None and last.state in ("queued", "running"):
+                state = "running"
+            elif passed and not stale:
+                state = "done"
+            elif moved:
+                state = "next"
+            detail = f"drill {drill}" + (
+                f": last {last.state} ({last.id})" if last is not None else ": never run"
+            )
+            checks.append(
+                Check("rebuild drill", state, detail, "run_drill" if state == "next" else None)
+            )
+        # 5. fail back
+        rebuilt = checks[-1].state == "done"
+        back = weight(source.id, source.weight) > 0 and not broken
+        if rebuilt and back:
+            checks.append(Check("fail back to TensorRT-LLM", "done", f"traffic on {source.id}"))
+        elif rebuilt and moved:
+            checks.append(
+                Check(
+                    "fail back to TensorRT-LLM",
+                    "next",
+                    f"move the traffic back to {source.id}",
+                    "fail_back",
+                )
+            )
+        else:
+            checks.append(Check("fail back to TensorRT-LLM", "waiting", "after the drill passes"))
+        return checks
+
+    def action_next_step(self) -> None:
+        step = next((c for c in self.checks if c.state == "next" and c.action), None)
+        if step is None:
+            self.notify("nothing to do now: waiting on a running step", severity="information")
+            return
+        console = self.console
+        model = next(m for m in console.fleet.models if m.name == self.model)
+        trt = next(d for d in model.deployments if d.engine in ("triton", "trtllm"))
+        if step.action == "start_standby":
+            console.start_vllm(model=self.model)
+        elif step.action in ("fail_over", "fail_back"):
+            console.fail_over(self.model)
+        elif step.action == "run_drill":
+            drill = next(n for n, d in console.fleet.drills.items() if d.deployment == trt.id)
+            console.run_drill(drill)
+
+
+def _running_job(console: Any, kind: str) -> str | None:
+    for state in console.collector.states.values():
+        for job in state.snapshot.jobs if state.snapshot else []:
+            if job.kind == kind and job.state in ("queued", "running"):
+                return str(job.id)
+    return None
+
+
+def _last_drill(console: Any, drill: str) -> Job | None:
+    found = [
+        job
+        for state in console.collector.states.values()
+        for job in (state.snapshot.jobs if state.snapshot else [])
+        if job.kind == "drill.run" and job.params.get("drill") == drill
+    ]
+    return max(found, key=lambda j: j.created or 0, default=None)
