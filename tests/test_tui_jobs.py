@@ -13,6 +13,7 @@ import os
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 
 from console.core.config import parse_fleet
@@ -149,3 +150,111 @@ async def test_read_only_and_viewer_tokens_disable_actions_visibly(setup):
             await pilot.pause(0.3)
             assert isinstance(app.screen, NodeScreen), "the form opened anyway"
             assert app.screen.check_action("start_vllm", ()) is None  # shown, dimmed
+
+
+STANDBY_FLEET = """
+[fleet]
+name = "standby"
+[agent]
+state_dir = "{state}"
+scrape_interval_s = 0.5
+[[nodes]]
+name = "local"
+agent = "http://127.0.0.1:{agent_port}"
+token_env = "T_OPERATOR"
+
+[gateway]
+url = "http://127.0.0.1:9"      # not running: the plan says so; the flow is the console's
+
+[[models]]
+name = "tiny"
+  [[models.deployments]]
+  id = "tiny-trt"
+  node = "local"
+  engine = "triton"
+  endpoint = "http://127.0.0.1:9"
+  [[models.deployments]]
+  id = "tiny-standby"
+  node = "local"
+  engine = "vllm"
+  endpoint = "http://127.0.0.1:{port}"
+  weight = 0
+  profile = "tiny"
+
+[profiles.tiny]
+engine = "vllm"
+node = "local"
+model = "{model}"
+served_model_name = "tiny"
+port = {port}
+command = ["taskset", "-c", "0", "nice", "-n", "19",
+           "{python}", "-m", "vllm.entrypoints.openai.api_server"]
+args = {{ host = "127.0.0.1", max_model_len = 256, optimization_level = 0 }}
+env = {{ VLLM_CPU_KVCACHE_SPACE = "1" }}
+stop_grace_s = 10
+"""
+
+
+@pytest.mark.engines
+async def test_a_standby_started_from_the_failover_plan_reopens_it_with_the_standby(
+    agent_factory, tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """Issue 5: "Start a vLLM standby first" runs the lifecycle job (real vLLM), then the
+    failover plan opens again with the new standby as its target."""
+    from console.tui.screens.failover import FailoverScreen
+    from tests.engines import servers
+
+    agent_port, port = free_port(), free_port()
+    text = STANDBY_FLEET.format(
+        state=tmp_path / "state",
+        agent_port=agent_port,
+        port=port,
+        model=tiny_model_dir,
+        python=servers.vllm_python(),
+    )
+    agent = agent_factory(text, port=agent_port)
+    monkeypatch.setenv("T_OPERATOR", OPERATOR.split(":", 1)[1])
+    monkeypatch.setenv("ENGINEROOM_ADMIN_TOKEN", "admin-token-of-no-gateway")
+    app = EngineroomApp(parse_fleet(text))
+    try:
+        async with app.run_test(size=SIZE) as pilot:
+            await until(pilot, lambda: app.roles.get("local") == "operator", what="role learned")
+            app.fail_over("tiny")
+            plan = await until(
+                pilot, lambda: app.screen if isinstance(app.screen, FailoverScreen) else None
+            )
+            await until(pilot, lambda: plan.query("#standby"), what="the plan composed")
+            await pilot.pause(0.5)
+            plan.query_one("#standby").press()
+            form = await until(
+                pilot, lambda: app.screen if isinstance(app.screen, StartVllmScreen) else None
+            )
+            await until(pilot, lambda: form.plan, what="the agent's plan")
+            await pilot.press("ctrl+s")
+            await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="confirm")
+            await pilot.press("y")
+            again = await until(
+                pilot,
+                lambda: app.screen if isinstance(app.screen, FailoverScreen) else None,
+                timeout=float(os.environ.get("T_WAIT", "150")),
+                what="the failover plan, back after the standby is ready",
+            )
+            assert again.target == "tiny-standby"
+            assert again.query_one("#target").value == "tiny-standby"
+    finally:  # stop the standby: its job, followed to the end
+        headers = {"Authorization": f"Bearer {OPERATOR.split(':', 1)[1]}"}
+        for engine in agent.snapshot()["engines"]:
+            if engine.get("profile") == "tiny":
+                stop = httpx.post(
+                    agent.url + "/v1/jobs",
+                    json={"kind": "engine.stop", "engine": engine["id"]},
+                    headers=headers,
+                    timeout=10,
+                ).json()
+                servers.wait_until(
+                    lambda s=stop: (
+                        agent.get(f"/v1/jobs/{s['id']}").json()["state"] in ("succeeded", "failed")
+                    ),
+                    timeout=60,
+                    what="the standby stopped",
+                )

@@ -244,7 +244,11 @@ class EngineroomApp(App[int]):
                 f"{model} is not a declared model: nothing to fail over", severity="warning"
             )
             return
-        self.push_screen(FailoverScreen(model))
+        self.push_screen(FailoverScreen(model), lambda why: self._after_plan(model, why))
+
+    def _after_plan(self, model: str, why: str | None) -> None:
+        if why == "standby":  # start a standby, then come back to the plan (issue 5)
+            self.start_vllm(model=model, then_fail_over=True)
 
     def action_blocked(self, node: str) -> str | None:
         """Why nothing may be started or stopped on `node` from here; None if it may."""
@@ -330,7 +334,9 @@ class EngineroomApp(App[int]):
             )
             return
         self.notify(f"standby {target} is ready: continuing the failover", timeout=10)
-        self.push_screen(FailoverScreen(model, target=target))
+        self.push_screen(
+            FailoverScreen(model, target=target), lambda why: self._after_plan(model, why)
+        )
 
     def stop_engine(self, node: str, engine_id: str, restart: bool = False) -> None:
         reason = self.action_blocked(node)

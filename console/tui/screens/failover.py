@@ -28,7 +28,9 @@ def _ms(value: float | None) -> str:
     return "?" if value is None else fmt.seconds(value)
 
 
-class FailoverScreen(ModalScreen[None]):
+class FailoverScreen(ModalScreen[str | None]):
+    """Dismissed with "standby" when the operator asks to start a vLLM standby first."""
+
     BINDINGS = [Binding("escape", "close", "close")]
     DEFAULT_CSS = """
     FailoverScreen { align: center middle; }
@@ -186,8 +188,7 @@ class FailoverScreen(ModalScreen[None]):
     @on(Button.Pressed, "#standby")
     def _standby(self) -> None:
         """Start a standby (the lifecycle job), then come back here with it as the target."""
-        self.dismiss(None)
-        self.console.start_vllm(model=self.model, then_fail_over=True)
+        self.dismiss("standby")  # the app starts it once this screen is gone
 
     @on(Button.Pressed, "#go")
     def _go(self) -> None:
