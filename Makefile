@@ -71,6 +71,7 @@ bench: $(VENV)/.test-deps engines sshd nginx
 	ENGINEROOM_TRITON_PYTHON=$(CURDIR)/$(TRITON_VENV)/bin/python \
 	$(BIN)/python -m bench.agent_cycle
 	$(BIN)/python -m bench.cold_start
+	$(BIN)/python -m bench.drill_overhead
 	$(BIN)/python -m bench.ssh_refresh
 	$(BIN)/python -m bench.gateway_overhead
 	$(BIN)/python -m bench.console_scale

@@ -141,3 +141,81 @@ def test_a_node_without_a_way_to_reach_it_is_refused():
     with pytest.raises(ConfigError) as exc:
         parse_fleet('[fleet]\nname = "t"\n[[nodes]]\nname = "x"\nssh = "root@"\n')
     assert "nodes[0]: ssh: wants user@host or host, got 'root@'" in str(exc.value)
+
+
+DRILL = """
+[drills.llama-fp8]
+model = "llama"
+deployment = "{deployment}"
+checkpoint = "/models/llama"
+precision = "fp8"
+validate = {{ max_tokens = 8 }}
+  [drills.llama-fp8.steps.build]
+  argv = ["trtllm-build", "--output_dir", "{{staging}}", "{{bogus}}"]
+"""
+
+
+def test_drills_are_checked_with_their_lines():
+    from console.agent.drill_plan import plan, values
+
+    error = error_of(GOOD + DRILL.format(deployment="llama-trt"))
+    assert "fleet.toml:36: drills.llama-fp8.steps.build: unknown placeholder {bogus}" in error
+    error = error_of(GOOD + DRILL.format(deployment="llama-vllm").replace(', "{bogus}"', ""))
+    assert "drills.llama-fp8.deployment: llama-vllm runs vllm; a drill rebuilds a TensorRT" in error
+    error = error_of(GOOD + DRILL.format(deployment="nope").replace(', "{bogus}"', ""))
+    assert "'nope' is not a deployment of llama" in error
+    error = error_of(GOOD + DRILL.format(deployment="llama-trt").replace("model =", "modle ="))
+    assert "unknown key 'modle'; did you mean 'model'?" in error
+
+    fleet = parse_fleet(GOOD + DRILL.format(deployment="llama-trt").replace(', "{bogus}"', ""))
+    drill = fleet.drills["llama-fp8"]
+    assert drill.validate_.max_tokens == 8
+    found = values(drill, "llama", Path("/s/engine"), Path("/s/ckpt"), Path("/s/engine"))
+    steps = plan(drill, found)
+    # fp8 on the engine pipeline: quantize.py, then the file's own build argv, filled.
+    assert steps["convert"].argv is not None and "--qformat" in steps["convert"].argv
+    assert steps["convert"].argv[steps["convert"].argv.index("--qformat") + 1] == "fp8"
+    assert steps["build"].argv == ["trtllm-build", "--output_dir", "/s/engine"]
+    assert steps["serve"].argv is not None and steps["serve"].argv[:2] == [
+        "trtllm-serve",
+        "/s/engine",
+    ]
+
+
+def test_stale_reasons_name_every_fact_that_changed_and_ignore_unknowns():
+    from console.agent.manifest import compute_capability_of, stale_reasons
+
+    built = {
+        "versions": {
+            "tensorrt_llm": "1.2.0",
+            "tensorrt": "10.13",
+            "cuda": "13.0",
+            "driver": "580.1",
+        },
+        "gpu": {"name": "NVIDIA H200", "compute_capability": "9.0"},
+        "model": {"weights_sha256": "a" * 64},
+    }
+    now = {
+        "tensorrt_llm": "1.2.1",
+        "tensorrt": "10.14",
+        "cuda": "13.1",
+        "driver": "590.2",
+        "gpu": "NVIDIA B200",
+        "compute_capability": "10.0",
+        "weights_sha256": "b" * 64,
+    }
+    assert stale_reasons(built, now) == [
+        "driver 580.1 → 590.2",
+        "CUDA 13.0 → 13.1",
+        "TensorRT 10.13 → 10.14",
+        "TensorRT-LLM 1.2.0 → 1.2.1",
+        "GPU NVIDIA H200 → NVIDIA B200",
+        "compute capability 9.0 → 10.0",
+        f"weights changed ({'a' * 12} → {'b' * 12})",
+    ]
+    unknown = dict.fromkeys(now)  # nothing could be read: nothing to accuse
+    assert stale_reasons(built, unknown) == []
+    assert compute_capability_of("NVIDIA H200") == "9.0"
+    assert compute_capability_of("GB200") == "10.0"
+    assert compute_capability_of("NVIDIA L40S") == "8.9"
+    assert compute_capability_of("Quadro Mystery") is None

@@ -8,7 +8,8 @@
 A `[drills.NAME.steps.STEP]` table replaces a template's argv, timeout or success
 condition. Templates are argv lists whose elements may hold `{placeholders}`; each element
 is filled on its own and never passed through a shell, so a value with spaces or quotes
-stays one argument. An unknown placeholder is a fleet.toml error, found at load time.
+stays one argument. An unknown placeholder is a fleet.toml error, found at load time; a
+literal brace is written twice ({{ and }}).
 """
 
 from __future__ import annotations
@@ -129,7 +130,8 @@ SHAPE_ARGS = [
 
 def templates(drill: Drill) -> dict[str, Template]:
     """The shipped template of each step for the drill's pipeline and precision."""
-    preflight = Template(["python3", "-c", PROBE], [])
+    # Braces in a template are placeholders: the probe's own are doubled to stay literal.
+    preflight = Template(["python3", "-c", PROBE.replace("{", "{{").replace("}", "}}")], [])
     serve_head = ["trtllm-serve", "{engine_dir}", "--host", "127.0.0.1", "--port", "{port}"]
     served = ["--served_model_name", "{served_model_name}"]
     if drill.pipeline == "engine":

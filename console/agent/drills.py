@@ -222,6 +222,9 @@ class DrillRunner:
                 "preflight: the version probe printed no JSON line",
                 log_tail=log_tail(run.log, LOG_TAIL_LINES),
             )
+        if not probed.get("tensorrt_llm"):
+            why = probed.get("error_tensorrt_llm") or "it printed no tensorrt_llm version"
+            raise StepFailed(f"preflight: TensorRT-LLM is not importable on this node: {why}")
         self.probed[active.result["drill"]] = (time.time(), probed)
         facts, sources = await self._facts(probed)
         active.result["versions"] = facts
