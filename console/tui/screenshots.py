@@ -41,6 +41,12 @@ SHOTS = [
     ("+job-ready", [], (120, 36), 5.0),
     ("jobs", [":jobs\r"], (120, 36), 1.2),
     ("failover-plan", [":models\r", "f"], (140, 40), 2.0),
+    ("playbook", [":models\r", "p"], (140, 30), 1.5),
+    ("drills", [":drills\r"], (140, 40), 2.0),
+    ("+drill-confirm", ["R"], (140, 40), 0.8),
+    ("+drill-job", ["y"], (140, 44), 7.0),  # the build (TEST DOUBLE) is running
+    ("+drill-job-done", [], (140, 44), 24.0),
+    ("drills-after", [":drills\r"], (140, 40), 2.0),
 ]
 KEYS = {
     " ": "space",

@@ -25,6 +25,18 @@ def snapshots(demo: SimFleet) -> dict[str, Snapshot]:
     return out
 
 
+def standbys(demo: SimFleet) -> set[str]:
+    """Deployment ids of the demo's vLLM standbys: declared with weight 0 and a launch
+    profile, and down until someone starts them."""
+    fleet = load_fleet(demo.fleet)
+    return {d.id for m in fleet.models for d in m.deployments if d.weight == 0 and d.profile}
+
+
+def serving(snap: Snapshot, demo: SimFleet) -> list:
+    idle = standbys(demo)
+    return [e for e in snap.engines if not set(e.deployment_ids) <= idle]
+
+
 def test_the_fleet_file_says_simulated_and_declares_the_models(demo):
     fleet = load_fleet(demo.fleet)
     assert "SIMULATED" in fleet.fleet.name
@@ -33,7 +45,9 @@ def test_the_fleet_file_says_simulated_and_declares_the_models(demo):
     assert {n.token_env for n in fleet.nodes} == {"ENGINEROOM_DEMO_TOKEN"}
     assert fleet.agent.discover is False
     llama8b = next(m for m in fleet.models if m.name == "llama-3.1-8b-instruct")
-    by_engine = {d.engine: d for d in llama8b.deployments}
+    by_engine = {d.engine: d for d in llama8b.deployments if d.weight}
+    standby = next(d for d in llama8b.deployments if d.weight == 0)
+    assert standby.profile in fleet.profiles and standby.engine == "vllm"
     assert by_engine["triton"].node != by_engine["vllm"].node
     assert by_engine["triton"].engine_model == "ensemble"
     assert len(fleet.models) >= 3
@@ -61,7 +75,9 @@ def test_every_agent_serves_eight_simulated_gpus(demo):
 def test_engines_are_ready_and_their_versions_say_sim(demo):
     for snap in snapshots(demo).values():
         assert snap.engines
-        for engine in snap.engines:
+        stopped = [e for e in snap.engines if e not in serving(snap, demo)]
+        assert all(e.state == "down" for e in stopped)  # standbys, not started
+        for engine in serving(snap, demo):
             assert engine.state == "ready", engine
             assert engine.reason is None, engine.reason
             assert engine.version and engine.version.endswith("-sim")
@@ -70,7 +86,7 @@ def test_engines_are_ready_and_their_versions_say_sim(demo):
 
 def test_gpu_processes_map_to_their_engines(demo):
     for snap in snapshots(demo).values():
-        engines = {e.id: e for e in snap.engines}
+        engines = {e.id: e for e in serving(snap, demo)}
         gpus_of: dict[str, list[int]] = {}
         for gpu in snap.gpus:
             for proc in gpu.processes or []:
