@@ -306,7 +306,12 @@ def test_a_drill_builds_validates_benchmarks_and_promotes_then_hits_the_cache(no
 def test_a_failing_build_stops_the_drill_and_leaves_nothing(node: Node) -> None:
     node.drill("broken", env=', TRTLLM_DOUBLE_FAIL = "build"')
     node.drill("drifts", env=', TRTLLM_DOUBLE_DRIFT = "1"')
+    node.drill("pinned", extra='pins = { driver = "999.1", tensorrt_llm = "1.2.0" }')
     node.start()
+    job = node.wait(node.run("pinned"))
+    assert job["state"] == "failed"
+    assert job["error"] == "preflight: driver pinned 999.1, node has 580.159.04"
+    assert _steps(job)["convert"] == "skipped"
     job = node.wait(node.run("broken"))
     assert job["state"] == "failed"
     assert job["error"] == "build: exited with code 1"
@@ -385,3 +390,44 @@ def test_drill_cli_runs_lists_and_refuses_clearly(node: Node) -> None:
     listed = run_cli("drill", "list", "--fleet", str(agent.fleet), "--json")
     history = json.loads(listed.stdout)["history"]
     assert history and history[0]["state"] == "succeeded"
+
+
+def test_the_pytorch_pipeline_builds_by_loading_and_a_killed_agent_leaves_no_step_behind(
+    node: Node,
+) -> None:
+    # The PyTorch path: no convert for bf16, and the "build" is trtllm-serve's cold start.
+    node.drill("pytorch", extra='pipeline = "pytorch"')
+    node.drill("slow", env=', TRTLLM_DOUBLE_BUILD_S = "120"')
+    agent = node.start()
+    job = node.wait(node.run("pytorch"))
+    assert job["state"] == "succeeded", job.get("error")
+    steps = {s["name"]: s for s in job["steps"]}
+    assert steps["convert"]["state"] == "skipped"
+    assert "loads the checkpoint as it is" in steps["convert"]["detail"]
+    assert steps["build"]["detail"].startswith("cold start ")
+    assert job["result"]["candidate_cold_start_s"] > 0
+    promoted = json.loads((node.engines / "tiny-trt" / "engineroom-manifest.json").read_text())
+    assert promoted["pipeline"] == "pytorch" and promoted["files"] == {}
+
+    # kill -9 the agent mid-build: the step runs in its own session and survives it...
+    job_id = node.run("slow")
+    wait_until(
+        lambda: _steps(agent.get(f"/v1/jobs/{job_id}").json()).get("build") == "running",
+        timeout=60,
+        what="build running",
+    )
+    pgid = agent.get(f"/v1/jobs/{job_id}").json()["result"]["processes"]["build"][0]
+    agent.process.kill()
+    agent.process.wait()
+    from console.agent.supervisor import group_pids
+
+    assert group_pids(pgid), "the build should outlive the agent's death"
+    # ...and the next agent kills it, fails the job with the reason, and clears the staging.
+    node.agent = None
+    agent = node.start(1)
+    job = agent.get(f"/v1/jobs/{job_id}").json()
+    assert job["state"] == "failed"
+    assert "the agent stopped while this job ran" in job["error"]
+    assert f"build (process group {pgid}) killed" in job["error"]
+    wait_until(lambda: not group_pids(pgid), timeout=10, what="the orphaned build gone")
+    assert not (node.cache / ".staging" / job_id).exists()

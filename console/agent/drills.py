@@ -235,9 +235,9 @@ class DrillRunner:
             for k, want in pins.items()
             if want is not None and str(facts.get(k)) != str(want)
         ]
-        self._gate(
-            active, "pins", not mismatches, "; ".join(mismatches) or "versions match the pins"
-        )
+        pinned = [manifest.FACT_NAMES[k] for k, want in pins.items() if want is not None]
+        matched = f"{', '.join(pinned)} match the pins" if pinned else "no pins declared"
+        self._gate(active, "pins", not mismatches, "; ".join(mismatches) or matched)
         if mismatches:
             raise StepFailed("preflight: " + "; ".join(mismatches))
         problems = []
