@@ -442,7 +442,8 @@ class PlaybookScreen(ViewScreen):
                 "done" if moved else ("next" if ready else "waiting"),
                 f"{standby.id} carries the traffic"
                 if moved
-                else f"{source.id} weight {weight(source.id, source.weight)}"
+                else f"{source.id} still has weight {weight(source.id, source.weight)}"
+                + (": Enter opens the failover plan" if ready else "")
                 + ("" if fleet.gateway else " (no [gateway] declared)"),
                 "fail_over" if ready and not moved else None,
             )
