@@ -361,6 +361,15 @@ def test_a_hung_step_is_killed_by_its_timeout_and_a_cancel_kills_the_build(node:
     )
     job = node.agent.get(f"/v1/jobs/{job_id}").json()  # type: ignore[union-attr]
     build_pgid = job["result"]["processes"]["build"][0]
+    # One rebuild of a deployment at a time: the same drill, or another of the deployment.
+    for other, why in (("slow", "slow is already running"), ("hangs", "rebuilding tiny-trt")):
+        refused = httpx.post(
+            f"{node.agent.url}/v1/jobs",  # type: ignore[union-attr]
+            json={"kind": "drill.run", "drill": other},
+            headers={"Authorization": f"Bearer {TOKEN}"},
+            timeout=30,
+        )
+        assert refused.status_code == 409 and why in refused.json()["error"], refused.text
     resp = httpx.delete(
         f"{node.agent.url}/v1/jobs/{job_id}",  # type: ignore[union-attr]
         headers={"Authorization": f"Bearer {TOKEN}"},

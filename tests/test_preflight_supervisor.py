@@ -93,3 +93,31 @@ async def test_an_engine_that_ignores_sigterm_is_killed_after_the_grace(tmp_path
     assert how == "did not exit within 1 s of SIGTERM: killed (SIGKILL)"
     assert not managed.alive() and group_pids(managed.pgid) == []
     assert "ignoring SIGTERM" in managed.log_path.read_text()
+
+
+def test_engines_and_drill_steps_never_see_the_tokens(monkeypatch, tmp_path):
+    from console.agent.auth import child_env
+    from console.agent.launch import Launch
+    from console.agent.supervisor import Supervisor
+    from console.core.config import parse_fleet
+
+    fleet = parse_fleet(
+        '[fleet]\nname = "t"\n[agent]\noperator_token_env = "MY_OPS"\n'
+        '[[nodes]]\nname = "a"\nagent = "http://127.0.0.1:1"\ntoken_env = "NODE_TOKEN"\n'
+    )
+    for name in ("MY_OPS", "NODE_TOKEN", "ENGINEROOM_VIEWER_TOKEN", "ENGINEROOM_ADMIN_TOKEN"):
+        monkeypatch.setenv(name, "secret-" + name)
+    monkeypatch.setenv("HARMLESS", "kept")
+    env = child_env(fleet, {"EXTRA": "1"})
+    assert not [k for k in env if k.startswith(("MY_OPS", "NODE_TOKEN", "ENGINEROOM_"))]
+    assert env["HARMLESS"] == "kept" and env["EXTRA"] == "1"
+    # An engine the supervisor starts: its environment, printed by the engine itself.
+    from console.agent.auth import secret_env_names
+
+    sup = Supervisor(tmp_path, 1 << 20, 1, hidden=secret_env_names(fleet))
+    code = "import os; print(sorted(k for k in os.environ if 'secret' in os.environ[k]))"
+    launch = Launch(argv=(sys.executable, "-c", code), env={}, port=1, gpus=())
+    managed = sup.spawn("e", "vllm", "p", {}, launch, "http://x", "m", "job")
+    managed.process.wait(10)  # type: ignore[union-attr]
+    printed = managed.log_path.read_text().splitlines()[-1]
+    assert printed == "[]", printed  # no variable holding a token reached the engine

@@ -13,6 +13,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
+from console.core.config import (
+    DEFAULT_ADMIN_ENV,
+    DEFAULT_OPERATOR_ENV,
+    DEFAULT_VIEWER_ENV,
+    Fleet,
+)
+
 Role = Literal["viewer", "operator"]
 
 
@@ -69,3 +76,30 @@ class Tokens:
             if hmac.compare_digest(given, token.secret) and match is None:
                 match = token.principal
         return match
+
+
+def secret_env_names(fleet: Fleet) -> set[str]:
+    """Every environment variable the fleet file names as holding a token or a key."""
+    names = {
+        DEFAULT_VIEWER_ENV,
+        DEFAULT_OPERATOR_ENV,
+        DEFAULT_ADMIN_ENV,
+        fleet.agent.viewer_token_env,
+        fleet.agent.operator_token_env,
+    }
+    names |= {n.token_env for n in fleet.nodes if n.token_env}
+    if fleet.gateway is not None:
+        names.add(fleet.gateway.token_env)
+        if fleet.gateway.api_keys_env:
+            names.add(fleet.gateway.api_keys_env)
+    return names
+
+
+def child_env(fleet: Fleet, *extra: Mapping[str, str]) -> dict[str, str]:
+    """The environment for a process the agent starts (an engine, a drill step): the
+    agent's own, minus every token variable, plus `extra`. Engines never see the tokens."""
+    secret = secret_env_names(fleet)
+    env = {k: v for k, v in os.environ.items() if k not in secret}
+    for more in extra:
+        env.update(more)
+    return env

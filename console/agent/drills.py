@@ -30,7 +30,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import os
 import re
 import shlex
 import shutil
@@ -45,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 
 from console.agent import drill_checks, manifest
+from console.agent.auth import child_env
 from console.agent.drill_plan import PlannedStep, plan, values
 from console.agent.preflight import port_check
 from console.agent.supervisor import group_pids, log_tail, signal_group
@@ -131,8 +131,16 @@ class DrillRunner:
             )
         drill = mine[name]
         for job_id, active in self.jobs.active.items():
-            if active.record.kind == "drill.run" and active.record.params.get("drill") == name:
+            if active.record.kind != "drill.run":
+                continue
+            if active.record.params.get("drill") == name:
                 raise JobRefused(409, f"drill: {name} is already running (job {job_id})")
+            if active.result.get("deployment") == drill.deployment:
+                raise JobRefused(
+                    409,
+                    f"drill: job {job_id} ({active.record.params.get('drill')}) is rebuilding "
+                    f"{drill.deployment} already",
+                )
         record = self.jobs.store.create_job("drill.run", who, {"drill": name})
         active = Active(
             record,
@@ -157,7 +165,7 @@ class DrillRunner:
         ckpt = engine_stage if drill.pipeline == "pytorch" else run.staging / "checkpoint"
         found = values(drill, served, engine_stage, ckpt, engine_stage)
         steps = plan(drill, found)
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", **drill.env}
+        env = child_env(self.agent.fleet, {"PYTHONUNBUFFERED": "1"}, drill.env)
         result = active.result
         result["gates"] = []
         result["step_runs"] = {}
@@ -734,7 +742,7 @@ class DrillRunner:
         argv = plan(drill, found)["preflight"].argv
         if argv is None:
             return None
-        env = {**os.environ, **drill.env}
+        env = child_env(self.agent.fleet, drill.env)
         try:
             proc = await asyncio.create_subprocess_exec(
                 *argv,

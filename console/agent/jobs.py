@@ -34,6 +34,7 @@ from typing import Any
 import psutil
 
 from console.agent import preflight
+from console.agent.auth import secret_env_names
 from console.agent.discovery import EngineProcess, alive
 from console.agent.drills import DrillRunner
 from console.agent.engines import engine_id as make_engine_id
@@ -115,7 +116,12 @@ class JobRunner:
         return cls(
             agent,
             Store(root / "jobs.sqlite"),
-            Supervisor(root, settings.engine_log_max_bytes, settings.engine_log_keep),
+            Supervisor(
+                root,
+                settings.engine_log_max_bytes,
+                settings.engine_log_keep,
+                hidden=secret_env_names(agent.fleet),
+            ),
         )
 
     # -- startup and shutdown ---------------------------------------------------------

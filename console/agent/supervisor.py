@@ -22,6 +22,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -123,8 +124,11 @@ def log_tail(path: Path, lines: int = 30, max_bytes: int = 64 * 1024) -> list[st
 
 
 class Supervisor:
-    def __init__(self, root: Path, log_max_bytes: int, log_keep: int) -> None:
+    def __init__(
+        self, root: Path, log_max_bytes: int, log_keep: int, hidden: Iterable[str] = ()
+    ) -> None:
         self.root = root / "engines"
+        self.hidden = frozenset(hidden)  # token variables the engines never see
         self.root.mkdir(parents=True, exist_ok=True)
         self.log_max_bytes = log_max_bytes
         self.log_keep = log_keep
@@ -162,7 +166,8 @@ class Supervisor:
             *launch.argv,
         ]
         # Unbuffered: the engine's lines reach the log (and the phase clock) as it writes them.
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", **launch.env}
+        env = {k: v for k, v in os.environ.items() if k not in self.hidden}
+        env.update({"PYTHONUNBUFFERED": "1", **launch.env})
         with (where / "engine.log").open("ab") as log:
             log.write(f"--- engineroom job {job_id}: starting {engine_id} ---\n".encode())
             log_offset = log.tell()
