@@ -120,7 +120,8 @@ def list_drills(fleet: Fleet, *, as_json: bool, out: TextIO = sys.stdout) -> int
 
 def _last(job: Job) -> str:
     ago = time.time() - (job.updated or job.created or time.time())
-    return f"{job.state} {ago / 3600:.1f} h ago ({job.id})"
+    when = f"{ago / 60:.0f} min" if ago < 5400 else f"{ago / 3600:.1f} h"
+    return f"{job.state} {when} ago ({job.id})"
 
 
 def show_drill(
