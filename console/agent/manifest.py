@@ -24,6 +24,7 @@ import contextlib
 import hashlib
 import json
 import os
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -108,6 +109,7 @@ class WeightsHasher:
 
     def __init__(self, cache_file: Path) -> None:
         self.cache_file = cache_file
+        self._lock = threading.Lock()  # the staleness loop and a drill may hash at once
         try:
             self.known: dict[str, dict[str, str]] = json.loads(cache_file.read_text())
         except (OSError, ValueError):
@@ -125,8 +127,8 @@ class WeightsHasher:
         for path in weight_files(checkpoint):
             h.update(f"{path.relative_to(checkpoint)}\0{sha256_file(path)}\n".encode())
         digest = h.hexdigest()
-        self.known[key] = {"fingerprint": fp, "sha256": digest}
-        with contextlib.suppress(OSError):
+        with self._lock, contextlib.suppress(OSError):
+            self.known[key] = {"fingerprint": fp, "sha256": digest}
             self.cache_file.parent.mkdir(parents=True, exist_ok=True)
             tmp = self.cache_file.with_suffix(".tmp")
             tmp.write_text(json.dumps(self.known))
