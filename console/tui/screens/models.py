@@ -85,7 +85,10 @@ def deployment_row(
         return (
             name,
             Text(f"{r.engine} {r.version or '?'}"[:13]),
-            fmt.status(r.state),
+            # A weight-0 deployment that is down is a standby nobody started: not an outage.
+            Text("standby", style="dim")
+            if r.weight == 0 and r.state == "down"
+            else fmt.status(r.state),
             fmt.latency(lat.ttft_s if lat else None, "p95", slo.ttft_p95_ms),
             fmt.latency(lat.itl_s if lat else None, "p95", slo.itl_p95_ms),
             fmt.latency(lat.e2e_s if lat else None, "p95", slo.e2e_p95_ms),
