@@ -109,7 +109,7 @@ def test_engines_and_drill_steps_never_see_the_tokens(monkeypatch, tmp_path):
         monkeypatch.setenv(name, "secret-" + name)
     monkeypatch.setenv("HARMLESS", "kept")
     env = child_env(fleet, {"EXTRA": "1"})
-    assert not [k for k in env if k.startswith(("MY_OPS", "NODE_TOKEN", "ENGINEROOM_"))]
+    assert not [k for k in env if env[k].startswith("secret-")]
     assert env["HARMLESS"] == "kept" and env["EXTRA"] == "1"
     # An engine the supervisor starts: its environment, printed by the engine itself.
     from console.agent.auth import secret_env_names
