@@ -811,7 +811,15 @@ class DrillRunner:
         entry.reasons = manifest.stale_reasons(found, facts)
         entry.unchecked = manifest.unknown_facts(facts)
         entry.note = note
-        entry.state = "stale" if entry.reasons else "current"
+        if entry.reasons:
+            entry.state = "stale"
+        elif entry.unchecked:  # nothing wrong found, but not all of it could be looked at
+            entry.state = "unknown"
+            entry.reasons = [
+                f"could not check {', '.join(entry.unchecked)}" + (f" ({note})" if note else "")
+            ]
+        else:
+            entry.state = "current"
         return entry
 
     async def refresh(self) -> list[TrtEngine]:
@@ -852,7 +860,8 @@ class DrillRunner:
     async def what_if(self, change: dict[str, Any]) -> list[dict[str, Any]]:
         """Each TensorRT-LLM deployment against a hypothetical node (driver, cuda,
         tensorrt, tensorrt_llm, gpu, compute_capability): still serves, serves from the
-        cache, or needs a rebuild, with the time its last drill took."""
+        cache, or needs a rebuild, with the time its last drill took; "unknown" where a
+        fact the change leaves alone could not be read."""
         unknown = sorted(set(change) - set(manifest.FACTS))
         if unknown:
             raise ValueError(f"unknown keys {unknown} (known: {', '.join(manifest.FACTS)})")
@@ -890,7 +899,11 @@ class DrillRunner:
             reasons = manifest.stale_reasons(found, facts)
             row["why"] = reasons
             row["stale_now"] = bool(now_reasons)
-            if not reasons:
+            unchecked = manifest.unknown_facts(facts)
+            if not reasons and unchecked:
+                row["verdict"] = "unknown"
+                row["why"] = [f"could not check {', '.join(unchecked)}"]
+            elif not reasons:
                 row["verdict"] = "serves"
             else:
                 inputs = manifest.manifest_inputs(found)

@@ -171,6 +171,7 @@ def what_if(
                 "serves": "still serves",
                 "cache": "serves from cache",
                 "rebuild": "REBUILD",
+                "unknown": "unknown",
             }[row["verdict"]]
             est = row.get("estimated_rebuild_s")
             print(

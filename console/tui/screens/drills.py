@@ -72,6 +72,8 @@ def trt_badge(trt: TrtEngine | None) -> Text:
         return Text(" REBUILD REQUIRED ", style="bold black on yellow")
     if trt.state == "current":
         return Text("current", style="green")
+    if trt.build_key is not None:  # a manifest, but some facts could not be read
+        return Text("not all checked", style="yellow")
     return Text("unknown provenance", style="yellow")
 
 
