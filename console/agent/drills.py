@@ -42,17 +42,19 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
+import psutil
 
 from console.agent import drill_checks, manifest
 from console.agent.auth import child_env
 from console.agent.drill_plan import PlannedStep, plan, values
+from console.agent.jobtypes import Active, JobRefused, StepFailed, ready
 from console.agent.preflight import port_check
 from console.agent.supervisor import group_pids, log_tail, signal_group
 from console.core.config import Deployment, Drill, Model
 from console.core.wire import JobStep, TrtEngine
 
 if TYPE_CHECKING:
-    from console.agent.jobs import Active, JobRunner
+    from console.agent.jobs import JobRunner
 
 log = logging.getLogger(__name__)
 
@@ -67,11 +69,18 @@ WARMUP_REQUESTS = 4
 
 @dataclass
 class Run:
-    """One drill job's files and the processes it has running."""
+    """One drill job: what it rebuilds, its files, and the processes it has running."""
 
     job_id: str
+    name: str
+    drill: Drill
+    model: Model
+    deployment: Deployment
+    served: str  # what the candidate serves the model as
+    env: dict[str, str]  # every step's environment
     dir: Path  # STATE/drills/JOB: drill.log, step status files
     staging: Path  # CACHE/.staging/JOB
+    steps: dict[str, PlannedStep] = field(default_factory=dict)  # filled templates
     processes: dict[str, tuple[int, float]] = field(default_factory=dict)  # name -> pgid
 
     @property
@@ -118,7 +127,6 @@ class DrillRunner:
     # -- submitting -----------------------------------------------------------------
 
     async def submit(self, body: dict[str, Any], who: str) -> Active:
-        from console.agent.jobs import Active, JobRefused
 
         name = body.get("drill")
         mine = self.drills()
@@ -155,42 +163,50 @@ class DrillRunner:
     async def _run(self, active: Active, name: str, drill: Drill) -> None:
         job_id = active.record.id
         cache = manifest.EngineCache.open(Path(drill.engine_cache).expanduser())
-        run = Run(job_id, self.root / job_id, cache.staging(job_id))
-        run.dir.mkdir(parents=True, exist_ok=True)
         model, deployment = self.agent.fleet.deployment(drill.deployment)  # type: ignore[misc]
-        # What the candidate serves the model as: a trtllm-serve deployment's own name,
-        # else the model's (Triton's engine_model names its ensemble, not the model).
-        served = (deployment.engine_model if deployment.engine == "trtllm" else None) or model.name
+        run = Run(
+            job_id,
+            name,
+            drill,
+            model,
+            deployment,
+            # A trtllm-serve deployment's own name, else the model's (Triton's engine_model
+            # names its ensemble, not the model).
+            (deployment.engine_model if deployment.engine == "trtllm" else None) or model.name,
+            child_env(self.agent.fleet, {"PYTHONUNBUFFERED": "1"}, drill.env),
+            self.root / job_id,
+            cache.staging(job_id),
+        )
+        run.dir.mkdir(parents=True, exist_ok=True)
         engine_stage = run.staging / "engine"
         ckpt = engine_stage if drill.pipeline == "pytorch" else run.staging / "checkpoint"
-        found = values(drill, served, engine_stage, ckpt, engine_stage)
-        steps = plan(drill, found)
-        env = child_env(self.agent.fleet, {"PYTHONUNBUFFERED": "1"}, drill.env)
+        found = values(drill, run.served, engine_stage, ckpt, engine_stage)
+        run.steps = plan(drill, found)
         result = active.result
         result["gates"] = []
         result["step_runs"] = {}
         result["staging_dir"] = str(run.staging)
         promoted = False
         try:
-            key, hit = await self._preflight(active, run, drill, steps["preflight"], env, cache)
+            key, hit = await self._preflight(active, run, cache)
             engine_dir = cache.path(key) if hit else engine_stage
-            if drill.pipeline == "pytorch" and not hit and steps["convert"].skip:
+            if drill.pipeline == "pytorch" and not hit and run.steps["convert"].skip:
                 engine_dir = Path(found["checkpoint"])
             found["engine_dir"] = str(engine_dir)
-            steps = plan(drill, found)
+            run.steps = plan(drill, found)
             if hit:
                 why = f"cache hit: serve from cache {cache.path(key)}"
                 for step in ("convert", "build"):
                     self._skip(active, step, why)
             else:
-                await self._convert(active, run, steps["convert"], env)
+                await self._convert(active, run)
                 engine_stage.mkdir(parents=True, exist_ok=True)
-                await self._build(active, run, drill, steps, env, served)
-                self._manifest(active, engine_stage, drill, name, key)
-            await self._validate(active, run, drill, steps["serve"], env, served, model)
-            await self._benchmark(active, run, drill, steps["serve"], env, served, model)
+                await self._build(active, run)
+                self._manifest(active, run, engine_stage, key)
+            await self._validate(active, run)
+            await self._benchmark(active, run)
             await self._stop_candidate(active, run)
-            promoted = await self._promote(active, drill, deployment, cache, key, hit, run)
+            promoted = await self._promote(active, run, cache, key, hit)
             result["time_to_rebuild_s"] = round(time.time() - active.record.created, 3)
         finally:
             await self._cleanup(active, run, promoted)
@@ -212,18 +228,11 @@ class DrillRunner:
         self.jobs._save(active)
 
     async def _preflight(
-        self,
-        active: Active,
-        run: Run,
-        drill: Drill,
-        probe: PlannedStep,
-        env: dict[str, str],
-        cache: manifest.EngineCache,
+        self, active: Active, run: Run, cache: manifest.EngineCache
     ) -> tuple[str, bool]:
-        from console.agent.jobs import StepFailed
-
+        drill = run.drill
         step = self._step(active, "preflight")
-        output = await self._run_step(active, run, probe, env)
+        output = await self._run_step(active, run, run.steps["preflight"])
         probed = last_json(output)
         if probed is None:
             raise StepFailed(
@@ -316,37 +325,29 @@ class DrillRunner:
                 sources[key] = source
         return facts, sources
 
-    async def _convert(
-        self, active: Active, run: Run, planned: PlannedStep, env: dict[str, str]
-    ) -> None:
+    async def _convert(self, active: Active, run: Run) -> None:
+        planned = run.steps["convert"]
         if planned.skip:
             self._skip(active, "convert", planned.skip)
             return
         step = self._step(active, "convert")
-        await self._run_step(active, run, planned, env)
+        await self._run_step(active, run, planned)
         self.jobs._end(active, step, self._timing_text(active, "convert"))
 
-    async def _build(
-        self,
-        active: Active,
-        run: Run,
-        drill: Drill,
-        steps: dict[str, PlannedStep],
-        env: dict[str, str],
-        served: str,
-    ) -> None:
+    async def _build(self, active: Active, run: Run) -> None:
         step = self._step(active, "build")
-        planned = steps["build"]
+        planned = run.steps["build"]
         if planned.argv is not None:
-            await self._run_step(active, run, planned, env)
+            await self._run_step(active, run, planned)
             self.jobs._end(active, step, self._timing_text(active, "build"))
             return
         # The PyTorch pipeline: the "build" is the server's cold start and its warm-up.
-        cold = await self._start_candidate(active, run, steps["serve"], env, served)
-        warm = await self._warm_up(drill, served)
+        cold = await self._start_candidate(active, run)
+        warm = await self._warm_up(run)
         self.jobs._end(active, step, f"cold start {cold:.1f} s; warm-up {warm:.1f} s")
 
-    def _manifest(self, active: Active, engine: Path, drill: Drill, name: str, key: str) -> None:
+    def _manifest(self, active: Active, run: Run, engine: Path, key: str) -> None:
+        drill = run.drill
         facts = active.result["versions"]
         build = active.step("build")
         written = manifest.write_manifest(
@@ -354,7 +355,7 @@ class DrillRunner:
             {
                 "schema": 1,
                 "build_key": key,
-                "drill": name,
+                "drill": run.name,
                 "job_id": active.record.id,
                 "node": self.agent.node,
                 "built": time.time(),
@@ -384,27 +385,16 @@ class DrillRunner:
         }
         self.jobs._save(active)
 
-    async def _validate(
-        self,
-        active: Active,
-        run: Run,
-        drill: Drill,
-        serve: PlannedStep,
-        env: dict[str, str],
-        served: str,
-        model: Model,
-    ) -> None:
-        from console.agent.jobs import StepFailed
-
+    async def _validate(self, active: Active, run: Run) -> None:
         step = self._step(active, "validate")
         if "candidate" not in run.processes:
-            await self._start_candidate(active, run, serve, env, served)
-        baseline = self._baseline(drill, model)
+            await self._start_candidate(active, run)
+        baseline = self._baseline(run)
         active.result["baseline"] = {"deployment": baseline[0].id, "endpoint": baseline[0].endpoint}
-        spec = drill.validate_
+        spec = run.drill.validate_
         try:
             found = await drill_checks.validate(
-                (candidate_url(drill), served),
+                (candidate_url(run.drill), run.served),
                 (baseline[0].endpoint, baseline[1]),
                 spec.prompts,
                 spec.max_tokens,
@@ -427,28 +417,20 @@ class DrillRunner:
             raise StepFailed(f"validate: agreement below the threshold: {detail}")
         self.jobs._end(active, step, detail)
 
-    def _baseline(self, drill: Drill, model: Model) -> tuple[Deployment, str]:
-        if drill.baseline is not None:
-            dep = next(d for d in model.deployments if d.id == drill.baseline)
+    def _baseline(self, run: Run) -> tuple[Deployment, str]:
+        """The deployment the candidate is compared with, and its name for the model."""
+        model, wanted = run.model, run.drill.baseline
+        if wanted is not None:
+            dep = next(d for d in model.deployments if d.id == wanted)
         else:
             dep = next(d for d in model.deployments if d.engine == "vllm")
         return dep, dep.engine_model or model.name
 
-    async def _benchmark(
-        self,
-        active: Active,
-        run: Run,
-        drill: Drill,
-        serve: PlannedStep,
-        env: dict[str, str],
-        served: str,
-        model: Model,
-    ) -> None:
-        from console.agent.jobs import StepFailed
-
+    async def _benchmark(self, active: Active, run: Run) -> None:
+        drill, model = run.drill, run.model
         step = self._step(active, "benchmark")
         spec = drill.benchmark
-        baseline, baseline_model = self._baseline(drill, model)
+        baseline, baseline_model = self._baseline(run)
         levels: list[dict[str, Any]] = []
         bench: dict[str, Any] = {
             "cold_start_s": {
@@ -463,7 +445,7 @@ class DrillRunner:
             n = drill_checks.requests_for(level, spec.requests_per_level)
             row: dict[str, Any] = {"concurrency": level, "requests": n}
             for who, url, name in (
-                ("candidate", candidate_url(drill), served),
+                ("candidate", candidate_url(drill), run.served),
                 ("baseline", baseline.endpoint, baseline_model),
             ):
                 left = deadline - time.monotonic()
@@ -499,8 +481,8 @@ class DrillRunner:
                 if p.served_model_name in (model.name, baseline.engine_model)
             }
         )
-        for record in self.jobs.store.jobs(500):
-            if record.kind not in ("vllm.start", "engine.restart") or record.state != "succeeded":
+        for record in self.jobs.store.jobs(500, ("vllm.start", "engine.restart")):
+            if record.state != "succeeded":
                 continue
             stored = (record.result or {}).get("result", {})
             profile = record.params.get("profile")
@@ -512,15 +494,9 @@ class DrillRunner:
         return None
 
     async def _promote(
-        self,
-        active: Active,
-        drill: Drill,
-        deployment: Deployment,
-        cache: manifest.EngineCache,
-        key: str,
-        hit: bool,
-        run: Run,
+        self, active: Active, run: Run, cache: manifest.EngineCache, key: str, hit: bool
     ) -> bool:
+        drill, deployment = run.drill, run.deployment
         step = self._step(active, "promote")
         if hit:
             target, how = cache.path(key), "already in the cache"
@@ -540,19 +516,15 @@ class DrillRunner:
 
     # -- processes ------------------------------------------------------------------
 
-    async def _run_step(
-        self, active: Active, run: Run, planned: PlannedStep, env: dict[str, str]
-    ) -> str:
+    async def _run_step(self, active: Active, run: Run, planned: PlannedStep) -> str:
         """Run one step's argv under the log capper; its output (since it started)."""
-        from console.agent.jobs import StepFailed
-
         assert planned.argv is not None
         name = planned.name
         offset = _log_header(run.log, f"step {name}: {shlex.join(planned.argv)}")
         status_path = run.dir / f"{name}.status.json"
         status_path.unlink(missing_ok=True)
         spawned = time.time()
-        proc = await self._spawn(run, name, planned.argv, env, status_path)
+        proc = await self._spawn(active, run, name, planned.argv, status_path)
         try:
             await asyncio.wait_for(proc.wait(), planned.timeout_s)
         except TimeoutError:
@@ -596,7 +568,7 @@ class DrillRunner:
         return output
 
     async def _spawn(
-        self, run: Run, name: str, argv: list[str], env: dict[str, str], status: Path
+        self, active: Active, run: Run, name: str, argv: list[str], status: Path
     ) -> asyncio.subprocess.Process:
         settings = self.agent.fleet.agent
         capper = [
@@ -620,14 +592,12 @@ class DrillRunner:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             cwd=run.dir,
-            env=env,
+            env=run.env,
             start_new_session=True,
         )
         run.processes[name] = (proc.pid, _created(proc.pid))
-        self.jobs.active[run.job_id].result["processes"] = {
-            k: list(v) for k, v in run.processes.items()
-        }
-        self.jobs._save(self.jobs.active[run.job_id])
+        active.result["processes"] = {k: list(v) for k, v in run.processes.items()}
+        self.jobs._save(active)  # a later agent kills what a killed one left running
         return proc
 
     async def _kill(self, active: Active, run: Run, name: str) -> str:
@@ -637,19 +607,16 @@ class DrillRunner:
             return "not running"
         return await kill_group(pgid, KILL_GRACE_S)
 
-    async def _start_candidate(
-        self, active: Active, run: Run, serve: PlannedStep, env: dict[str, str], served: str
-    ) -> float:
+    async def _start_candidate(self, active: Active, run: Run) -> float:
         """Start the candidate server; its cold start (spawn to ready) in seconds."""
-        from console.agent.jobs import StepFailed, _ready
-
+        serve = run.steps["serve"]
         assert serve.argv is not None
         offset = _log_header(run.log, f"candidate: {shlex.join(serve.argv)}")
         status = run.dir / "candidate.status.json"
         status.unlink(missing_ok=True)
         started = time.time()
-        proc = await self._spawn(run, "candidate", serve.argv, env, status)
-        url = candidate_url_from(serve)
+        proc = await self._spawn(active, run, "candidate", serve.argv, status)
+        url = candidate_url(run.drill)
         async with aiohttp.ClientSession() as http:
             while True:
                 if proc.returncode is not None:
@@ -659,7 +626,7 @@ class DrillRunner:
                         f"candidate: trtllm-serve exited with code {code} before it was ready",
                         log_tail=tail_since(run.log, offset),
                     )
-                if await _ready(http, url, served):
+                if await ready(http, url, run.served):
                     break
                 if time.time() - started > serve.timeout_s:
                     how = await self._kill(active, run, "candidate")
@@ -674,11 +641,11 @@ class DrillRunner:
         self.jobs._save(active)
         return cold
 
-    async def _warm_up(self, drill: Drill, served: str) -> float:
+    async def _warm_up(self, run: Run) -> float:
         started = time.monotonic()
         with contextlib.suppress(drill_checks.CheckFailed, aiohttp.ClientError):
             await drill_checks.sweep_level(
-                candidate_url(drill), served, 1, WARMUP_REQUESTS, 8, "warm up", 300
+                candidate_url(run.drill), run.served, 1, WARMUP_REQUESTS, 8, "warm up", 300
             )
         return time.monotonic() - started
 
@@ -830,8 +797,8 @@ class DrillRunner:
         return list(self.engines)
 
     def _last_drill(self, deployment: str) -> dict[str, Any] | None:
-        for record in self.jobs.store.jobs(500):
-            if record.kind != "drill.run" or record.state not in ("succeeded", "failed"):
+        for record in self.jobs.store.jobs(500, ("drill.run",)):
+            if record.state not in ("succeeded", "failed"):
                 continue
             stored = (record.result or {}).get("result", {})
             if stored.get("deployment") != deployment:
@@ -846,11 +813,10 @@ class DrillRunner:
         return None
 
     def _last_success(self, deployment: str) -> float | None:
-        for record in self.jobs.store.jobs(500):
+        for record in self.jobs.store.jobs(500, ("drill.run",)):
             stored = (record.result or {}).get("result", {})
             if (
-                record.kind == "drill.run"
-                and record.state == "succeeded"
+                record.state == "succeeded"
                 and stored.get("deployment") == deployment
                 and isinstance(stored.get("time_to_rebuild_s"), int | float)
             ):
@@ -929,12 +895,6 @@ class DrillRunner:
 
 def candidate_url(drill: Drill) -> str:
     return f"http://127.0.0.1:{drill.serve_port}"
-
-
-def candidate_url_from(serve: PlannedStep) -> str:
-    argv = serve.argv or []
-    port = argv[argv.index("--port") + 1] if "--port" in argv[:-1] else "8000"
-    return f"http://127.0.0.1:{port}"
 
 
 def benchmark_gates(drill: Drill, bench: dict[str, Any]) -> list[tuple[str, bool, str]]:
@@ -1065,8 +1025,6 @@ def _delta(a: Any, b: Any) -> float | None:
 
 
 def _created(pid: int) -> float:
-    import psutil
-
     try:
         return psutil.Process(pid).create_time()
     except psutil.Error:

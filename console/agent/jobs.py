@@ -27,7 +27,6 @@ import logging
 import os
 import signal
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -38,12 +37,13 @@ from console.agent.auth import secret_env_names
 from console.agent.discovery import EngineProcess, alive
 from console.agent.drills import DrillRunner
 from console.agent.engines import engine_id as make_engine_id
+from console.agent.jobtypes import Active, JobRefused, StepFailed, ready
 from console.agent.launch import Launch, LaunchError, vllm_launch
 from console.agent.node import NodeAgent
 from console.agent.store import FINAL, JobRecord, Store
 from console.agent.supervisor import Managed, Supervisor, log_tail
 from console.core.config import Profile
-from console.core.fetch import FetchError, fetch, new_session
+from console.core.fetch import new_session
 from console.core.wire import COLD_START_PHASES, Job, JobStep
 from plugins.base import Discovered, EngineTarget, local_url
 
@@ -62,40 +62,6 @@ PHASES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("graphs_captured", ("Graph capturing finished",)),
     ("server_up", ("Starting vLLM server on", "Starting vLLM API server", "startup complete")),
 )
-
-
-class JobRefused(Exception):
-    """A job that was not started; `status` is the HTTP code, str() says why."""
-
-    def __init__(self, status: int, message: str, **extra: Any) -> None:
-        super().__init__(message)
-        self.status = status
-        self.extra = extra
-
-
-class StepFailed(Exception):
-    def __init__(self, message: str, **result: Any) -> None:
-        super().__init__(message)
-        self.result = result
-
-
-@dataclass
-class Active:
-    """A job this agent is running: its live steps and result, saved at every change."""
-
-    record: JobRecord
-    steps: list[JobStep]
-    result: dict[str, Any] = field(default_factory=dict)
-    state: str = "queued"
-    error: str | None = None
-    task: asyncio.Task[None] | None = None
-    engine_id: str | None = None
-
-    def step(self, name: str) -> JobStep:
-        for step in self.steps:
-            if step.name == name:
-                return step
-        raise KeyError(name)
 
 
 class JobRunner:
@@ -464,7 +430,7 @@ class JobRunner:
                         log_tail=tail,
                         exit_code=code,
                     )
-                if await _ready(http, managed.endpoint, managed.served_model_name):
+                if await ready(http, managed.endpoint, managed.served_model_name):
                     total = round(time.time() - t0, 3)
                     phases["ready"] = total
                     active.result["cold_start"] = {"phases": phases, "total_s": total}
@@ -603,18 +569,6 @@ def _stored_view(record: JobRecord) -> Job:
 def _public(body: dict[str, Any]) -> dict[str, Any]:
     """A request body fit for the audit log (bounded; it holds no secrets by contract)."""
     return {k: v for k, v in list(body.items())[:10] if isinstance(k, str)}
-
-
-async def _ready(http: Any, endpoint: str, served: str) -> bool:
-    try:
-        health = await fetch(http, endpoint + "/health", timeout=1.0, max_bytes=4096)
-        if health.status != 200:
-            return False
-        models = await fetch(http, endpoint + "/v1/models", timeout=1.0, max_bytes=1 << 20)
-        data = models.json().get("data", []) if models.status == 200 else []
-    except (FetchError, AttributeError):
-        return False
-    return any(isinstance(m, dict) and m.get("id") == served for m in data)
 
 
 def new_lines(path: Path, offset: int) -> tuple[int, list[str]]:

@@ -131,10 +131,12 @@ class Store:
             row = self._db.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
         return _job(row) if row else None
 
-    def jobs(self, limit: int = 100) -> list[JobRecord]:
+    def jobs(self, limit: int = 100, kinds: tuple[str, ...] = ()) -> list[JobRecord]:
+        """The newest jobs first; only those of `kinds` when given (filtered in SQL)."""
+        where = f"WHERE kind IN ({','.join('?' * len(kinds))}) " if kinds else ""
         with self._lock:
             rows = self._db.execute(
-                "SELECT * FROM jobs ORDER BY created DESC LIMIT ?", (limit,)
+                f"SELECT * FROM jobs {where}ORDER BY created DESC LIMIT ?", (*kinds, limit)
             ).fetchall()
         return [_job(r) for r in rows]
 

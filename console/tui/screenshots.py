@@ -156,8 +156,12 @@ def main() -> int:
         for svg in asyncio.run(shoot(fleet_path, args.out, args.warmup)):
             print(f"{svg} {to_png(svg)}")
     finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+        proc.terminate()  # the fleet stops its agents, gateway and the engines it started
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
     return 0
 
 

@@ -30,8 +30,8 @@ from console.collect.view import FleetView
 from console.core.wire import Job, JobStep, TrtEngine
 from console.tui import format as fmt
 from console.tui.screens.base import ViewScreen
-from console.tui.screens.jobs import STATE_STYLE, took
-from console.tui.widgets.table import FleetTable, Row
+from console.tui.screens.jobs import STATE_STYLE, job_note, took
+from console.tui.widgets.table import FleetTable, Row, empty_row
 
 HISTORY_EVERY_S = 5.0
 BAR = "█"
@@ -188,26 +188,12 @@ class DrillsScreen(ViewScreen):
             defs.append(Row(f"d:{name}", cells, {"drill": name, "node": node}, name))
         if not defs:
             defs.append(
-                Row(
-                    "-",
-                    (
-                        Text("none", style="dim"),
-                        *[Text("")] * (len(self.DEFS) - 2),
-                        Text("no [drills.NAME] in fleet.toml (docs/drills.md)", style="dim"),
-                    ),
-                )
+                empty_row(len(self.DEFS), "no [drills.NAME] in fleet.toml (docs/drills.md)")
             )
         self.query_one("#drill-defs", FleetTable).show(defs, self.filter)
         rows: list[Row] = []
         for node, job in jobs:
-            current = next((s for s in job.steps if s.state == "running"), None)
-            if job.error:
-                note = Text(job.error, style="red")
-            elif current is not None:
-                note = Text(f"{current.name}: {current.detail or ''}")
-            else:
-                rebuilt = job.result.get("time_to_rebuild_s")
-                note = Text(f"time to rebuild {fmt.seconds(rebuilt)}" if rebuilt else "")
+            note = job_note(job)
             cells = (
                 Text(job.id, style="bold"),
                 Text(str(job.params.get("drill", "?"))),

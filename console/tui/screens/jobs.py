@@ -24,7 +24,7 @@ from console.collect.view import FleetView
 from console.core.wire import COLD_START_PHASES, Job
 from console.tui import format as fmt
 from console.tui.screens.base import ViewScreen
-from console.tui.widgets.table import FleetTable, Row
+from console.tui.widgets.table import FleetTable, Row, empty_row
 
 STATE_STYLE = {
     "queued": "cyan",
@@ -66,6 +66,20 @@ def bench_table(bench: dict[str, Any] | None) -> Text:
         )
         t.append(f"{level['concurrency']:>5}  {ttft:>22}  {itl:>20}  {rate:>18}\n")
     return t
+
+
+def job_note(job: Job) -> Text:
+    """A job in one cell: its error, else the step running, else what it achieved."""
+    current = next((s for s in job.steps if s.state == "running"), None)
+    if job.error:
+        return Text(job.error, style="red")
+    if current is not None:
+        return Text(f"{current.name}: {current.detail or ''}")
+    rebuilt = job.result.get("time_to_rebuild_s")
+    if rebuilt:
+        return Text(f"time to rebuild {fmt.seconds(rebuilt)}")
+    cold = job.result.get("cold_start", {}).get("total_s")
+    return Text(f"cold start {cold:.1f} s" if cold else "")
 
 
 def _ms(value: float | None) -> str:
@@ -492,14 +506,7 @@ class JobsScreen(ViewScreen):
                 found += [(node, j) for j in state.snapshot.jobs]
         found.sort(key=lambda nj: nj[1].created or 0, reverse=True)
         for node, job in found:
-            current = next((s for s in job.steps if s.state == "running"), None)
-            if job.error:
-                note = Text(job.error, style="red")
-            elif current is not None:
-                note = Text(f"{current.name}: {current.detail or ''}")
-            else:
-                cold = job.result.get("cold_start", {}).get("total_s")
-                note = Text(f"cold start {cold:.1f} s" if cold else "")
+            note = job_note(job)
             cells = (
                 Text(node),
                 Text(job.id, style="bold"),
@@ -514,13 +521,8 @@ class JobsScreen(ViewScreen):
             rows.append(Row(f"{node}/{job.id}", cells, fields, f"{node} {job.kind} {job.id}"))
         if not rows:
             rows.append(
-                Row(
-                    "-",
-                    (
-                        Text("none", style="dim"),
-                        *[Text("")] * (len(self.COLUMNS) - 2),
-                        Text("no job in the last 10 minutes: s on a Node starts vLLM", style="dim"),
-                    ),
+                empty_row(
+                    len(self.COLUMNS), "no job in the last 10 minutes: s on a Node starts vLLM"
                 )
             )
         self.query_one(FleetTable).show(rows, self.filter)

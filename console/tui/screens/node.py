@@ -12,7 +12,7 @@ from console.collect.history import Series
 from console.collect.view import FleetView, engine_summary
 from console.tui import format as fmt
 from console.tui.screens.base import ViewScreen
-from console.tui.widgets.table import FleetTable, Row
+from console.tui.widgets.table import FleetTable, Row, empty_row
 
 GPU_COLUMNS = [
     ("GPU", 4),
@@ -187,14 +187,7 @@ class NodeScreen(ViewScreen):
                 rows.append(Row(e.id, cells, {"engine": e.kind, "state": e.state}, e.id))
         if not rows:
             rows.append(
-                Row(
-                    "-",
-                    (
-                        Text("none", style="dim"),
-                        *[Text("")] * (len(ENGINE_COLUMNS) - 2),
-                        Text("no engine process or deployment found on this node", style="dim"),
-                    ),
-                )
+                empty_row(len(ENGINE_COLUMNS), "no engine process or deployment found on this node")
             )
         self.query_one("#node-engines", FleetTable).show(rows)
 

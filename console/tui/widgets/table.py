@@ -35,6 +35,12 @@ class Row:
         return self.cells
 
 
+def empty_row(columns: int, why: str) -> Row:
+    """The one row of an empty table: "none", and why, in the last column (key "-")."""
+    cells = (Text("none", style="dim"), *[Text("")] * (columns - 2), Text(why, style="dim"))
+    return Row("-", cells)
+
+
 class FleetTable(DataTable[RenderableType]):
     DEFAULT_CSS = "FleetTable { height: 1fr; }"
 
