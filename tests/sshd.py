@@ -44,12 +44,22 @@ def keygen(path: Path) -> None:
     )
 
 
-def start_sshd(workdir: Path) -> Sshd:
+def start_sshd(workdir: Path, host_ca: Path | None = None) -> Sshd:
+    """sshd on a free loopback port; with `host_ca` (a private key), its host key comes
+    with a certificate that CA signed for 127.0.0.1 (for @cert-authority)."""
     if not SSHD.exists():
         raise RuntimeError(f"{SSHD} is missing: `make test` installs openssh-server")
     workdir.mkdir(parents=True, exist_ok=True)
     for name in ("host_key", "client_key"):
         keygen(workdir / name)
+    certificate = ""
+    if host_ca is not None:
+        subprocess.run(
+            ["ssh-keygen", "-q", "-s", str(host_ca), "-I", "engineroom-test", "-h",
+             "-n", "127.0.0.1", str(workdir / "host_key.pub")],
+            check=True, capture_output=True,
+        )  # fmt: skip
+        certificate = f"HostCertificate {workdir / 'host_key-cert.pub'}\n"
     (workdir / "authorized_keys").write_text((workdir / "client_key.pub").read_text())
     bin_dir = workdir / "bin"
     bin_dir.mkdir()
@@ -63,6 +73,7 @@ def start_sshd(workdir: Path) -> Sshd:
         "PasswordAuthentication no\nKbdInteractiveAuthentication no\nPubkeyAuthentication yes\n"
         "PermitRootLogin prohibit-password\nStrictModes no\nUsePAM no\nLogLevel ERROR\n"
         f"SetEnv PATH={bin_dir}:/usr/local/bin:/usr/bin:/bin\nMaxStartups 200\nMaxSessions 200\n"
+        + certificate
     )
     log = workdir / "sshd.log"
     with log.open("wb") as out:

@@ -13,12 +13,15 @@ import json
 import subprocess
 import sys
 import time
+import tracemalloc
 from collections.abc import Iterator
 from pathlib import Path
 
+import asyncssh
 import pytest
 
 from console.collect.collector import Collector
+from console.collect.ssh import SshError, SshReader
 from console.core.config import parse_fleet
 from console.tui.app import EngineroomApp
 from console.tui.screens.node import NodeScreen
@@ -240,3 +243,170 @@ def test_check_watch_prints_a_fresh_table_every_interval_without_a_tui(sshd, tmp
     assert tables >= 2, out + err
     assert out.count("box           up/ssh") == tables  # every table is a fresh, full one
     assert "\x1b[" not in out  # not a terminal: no screen clearing
+
+
+# -- host keys: every decision through asyncssh's known_hosts matching --------------------
+
+
+def hashed(path: Path) -> str:
+    """Hash `path` in place with OpenSSH's own ssh-keygen -H, as Debian and Ubuntu do."""
+    subprocess.run(["ssh-keygen", "-H", "-f", str(path)], check=True, capture_output=True)
+    Path(f"{path}.old").unlink()
+    return path.read_text()
+
+
+def other_key(tmp_path: Path) -> str:
+    keygen(tmp_path / "other")
+    return " ".join((tmp_path / "other.pub").read_text().split()[:2])
+
+
+@pytest.fixture(scope="module")
+def ca_sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Sshd, str]]:
+    """An sshd whose host key comes with a certificate from a host CA; the CA's line."""
+    workdir = tmp_path_factory.mktemp("ca-sshd")
+    keygen(workdir / "host_ca")
+    server = start_sshd(workdir / "sshd", host_ca=workdir / "host_ca")
+    install_engineroom(server)
+    ca = " ".join((workdir / "host_ca.pub").read_text().split()[:2])
+    yield server, ca
+    stop_sshd(server)
+
+
+@pytest.mark.parametrize("entry", ["hashed", "wildcard", "cert-authority", "plain"])
+async def test_a_listed_host_with_another_key_is_refused_even_with_trust_on_first_use(
+    sshd, tmp_path, entry
+):
+    known = tmp_path / "kh"
+    wrong = other_key(tmp_path)
+    if entry == "hashed":
+        sshd.known_hosts(known, wrong)
+        hashed(known)
+    elif entry == "wildcard":
+        known.write_text(f"[127.0.0.*]:{sshd.port} {wrong}\n")
+    elif entry == "cert-authority":
+        known.write_text(f"@cert-authority * {wrong}\n")
+    else:
+        sshd.known_hosts(known, wrong)
+    before = known.read_text()
+    text = fleet_text(node(sshd, "moved", known, ssh_trust_on_first_use="true"), timeout=5)
+    state = (await poll(text)).states["moved"]
+    assert state.snapshot is None, f"{entry}: a listed host's new key was accepted"
+    error = state.error or ""
+    assert error.startswith(f"ssh 127.0.0.1:{sshd.port}: "), error
+    if entry == "cert-authority":
+        # Asked for a certificate only (as OpenSSH asks), this sshd has none to offer.
+        assert f"({known}:1 trusts only a @cert-authority for this host, and the host " in error
+    else:
+        presented = asyncssh.import_public_key(sshd.host_key_line).get_fingerprint()
+        assert f"host key ssh-ed25519 {presented} CHANGED" in error, error
+        assert f"CHANGED: it does not match {known}:1;" in error, error
+        assert f"ssh-keygen -R '[127.0.0.1]:{sshd.port}' -f {known}" in error
+    assert known.read_text() == before  # nothing appended
+
+
+@pytest.mark.parametrize("entry", ["hashed", "wildcard"])
+async def test_hashed_and_wildcard_entries_with_the_right_key_are_matched(sshd, tmp_path, entry):
+    known = tmp_path / "kh"
+    if entry == "hashed":
+        sshd.known_hosts(known)
+        assert "127.0.0.1" not in hashed(known)
+    else:
+        known.write_text(f"[127.0.0.*]:{sshd.port} {sshd.host_key_line}\n")
+    state = (await poll(fleet_text(node(sshd, "box", known)))).states["box"]
+    assert state.error is None, state.error
+    assert state.snapshot is not None and state.snapshot.source == "ssh"
+
+
+async def test_a_host_certificate_from_a_listed_cert_authority_is_trusted(ca_sshd, tmp_path):
+    server, ca = ca_sshd
+    known = tmp_path / "kh"
+    known.write_text(f"@cert-authority 127.0.0.* {ca}\n")
+    state = (await poll(fleet_text(node(server, "signed", known)))).states["signed"]
+    assert state.error is None, state.error
+    assert known.read_text() == f"@cert-authority 127.0.0.* {ca}\n"
+
+
+@pytest.mark.parametrize("style", ["hashed", "plain"])
+async def test_trust_on_first_use_appends_an_unlisted_host_in_the_files_own_style(
+    sshd, tmp_path, style
+):
+    known = tmp_path / "kh"
+    known.write_text(f"gpu-other.example {other_key(tmp_path)}\n")
+    if style == "hashed":
+        hashed(known)
+    before = known.read_text()
+    text = fleet_text(node(sshd, "new", known, ssh_trust_on_first_use="true"))
+    state = (await poll(text)).states["new"]
+    assert state.error is None, state.error
+    assert known.read_text().startswith(before)
+    added = known.read_text()[len(before) :]
+    assert added.count("\n") == 1 and added.endswith(f" {sshd.host_key_line}\n")
+    if style == "hashed":
+        assert added.startswith("|1|") and "127.0.0.1" not in added
+    else:
+        assert added.startswith(f"[127.0.0.1]:{sshd.port} ")
+    # The added line is what the next connection trusts, with first use now off.
+    state = (await poll(fleet_text(node(sshd, "new", known)))).states["new"]
+    assert state.error is None, state.error
+
+
+async def test_a_known_hosts_line_asyncssh_cannot_read_is_an_error_naming_file_and_line(
+    sshd, tmp_path
+):
+    known = sshd.known_hosts(tmp_path / "kh")
+    known.write_text(known.read_text() + "@revoke-typo * ssh-ed25519 AAAA\n")
+    state = (await poll(fleet_text(node(sshd, "box", known)))).states["box"]
+    assert state.snapshot is None
+    assert f"known_hosts file {known}:2: Invalid known hosts marker" in (state.error or "")
+
+
+# -- output: read as it arrives, never past the cap ---------------------------------------
+
+
+def running(marker: str) -> bool:
+    """Whether a process with `marker` in its command line still runs on this machine
+    (the "remote" host of these tests is this machine)."""
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and marker.encode() in (entry / "cmdline").read_bytes():
+                return True
+        except OSError:
+            continue
+    return False
+
+
+@pytest.mark.parametrize("flood", ["64 MiB then exit", "forever"])
+async def test_a_host_printing_far_past_the_cap_costs_the_console_no_more_than_the_cap(
+    sshd, tmp_path, flood
+):
+    marker = f"engineroom-flood-{flood.split()[0]}-{time.monotonic_ns()}"
+    command = (
+        ["sh", "-c", f"head -c {64 * 2**20} /dev/zero; : {marker}"]
+        if flood != "forever"
+        else ["yes", marker]
+    )
+    text = fleet_text(
+        node(sshd, "loud", sshd.known_hosts(tmp_path / "kh"), ssh_agent_command=json.dumps(command))
+    )
+    fleet = parse_fleet(text)
+    reader = SshReader(fleet, fleet.nodes[0], asyncio.Semaphore(1))
+    reader.max_output = 2**20
+    tracemalloc.start()
+    started = time.monotonic()
+    try:
+        with pytest.raises(SshError) as raised:
+            await reader.snapshot()
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+        await reader.close()
+    took = time.monotonic() - started
+    assert str(raised.value).startswith("ssh 127.0.0.1: `"), raised.value
+    assert "printed over 1 MiB (the output cap)" in str(raised.value)
+    assert peak < 8 * 2**20, f"the console held {peak / 2**20:.1f} MiB for a 1 MiB cap"
+    assert took < 10, f"{flood}: {took:.1f} s"
+    # The remote command does not go on printing to nobody.
+    deadline = time.monotonic() + 10
+    while running(marker) and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+    assert not running(marker), "the remote command outlived its closed session"

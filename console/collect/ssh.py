@@ -9,10 +9,13 @@ snapshot says what it cannot show (`missing`).
 - At most `fleet.ssh_concurrency` sessions run at once; each refresh of a host has its
   own deadline (`fleet.ssh_timeout_s`, connect included), so a host that hangs before
   its banner costs a timeout, never a stalled console.
-- Host keys are checked against `ssh_known_hosts` (default ~/.ssh/known_hosts). An
-  unknown or changed key is an error naming the host and the fingerprint it presented.
-  `ssh_trust_on_first_use = true` adds a host that is not in the file at all (never one
-  whose key changed).
+- Host keys are checked against `ssh_known_hosts` (default ~/.ssh/known_hosts) with
+  asyncssh's own matching (hashed entries, wildcards, @cert-authority, @revoked; see
+  ssh_hostkeys.py). An unknown or changed key is an error naming the host and the
+  fingerprint it presented. `ssh_trust_on_first_use = true` adds a host that no line of
+  the file matches (never one whose key changed).
+- A remote command's output is read as it arrives and never kept past `MAX_OUTPUT`: a
+  host that prints more gets its session closed and an error naming the cap.
 """
 
 from __future__ import annotations
@@ -29,10 +32,13 @@ from pathlib import Path
 import asyncssh
 from pydantic import ValidationError
 
+from console.collect.ssh_hostkeys import HostKeyPolicy
 from console.core.config import Fleet, Node
 from console.core.wire import Gpu, GpuProcess, Host, NodeInfo, Snapshot
 
-MAX_OUTPUT = 16 * 1024 * 1024
+MAX_OUTPUT = 16 * 1024 * 1024  # per stream and read; a snapshot is far smaller
+STDERR_TAIL = 4096  # of stderr only the end is kept: its last line is the reason
+READ_CHUNK = 64 * 1024
 NOT_FOUND = 127  # the shell's "command not found"
 
 GPU_FIELDS = (
@@ -71,6 +77,7 @@ class SshReader:
         self.known_hosts = Path(node.ssh_known_hosts or "~/.ssh/known_hosts").expanduser()
         self.sessions = sessions
         self.timeout_s = fleet.fleet.ssh_timeout_s
+        self.max_output = MAX_OUTPUT  # bytes per stream and read (tests lower it)
         self._conn: asyncssh.SSHClientConnection | None = None
         self.command = shlex.join(node.ssh_agent_command)
 
@@ -94,25 +101,53 @@ class SshReader:
 
     async def _read(self) -> Snapshot:
         conn = await self._connection()
+        status, out, err = await self._run(conn, self.command, f"`{self.command}`")
+        if status == 0:
+            return self._parse(out)
+        if status == NOT_FOUND:
+            return await self._fallback(conn)
+        lines = _text(err).strip().splitlines()
+        raise SshError(
+            f"ssh {self.host}: `{self.command}` exited {status}"
+            + (f": {lines[-1][:200]}" if lines else "")
+        )
+
+    async def _run(
+        self, conn: asyncssh.SSHClientConnection, command: str, what: str
+    ) -> tuple[int | None, bytes, bytes]:
+        """Run `command`; its exit status, its stdout and the tail of its stderr.
+
+        Output is read as it arrives, never more than `max_output` bytes of either
+        stream: past that, the session is closed (the remote command gets SIGPIPE on its
+        next write) and SshError names the host and the cap."""
         try:
-            result = await conn.run(self.command, check=False)
+            async with conn.create_process(command, encoding=None) as process:
+                out = asyncio.create_task(_drain(process.stdout, self.max_output))
+                err = asyncio.create_task(_drain(process.stderr, self.max_output, STDERR_TAIL))
+                try:
+                    pending = {out, err}
+                    while pending:
+                        done, pending = await asyncio.wait(
+                            pending, return_when=asyncio.FIRST_COMPLETED
+                        )
+                        if any(task.result()[1] for task in done):
+                            with contextlib.suppress(asyncssh.Error, OSError):
+                                process.kill()  # where the server honours signals
+                            process.close()
+                            raise SshError(
+                                f"ssh {self.host}: {what} printed over {_size(self.max_output)} "
+                                "(the output cap): stopped reading and closed the session"
+                            )
+                finally:
+                    for task in (out, err):
+                        task.cancel()
+                completed = await process.wait()
         except (asyncssh.Error, OSError) as exc:
             await self.close()  # the next refresh reconnects
             raise SshError(f"ssh {self.host}: session failed: {_why(exc)}") from None
-        out = _text(result.stdout)
-        if result.exit_status == 0:
-            return self._parse(out)
-        if result.exit_status == NOT_FOUND:
-            return await self._fallback(conn)
-        err = _text(result.stderr).strip().splitlines()
-        raise SshError(
-            f"ssh {self.host}: `{self.command}` exited {result.exit_status}"
-            + (f": {err[-1][:200]}" if err else "")
-        )
+        return completed.exit_status, out.result()[0], err.result()[0]
 
-    def _parse(self, out: str) -> Snapshot:
-        if len(out) > MAX_OUTPUT:
-            raise SshError(f"ssh {self.host}: `{self.command}` printed over 16 MiB")
+    def _parse(self, out: bytes) -> Snapshot:
         try:
             snap = Snapshot.model_validate_json(out)
         except ValidationError as exc:
@@ -120,7 +155,7 @@ class SshReader:
             where = ".".join(str(p) for p in first["loc"]) or "output"
             raise SshError(
                 f"ssh {self.host}: `{self.command}` printed no snapshot "
-                f"({where}: {first['msg']}; starts {out[:40]!r})"
+                f"({where}: {first['msg']}; starts {_text(out[:40])!r})"
             ) from None
         snap.node.name = self.node.name
         snap.source = "ssh"
@@ -132,74 +167,36 @@ class SshReader:
             return self._conn
         self._conn = None
         try:
-            self._conn = await self._connect()
-        except asyncssh.HostKeyNotVerifiable:
-            self._conn = await self._unknown_host_key()
+            policy = HostKeyPolicy.load(self.known_hosts, self.node.ssh_trust_on_first_use)
+        except ValueError as exc:
+            raise SshError(f"ssh {self.host}: {exc}") from None
+        try:
+            self._conn = await asyncssh.connect(
+                self.host,
+                port=self.port,
+                username=self.user,
+                client_keys=[os.path.expanduser(self.node.ssh_key)] if self.node.ssh_key else (),
+                known_hosts=policy.known,
+                client_factory=lambda: policy,
+                agent_path=None,
+                config=None,
+                keepalive_interval=30,
+            )
+        except asyncssh.HostKeyNotVerifiable as exc:
+            raise SshError(f"ssh {self.host}:{self.port}: {policy.refusal or _why(exc)}") from None
         except asyncssh.PermissionDenied:
             raise SshError(f"ssh {self.node.ssh}: permission denied (key refused)") from None
         except (asyncssh.Error, OSError) as exc:
-            raise SshError(f"ssh {self.host}:{self.port}: {_why(exc)}") from None
+            hint = policy.certificate_only(self.host, self.port)
+            raise SshError(
+                f"ssh {self.host}:{self.port}: {_why(exc)}" + (f" ({hint})" if hint else "")
+            ) from None
         return self._conn
-
-    async def _connect(self, known_hosts: object = None) -> asyncssh.SSHClientConnection:
-        if not self.known_hosts.exists():
-            raise SshError(
-                f"ssh {self.host}: known_hosts file {self.known_hosts} does not exist "
-                "(host keys are always checked)"
-            )
-        return await asyncssh.connect(
-            self.host,
-            port=self.port,
-            username=self.user,
-            client_keys=[os.path.expanduser(self.node.ssh_key)] if self.node.ssh_key else (),
-            known_hosts=known_hosts if known_hosts is not None else str(self.known_hosts),
-            agent_path=None,
-            config=None,
-            keepalive_interval=30,
-        )
-
-    async def _unknown_host_key(self) -> asyncssh.SSHClientConnection:
-        key = await asyncssh.get_server_host_key(self.host, self.port)
-        if key is None:
-            raise SshError(f"ssh {self.host}: host key not verifiable and not presented")
-        fingerprint = key.get_fingerprint()
-        listed = self._listed()
-        if listed or not self.node.ssh_trust_on_first_use:
-            what = "CHANGED: it does not match" if listed else "is not in"
-            raise SshError(
-                f"ssh {self.host}:{self.port}: host key {key.get_algorithm()} {fingerprint} "
-                f"{what} {self.known_hosts}"
-            )
-        entry = self.host if self.port == 22 else f"[{self.host}]:{self.port}"
-        line = f"{entry} {key.export_public_key('openssh').decode().strip()}\n"
-        with self.known_hosts.open("a") as f:
-            f.write(line)  # trust on first use, as the fleet file asks
-        return await self._connect()
-
-    def _listed(self) -> bool:
-        """Whether the known_hosts file has any key for this host (then a mismatch is a
-        changed key, never a first use)."""
-        names = {self.host, f"[{self.host}]:{self.port}"}
-        try:
-            lines = self.known_hosts.read_text().splitlines()
-        except OSError:
-            return False
-        for line in lines:
-            hosts = line.split(maxsplit=1)[0] if line.strip() else ""
-            if names & set(hosts.split(",")):
-                return True
-        return False
 
     async def _fallback(self, conn: asyncssh.SSHClientConnection) -> Snapshot:
         """No engineroom on the host: GPUs from nvidia-smi, engines from the process list."""
-        try:
-            result = await conn.run(FALLBACK, check=False)
-        except (asyncssh.Error, OSError) as exc:
-            await self.close()
-            raise SshError(f"ssh {self.host}: session failed: {_why(exc)}") from None
-        out = _text(result.stdout)
-        if len(out) > MAX_OUTPUT:
-            raise SshError(f"ssh {self.host}: the fallback commands printed over 16 MiB")
+        _, raw, _ = await self._run(conn, FALLBACK, "the fallback commands (nvidia-smi, ps)")
+        out = _text(raw)
         gpu_part, _, rest = out.partition("@@exit ")
         code, _, rest = rest.partition("\n")
         apps_part, _, rest = rest.partition("@@ps\n")
@@ -301,6 +298,26 @@ def _gpus(
     if not gpus:
         return [], driver, f"nvidia-smi printed no GPU rows ({text.strip()[:80]!r})"
     return gpus, driver, "ok"
+
+
+async def _drain(stream: asyncssh.SSHReader[bytes], cap: int, keep: int = 0) -> tuple[bytes, bool]:
+    """Read `stream` to its end: (what was kept, whether it went over `cap` bytes).
+
+    `keep` > 0 keeps only the last `keep` bytes (stderr: the last line is the reason)."""
+    data = bytearray()
+    total = 0
+    while chunk := await stream.read(READ_CHUNK):
+        total += len(chunk)
+        if total > cap:
+            return bytes(data), True
+        data += chunk
+        if keep and len(data) > keep:
+            del data[:-keep]
+    return bytes(data), False
+
+
+def _size(n: int) -> str:
+    return f"{n // 2**20} MiB" if n % 2**20 == 0 else f"{n} bytes"
 
 
 def _text(value: object) -> str:
