@@ -4,12 +4,16 @@ The weights start as fleet.toml's; every change (an operator's PUT, a failover s
 automatic failover) is written to SQLite before it takes effect, with who, what, when and
 why, so a restarted gateway routes exactly as the old one did. `save_to_fleet` writes
 the current weights back into fleet.toml as the new defaults, keeping its comments and
-layout (tomlkit) and replacing the file atomically.
+layout (tomlkit), replacing the file atomically and durably, and never over an edit made
+since the gateway loaded it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import os
+import stat
 import tempfile
 import time
 from pathlib import Path
@@ -17,7 +21,7 @@ from pathlib import Path
 import tomlkit
 
 from console.agent.store import Store
-from console.core.config import Fleet
+from console.core.config import ConfigError, Fleet, parse_fleet
 
 ROUTES = """
 CREATE TABLE IF NOT EXISTS routes (
@@ -69,13 +73,24 @@ class GatewayStore(Store):
         )
 
 
+class FleetFileChanged(Exception):
+    """fleet.toml on disk is not the file the gateway loaded: someone edited it since.
+    Nothing was written; str() says what to do."""
+
+
 def save_to_fleet(fleet: Fleet, weights: dict[str, dict[str, int]]) -> list[str]:
     """Write `weights` into fleet.toml's deployments; returns what changed ("model/id a->b").
 
-    Comments and formatting stay (tomlkit); the new file replaces the old one atomically
-    (a temporary file in the same directory, then rename)."""
-    path = fleet.source
-    doc = tomlkit.parse(path.read_text(encoding="utf-8"))
+    Comments and formatting stay (tomlkit). The file is written where it really lives (a
+    symlinked fleet.toml keeps its link and its target gets the new text) through a
+    temporary file in the same directory: fsync, rename over, fsync the directory, the
+    mode (and owner, where allowed) kept. A file whose settings changed since the gateway
+    loaded it is refused (FleetFileChanged), so a hand edit is never overwritten."""
+    path = Path(os.path.realpath(fleet.source))
+    before = path.stat()
+    text = path.read_text(encoding="utf-8")
+    _check_unchanged(fleet, path, text)
+    doc = tomlkit.parse(text)
     changed = []
     for model in doc.get("models", []):
         for dep in model.get("deployments", []):
@@ -83,16 +98,68 @@ def save_to_fleet(fleet: Fleet, weights: dict[str, dict[str, int]]) -> list[str]
             if new is not None and dep.get("weight", 100) != new:
                 changed.append(f"{model['name']}/{dep['id']} {dep.get('weight', 100)}->{new}")
                 dep["weight"] = new
-    text = tomlkit.dumps(doc)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    if not changed:
+        return changed
+    new_text = tomlkit.dumps(doc)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+            f.write(new_text)
             f.flush()
+            os.fchmod(f.fileno(), stat.S_IMODE(before.st_mode))
+            with contextlib.suppress(PermissionError):  # only root may give files away
+                os.fchown(f.fileno(), before.st_uid, before.st_gid)
             os.fsync(f.fileno())
-        os.chmod(tmp, path.stat().st_mode & 0o777)
+        # The last moment to notice a writer that came in while we read and wrote.
+        now = path.stat()
+        if (now.st_ino, now.st_size, now.st_mtime_ns) != (
+            before.st_ino,
+            before.st_size,
+            before.st_mtime_ns,
+        ):
+            raise FleetFileChanged(_changed_message(path, "while the routes were being saved"))
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    _fsync_directory(path.parent)
+    _written[path] = _digest(new_text)
     return changed
+
+
+# What this process last wrote to each fleet file: a later save may overwrite its own write
+# (the gateway's fleet still holds the weights it was loaded with).
+_written: dict[Path, str] = {}
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _check_unchanged(fleet: Fleet, path: Path, text: str) -> None:
+    """The file on disk says what `fleet` says (comments may differ: they are kept), or is
+    exactly what this process last wrote to it."""
+    if _written.get(path) == _digest(text):
+        return
+    try:
+        on_disk = parse_fleet(text, fleet.source)
+    except ConfigError as exc:
+        raise FleetFileChanged(_changed_message(path, f"and does not load now ({exc})")) from None
+    if on_disk.model_dump() != fleet.model_dump():
+        raise FleetFileChanged(_changed_message(path, "(its settings differ)"))
+
+
+def _changed_message(path: Path, detail: str) -> str:
+    return (
+        f"{path}: changed on disk since the gateway loaded it {detail}; nothing was written. "
+        "Check the edit, reload the gateway (SIGHUP) so it routes by the file, then save again"
+    )
+
+
+def _fsync_directory(directory: Path) -> None:
+    """Make the rename itself durable: without it a crash can bring back the old file."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
