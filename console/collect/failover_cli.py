@@ -14,6 +14,7 @@ from typing import Any, TextIO
 
 import httpx
 
+from console.collect import apiclient
 from console.core.config import ConfigError, Fleet
 
 FINAL = ("succeeded", "failed", "cancelled")
@@ -23,10 +24,9 @@ def _client(fleet: Fleet) -> httpx.Client:
     if fleet.gateway is None:
         raise ConfigError(f"{fleet.source}: no [gateway] section: failovers run in the gateway")
     token = fleet.secret(fleet.gateway.token_env, ("gateway", "token_env"))
-    return httpx.Client(
-        base_url=fleet.gateway.url.rstrip("/"),
-        headers={"Authorization": f"Bearer {token}"},
-        timeout=10,
+    # No proxy or other settings from the environment: the admin token goes to this URL only.
+    return apiclient.client(
+        fleet.gateway.url.rstrip("/"), {"Authorization": f"Bearer {token}"}, timeout=10
     )
 
 

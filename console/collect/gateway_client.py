@@ -1,13 +1,14 @@
 """The gateway's admin API from the console (no Textual here): routes, the measurement
-snapshot, failover jobs. The admin token comes from [gateway].token_env."""
+snapshot, failover jobs. The admin token comes from [gateway].token_env; the client
+takes nothing from the environment besides (no proxy: console/collect/apiclient.py)."""
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any
 
-import httpx
-
+from console.collect import apiclient
 from console.core.config import Fleet
 
 
@@ -20,8 +21,9 @@ class GatewayClient:
         assert fleet.gateway is not None
         token = os.environ.get(fleet.gateway.token_env, "")
         self.url = fleet.gateway.url.rstrip("/")
-        self._client = httpx.AsyncClient(
-            base_url=self.url, headers={"Authorization": f"Bearer {token}"}, timeout=timeout
+        self.timeout = timeout  # per call, the whole answer included
+        self._client = apiclient.async_client(
+            self.url, {"Authorization": f"Bearer {token}"}, timeout
         )
 
     @staticmethod
@@ -33,16 +35,16 @@ class GatewayClient:
 
     async def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
         try:
-            resp = await self._client.request(method, path, json=body)
-        except httpx.HTTPError as exc:
-            raise GatewayError(
-                f"gateway {self.url} did not answer ({exc.__class__.__name__})"
-            ) from None
+            status, raw = await apiclient.request(
+                self._client, method, path, json=body, deadline_s=self.timeout
+            )
+        except apiclient.NoAnswer as exc:
+            raise GatewayError(f"gateway {self.url} did not answer ({exc})") from None
         try:
-            data = resp.json()
+            data = json.loads(raw)
         except ValueError:
-            data = {"error": resp.text[:200]}
-        if resp.status_code >= 400:
+            data = {"error": f"HTTP {status}: {raw[:200].decode(errors='replace')}"}
+        if status >= 400:
             raise GatewayError(str(data.get("error") if isinstance(data, dict) else data))
         return data
 

@@ -1,0 +1,77 @@
+"""HTTP clients for the agents' and the gateway's APIs (httpx; no Textual here).
+
+They carry operator and admin tokens, so they are explicit about where they go: nothing
+comes from the environment (`trust_env=False`: no HTTP(S)_PROXY or ALL_PROXY, no .netrc,
+no SSL_CERT_FILE), and a token reaches exactly the URL the fleet file names. Every call
+has a total deadline (httpx's own timeout is per read, so a trickling server could hold a
+call forever) and a cap on the answer's size; answers are asked for uncompressed, so the
+cap counts what is held.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+
+MAX_ANSWER_BYTES = 8 * 1024 * 1024  # an answer here is a job, a plan or a job list: KBs
+_HEADERS = {"Accept-Encoding": "identity"}
+
+
+class NoAnswer(Exception):
+    """No usable answer: str() says why (`no answer within 10 s`, `ConnectError: ...`,
+    `answered with over 8 MiB`)."""
+
+
+def async_client(base_url: str, headers: dict[str, str], timeout: float) -> httpx.AsyncClient:
+    return httpx.AsyncClient(
+        base_url=base_url, headers={**_HEADERS, **headers}, timeout=timeout, trust_env=False
+    )
+
+
+def client(base_url: str, headers: dict[str, str], timeout: float) -> httpx.Client:
+    return httpx.Client(
+        base_url=base_url, headers={**_HEADERS, **headers}, timeout=timeout, trust_env=False
+    )
+
+
+async def request(
+    http: httpx.AsyncClient,
+    method: str,
+    path: str,
+    *,
+    json: object = None,
+    params: dict[str, str | int] | None = None,
+    deadline_s: float,
+    max_bytes: int = MAX_ANSWER_BYTES,
+) -> tuple[int, bytes]:
+    """One call, answered in full within `deadline_s` and `max_bytes`: (status, body)."""
+    try:
+        async with asyncio.timeout(deadline_s):
+            async with http.stream(method, path, json=json, params=params) as resp:
+                return resp.status_code, await _body(resp, max_bytes)
+    except TimeoutError:
+        raise NoAnswer(f"no answer within {deadline_s:g} s") from None
+    except httpx.HTTPError as exc:
+        raise NoAnswer(f"{exc.__class__.__name__}: {exc}".rstrip(": ")[:200]) from None
+
+
+async def _body(resp: httpx.Response, max_bytes: int) -> bytes:
+    _check_encoding(resp)
+    body = bytearray()
+    async for chunk in resp.aiter_raw():
+        body += chunk
+        if len(body) > max_bytes:
+            raise NoAnswer(f"answered with over {_size(max_bytes)}")
+    return bytes(body)
+
+
+def _check_encoding(resp: httpx.Response) -> None:
+    # Asked for identity: a compressed answer could be any size once inflated.
+    encoding = resp.headers.get("content-encoding", "identity").strip().lower()
+    if encoding != "identity":
+        raise NoAnswer(f"answered compressed ({encoding}) though asked not to")
+
+
+def _size(n: int) -> str:
+    return f"{n // 2**20} MiB" if n % 2**20 == 0 else f"{n} bytes"
