@@ -95,7 +95,7 @@ def _probe_urls(vllm: servers.VllmServer, tritons: list[servers.TritonServer]) -
 
 async def baseline_httpx(urls: list[str]) -> float:
     cpu = []
-    async with httpx.AsyncClient() as client:
+    async with httpx.AsyncClient(trust_env=False) as client:
         await asyncio.gather(*(client.get(u) for u in urls))
         for _ in range(CYCLES):
             c0 = time.process_time()
@@ -111,7 +111,7 @@ async def baseline_aiohttp(urls: list[str]) -> float:
             return await resp.read()
 
     cpu = []
-    async with aiohttp.ClientSession() as session:
+    async with aiohttp.ClientSession(trust_env=False) as session:
         await asyncio.gather(*(get(session, u) for u in urls))
         for _ in range(CYCLES):
             c0 = time.process_time()

@@ -60,9 +60,9 @@ env = {{ VLLM_CPU_KVCACHE_SPACE = "1" }}
 def ready(port: int) -> bool:
     base = f"http://127.0.0.1:{port}"
     try:
-        if httpx.get(base + "/health", timeout=1).status_code != 200:
+        if httpx.get(base + "/health", timeout=1, trust_env=False).status_code != 200:
             return False
-        models = httpx.get(base + "/v1/models", timeout=1).json().get("data", [])
+        models = httpx.get(base + "/v1/models", timeout=1, trust_env=False).json().get("data", [])
     except (httpx.HTTPError, ValueError):
         return False
     return any(m.get("id") == "tiny" for m in models)
@@ -96,13 +96,16 @@ def through_agent(agent: str) -> tuple[float, float, float]:
     auth = {"Authorization": f"Bearer {OPERATOR}"}
     started = time.perf_counter()
     resp = httpx.post(
-        agent + "/v1/jobs", json={"kind": "vllm.start", "profile": "tiny"}, headers=auth
+        agent + "/v1/jobs",
+        json={"kind": "vllm.start", "profile": "tiny"},
+        headers=auth,
+        trust_env=False,
     )
     resp.raise_for_status()
     answered = time.perf_counter() - started  # preflight done, job recorded
     job_id = resp.json()["id"]
     while True:
-        job = httpx.get(f"{agent}/v1/jobs/{job_id}", headers=auth).json()
+        job = httpx.get(f"{agent}/v1/jobs/{job_id}", headers=auth, trust_env=False).json()
         if job["state"] != "running":
             break
         time.sleep(POLL_S)
@@ -111,9 +114,15 @@ def through_agent(agent: str) -> tuple[float, float, float]:
         raise RuntimeError(f"start job {job['state']}: {job.get('error')}")
     engine = job["result"]["engine_id"]
     stop = httpx.post(
-        agent + "/v1/jobs", json={"kind": "engine.stop", "engine": engine}, headers=auth
+        agent + "/v1/jobs",
+        json={"kind": "engine.stop", "engine": engine},
+        headers=auth,
+        trust_env=False,
     ).json()
-    while httpx.get(f"{agent}/v1/jobs/{stop['id']}", headers=auth).json()["state"] == "running":
+    while (
+        httpx.get(f"{agent}/v1/jobs/{stop['id']}", headers=auth, trust_env=False).json()["state"]
+        == "running"
+    ):
         time.sleep(0.2)
     spawn = next(s for s in job["steps"] if s["name"] == "spawn")
     before_spawn = answered + (spawn["ended"] - spawn["started"])
@@ -155,6 +164,7 @@ def main() -> int:
                 agent_url + "/v1/jobs/plan",
                 json={"kind": "vllm.start", "profile": "tiny"},
                 headers={"Authorization": f"Bearer {VIEWER}"},
+                trust_env=False,
             ).json()
             argv = plan["argv"]
             engine_env = {**os.environ, "PYTHONUNBUFFERED": "1", **plan["env"]}

@@ -137,14 +137,16 @@ def main() -> int:
         for _ in range(args.rounds):
             job = httpx.post(
                 url + "/v1/jobs", json={"kind": "drill.run", "drill": "tiny-bf16"},
-                headers=headers, timeout=30,
+                headers=headers, timeout=30, trust_env=False,
             ).json()  # fmt: skip
             if "state" not in job:
                 print(f"drill refused: {job}")
                 return 1
             while job["state"] not in ("succeeded", "failed", "cancelled"):
                 time.sleep(0.2)
-                job = httpx.get(f"{url}/v1/jobs/{job['id']}", headers=headers, timeout=30).json()
+                job = httpx.get(
+                    f"{url}/v1/jobs/{job['id']}", headers=headers, timeout=30, trust_env=False
+                ).json()
             if job["state"] != "succeeded":
                 print(f"drill {job['id']} {job['state']}: {job.get('error')}")
                 return 1
@@ -210,7 +212,7 @@ def main() -> int:
 
 def _up(url: str) -> bool:
     try:
-        return httpx.get(url + "/healthz", timeout=1).status_code == 200
+        return httpx.get(url + "/healthz", timeout=1, trust_env=False).status_code == 200
     except httpx.HTTPError:
         return False
 

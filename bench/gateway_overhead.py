@@ -113,7 +113,9 @@ def ttft_once(client: httpx.Client, url: str) -> float:
 async def throughput(url: str, concurrency: int, seconds: float) -> float:
     done = 0
     stop = time.monotonic() + seconds
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+    async with aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=0), trust_env=False
+    ) as http:
 
         async def worker() -> None:
             nonlocal done
@@ -164,7 +166,7 @@ def main() -> int:
         for url in paths.values():
             wait_until(lambda u=url: _answers(u), 30, what=url)
         samples: dict[str, list[float]] = {name: [] for name in paths}
-        with httpx.Client(timeout=10) as client:
+        with httpx.Client(timeout=10, trust_env=False) as client:
             for url in paths.values():  # warm each path's connections
                 for _ in range(50):
                     ttft_once(client, url)
@@ -206,7 +208,8 @@ def main() -> int:
 
 def _answers(url: str) -> bool:
     try:
-        return httpx.post(url + "/v1/completions", json=BODY, timeout=2).status_code == 200
+        resp = httpx.post(url + "/v1/completions", json=BODY, timeout=2, trust_env=False)
+        return resp.status_code == 200
     except httpx.HTTPError:
         return False
 
@@ -217,7 +220,7 @@ def failover(gateway: str) -> None:
     stop = False
 
     async def load() -> None:
-        async with aiohttp.ClientSession() as http:
+        async with aiohttp.ClientSession(trust_env=False) as http:
 
             async def worker() -> None:
                 while not stop:
@@ -235,7 +238,7 @@ def failover(gateway: str) -> None:
     thread = threading.Thread(target=lambda: asyncio.run(load()), daemon=True)
     thread.start()
     time.sleep(1)
-    with httpx.Client(base_url=gateway, headers=admin, timeout=30) as client:
+    with httpx.Client(base_url=gateway, headers=admin, timeout=30, trust_env=False) as client:
         cutovers = []
         for target in ("b", "a", "b", "a", "b"):
             sent = time.monotonic()

@@ -49,5 +49,6 @@ class BoundedClient(InferenceServerClient):
             timeout=aiohttp.ClientTimeout(total=timeout),
             auto_decompress=False,
             response_class=capped,
+            trust_env=False,  # never a proxy from the environment
         )
         self._verbose = False

@@ -22,6 +22,12 @@ pytest_plugins = (
 
 ROOT = Path(__file__).resolve().parents[1]
 VIEWER = "viewer-token-0123"
+
+# Every test talks to loopback: a proxy from the developer's environment must sit in none
+# of the tests' own HTTP clients nor in the processes they start (the console's clients
+# ignore these anyway; tests/test_hardening_clients.py sets them on purpose).
+for _proxy in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
+    os.environ.pop(_proxy, None)
 OPERATOR = "alice:operator-token-4567"
 
 
