@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import select
 import subprocess
 import sys
 import time
@@ -236,12 +237,24 @@ def test_check_watch_prints_a_fresh_table_every_interval_without_a_tui(sshd, tmp
          "--watch", "0.5"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=agent_env(),
     )  # fmt: skip
-    time.sleep(5)
-    process.terminate()
-    out, err = process.communicate(timeout=10)
-    tables = out.count("fleet ssh ")  # each table starts with the fleet line
-    assert tables >= 2, out + err
-    assert out.count("box           up/ssh") == tables  # every table is a fresh, full one
+    assert process.stdout is not None
+    lines: list[str] = []
+    deadline = time.monotonic() + 30
+    try:
+        # Three tables started: the two before the third are complete.
+        while sum(line.startswith("fleet ssh ") for line in lines) < 3:
+            assert time.monotonic() < deadline, "".join(lines)
+            if select.select([process.stdout], [], [], 1)[0]:
+                line = process.stdout.readline()
+                assert line, f"check --watch ended: {''.join(lines)}{process.stderr.read()}"
+                lines.append(line)
+    finally:
+        process.terminate()
+        process.communicate(timeout=10)
+    out = "".join(lines)
+    complete = out.split("fleet ssh ")[1:-1]  # each table starts with the fleet line
+    assert len(complete) == 2, out
+    assert all("box           up/ssh" in table for table in complete), out  # fresh and full
     assert "\x1b[" not in out  # not a terminal: no screen clearing
 
 
