@@ -7,14 +7,34 @@ that records every connection made to it.
 
 from __future__ import annotations
 
+import asyncio
+import gzip
+import io
+import json
 import os
+import socketserver
 import stat
+import subprocess
+import sys
+import threading
+import time
+import tracemalloc
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
 
+from console.collect.actions import ActionError, AgentActions
+from console.collect.collector import Collector
+from console.collect.failover_cli import run_failover
+from console.collect.gateway_client import GatewayClient
 from console.core.config import load_fleet
 from console.gateway.routes import FleetFileChanged, save_to_fleet
+from tests.conftest import OPERATOR, ROOT, agent_env
+from tests.engines.servers import free_port, log_tail, stop, wait_until
 
 FLEET = """\
 # production routes: this comment must survive
@@ -113,3 +133,267 @@ def test_a_fleet_file_with_only_a_new_comment_is_saved_with_the_comment(tmp_path
     save_to_fleet(fleet, {"tiny": {"tiny-a": 30}})
     text = path.read_text()
     assert text.startswith("# a note added by hand\n") and "weight = 30" in text
+
+
+# -- a real gateway and a real agent, and a proxy nobody asked for ------------------------
+
+ADMIN = "admin-token-hardening-0123"
+OPERATOR_TOKEN = OPERATOR.split(":", 1)[1]  # the env value is NAME:TOKEN
+
+AGENT_FLEET = """\
+[fleet]
+name = "proxied"
+[agent]
+state_dir = "{state}"
+[[nodes]]
+name = "local"
+agent = "http://127.0.0.1:9410"
+"""
+
+CONSOLE_FLEET = """\
+[fleet]
+name = "proxied"
+
+[gateway]
+url = "http://127.0.0.1:{gateway_port}"
+token_env = "T_ADMIN"
+state_dir = "{state}"
+health_interval_s = 0.5
+
+[[nodes]]
+name = "local"
+agent = "{agent}"
+token_env = "T_OP"
+
+[[models]]
+name = "tiny"
+
+  [[models.deployments]]
+  id = "tiny-a"
+  node = "local"
+  engine = "vllm"
+  endpoint = "http://127.0.0.1:{dead}"
+  weight = 100
+
+  [[models.deployments]]
+  id = "tiny-b"
+  node = "local"
+  engine = "vllm"
+  endpoint = "http://127.0.0.1:{dead}"
+  weight = 0
+"""
+
+
+@dataclass
+class Gateway:
+    process: subprocess.Popen[bytes]
+    url: str
+    fleet: Path
+
+    def admin(self, method: str, path: str, **kw: Any) -> httpx.Response:
+        headers = {"Authorization": f"Bearer {ADMIN}"}
+        with httpx.Client(trust_env=False, timeout=10) as http:
+            return http.request(method, self.url + path, headers=headers, **kw)
+
+
+def start_gateway(fleet: Path, port: int) -> Gateway:
+    """`engineroom gateway` as a real process (its deployments need not answer here)."""
+    log = fleet.parent / "gateway.log"
+    env = {**agent_env(), "T_ADMIN": ADMIN, "T_OP": OPERATOR_TOKEN}
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "console.cli", "gateway", "--fleet", str(fleet)],
+            stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT, start_new_session=True,
+        )  # fmt: skip
+    gateway = Gateway(process, f"http://127.0.0.1:{port}", fleet)
+
+    def up() -> bool:
+        if process.poll() is not None:
+            raise RuntimeError(f"gateway exited: {log_tail(log)}")
+        try:
+            return gateway.admin("GET", "/healthz").status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    wait_until(up, 30, what="gateway")
+    return gateway
+
+
+@pytest.fixture
+def fleet_with_gateway(tmp_path: Path, agent_factory: Any) -> Iterator[tuple[Path, Gateway]]:
+    """A real agent and a real gateway, started before any proxy variable is set."""
+    agent = agent_factory(AGENT_FLEET.format(state=tmp_path / "agent-state"))
+    port = free_port()
+    fleet = tmp_path / "fleet.toml"
+    fleet.write_text(
+        CONSOLE_FLEET.format(
+            gateway_port=port, state=tmp_path / "gw-state", agent=agent.url, dead=free_port()
+        )
+    )
+    gateway = start_gateway(fleet, port)
+    yield fleet, gateway
+    stop(gateway.process, grace=5)
+
+
+class RecordingProxy(socketserver.ThreadingTCPServer):
+    """A real HTTP listener on loopback posing as a proxy: it records every connection
+    (and the request's first line) and answers 502."""
+
+    daemon_threads = True
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+        super().__init__(("127.0.0.1", 0), _ProxyHandler)
+        self.url = f"http://127.0.0.1:{self.server_address[1]}"
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+
+class _ProxyHandler(socketserver.BaseRequestHandler):
+    def handle(self) -> None:
+        self.request.settimeout(2)
+        try:
+            first = self.request.recv(4096).split(b"\r\n", 1)[0]
+        except OSError:
+            first = b"(nothing)"
+        assert isinstance(self.server, RecordingProxy)
+        self.server.seen.append(first.decode(errors="replace"))
+        self.request.sendall(b"HTTP/1.1 502 Bad Gateway\r\ncontent-length: 0\r\n\r\n")
+
+
+@pytest.fixture
+def proxy(monkeypatch: pytest.MonkeyPatch) -> Iterator[RecordingProxy]:
+    server = RecordingProxy()
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"):
+        monkeypatch.setenv(name, server.url)
+        monkeypatch.setenv(name.lower(), server.url)
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+async def test_no_console_client_sends_a_token_through_a_proxy_from_the_environment(
+    fleet_with_gateway, monkeypatch, request
+):
+    path, _ = fleet_with_gateway
+    monkeypatch.setenv("T_ADMIN", ADMIN)
+    monkeypatch.setenv("T_OP", OPERATOR_TOKEN)
+    proxy = request.getfixturevalue("proxy")  # only now: the agent and gateway ran without
+    fleet = load_fleet(path)
+
+    actions = AgentActions(fleet, "local")
+    try:
+        assert (await actions.whoami())["role"] == "operator"  # the jobs API
+        assert await actions.jobs() == []
+    finally:
+        await actions.close()
+
+    client = GatewayClient(fleet)
+    try:
+        assert "tiny" in json.dumps(await client.snapshot())  # the gateway's admin API
+    finally:
+        await client.close()
+
+    out = io.StringIO()
+    code = await asyncio.to_thread(run_failover, fleet, "tiny", "tiny-b", out=out)
+    assert code in (0, 1), out.getvalue()  # answered (accepted or refused), not unreachable
+
+    async with Collector(fleet, mode="poll") as collector:  # aiohttp: the snapshots
+        await collector.poll_all()
+    assert collector.states["local"].error is None, collector.states["local"].error
+
+    assert proxy.seen == [], f"requests went to the proxy: {proxy.seen}"
+
+
+# -- answers: a total deadline and a size cap ---------------------------------------------
+
+
+class BrokenAgentDouble(socketserver.ThreadingTCPServer):
+    """TEST DOUBLE of an agent gone wrong (no real agent does this), one behaviour per
+    listener: `enormous` answers 200 with a chunked body of 256 MiB, `trickle` sends its
+    body one byte every 0.25 s, `gzip` sends a compressed answer though asked for none."""
+
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, mode: str) -> None:
+        self.mode = mode
+        super().__init__(("127.0.0.1", 0), _BrokenAgentHandler)
+        self.url = f"http://127.0.0.1:{self.server_address[1]}"
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+
+CHUNK = b"x" * 2**20
+CHUNKED = f"{len(CHUNK):x}\r\n".encode() + CHUNK + b"\r\n"  # sent again and again: no growth
+
+
+class _BrokenAgentHandler(socketserver.BaseRequestHandler):
+    def handle(self) -> None:
+        assert isinstance(self.server, BrokenAgentDouble)
+        self.request.settimeout(30)
+        try:
+            self.request.recv(65536)
+            if self.server.mode == "enormous":
+                self.request.sendall(
+                    b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                    b"transfer-encoding: chunked\r\n\r\n"
+                )
+                for _ in range(256):
+                    self.request.sendall(CHUNKED)
+                self.request.sendall(b"0\r\n\r\n")
+            elif self.server.mode == "trickle":
+                body = b'{"role": "operator", "padding": "' + b"x" * 40 + b'"}'
+                self.request.sendall(
+                    b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                    + f"content-length: {len(body)}\r\n\r\n".encode()
+                )
+                for byte in body:
+                    self.request.sendall(bytes([byte]))
+                    threading.Event().wait(0.25)
+            else:
+                body = gzip.compress(b'{"role": "operator"}')
+                self.request.sendall(
+                    b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                    + f"content-encoding: gzip\r\ncontent-length: {len(body)}\r\n\r\n".encode()
+                    + body
+                )
+        except OSError:
+            pass  # the client hung up: what the console should do
+
+
+@pytest.mark.parametrize(
+    ("mode", "expected"),
+    [
+        ("enormous", "answered with over 8 MiB"),
+        ("trickle", "no answer within 2 s"),
+        ("gzip", "answered compressed (gzip) though asked not to"),
+    ],
+)
+async def test_an_agent_that_answers_without_end_costs_one_deadline_and_at_most_the_cap(
+    tmp_path, monkeypatch, mode, expected
+):
+    server = BrokenAgentDouble(mode)
+    path = tmp_path / "fleet.toml"
+    path.write_text(
+        f'[fleet]\nname = "b"\n[[nodes]]\nname = "bad"\nagent = "{server.url}"\n'
+        'token_env = "T_OP"\n'
+    )
+    monkeypatch.setenv("T_OP", OPERATOR_TOKEN)
+    actions = AgentActions(load_fleet(path), "bad", timeout=2)
+    tracemalloc.start()
+    started = time.monotonic()
+    try:
+        with pytest.raises(ActionError) as failed:
+            await actions.whoami()
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+        await actions.close()
+        server.shutdown()
+        server.server_close()
+    took = time.monotonic() - started
+    assert str(failed.value) == f"bad: agent {server.url} did not answer ({expected})"
+    assert failed.value.status is None  # unreachable, not refused: the CLI exits 2
+    assert took < 4, f"{mode}: {took:.1f} s for a 2 s deadline"
+    assert peak < 20 * 2**20, f"{mode}: the console held {peak / 2**20:.0f} MiB"

@@ -14,8 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TextIO
 
-import httpx
-
+from console.collect import apiclient
 from console.core.config import ConfigError, Fleet, Node
 from console.core.wire import COLD_START_PHASES, Job
 
@@ -48,36 +47,31 @@ class AgentActions:
             index = fleet.nodes.index(self.node)
             token = fleet.secret(self.node.token_env, ("nodes", index, "token_env"))
             headers["Authorization"] = f"Bearer {token}"
-        self._client = httpx.AsyncClient(
-            base_url=self.node.agent.rstrip("/"), headers=headers, timeout=timeout
-        )
+        self.timeout = timeout  # per call, the whole answer included
+        self._client = apiclient.async_client(self.node.agent.rstrip("/"), headers, timeout)
 
     async def close(self) -> None:
         await self._client.aclose()
 
     async def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
         try:
-            resp = await self._client.request(method, path, json=body)
-        except httpx.HTTPError as exc:
+            status, raw = await apiclient.request(
+                self._client, method, path, json=body, deadline_s=self.timeout
+            )
+        except apiclient.NoAnswer as exc:
             raise ActionError(
-                f"{self.node.name}: agent {self.node.agent} did not answer "
-                f"({exc.__class__.__name__}: {exc})".rstrip(": )")
-                + ")"
+                f"{self.node.name}: agent {self.node.agent} did not answer ({exc})"
             ) from None
         try:
-            data = resp.json()
+            data = json.loads(raw)
         except ValueError:
-            data = {"error": resp.text[:300]}
-        if resp.status_code >= 400:
+            data = {"error": raw[:300].decode(errors="replace")}
+        if status >= 400:
             error = data.get("error") if isinstance(data, dict) else None
             extra = (
                 {k: v for k, v in data.items() if k != "error"} if isinstance(data, dict) else {}
             )
-            raise ActionError(
-                f"{self.node.name}: {error or f'HTTP {resp.status_code}'}",
-                resp.status_code,
-                **extra,
-            )
+            raise ActionError(f"{self.node.name}: {error or f'HTTP {status}'}", status, **extra)
         return data
 
     async def whoami(self) -> dict[str, Any]:
@@ -123,10 +117,16 @@ class AgentActions:
 
     async def log(self, job_id: str, tail: int = 20) -> list[str]:
         try:
-            resp = await self._client.get(f"/v1/jobs/{job_id}/log", params={"tail": tail})
-        except httpx.HTTPError:
+            status, raw = await apiclient.request(
+                self._client,
+                "GET",
+                f"/v1/jobs/{job_id}/log",
+                params={"tail": tail},
+                deadline_s=self.timeout,
+            )
+        except apiclient.NoAnswer:
             return []
-        return resp.text.splitlines() if resp.status_code == 200 else []
+        return raw.decode(errors="replace").splitlines() if status == 200 else []
 
     async def follow(
         self, job_id: str, on_change: Callable[[Job], None], interval: float = 0.5
