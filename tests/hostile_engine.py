@@ -1,6 +1,17 @@
-"""Engines that misbehave, for the agent's bad-input tests: one listener per mode.
+"""Engines that misbehave, for the agent's and the gateway's bad-input tests: one listener
+per mode.
 
     python tests/hostile_engine.py hang:PORT garbage:PORT error500:PORT enormous:PORT
+    python tests/hostile_engine.py flood:PORT endless:PORT endless-head:PORT one-line:PORT
+    python tests/hostile_engine.py endless-500:PORT slow:PORT enormous-health:PORT
+
+`enormous-health` answers `/health` with `enormous`'s endless body. The others of the
+last two lines misbehave only on a completion (`POST /v1/...`, or Triton's
+`POST /v2/models/M/generate...`) and answer health checks (`/health`, `.../ready`):
+`flood` streams SSE events without end as fast as it may send, `endless` sends a
+non-streaming body that never ends (`endless-500`: an error's), `endless-head` a header
+line that never ends, `one-line` an SSE stream whose one line never ends; `slow` answers
+a completion correctly, after a second.
 
 These are not stand-ins for a real engine's normal behaviour (the real engines are
 tested for that); they are the hung, lying and broken servers an agent meets in an
@@ -34,16 +45,60 @@ async def _enormous(writer: asyncio.StreamWriter) -> None:
         await writer.drain()
 
 
+CHUNK = b'data: {"choices":[{"index":0,"text":"' + b"x" * 1000 + b'"}]}\n\n'
+ENDLESS_LIMIT = 4 << 30  # a bound on every loop: 4 GiB, far over any sane gateway cap
+
+
+async def _endless(writer: asyncio.StreamWriter, mode: str) -> None:
+    """A completion that never ends (up to ENDLESS_LIMIT bytes), sent as fast as the
+    gateway reads it: the flood a gateway must not buffer."""
+    if mode == "endless-head":
+        writer.write(b"HTTP/1.1 200 OK\r\nx-endless: ")
+        piece = b"h" * 65536
+    else:
+        status = b"500 Internal Server Error" if mode == "endless-500" else b"200 OK"
+        ctype = b"text/event-stream" if mode in ("flood", "one-line") else b"application/json"
+        writer.write(
+            b"HTTP/1.1 %s\r\ncontent-type: %s\r\ntransfer-encoding: chunked\r\n\r\n"
+            % (status, ctype)
+        )
+        body = {"flood": CHUNK * 64, "one-line": b"y" * 65536}.get(mode, b'"x",' * 16384)
+        if mode == "one-line":
+            writer.write(b"7\r\ndata: [\r\n")
+        piece = f"{len(body):x}\r\n".encode() + body + b"\r\n"
+    sent = 0
+    while sent < ENDLESS_LIMIT:
+        writer.write(piece)
+        sent += len(piece)
+        await writer.drain()
+
+
+ENDLESS_MODES = ("flood", "endless", "endless-500", "endless-head", "one-line")
+ANSWER = b'{"object":"text_completion","choices":[{"index":0,"text":"late"}]}'
+
+
 def handler(mode: str):  # type: ignore[no-untyped-def]
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             while True:
                 request = await reader.readuntil(b"\r\n\r\n")
                 path = request.split(b" ", 2)[1].decode()
-                if mode == "hang":
+                if mode in ENDLESS_MODES and request.startswith(b"POST "):
+                    await _endless(writer, mode)
+                    return
+                if mode == "slow" and request.startswith(b"POST "):
+                    await asyncio.sleep(1)
+                    await _reply(writer, "200 OK", ANSWER)
+                    return
+                if mode in (*ENDLESS_MODES, "slow") and path.endswith("/ready"):
+                    await _reply(writer, "200 OK", b"")
+                elif mode == "hang":
                     await asyncio.sleep(3600)
                 elif mode == "error500":
                     await _reply(writer, "500 Internal Server Error", b'{"error":"boom"}')
+                elif path == "/health" and mode == "enormous-health":
+                    await _enormous(writer)
+                    return
                 elif path == "/health":
                     await _reply(writer, "200 OK", b"")
                 elif path == "/version":

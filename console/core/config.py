@@ -112,6 +112,11 @@ class GatewaySection(_Strict):
     read_timeout_s: Seconds = 600.0  # between two chunks of an answer
     max_body_bytes: Annotated[int, Field(ge=1024)] = 4 * 1024 * 1024
     window_s: Seconds = 60.0  # the gateway's own latency and error windows
+    # Bounds on what a client or an engine can make the gateway hold (docs/gateway.md).
+    max_response_bytes: Annotated[int, Field(ge=1024)] = 16 * 1024 * 1024  # past it: 502
+    head_timeout_s: Seconds = 30.0  # for the next request, from connect or the last answer
+    write_timeout_s: Seconds = 30.0  # a client that reads nothing this long is cut
+    max_connections: Annotated[int, Field(ge=1)] = 4096  # client connections open at once
 
 
 class Slo(_Strict):

@@ -417,7 +417,8 @@ class Failovers:
                 self.gw.http.post(target.dep.endpoint + path, json=body) as resp,
             ):
                 if resp.status != 200:
-                    raise StepFailed(f"HTTP {resp.status}: {(await resp.read())[:200]!r}")
+                    excerpt = await resp.content.read(200)  # not the whole: it may not end
+                    raise StepFailed(f"HTTP {resp.status}: {excerpt!r}")
                 async for _ in resp.content.iter_any():
                     if ttft is None:
                         ttft = time.perf_counter() - started

@@ -7,7 +7,7 @@ request is routed by its model name across that model's deployments, by the live
 weights; streams are passed through chunk by chunk as they arrive. Triton deployments
 get OpenAI <-> generate/generate_stream translation (console.gateway.triton_openai).
 
-Data path: FrontDoor (an asyncio protocol, below) serves the two completion routes itself
+Data path: FrontDoor (console.gateway.frontdoor) serves the two completion routes itself
 and hands any other request, with its connection, to aiohttp, which serves the rest (the
 admin API, `/v1/models`, odd requests; also `Gateway.app()` on its own, as the simulator
 runs it). Upstream, each deployment keeps a pool of kept-alive connections of a small
@@ -23,6 +23,11 @@ replayed: if its engine dies, the client gets an error event and the stream ends
 
 Admin API (admin token): routes, weights, failover jobs, the measurement snapshot, the
 audit log and Prometheus `/metrics`. DESIGN.md (Gateway) is the contract.
+
+Bounds (docs/security-gateway.md): request bodies (`max_body_bytes`) and engines' whole
+answers (`max_response_bytes`, else 502) are capped; a stream is read from the engine only
+as fast as the client takes it, and a client that takes nothing for `write_timeout_s` is
+cut; a request must come within `head_timeout_s`; `max_connections` caps connections.
 """
 
 from __future__ import annotations
@@ -33,13 +38,12 @@ import hmac
 import json
 import logging
 import random
+import resource
 import signal
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from email.utils import formatdate
-from http import HTTPStatus
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import aiohttp
 from aiohttp import web
@@ -47,10 +51,23 @@ from aiohttp import web
 from console.core.config import Fleet, Model, load_fleet
 from console.gateway import triton_openai as tri
 from console.gateway.failover import FailoverRefused, Failovers
+from console.gateway.frontdoor import (
+    SERVED_BY,
+    SHUTDOWN_GRACE_S,
+    SSE_HEADERS,
+    ClientGone,
+    ClientStalled,
+    FrontDoor,
+    Sink,
+    error_body,
+    send_error,
+    unsent,
+)
 from console.gateway.measure import exposition
 from console.gateway.routes import GatewayStore, save_to_fleet
 from console.gateway.upstream import (
     Answer,
+    AnswerTooLarge,
     Upstream,
     UpstreamError,
     build_upstreams,
@@ -59,52 +76,21 @@ from console.gateway.upstream import (
 
 log = logging.getLogger(__name__)
 
-JSON = {"Content-Type": "application/json"}
-SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-SERVED_BY = "X-Engineroom-Deployment"  # which deployment answered: for clients and benches
-
 
 class NotStarted(Exception):
     """The upstream failed before the client got a byte: safe to try another deployment."""
 
 
-class ClientGone(Exception):
-    """The client closed its connection: not the deployment's failure."""
-
-
-def _error_body(message: str, kind: str, code: str | None) -> bytes:
-    body = {"error": {"message": message, "type": kind, "param": None, "code": code}}
-    return json.dumps(body).encode()
+class BadAnswer(Exception):
+    """The engine's answer is not passed on (over a cap): a 502, not retried elsewhere."""
 
 
 def openai_error(status: int, message: str, kind: str, code: str | None = None) -> web.Response:
-    body = _error_body(message, kind, code)
+    body = error_body(message, kind, code)
     return web.Response(body=body, status=status, content_type="application/json")
 
 
-async def _error(sink: Sink, status: int, message: str, kind: str, code: str | None = None) -> None:
-    await sink.reply(status, _error_body(message, kind, code), "application/json", None)
-
-
-class Sink:
-    """Where one answer goes: an aiohttp response, or FrontDoor's connection."""
-
-    async def reply(
-        self, status: int, body: bytes, content_type: str, served_by: str | None
-    ) -> None:
-        """A whole answer."""
-        raise NotImplementedError
-
-    async def open_stream(self, served_by: str) -> None:
-        """A 200 SSE answer begins (its head may wait for the first chunk)."""
-        raise NotImplementedError
-
-    async def write(self, chunk: bytes) -> None:
-        """One chunk of the stream, sent now; ClientGone when the client left."""
-        raise NotImplementedError
-
-    async def close_stream(self) -> None:
-        raise NotImplementedError
+_error = send_error
 
 
 class _SseResponse(web.StreamResponse):
@@ -112,8 +98,12 @@ class _SseResponse(web.StreamResponse):
 
 
 class AiohttpSink(Sink):
-    def __init__(self, request: web.Request) -> None:
+    """An answer through aiohttp (a connection FrontDoor handed over, or the simulator's
+    gateway): a whole answer is written by Gateway.bounded, under write_timeout_s."""
+
+    def __init__(self, request: web.Request, write_timeout: float) -> None:
         self.request = request
+        self.write_timeout = write_timeout
         self.response: web.StreamResponse = web.Response(status=500)
 
     async def reply(
@@ -130,15 +120,35 @@ class AiohttpSink(Sink):
 
     async def write(self, chunk: bytes) -> None:
         try:
-            await self.response.write(chunk)
+            await _within(self.request, self.write_timeout, self.response.write(chunk))
         except (ConnectionResetError, aiohttp.ClientConnectionResetError):
             raise ClientGone from None
 
     async def close_stream(self) -> None:
         try:
-            await self.response.write_eof()
+            await _within(self.request, self.write_timeout, self.response.write_eof())
         except (ConnectionResetError, aiohttp.ClientConnectionResetError):
             raise ClientGone from None
+
+
+async def _within(request: web.BaseRequest, timeout: float, write: Awaitable[None]) -> None:
+    """Await an aiohttp write; ClientStalled, with the connection cut, when the client takes
+    no byte of what waits to be sent for `timeout` seconds (aiohttp waits forever)."""
+    task = asyncio.ensure_future(write)
+    await asyncio.sleep(0)  # the task's first step: its bytes handed to the transport
+    transport = request.transport
+    left = -1 if transport is None else unsent(transport)
+    while True:
+        done, _ = await asyncio.wait([task], timeout=timeout)
+        if done:
+            return task.result()
+        now = -1 if transport is None else unsent(transport)
+        if now >= left:
+            task.cancel()
+            if transport is not None:
+                transport.abort()
+            raise ClientStalled
+        left = now
 
 
 class Gateway:
@@ -166,6 +176,12 @@ class Gateway:
         self.failovers = Failovers(self)
         self._tasks: list[asyncio.Task[None]] = []
         self.front_doors: set[FrontDoor] = set()  # FrontDoor's connections, for shutdown
+        # Client connections open, FrontDoor's and those handed to aiohttp (run_gateway).
+        self.open_connections: Callable[[], int] = lambda: len(self.front_doors)
+        self.clients_gone = 0  # hung up before their answer was complete
+        self.clients_stalled = 0  # read nothing for write_timeout_s, and were cut
+        self.connections_refused = 0  # over max_connections
+        self._cap_logged = -3600.0  # when the connection cap was last logged (monotonic)
 
     # -- routes ------------------------------------------------------------------------
 
@@ -320,22 +336,73 @@ class Gateway:
         return await self._front(request, chat=True)
 
     async def _front(self, request: web.Request, chat: bool) -> web.StreamResponse:
-        """The front door as an aiohttp handler (connections FrontDoor handed over)."""
-        sink = AiohttpSink(request)
+        """The front door as an aiohttp handler (connections FrontDoor handed over); the
+        body was read by `bounded`."""
+        sink = AiohttpSink(request, self.settings.write_timeout_s)
         if not self.client_ok(request.headers.get("Authorization")):
             await _error(sink, 401, "invalid API key", "invalid_request_error", "invalid_api_key")
             return sink.response
-        try:
-            body = await request.read()
-        except web.HTTPRequestEntityTooLarge:
-            message = f"request body over {self.settings.max_body_bytes} bytes"
-            await _error(sink, 413, message, "invalid_request_error")
-            return sink.response
-        await self.answer(body, chat, sink)
+        await self.answer(await request.read(), chat, sink)
         return sink.response
 
+    @web.middleware
+    async def bounded(
+        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        """Every aiohttp request: its body in within head_timeout_s and max_body_bytes, and
+        a whole answer written within write_timeout_s (aiohttp has neither deadline)."""
+        if request.body_exists:
+            try:
+                async with asyncio.timeout(self.settings.head_timeout_s):
+                    await request.read()  # kept by aiohttp for the handler
+            except TimeoutError:
+                limit = self.settings.head_timeout_s
+                late = f"the request body did not come within head_timeout_s ({limit:g} s)"
+                return _closing(openai_error(408, late, "invalid_request_error"))
+            except web.HTTPRequestEntityTooLarge:
+                big = f"request body over {self.settings.max_body_bytes} bytes (max_body_bytes)"
+                return _closing(openai_error(413, big, "invalid_request_error"))
+        response = await handler(request)
+        if not response.prepared:
+            try:
+                await _within(request, self.settings.write_timeout_s, _write(response, request))
+            except ClientStalled as stalled:
+                self.client_left(stalled, AiohttpSink(request, 0))
+        return response
+
     async def answer(self, body: bytes, chat: bool, sink: Sink) -> None:
-        """One completion (chat or not) from an authorized client, answered into `sink`."""
+        """One completion (chat or not) from an authorized client, answered into `sink`. A
+        client that leaves before the end is counted and logged, not failed on."""
+        try:
+            await self._answer(body, chat, sink)
+        except ClientGone as gone:
+            self.client_left(gone, sink)
+
+    def client_left(self, gone: ClientGone, sink: Sink) -> None:
+        up = sink.upstream
+        where = "the gateway" if up is None else f"{up.model}/{up.id}"
+        if isinstance(gone, ClientStalled):
+            self.clients_stalled += 1
+            log.warning(
+                "a client stopped reading for %g s (write_timeout_s): its answer from %s "
+                "was cut", self.settings.write_timeout_s, where,
+            )  # fmt: skip
+        else:
+            self.clients_gone += 1
+            log.warning("a client went away before its answer from %s was complete", where)
+
+    def connection_refused(self) -> None:
+        """A connection over max_connections: counted; logged at most once a minute."""
+        self.connections_refused += 1
+        now = time.monotonic()
+        if now - self._cap_logged >= 60:
+            self._cap_logged = now
+            log.warning(
+                "max_connections (%d) reached: new connections get 503 until some close "
+                "(%d refused so far)", self.settings.max_connections, self.connections_refused,
+            )  # fmt: skip
+
+    async def _answer(self, body: bytes, chat: bool, sink: Sink) -> None:
         try:
             data = json.loads(body)
         except ValueError as exc:
@@ -361,10 +428,13 @@ class Gateway:
             if upstream is None:
                 break
             tried.append(upstream.id)
+            sink.upstream = upstream
             try:
                 return await self._forward(sink, upstream, data, body, chat, stream)
             except NotStarted as exc:
                 why = f"{upstream.id}: {exc}"
+            except BadAnswer as exc:
+                return await _error(sink, 502, f"{upstream.id}: {exc}", "server_error")
             except tri.BadRequest as exc:
                 return await _error(sink, 400, str(exc), "invalid_request_error")
         await _error(sink, 503, f"no deployment of {model} could answer ({why})", "server_error")
@@ -395,6 +465,9 @@ class Gateway:
             return await up.pool.post(
                 path, body, self.settings.connect_timeout_s, self.settings.read_timeout_s
             )
+        except AnswerTooLarge as exc:
+            up.measures.outcomes.add(False)
+            raise BadAnswer(str(exc)) from None
         except UpstreamError as exc:  # refused, reset or closed before an answer
             up.measures.outcomes.add(False)
             if up.mark_down(f"connection failed: {exc}"):
@@ -408,7 +481,10 @@ class Gateway:
         """A whole answer; a failure while reading it is still before the client's first
         byte, so another deployment may answer."""
         try:
-            payload = await ans.read()
+            payload = await ans.read(self.settings.max_response_bytes)
+        except AnswerTooLarge as exc:
+            up.measures.outcomes.add(False)
+            raise BadAnswer(f"{exc} (max_response_bytes)") from None
         except (UpstreamError, TimeoutError) as exc:
             up.measures.outcomes.add(False)
             raise NotStarted(f"the answer was cut: {exc}") from None
@@ -449,7 +525,7 @@ class Gateway:
 
         Chunks are passed as read, never parsed (an SSE chunk is usually one token).
         Returns True when the upstream finished, False when it was cut (the client got an
-        error event), None when the client went away (not the deployment's failure)."""
+        error event); ClientGone when the client went away (not the deployment's failure)."""
         ttft, itl = up.measures.ttft, up.measures.itl
         last = started
         first = True
@@ -469,18 +545,18 @@ class Gateway:
                 await sink.write(chunk)
             if shaper is not None:
                 await sink.write(shaper.last())
-        except ClientGone:
-            return None  # closing the upstream connection aborts its request
         except (UpstreamError, TimeoutError, tri.BadRequest) as exc:
             up.measures.outcomes.add(False)
+            why = str(exc) or exc.__class__.__name__
             event = {
                 "error": {
-                    "message": f"the engine ({up.id}) stopped mid-answer: {exc.__class__.__name__}",
+                    "message": f"the engine ({up.id}) stopped mid-answer: {why}",
                     "type": "server_error",
                 }
             }
-            with contextlib.suppress(ClientGone):
+            with contextlib.suppress(ClientGone):  # and the stream ends, for the client
                 await sink.write(b"data: " + json.dumps(event).encode() + b"\n\n")
+                await sink.close_stream()
             return False
         up.measures.e2e.add(time.perf_counter() - started)
         up.measures.outcomes.add(True)
@@ -510,7 +586,8 @@ class Gateway:
                 payload = json.dumps(shaper.response(text)).encode()
                 return await sink.reply(200, payload, "application/json", up.id)
             await sink.open_stream(up.id)
-            await self._relay(sink, up, _sse_events(ans.chunks()), started, shaper)
+            events = _sse_events(ans.chunks(), self.settings.max_response_bytes)
+            await self._relay(sink, up, events, started, shaper)
         finally:
             up.pool.release(ans)
 
@@ -648,6 +725,15 @@ class Gateway:
 
     async def metrics(self, request: web.Request) -> web.Response:
         lines = [
+            "# TYPE engineroom_gateway_connections gauge",
+            "# TYPE engineroom_gateway_connections_refused_total counter",
+            "# TYPE engineroom_gateway_client_gone_total counter",
+            "# TYPE engineroom_gateway_client_stalled_total counter",
+            f"engineroom_gateway_connections {self.open_connections()}",
+            f"engineroom_gateway_connections_refused_total {self.connections_refused}",
+            f"engineroom_gateway_client_gone_total {self.clients_gone}",
+            f"engineroom_gateway_client_stalled_total {self.clients_stalled}",
+            "# TYPE engineroom_gateway_health_checks_total counter",
             "# TYPE engineroom_gateway_inflight gauge",
             "# TYPE engineroom_gateway_weight gauge",
             "# TYPE engineroom_gateway_up gauge",
@@ -665,6 +751,7 @@ class Gateway:
                     f"engineroom_gateway_inflight{{{labels}}} {u.inflight}",
                     f"engineroom_gateway_weight{{{labels}}} {self.weights[name].get(u.id, 0)}",
                     f"engineroom_gateway_up{{{labels}}} {int(u.up)}",
+                    f"engineroom_gateway_health_checks_total{{{labels}}} {u.checks}",
                     f"engineroom_gateway_requests_total{{{labels}}} "
                     f"{m.outcomes.ok_total + m.outcomes.failed_total}",
                     f"engineroom_gateway_failures_total{{{labels}}} {m.outcomes.failed_total}",
@@ -675,7 +762,9 @@ class Gateway:
         return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=self.settings.max_body_bytes)
+        app = web.Application(
+            client_max_size=self.settings.max_body_bytes, middlewares=[self.bounded]
+        )
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_get("/v1/models", self.models_list)
@@ -701,222 +790,6 @@ class Gateway:
         return app
 
 
-# -- the data path's server ----------------------------------------------------------------
-
-FAST = {b"/v1/completions": False, b"/v1/chat/completions": True}  # path: chat
-MAX_HEAD = 16384
-IDLE_S = 75.0  # a kept-alive client connection with no request, as aiohttp's default
-SHUTDOWN_GRACE_S = 10.0
-
-
-class FrontDoor(asyncio.Protocol):
-    """The data path's HTTP/1.1 server, one per client connection.
-
-    It serves `POST /v1/completions` and `/v1/chat/completions` with a Content-Length body
-    itself: the head split in Python, the answer written straight to the socket, the SSE
-    head in the same packet as the first chunk. Anything else (the admin API,
-    `/v1/models`, a chunked or oversized upload, `Expect`, HTTP/1.0, a malformed head) is
-    handed, connection and unread bytes, to aiohttp, which serves the rest of the gateway.
-    aiohttp's server costs ~0.3 ms of Python per request, over the whole budget
-    (docs/gateway.md, Figures)."""
-
-    def __init__(self, gateway: Gateway, fallback: Callable[[], asyncio.Protocol]) -> None:
-        self.gw = gateway
-        self.fallback = fallback
-        self.transport: asyncio.Transport | None = None
-        self.buf = bytearray()
-        self.task: asyncio.Task[None] | None = None
-        self.writable: asyncio.Future[None] | None = None  # set while the socket is full
-        self.idle: asyncio.TimerHandle | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
-        self.gw.front_doors.add(self)
-        self._wait_idle()
-
-    def data_received(self, data: bytes) -> None:
-        self.buf += data
-        if self.task is None:
-            self._next()
-        elif len(self.buf) > MAX_HEAD and self.transport is not None:
-            self.transport.pause_reading()  # a client sending ahead while it is answered
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.transport = None
-        self.gw.front_doors.discard(self)
-        if self.idle is not None:
-            self.idle.cancel()
-        # An answer in flight is not cancelled (nor is it by aiohttp): its next write finds
-        # the client gone and closes the upstream connection, which stops the engine; an
-        # answer the client read to its end is counted as served.
-        if self.writable is not None and not self.writable.done():
-            self.writable.set_result(None)
-
-    def pause_writing(self) -> None:
-        self.writable = asyncio.get_running_loop().create_future()
-
-    def resume_writing(self) -> None:
-        if self.writable is not None and not self.writable.done():
-            self.writable.set_result(None)
-        self.writable = None
-
-    def _wait_idle(self) -> None:
-        if self.transport is not None:
-            self.idle = asyncio.get_running_loop().call_later(IDLE_S, self.transport.close)
-
-    def _next(self) -> None:
-        """Start on the next request in the buffer, once its head and body are in."""
-        buf = self.buf
-        end = buf.find(b"\r\n\r\n")
-        if end < 0:
-            if len(buf) > MAX_HEAD:
-                self._hand_over()
-            return
-        lines = bytes(buf[:end]).split(b"\r\n")
-        method, _, rest = lines[0].partition(b" ")
-        target, _, version = rest.partition(b" ")
-        chat = FAST.get(target)
-        if method != b"POST" or chat is None or version != b"HTTP/1.1":
-            return self._hand_over()
-        length, auth, close = -1, None, False
-        for line in lines[1:]:
-            name, colon, value = line.partition(b":")
-            if not colon or name[-1:] in (b" ", b"\t") or line[:1] in (b" ", b"\t"):
-                return self._hand_over()  # aiohttp answers malformed heads
-            name, value = name.lower(), value.strip()
-            if name == b"content-length":
-                if length >= 0 or not value.isdigit():
-                    return self._hand_over()
-                length = int(value)
-            elif name in (b"transfer-encoding", b"expect", b"upgrade"):
-                return self._hand_over()
-            elif name == b"authorization":
-                auth = value.decode("latin-1")
-            elif name == b"connection":
-                close = b"close" in value.lower()
-        if not 0 <= length <= self.gw.settings.max_body_bytes:
-            return self._hand_over()
-        total = end + 4 + length
-        if len(buf) < total:
-            return
-        body = bytes(buf[end + 4 : total])
-        del buf[:total]
-        if self.idle is not None:
-            self.idle.cancel()
-            self.idle = None
-        self.task = asyncio.get_running_loop().create_task(self._serve(auth, body, chat, close))
-
-    def _hand_over(self) -> None:
-        transport = self.transport
-        if transport is None:
-            return
-        if self.idle is not None:
-            self.idle.cancel()
-            self.idle = None
-        self.gw.front_doors.discard(self)
-        protocol = self.fallback()
-        transport.set_protocol(protocol)
-        protocol.connection_made(transport)
-        transport.resume_reading()
-        data, self.buf = bytes(self.buf), bytearray()
-        protocol.data_received(data)
-
-    async def _serve(self, auth: str | None, body: bytes, chat: bool, close: bool) -> None:
-        sink = RawSink(self, close)
-        try:
-            if self.gw.client_ok(auth):
-                await self.gw.answer(body, chat, sink)
-            else:
-                await _error(
-                    sink, 401, "invalid API key", "invalid_request_error", "invalid_api_key"
-                )
-        except Exception:
-            log.exception("the gateway failed on a request")
-            if not sink.started:
-                with contextlib.suppress(ClientGone):
-                    await _error(sink, 500, "the gateway failed; see its log", "server_error")
-            close = True
-        finally:
-            self.task = None
-        transport = self.transport
-        if transport is None:
-            return
-        if close or sink.close:
-            transport.close()
-            return
-        self._wait_idle()
-        transport.resume_reading()
-        if self.buf:
-            self._next()
-
-    async def drain(self) -> None:
-        if self.writable is not None:
-            await self.writable
-        if self.transport is None or self.transport.is_closing():
-            raise ClientGone
-
-
-class RawSink(Sink):
-    """An answer written straight to a FrontDoor connection."""
-
-    def __init__(self, door: FrontDoor, close: bool) -> None:
-        self.door = door
-        self.close = close
-        self.started = False
-        self.head = b""  # a stream's head, sent with its first chunk
-
-    def _head(self, status: int, fields: str) -> bytes:
-        self.started = True
-        phrase = _PHRASES.get(status, "")
-        close = "Connection: close\r\n" if self.close else ""
-        return f"HTTP/1.1 {status} {phrase}\r\nDate: {_date()}\r\n{fields}{close}\r\n".encode()
-
-    def _send(self, data: bytes) -> None:
-        transport = self.door.transport
-        if transport is None or transport.is_closing():
-            raise ClientGone
-        transport.write(data)
-
-    async def reply(
-        self, status: int, body: bytes, content_type: str, served_by: str | None
-    ) -> None:
-        fields = f"Content-Type: {content_type}\r\nContent-Length: {len(body)}\r\n"
-        if served_by is not None:
-            fields += f"{SERVED_BY}: {served_by}\r\n"
-        self._send(self._head(status, fields) + body)
-        await self.door.drain()
-
-    async def open_stream(self, served_by: str) -> None:
-        self.head = self._head(200, f"{_SSE_FIELDS}{SERVED_BY}: {served_by}\r\n")
-
-    async def write(self, chunk: bytes) -> None:
-        if not chunk:
-            return
-        self._send(b"%s%x\r\n%s\r\n" % (self.head, len(chunk), chunk))
-        self.head = b""
-        if self.door.writable is not None:
-            await self.door.drain()
-
-    async def close_stream(self) -> None:
-        self._send(self.head + b"0\r\n\r\n")
-        self.head = b""
-
-
-_PHRASES = {s.value: s.phrase for s in HTTPStatus}
-_SSE_FIELDS = "".join(f"{k}: {v}\r\n" for k, v in SSE_HEADERS.items())
-_SSE_FIELDS += "Transfer-Encoding: chunked\r\n"
-_dates: tuple[int, str] = (0, "")
-
-
-def _date() -> str:
-    """The Date header, formatted once a second."""
-    global _dates
-    now = int(time.time())
-    if _dates[0] != now:
-        _dates = (now, formatdate(now, usegmt=True))
-    return _dates[1]
-
-
 def _refuse(status: int, message: str) -> web.Response:
     return web.json_response({"error": message}, status=status)
 
@@ -925,12 +798,25 @@ async def _ok() -> web.Response:
     return web.json_response({"status": "ok"})
 
 
-async def _sse_events(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-    """The `data:` payloads of an SSE stream, one per event."""
+async def _write(response: web.StreamResponse, request: web.Request) -> None:
+    await response.prepare(request)
+    await response.write_eof()
+
+
+def _closing(response: web.Response) -> web.Response:
+    response.force_close()  # what is left of the request is never read
+    return response
+
+
+async def _sse_events(chunks: AsyncIterator[bytes], limit: int) -> AsyncIterator[bytes]:
+    """The `data:` payloads of an SSE stream, one per event; UpstreamError on a line over
+    `limit` bytes (an engine that never ends one)."""
     rest = b""
     async for chunk in chunks:
         lines = (rest + chunk).split(b"\n")
         rest = lines.pop()
+        if len(rest) > limit:
+            raise UpstreamError(f"an SSE line over {limit} bytes (max_response_bytes)")
         for line in lines:
             line = line.strip()
             if line.startswith(b"data:"):
@@ -964,12 +850,18 @@ def run_gateway(fleet_path: str, listen: tuple[str, int] | None) -> int:
 
         asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
 
+    _raise_open_files(settings.max_connections)
+
     async def serve() -> None:
         gateway = Gateway(fleet, admin_token=admin, api_keys=keys)
-        runner = web.AppRunner(gateway.app(), access_log=None, handle_signals=False)
+        runner = web.AppRunner(
+            gateway.app(), access_log=None, handle_signals=False,
+            keepalive_timeout=settings.head_timeout_s,  # the next head's deadline, as FrontDoor's
+        )  # fmt: skip
         await runner.setup()
         fallback = runner.server
         assert fallback is not None
+        gateway.open_connections = lambda: len(gateway.front_doors) + len(fallback.connections)
         loop = asyncio.get_running_loop()
         server = await loop.create_server(
             lambda: FrontDoor(gateway, fallback), host, port, backlog=1024, reuse_address=True
@@ -995,6 +887,23 @@ def run_gateway(fleet_path: str, listen: tuple[str, int] | None) -> int:
 
     asyncio.run(serve())
     return 0
+
+
+def _raise_open_files(max_connections: int) -> None:
+    """Each client connection can hold a socket to the engine too: ask for the hard limit
+    of open files when the soft one is short, and say so when even that is."""
+    needed = 2 * max_connections + 256
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        soft = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        log.warning(
+            "max_connections %d needs about %d open files; this process may open %d "
+            "(ulimit -n): connections will fail before the cap", max_connections, needed, soft,
+        )  # fmt: skip
 
 
 def _listen_of(url: str) -> tuple[str, int]:

@@ -6,6 +6,10 @@ Health, two ways:
   trtllm-serve `GET /health`; Triton `GET /v2/health/ready` and the model's ready);
 - passive: a refused or reset connection marks it down at once; three 5xx answers within
   ten seconds too. An active check that passes brings it back.
+
+Bounds: the engine's answer is read only as fast as the client takes it (reading pauses
+past PAUSE_AT bytes held), a whole answer stops at the caller's cap (AnswerTooLarge), a
+head at MAX_HEAD_BYTES; a health check reads no body it does not need.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ class Upstream:
     reason: str | None = None  # why it is down
     inflight: int = 0
     checked: float | None = None  # monotonic time of the last active check
+    checks: int = 0  # active checks done, for /metrics
     _errors: deque[float] = field(default_factory=deque)
     _pool: Pool | None = None
 
@@ -103,12 +108,18 @@ def build_upstreams(models: list[Model], window_s: float) -> dict[str, list[Upst
     }
 
 
+HEALTH_BODY_MAX = 65536  # a longer health answer is left unread (its connection closes)
+
+
 async def check(http: aiohttp.ClientSession, upstream: Upstream, timeout: float) -> str | None:
-    """None when healthy, else why not."""
+    """None when healthy, else why not. Only the status counts: a short body is read so
+    that the connection is kept for the next check, a long or endless one never is."""
     for url in upstream.health_urls():
         try:
             async with asyncio.timeout(timeout), http.get(url) as resp:
-                await resp.read()
+                length = resp.content_length
+                if length is not None and length <= HEALTH_BODY_MAX:
+                    await resp.read()
                 if resp.status != 200:
                     return f"{url.rsplit('/', 2)[-2:][-1]} answered HTTP {resp.status}"
         except TimeoutError:
@@ -136,6 +147,7 @@ async def health_loop(
         )
         for upstream, result in zip(current, results, strict=True):
             upstream.checked = time.monotonic()
+            upstream.checks += 1
             if isinstance(result, BaseException):
                 result = f"health check failed: {result!r}"[:200]
             was = upstream.up
@@ -157,6 +169,10 @@ async def health_loop(
 # budget for the whole gateway cannot carry (docs/gateway.md, Figures).
 
 MAX_IDLE = 64  # kept-alive connections per deployment
+MAX_HEAD_BYTES = 65536  # an answer's status line and headers
+# Body bytes held per answer before reading from the engine pauses: the engine is read
+# only as fast as the client takes what was read (backpressure, end to end).
+PAUSE_AT = 256 * 1024
 
 
 class UpstreamError(Exception):
@@ -167,6 +183,10 @@ class NotConnected(UpstreamError):
     """No connection could be made (refused, unreachable, connect timeout)."""
 
 
+class AnswerTooLarge(UpstreamError):
+    """The engine's answer, or its head, is over the gateway's cap: not passed on."""
+
+
 class Answer(asyncio.Protocol):
     """One kept-alive connection to an engine, and the answer being read on it."""
 
@@ -175,6 +195,7 @@ class Answer(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.read_timeout = read_timeout
         self.busy = False  # a request was sent and its answer not finished
+        self._paused = False  # reading from the engine, paused for a slow client
         self._reset()
 
     def _reset(self) -> None:
@@ -186,6 +207,8 @@ class Answer(asyncio.Protocol):
         self.done = False  # the answer is complete
         self.error: BaseException | None = None
         self._body: list[bytes] = []
+        self._held = 0  # bytes in _body
+        self._head_bytes = 0  # bytes read before the headers were complete
         self._waiter: asyncio.Future[None] | None = None
         self._last = 0.0
         self._timer: asyncio.TimerHandle | None = None
@@ -208,6 +231,13 @@ class Answer(asyncio.Protocol):
             self._fail(UpstreamError(f"bad HTTP from the engine: {exc}"))
             if self.transport is not None:
                 self.transport.close()
+            return
+        if not self.headers_done:  # the parser holds a head's partial lines itself
+            self._head_bytes += len(data)
+            if self._head_bytes > MAX_HEAD_BYTES:
+                self._fail(AnswerTooLarge(f"a head over {MAX_HEAD_BYTES} bytes"))
+                if self.transport is not None:
+                    self.transport.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
@@ -232,6 +262,10 @@ class Answer(asyncio.Protocol):
 
     def on_body(self, body: bytes) -> None:
         self._body.append(body)
+        self._held += len(body)
+        if self._held > PAUSE_AT and not self._paused and self.transport is not None:
+            self.transport.pause_reading()  # resumed when the relay takes the bytes
+            self._paused = True
         self._wake()
 
     def on_message_complete(self) -> None:
@@ -244,15 +278,29 @@ class Answer(asyncio.Protocol):
         self._reset()
         self.busy = True
         self.transport.write(head + body)
+        if self._paused:  # a kept-alive connection that ended its last answer paused
+            self._paused = False
+            self.transport.resume_reading()
 
     async def headers(self) -> None:
         while not self.headers_done:
             await self._wait()
 
-    async def read(self) -> bytes:
-        while not self.done:
-            await self._wait()
-        return self._take()
+    async def read(self, limit: int) -> bytes:
+        """The whole body; AnswerTooLarge past `limit` bytes (the connection is then
+        closed by `finish`, which stops the engine)."""
+        parts: list[bytes] = []
+        size = 0
+        while True:
+            if self._body:
+                size += self._held
+                if size > limit:
+                    raise AnswerTooLarge(f"an answer over {limit} bytes")
+                parts.append(self._take())
+            elif self.done:
+                return parts[0] if len(parts) == 1 else b"".join(parts)
+            else:
+                await self._wait()
 
     async def chunks(self) -> AsyncIterator[bytes]:
         """The body as it arrives: what has come since the last chunk, joined."""
@@ -267,6 +315,10 @@ class Answer(asyncio.Protocol):
     def _take(self) -> bytes:
         body = self._body
         self._body = []
+        self._held = 0
+        if self._paused and self.transport is not None:
+            self._paused = False
+            self.transport.resume_reading()
         return body[0] if len(body) == 1 else b"".join(body)
 
     async def _wait(self) -> None:
@@ -285,6 +337,8 @@ class Answer(asyncio.Protocol):
             raise self.error
 
     def _check_timeout(self) -> None:
+        if self._paused:  # waiting on the client, not on the engine
+            self._last = time.monotonic()
         idle = time.monotonic() - self._last
         if idle < self.read_timeout:
             loop = asyncio.get_running_loop()
