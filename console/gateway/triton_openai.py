@@ -51,7 +51,7 @@ def prompt_of(data: dict[str, Any], chat: bool, dep: Deployment) -> str:
 
 def request(data: dict[str, Any], chat: bool, dep: Deployment, model: str) -> tuple[str, dict]:
     """(path, JSON body) of the Triton request for an OpenAI one."""
-    stream = bool(data.get("stream"))
+    stream = data.get("stream") is True  # as the gateway reads it: 1 or "yes" is no stream
     max_tokens = data.get("max_completion_tokens", data.get("max_tokens", DEFAULT_MAX_TOKENS))
     if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
         raise BadRequest("max_tokens: wants a positive integer")
