@@ -18,6 +18,7 @@ from console.core.config import ConfigError, Fleet, load_fleet, parse_fleet
 
 EXIT_USAGE = 2  # argparse's own code for a bad command line
 EXIT_CONFIG = 3  # a bad fleet file or a missing secret: nothing started
+EXIT_LOCKED = 4  # agent: another agent holds this node's state folder; nothing touched
 
 
 def _default_fleet() -> str:
@@ -263,16 +264,31 @@ def _agent(args: argparse.Namespace) -> int:
         return EXIT_CONFIG
     host, port = args.listen or _split_listen(settings.listen)
     from console.agent.jobs import JobRunner
+    from console.agent.statelock import StateLocked
 
     agent = NodeAgent(fleet, node)
-    app = create_app(agent, tokens, runner=JobRunner.open(agent))
+    try:
+        # The state folder's lock comes first: a second agent touches no job or engine.
+        runner = JobRunner.open(agent)
+    except StateLocked as exc:
+        agent.gpu.close()
+        print(f"engineroom agent: {exc}", file=sys.stderr)
+        return EXIT_LOCKED
+    app = create_app(agent, tokens, runner=runner)
     print(
         f"engineroom agent: node {node!r} serving on http://{host}:{port} "
         f"(gpu: {agent.gpu.status})",
         file=sys.stderr,
         flush=True,
     )
-    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
+    uvicorn.run(
+        app,
+        host=host,
+        port=port,
+        log_level="warning",
+        access_log=False,
+        limit_concurrency=settings.max_connections,  # beyond it, 503 (connections + tasks)
+    )
     return 0
 
 

@@ -88,7 +88,8 @@ def test_the_snapshot_refreshes_on_its_interval(agent_factory):
 
 def test_the_agent_publishes_an_openapi_schema_with_the_snapshot_model(agent_factory):
     agent = agent_factory(FLEET)
-    schema = agent.get("/openapi.json", token=None).json()
+    assert agent.get("/openapi.json", token=None).status_code == 401  # a viewer token reads it
+    schema = agent.get("/openapi.json").json()
     assert "/v1/snapshot" in schema["paths"]
     assert {"Snapshot", "Gpu", "Engine", "ModelStats"} <= set(schema["components"]["schemas"])
 

@@ -44,30 +44,24 @@ def test_the_profile_alone_gives_vllm_serve_with_its_flags_and_gpus():
         "vllm",
         "serve",
         "/models/llama-3.1-8b-instruct",
-        "--served-model-name",
-        "llama-3.1-8b-instruct",
-        "--port",
-        "8001",
-        "--tensor-parallel-size",
-        "2",
-        "--max-model-len",
-        "8192",
-        "--dtype",
-        "bfloat16",
-        "--shutdown-timeout",  # drains in-flight requests within the stop grace (30 s less 5)
-        "25",
+        "--served-model-name=llama-3.1-8b-instruct",
+        "--port=8001",
+        "--tensor-parallel-size=2",
+        "--max-model-len=8192",
+        "--dtype=bfloat16",
+        # drains in-flight requests within the stop grace (30 s less 5)
+        "--shutdown-timeout=25",
     )
     assert launch.env == {"VLLM_CPU_KVCACHE_SPACE": "1", "CUDA_VISIBLE_DEVICES": "0,1"}
 
 
 def test_the_module_entry_point_takes_the_model_as_a_flag():
     launch = vllm_launch(FLEET.profiles["cpu"])
-    assert launch.argv[:5] == (
+    assert launch.argv[:4] == (
         "/venv/bin/python",
         "-m",
         "vllm.entrypoints.openai.api_server",
-        "--model",
-        "/tmp/tiny",
+        "--model=/tmp/tiny",
     )
     assert "CUDA_VISIBLE_DEVICES" not in launch.env  # no GPUs declared: nothing derived
 
@@ -85,7 +79,7 @@ def test_overrides_the_profile_allows_are_applied():
     assert launch.port == 9001 and launch.gpus == (2, 3)
     assert launch.env["CUDA_VISIBLE_DEVICES"] == "2,3"
     text = " ".join(launch.argv)
-    assert "--max-model-len 4096" in text and "--gpu-memory-utilization 0.8" in text
+    assert "--max-model-len=4096" in text and "--gpu-memory-utilization=0.8" in text
 
 
 @pytest.mark.parametrize(
@@ -112,4 +106,4 @@ def test_values_never_become_extra_argv_words():
         FLEET.profiles["cpu"].model_copy(update={"overridable": ["args.chat_template"]}),
         {"args.chat_template": "a b --x y"},
     )
-    assert "a b --x y" in launch.argv  # one argv item: no shell ever splits it
+    assert "--chat-template=a b --x y" in launch.argv  # one argv item: no shell splits it

@@ -58,7 +58,7 @@ def test_a_gpu_held_by_another_engine_or_short_of_memory_fails_naming_it():
     check = preflight.gpu_check((0, 1), PROFILE, [busy, gpu(1, 45)], "ok")
     assert not check.ok
     assert "GPU 0 is in use by pid 4242 (triton-8000)" in check.detail
-    assert "GPU 1 has 35.0 GiB free, the profile needs 40.0 GiB (gpu_memory_utilization 0.5)" in (
+    assert "GPU 1 has 35.0 GiB free, the launch needs 40.0 GiB (gpu_memory_utilization 0.5)" in (
         check.detail
     )
 

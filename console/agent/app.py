@@ -2,12 +2,18 @@
 
 Viewer tokens read; operator tokens also act. A missing or wrong token gets 401, a
 viewer token on an operator route 403. Tokens are never logged: the access log is off
-and errors name the role, not the token.
+and errors name the role, not the token. Only /healthz answers without a token: the
+schema (/openapi.json) needs a viewer token, and there is no /docs or /redoc page (its
+HTML pulls scripts from a CDN, which a GPU node should not be asked to serve).
+
+A request body is read up to MAX_BODY_BYTES (every body here is a small JSON object);
+beyond that the agent answers 413 without reading the rest.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -17,6 +23,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from console import __version__
 from console.agent.auth import Principal, Role, Tokens
@@ -29,6 +36,61 @@ from console.core import drillreport
 from console.core.wire import Health, Job, Snapshot
 
 _bearer = HTTPBearer(auto_error=False)
+MAX_BODY_BYTES = 64 * 1024
+
+
+class BodyLimit:
+    """Reads a request's body up to `limit` bytes, or answers 413 and reads no further."""
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] in ("GET", "HEAD"):
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope["headers"]).get(b"content-length", b"0")
+        if not declared.isdigit() or int(declared) > self.limit:
+            await self._too_large(send)
+            return
+        body = bytearray()
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            body += message.get("body", b"")
+            if len(body) > self.limit:  # a chunked body declares no length
+                await self._too_large(send)
+                return
+            if not message.get("more_body"):
+                break
+        replayed = False
+
+        async def again() -> Message:
+            nonlocal replayed
+            if replayed:
+                return await receive()  # the disconnect, for a streaming response
+            replayed = True
+            return {"type": "http.request", "body": bytes(body), "more_body": False}
+
+        await self.app(scope, again, send)
+
+    async def _too_large(self, send: Send) -> None:
+        payload = json.dumps(
+            {"error": f"request body over {self.limit} bytes (or no valid Content-Length)"}
+        ).encode()
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 413,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(payload)).encode()),
+                    (b"connection", b"close"),
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": payload})
 
 
 class ApiError(HTTPException):
@@ -71,9 +133,21 @@ def create_app(
                 await runner.close()
             await agent.close()
 
-    app = FastAPI(title="engineroom agent", version=__version__, lifespan=lifespan)
+    app = FastAPI(
+        title="engineroom agent",
+        version=__version__,
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,  # served below, behind a viewer token
+    )
+    app.add_middleware(BodyLimit, limit=MAX_BODY_BYTES)
     viewer = _require(tokens, "viewer")
     operator = _require(tokens, "operator")
+
+    @app.get("/openapi.json", include_in_schema=False, dependencies=[Depends(viewer)])
+    async def openapi() -> JSONResponse:
+        return JSONResponse(app.openapi())
 
     @app.exception_handler(HTTPException)
     async def _http_error(_: Request, exc: HTTPException) -> JSONResponse:

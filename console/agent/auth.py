@@ -1,14 +1,25 @@
 """Bearer tokens in two roles, viewer and operator, read from the environment.
 
-Each variable may hold several tokens, comma-separated, each optionally named
-(`alice:TOKEN`), so the audit log can say who acted without ever holding the token.
-Every presented token is compared with every known one in constant time.
+Each variable holds one or more entries, comma-separated. An entry is `TOKEN` or
+`NAME:TOKEN`; the name is what the audit log records (a token is never written
+anywhere), and an unnamed token is recorded as `viewer-1`, `operator-2`, ...
+
+- NAME: a letter, then letters, digits, `_`, `.`, `-`; at most 32 characters.
+- TOKEN: at least 8 characters, no `:`, `,` or whitespace.
+
+An entry that could be read two ways (two `:`, or a part before `:` that is not a
+name) is refused at startup, naming the variable and the entry's place but never the
+value: silently splitting a token that happened to contain `:` would both change the
+token and write its first part to the audit log as a name. The same token twice, or
+one name for two tokens, is refused as well. Every presented token is compared with
+every known one in constant time.
 """
 
 from __future__ import annotations
 
 import hmac
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
@@ -21,6 +32,9 @@ from console.core.config import (
 )
 
 Role = Literal["viewer", "operator"]
+TOKEN_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,31}$")
+MIN_TOKEN_CHARS = 8
+FORMAT = "comma-separated entries, each TOKEN or NAME:TOKEN; a token holds no ':' ',' or spaces"
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,22 +64,29 @@ class Tokens:
     def from_env(
         cls, viewer_env: str, operator_env: str, environ: Mapping[str, str] | None = None
     ) -> Tokens:
+        """The tokens of both variables; TokenError naming the variable and the entry (never
+        its value) for anything that does not read one way only."""
         env = os.environ if environ is None else environ
         tokens: list[_Token] = []
+        where: list[str] = []  # "VAR entry N", alongside tokens
         for var, role in ((viewer_env, "viewer"), (operator_env, "operator")):
-            entries = [t.strip() for t in env.get(var, "").split(",") if t.strip()]
+            entries = [t.strip() for t in env.get(var, "").split(",")]
+            if entries == [""]:
+                continue
             for n, entry in enumerate(entries, 1):
-                name, sep, secret = entry.partition(":")
-                if not sep:
-                    name, secret = f"{role}-{n}", entry
-                if len(secret) < 8:
-                    raise TokenError(f"{var}: token {n} is shorter than 8 characters")
-                tokens.append(_Token(secret.encode(), Principal(name, role)))  # type: ignore[arg-type]
+                token = _parse(var, n, entry, role)  # type: ignore[arg-type]
+                for other, seen in zip(where, tokens, strict=True):
+                    if hmac.compare_digest(seen.secret, token.secret):
+                        raise TokenError(f"{var} entry {n}: the same token as {other}")
+                    if seen.principal.name == token.principal.name:
+                        raise TokenError(
+                            f"{var} entry {n}: the name {token.principal.name!r} is "
+                            f"already {other}'s; the audit log could not tell them apart"
+                        )
+                tokens.append(token)
+                where.append(f"{var} entry {n}")
         if not tokens:
-            raise TokenError(
-                f"no tokens: set {viewer_env} and/or {operator_env} "
-                "(comma-separated; NAME:TOKEN names a token for the audit log)"
-            )
+            raise TokenError(f"no tokens: set {viewer_env} and/or {operator_env} ({FORMAT})")
         return cls(tokens)
 
     def check(self, presented: str) -> Principal | None:
@@ -76,6 +97,29 @@ class Tokens:
             if hmac.compare_digest(given, token.secret) and match is None:
                 match = token.principal
         return match
+
+
+def _parse(var: str, n: int, entry: str, role: Role) -> _Token:
+    here = f"{var} entry {n}"
+    if not entry:
+        raise TokenError(f"{here} is empty (a stray ','?); {FORMAT}")
+    if any(c.isspace() for c in entry):
+        raise TokenError(f"{here} holds whitespace; {FORMAT}")
+    parts = entry.split(":")
+    if len(parts) > 2:
+        raise TokenError(f"{here} holds more than one ':', so it reads more than one way; {FORMAT}")
+    if len(parts) == 2:
+        name, secret = parts
+        if not TOKEN_NAME.match(name):
+            raise TokenError(
+                f"{here}: the part before ':' is not a name (a letter, then letters, digits, "
+                f"_ . -, at most 32), so it reads more than one way; {FORMAT}"
+            )
+    else:
+        name, secret = f"{role}-{n}", entry
+    if len(secret) < MIN_TOKEN_CHARS:
+        raise TokenError(f"{here}: the token is shorter than {MIN_TOKEN_CHARS} characters")
+    return _Token(secret.encode(), Principal(name, role))
 
 
 def secret_env_names(fleet: Fleet) -> set[str]:

@@ -49,7 +49,8 @@ from console.agent.auth import child_env
 from console.agent.drill_plan import PlannedStep, plan, values
 from console.agent.jobtypes import Active, JobRefused, StepFailed, ready
 from console.agent.preflight import port_check
-from console.agent.supervisor import group_pids, log_tail, signal_group
+from console.agent.signals import group_alive, signal_group
+from console.agent.supervisor import log_tail
 from console.core.config import Deployment, Drill, Model
 from console.core.wire import JobStep, TrtEngine
 
@@ -62,6 +63,8 @@ STEPS = ("preflight", "convert", "build", "validate", "benchmark", "promote")
 KILL_GRACE_S = 5.0
 LOG_TAIL_LINES = 30
 PROBE_TIMEOUT_S = 120.0
+PROBE_MAX_BYTES = 1 << 20  # a version probe prints one JSON line
+REAP_S = 10.0  # after a kill, for the pipes to close
 PROBE_EVERY_S = 600.0  # the staleness check re-runs a drill's version probe this often
 REFRESH_S = 10.0  # and compares manifests with the node this often
 WARMUP_REQUESTS = 4
@@ -601,11 +604,11 @@ class DrillRunner:
         return proc
 
     async def _kill(self, active: Active, run: Run, name: str) -> str:
-        pgid, _ = run.processes.pop(name, (None, 0.0))
+        pgid, created = run.processes.pop(name, (None, 0.0))
         active.result["processes"] = {k: list(v) for k, v in run.processes.items()}
         if pgid is None:
             return "not running"
-        return await kill_group(pgid, KILL_GRACE_S)
+        return await kill_group(pgid, created, KILL_GRACE_S)
 
     async def _start_candidate(self, active: Active, run: Run) -> float:
         """Start the candidate server; its cold start (spawn to ready) in seconds."""
@@ -668,8 +671,7 @@ class DrillRunner:
         """A job a killed agent left open: kill its step and candidate groups."""
         done = []
         for name, (pgid, created) in (result.get("processes") or {}).items():
-            if _created(pgid) == created:
-                signal_group(pgid, signal.SIGKILL)
+            if signal_group(pgid, created, signal.SIGKILL):  # only if it is still that group
                 done.append(f"{name} (process group {pgid}) killed")
         staging = result.get("staging_dir")
         if isinstance(staging, str):
@@ -721,11 +723,14 @@ class DrillRunner:
             )
         except OSError:
             return None
-        try:
-            out, _ = await asyncio.wait_for(proc.communicate(), PROBE_TIMEOUT_S)
-        except TimeoutError:
-            signal_group(proc.pid, signal.SIGKILL)
-            await proc.wait()
+        out = await capped_output(proc, PROBE_MAX_BYTES, PROBE_TIMEOUT_S)
+        if out is None:
+            log.warning(
+                "drill %s: the version probe ran over %g s or wrote over %d bytes; killed",
+                name,
+                PROBE_TIMEOUT_S,
+                PROBE_MAX_BYTES,
+            )
             return None
         probed = last_json(out.decode(errors="replace"))
         if probed is not None:
@@ -962,18 +967,50 @@ def last_json(output: str) -> dict[str, Any] | None:
     return None
 
 
-async def kill_group(pgid: int, grace_s: float) -> str:
-    """SIGTERM a step's process group; SIGKILL what is left after the grace."""
+async def kill_group(pgid: int, created: float, grace_s: float) -> str:
+    """SIGTERM a step's process group; SIGKILL what is left after the grace. Only while
+    the group is still the one whose leader started at `created`."""
     started = time.monotonic()
-    signal_group(pgid, signal.SIGTERM)
+    signal_group(pgid, created, signal.SIGTERM)
     while time.monotonic() - started < grace_s:
-        if not group_pids(pgid):
+        if not group_alive(pgid, created):
             return f"stopped (SIGTERM) in {time.monotonic() - started:.1f} s"
         await asyncio.sleep(0.1)
-    signal_group(pgid, signal.SIGKILL)
-    while group_pids(pgid) and time.monotonic() - started < grace_s + 10:
+    signal_group(pgid, created, signal.SIGKILL)
+    while group_alive(pgid, created) and time.monotonic() - started < grace_s + 10:
         await asyncio.sleep(0.1)
     return f"killed (SIGKILL) after {grace_s:g} s"
+
+
+async def capped_output(
+    proc: asyncio.subprocess.Process, limit: int, timeout_s: float
+) -> bytes | None:
+    """A child's whole stdout once it exits (it leads its own session); None, with its
+    group killed, if it writes more than `limit` bytes or runs past `timeout_s`."""
+    created = _created(proc.pid)
+    assert proc.stdout is not None
+    stdout = proc.stdout
+
+    async def whole() -> bytes | None:
+        data = bytearray()
+        while chunk := await stdout.read(64 * 1024):
+            data += chunk
+            if len(data) > limit:
+                return None
+        await proc.wait()
+        return bytes(data)
+
+    try:
+        out = await asyncio.wait_for(whole(), timeout_s)
+    except TimeoutError:
+        out = None
+    if out is None:
+        signal_group(proc.pid, created, signal.SIGKILL)
+        # Read what is left: a pipe whose reading paused at the limit never reports its
+        # end, and wait() would wait for it for ever. Its writers are dead: little is left.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(proc.communicate(), REAP_S)
+    return out
 
 
 def _engine_config(engine: Path) -> dict[str, Any] | None:

@@ -8,11 +8,14 @@ Kinds (POST /v1/jobs):
     {"kind": "drill.run", "drill": NAME}                        a rebuild drill (drills.py)
 
 A request the profile does not allow, or whose preflight fails, is refused (JobRefused,
-422) before anything starts; the refusal is audited. An accepted job is written to the
-store at once and after every step, so a console that reconnects, or a restarted agent,
-sees where it stands. The engine itself runs in its own session (console.agent.supervisor)
-and outlives the agent; a restarted agent re-adopts it and, if the start job was still
-waiting for it to load, goes on waiting.
+422) before anything starts; the refusal is audited. The GPUs of an accepted start (or
+restart) are held for it until the job ends (another start on them: 409): the preflight
+and the spawn are a model load apart, and NVML shows an engine on its GPU only once it
+has loaded. An accepted job is written to the store at once and after every step, so a
+console that reconnects, or a restarted agent, sees where it stands. The engine itself
+runs in its own session (console.agent.supervisor) and outlives the agent; a restarted
+agent re-adopts it and, if the start job was still waiting for it to load, goes on
+waiting.
 
 The cold start is measured from the spawn to ready (`/health` answers 200 and
 `/v1/models` lists the served name), and split into phases from vLLM's log lines as
@@ -30,8 +33,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 from console.agent import preflight
 from console.agent.auth import secret_env_names
 from console.agent.discovery import EngineProcess, alive
@@ -40,7 +41,9 @@ from console.agent.engines import engine_id as make_engine_id
 from console.agent.jobtypes import Active, JobRefused, StepFailed, ready
 from console.agent.launch import Launch, LaunchError, vllm_launch
 from console.agent.node import NodeAgent
-from console.agent.store import FINAL, JobRecord, Store
+from console.agent.signals import signal_group, signal_process
+from console.agent.statelock import StateLock
+from console.agent.store import FINAL, JobEnded, JobRecord, Store
 from console.agent.supervisor import Managed, Supervisor, log_tail
 from console.core.config import Profile
 from console.core.fetch import new_session
@@ -53,6 +56,7 @@ KINDS = ("vllm.start", "engine.stop", "engine.restart", "drill.run")
 READY_POLL_S = 0.1
 LOG_TAIL_LINES = 30
 RECENT_S = 600.0  # finished jobs stay in the snapshot this long
+SETTLE_CYCLES = 3  # snapshot cycles a ready engine may take to show as ready in the snapshot
 
 # vLLM's log lines that mark the cold-start phases, first match wins (V1 engine, 0.8-0.32).
 PHASES: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -65,10 +69,17 @@ PHASES: tuple[tuple[str, tuple[str, ...]], ...] = (
 
 
 class JobRunner:
-    def __init__(self, agent: NodeAgent, store: Store, supervisor: Supervisor) -> None:
+    def __init__(
+        self,
+        agent: NodeAgent,
+        store: Store,
+        supervisor: Supervisor,
+        state_lock: StateLock | None = None,
+    ) -> None:
         self.agent = agent
         self.store = store
         self.supervisor = supervisor
+        self.state_lock = state_lock  # held from open() to close(): one agent per folder
         self.active: dict[str, Active] = {}
         self._lock = asyncio.Lock()  # one submission at a time: preflight then spawn
         self.agent_closing = False  # set by close(): open jobs stay open for the next agent
@@ -76,19 +87,28 @@ class JobRunner:
 
     @classmethod
     def open(cls, agent: NodeAgent) -> JobRunner:
-        """The runner over the node's state directory: STATE_DIR/NODE/{jobs.sqlite,engines/}."""
+        """The runner over the node's state directory: STATE_DIR/NODE/{jobs.sqlite,engines/}.
+
+        Takes the folder's lock first (StateLocked if another agent holds it): nothing is
+        read, adopted or settled by an agent that does not hold it."""
         settings = agent.fleet.agent
         root = Path(settings.state_dir).expanduser() / agent.node
-        return cls(
-            agent,
-            Store(root / "jobs.sqlite"),
-            Supervisor(
-                root,
-                settings.engine_log_max_bytes,
-                settings.engine_log_keep,
-                hidden=secret_env_names(agent.fleet),
-            ),
-        )
+        lock = StateLock.take(root)
+        try:
+            return cls(
+                agent,
+                Store(root / "jobs.sqlite"),
+                Supervisor(
+                    root,
+                    settings.engine_log_max_bytes,
+                    settings.engine_log_keep,
+                    hidden=secret_env_names(agent.fleet),
+                ),
+                lock,
+            )
+        except BaseException:
+            lock.release()
+            raise
 
     # -- startup and shutdown ---------------------------------------------------------
 
@@ -119,7 +139,10 @@ class JobRunner:
                 else step
                 for step in stored.get("steps", [])
             ]
-            self.store.update_job(record.id, "failed", {**stored, "error": why})
+            try:
+                self.store.update_job(record.id, "failed", {**stored, "error": why})
+            except JobEnded:
+                log.warning("job %s was settled by another writer", record.id)
         self.drills.start()
 
     async def close(self) -> None:
@@ -132,6 +155,8 @@ class JobRunner:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await active.task
         self.store.close()
+        if self.state_lock is not None:
+            self.state_lock.release()
 
     # -- reading ----------------------------------------------------------------------
 
@@ -172,6 +197,8 @@ class JobRunner:
             raise JobRefused(422, "only vllm.start can be planned")
         name, profile, launch, endpoint, engine = self._launch(body)
         checks = await self._preflight(launch, profile, engine)
+        if (held := self._held(launch.gpus)) is not None:
+            checks.insert(0, preflight.Check("gpus", False, held))
         return {
             "profile": name,
             "engine_id": engine,
@@ -236,7 +263,7 @@ class JobRunner:
             launch = vllm_launch(profile, overrides)
         except LaunchError as exc:
             raise JobRefused(422, str(exc)) from None
-        host = profile.args.get("host")
+        host = launch.args.get("host")
         endpoint = local_url(host if isinstance(host, str) else None, launch.port)
         return name, profile, launch, endpoint, make_engine_id(profile.engine, endpoint)
 
@@ -258,8 +285,30 @@ class JobRunner:
                 return job_id
         return None
 
+    def _held(self, gpus: tuple[int, ...], but: str | None = None) -> str | None:
+        """Which open job or running engine (other than engine `but`) holds one of `gpus`."""
+        for job_id, active in self.active.items():
+            if (shared := sorted(set(gpus) & set(active.gpus))) and active.engine_id != but:
+                return (
+                    f"GPU {', '.join(map(str, shared))} is held by job {job_id} "
+                    f"({active.record.kind} of {active.engine_id}, {active.state})"
+                )
+        for engine, managed in self.supervisor.engines.items():
+            if (
+                (shared := sorted(set(gpus) & set(managed.gpus)))
+                and engine != but
+                and managed.alive()
+            ):
+                return (
+                    f"GPU {', '.join(map(str, shared))} is held by engine {engine} "
+                    f"(started by job {managed.job_id})"
+                )
+        return None
+
     async def _submit_start(self, body: dict[str, Any], who: str) -> Job:
         name, profile, launch, endpoint, engine = self._launch(body)
+        if (held := self._held(launch.gpus)) is not None:
+            raise JobRefused(409, f"gpus: {held}")
         checks = await self._preflight(launch, profile, engine)
         if not all(c.ok for c in checks):
             raise JobRefused(
@@ -285,6 +334,7 @@ class JobRunner:
             ],
             result={"engine_id": engine, "endpoint": endpoint, "argv": list(launch.argv)},
             engine_id=engine,
+            gpus=launch.gpus,  # held until the job ends (_held)
         )
         self._run(active, self._start_engine(active, name, profile, launch, endpoint))
         return self._view(active)
@@ -303,17 +353,33 @@ class JobRunner:
             raise JobRefused(
                 422, f"engine: {engine} has no process on this node that the agent knows"
             )
+        if managed is None and entry is not None and entry.process is not None:
+            proc = entry.process
+            if not alive(proc.pid, proc.create_time):
+                raise JobRefused(
+                    409, f"engine: {engine}'s process {proc.pid} has exited; nothing to stop"
+                )
         if restart and managed is None:
             raise JobRefused(
                 422,
                 f"engine: {engine} was not started by this agent, so there is no launch "
                 "profile to restart it with; stop it, then start a profile",
             )
+        gpus: tuple[int, ...] = ()
+        if restart and managed is not None:
+            # The engine's GPUs stay held from its stop to its new start.
+            gpus = tuple(managed.gpus)
+            with contextlib.suppress(JobRefused):
+                gpus = self._launch({"profile": managed.profile, "overrides": managed.overrides})[
+                    2
+                ].gpus
+            if (held := self._held(gpus, but=engine)) is not None:
+                raise JobRefused(409, f"gpus: {held}")
         record = self.store.create_job(kind, who, {"engine": engine})
         steps = [JobStep(name="stop")]
         if restart:
             steps += [JobStep(name="preflight"), JobStep(name="spawn"), JobStep(name="load")]
-        active = Active(record, steps, result={"engine_id": engine}, engine_id=engine)
+        active = Active(record, steps, result={"engine_id": engine}, engine_id=engine, gpus=gpus)
         self._run(active, self._stop_engine(active, engine, managed, restart=restart))
         return self._view(active)
 
@@ -434,7 +500,15 @@ class JobRunner:
                     total = round(time.time() - t0, 3)
                     phases["ready"] = total
                     active.result["cold_start"] = {"phases": phases, "total_s": total}
-                    self._end(active, step, f"ready in {total:.1f} s; " + _phase_text(phases))
+                    shown = await self._settle(managed.engine_id)
+                    active.result["snapshot_state"] = shown
+                    self._end(
+                        active,
+                        step,
+                        f"ready in {total:.1f} s; "
+                        + _phase_text(phases)
+                        + ("" if shown == "ready" else f"; the snapshot still says {shown}"),
+                    )
                     return
                 if time.time() - t0 > timeout_s:
                     how = await self.supervisor.stop(managed, grace_s)
@@ -446,10 +520,35 @@ class JobRunner:
                     )
                 await asyncio.sleep(READY_POLL_S)
 
+    async def _settle(self, engine_id: str) -> str | None:
+        """Wait, a few snapshot cycles at most, until the agent's own snapshot shows the
+        engine ready: a `check` run right after the job says ready then reads ready too.
+        The engine's state in the newest snapshot (None: not in it)."""
+        settings = self.agent.settings
+        deadline = time.monotonic() + SETTLE_CYCLES * settings.scrape_interval_s
+        deadline += settings.probe_timeout_s
+        snap = self.agent.latest
+        while True:
+            engines = snap.engines if snap is not None else []
+            shown = next((e.state for e in engines if e.id == engine_id), None)
+            left = deadline - time.monotonic()
+            if shown == "ready" or left <= 0:
+                return shown
+            try:
+                snap = await asyncio.wait_for(self.agent.next_snapshot(snap), left)
+            except TimeoutError:
+                return shown
+
     def _resume_load(self, record: JobRecord, managed: Managed) -> None:
         stored = record.result or {}
         steps = [JobStep.model_validate(s) for s in stored.get("steps", [])]
-        active = Active(record, steps, stored.get("result", {}), engine_id=managed.engine_id)
+        active = Active(
+            record,
+            steps,
+            stored.get("result", {}),
+            engine_id=managed.engine_id,
+            gpus=tuple(managed.gpus),
+        )
         note = "the agent restarted during the load and re-adopted the engine"
         profile = self.agent.fleet.profiles.get(managed.profile)
         timeout = profile.ready_timeout_s if profile else 900.0
@@ -488,19 +587,27 @@ class JobRunner:
 
     async def _stop_unmanaged(self, engine: str) -> str:
         """An engine this agent did not start (found among the processes): SIGTERM its
-        process group if it leads one, else the process; SIGKILL after the grace."""
+        process group if it leads one, else the process; SIGKILL after the grace. Every
+        signal first checks the pid is still that process (its start time)."""
         entry = self.agent.engines.tracked[engine]
         proc = entry.process
         assert proc is not None
         grace = 30.0
         group = _leads_group(proc.pid)
+
+        def send(sig: signal.Signals) -> bool:
+            if group:
+                return signal_group(proc.pid, proc.create_time, sig)
+            return signal_process(proc.pid, proc.create_time, sig)
+
         started = time.monotonic()
-        _signal(proc.pid, signal.SIGTERM, group)
+        if not send(signal.SIGTERM):
+            return f"process {proc.pid} had already exited (or its pid is another process now)"
         while time.monotonic() - started < grace:
             if not alive(proc.pid, proc.create_time):
                 return f"exited {time.monotonic() - started:.1f} s after SIGTERM"
             await asyncio.sleep(0.1)
-        _signal(proc.pid, signal.SIGKILL, group)
+        send(signal.SIGKILL)
         return f"did not exit within {grace:g} s of SIGTERM: killed (SIGKILL)"
 
     def _grace(self, managed: Managed) -> float:
@@ -597,11 +704,3 @@ def _leads_group(pid: int) -> bool:
         return os.getpgid(pid) == pid
     except OSError:
         return False
-
-
-def _signal(pid: int, sig: signal.Signals, group: bool) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError, psutil.Error):
-        if group:
-            os.killpg(pid, sig)
-        else:
-            os.kill(pid, sig)

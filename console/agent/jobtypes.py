@@ -39,6 +39,7 @@ class Active:
     error: str | None = None
     task: asyncio.Task[None] | None = None
     engine_id: str | None = None
+    gpus: tuple[int, ...] = ()  # held for this job until it ends (a start or restart)
 
     def step(self, name: str) -> JobStep:
         for step in self.steps:

@@ -6,13 +6,25 @@ overrides; this module accepts an override only where the profile marks it overr
 the argv itself. Nothing here goes through a shell. A request outside the profile raises
 LaunchError with the key and the reason, and the agent answers 422 with it.
 
+An override must not be able to add a flag the profile does not name (issue 13):
+
+- every flag with a value is ONE argument, `--flag=value`, so a value can never be read
+  as the next flag, whatever it holds;
+- an override's string may not start with `-` (nor hold control characters), so even a
+  parser that re-splits values sees no flag in it;
+- true/false is accepted only where the profile's own value is a boolean: a boolean
+  adds or drops the bare flag, and `{"args.host": false}` would otherwise drop `--host`
+  and leave the engine listening on every interface.
+
 Used by the job runner (console.agent.jobs) for `vllm.start` and `engine.restart`.
 """
 
 from __future__ import annotations
 
+import math
 import re
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from console.core.config import ArgValue, Profile
@@ -21,6 +33,11 @@ DEFAULT_VLLM_COMMAND = ("vllm", "serve")
 _ARG_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 # Overrides a profile may mark overridable, besides "args.NAME".
 TOP_LEVEL = ("port", "gpus", "tensor_parallel_size")
+# Flags the agent sets itself from the profile: an override through args.NAME would get
+# past the checks made on them (a second --port after the one the preflight checked wins).
+AGENT_FLAGS = ("model", "served_model_name", "port", "tensor_parallel_size")
+MAX_VALUE_CHARS = 4096
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 class LaunchError(ValueError):
@@ -33,6 +50,9 @@ class Launch:
     env: dict[str, str]
     port: int
     gpus: tuple[int, ...]
+    # The engine flags as launched, overrides applied (the preflight reads
+    # gpu_memory_utilization and host from here, not from the profile).
+    args: Mapping[str, ArgValue] = field(default_factory=dict)
 
 
 def _flag(name: str) -> str:
@@ -42,19 +62,40 @@ def _flag(name: str) -> str:
 
 
 def _check_type(key: str, value: Any, like: ArgValue | None) -> ArgValue:
-    if isinstance(value, bool) or like is None or isinstance(like, bool):
-        if like is not None and isinstance(like, bool) and not isinstance(value, bool):
+    """An override's value against the profile's own value for the flag (None: untyped)."""
+    if isinstance(value, bool) or isinstance(like, bool):
+        if not isinstance(like, bool):
+            has = "sets no value" if like is None else f"sets {like!r}"
+            raise LaunchError(
+                f"{key}: true/false only where the profile's own value is a boolean "
+                f"(the profile {has}); a boolean adds or drops the flag itself"
+            )
+        if not isinstance(value, bool):
             raise LaunchError(f"{key}: wants true or false, got {value!r}")
-        if not isinstance(value, str | int | float | bool):
-            raise LaunchError(f"{key}: wants a string, number or boolean, got {value!r}")
         return value
-    if isinstance(like, int) and not (isinstance(value, int) and not isinstance(value, bool)):
+    if like is None:
+        if not isinstance(value, str | int | float):
+            raise LaunchError(f"{key}: wants a string or a number, got {value!r}")
+    elif isinstance(like, int) and not isinstance(value, int):
         raise LaunchError(f"{key}: wants an integer, got {value!r}")
-    if isinstance(like, float) and not isinstance(value, int | float):
+    elif isinstance(like, float) and not isinstance(value, int | float):
         raise LaunchError(f"{key}: wants a number, got {value!r}")
-    if isinstance(like, str) and not isinstance(value, str):
+    elif isinstance(like, str) and not isinstance(value, str):
         raise LaunchError(f"{key}: wants a string, got {value!r}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise LaunchError(f"{key}: wants a finite number, got {value!r}")
+    if isinstance(value, str):
+        _check_text(key, value)
     return value
+
+
+def _check_text(key: str, value: str) -> None:
+    if value.startswith("-"):
+        raise LaunchError(f"{key}: a value may not start with '-' (it would read as a flag)")
+    if _CONTROL.search(value):
+        raise LaunchError(f"{key}: a value may not hold control characters (newline, NUL, ...)")
+    if len(value) > MAX_VALUE_CHARS:
+        raise LaunchError(f"{key}: longer than {MAX_VALUE_CHARS} characters")
 
 
 def _apply(
@@ -88,6 +129,11 @@ def _apply(
             tp = value
         elif is_arg:
             _flag(name)
+            if name in AGENT_FLAGS:
+                raise LaunchError(
+                    f"{key}: the agent sets {_flag(name)} itself from the profile's {name}"
+                    + (f"; override {name!r} instead" if name in TOP_LEVEL else "")
+                )
             args[name] = _check_type(key, value, profile.args.get(name))
         else:
             raise LaunchError(f"{key}: not something a launch can override ({TOP_LEVEL})")
@@ -108,21 +154,20 @@ def vllm_launch(profile: Profile, overrides: dict[str, Any] | None = None) -> La
     argv = (
         [*command, profile.model]
         if command[-1] == "serve"
-        else [*command, "--model", profile.model]
+        else [*command, f"--model={profile.model}"]
     )
-    argv += ["--served-model-name", profile.served_model_name, "--port", str(port)]
+    argv += [f"--served-model-name={profile.served_model_name}", f"--port={port}"]
     if tp > 1:
-        argv += ["--tensor-parallel-size", str(tp)]
+        argv.append(f"--tensor-parallel-size={tp}")
     if "shutdown_timeout" not in args:
         # SIGTERM drains in-flight requests for this long, inside the agent's stop grace.
         args["shutdown_timeout"] = max(1, int(profile.stop_grace_s) - 5)
     for name, value in args.items():
-        if value is False:
-            continue
-        argv.append(_flag(name))
-        if value is not True:
-            argv.append(str(value))
+        if value is True:
+            argv.append(_flag(name))
+        elif value is not False:
+            argv.append(f"{_flag(name)}={value}")  # one argument: the value is never a flag
     env = dict(profile.env)
     if gpus:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
-    return Launch(tuple(argv), env, port, tuple(gpus))
+    return Launch(tuple(argv), env, port, tuple(gpus), dict(args))

@@ -8,6 +8,7 @@ import contextlib
 import os
 import shutil
 import socket
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ from typing import Any
 import psutil
 
 from console.agent.launch import Launch
-from console.core.config import Profile
+from console.core.config import ArgValue, Profile
 from console.core.wire import Gpu
 
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9  # vLLM's default share of each GPU it takes
@@ -85,14 +86,21 @@ def binary_check(argv: tuple[str, ...], env: dict[str, str]) -> Check:
 
 
 def gpu_check(
-    gpus: tuple[int, ...], profile: Profile, readings: list[Gpu], gpu_status: str
+    gpus: tuple[int, ...],
+    profile: Profile,
+    readings: list[Gpu],
+    gpu_status: str,
+    args: Mapping[str, ArgValue] | None = None,
 ) -> Check:
+    """The GPUs are there, idle, and have the memory share the launch asks for (`args`:
+    the flags as launched, overrides applied; the profile's when not given)."""
     if not gpus:
         return Check("gpus", True, "no GPUs requested")
     if not readings:
         return Check("gpus", False, f"GPUs {list(gpus)} requested, but NVML reports: {gpu_status}")
     by_index = {g.index: g for g in readings}
-    share = profile.args.get("gpu_memory_utilization", DEFAULT_GPU_MEMORY_UTILIZATION)
+    flags = profile.args if args is None else args
+    share = flags.get("gpu_memory_utilization", DEFAULT_GPU_MEMORY_UTILIZATION)
     share = float(share) if isinstance(share, int | float) else DEFAULT_GPU_MEMORY_UTILIZATION
     problems, fine = [], []
     for index in gpus:
@@ -115,7 +123,7 @@ def gpu_check(
         need, free = share * total, total - used
         if free < need:
             problems.append(
-                f"GPU {index} has {free / 2**30:.1f} GiB free, the profile needs "
+                f"GPU {index} has {free / 2**30:.1f} GiB free, the launch needs "
                 f"{need / 2**30:.1f} GiB (gpu_memory_utilization {share:g})"
             )
         else:
@@ -138,7 +146,7 @@ def run(
         checks.append(Check("engine", False, running_engine))
     checks += [
         port_check(launch.port),
-        gpu_check(launch.gpus, profile, readings, gpu_status),
+        gpu_check(launch.gpus, profile, readings, gpu_status, launch.args),
         model_check(profile.model),
         binary_check(launch.argv, {**os.environ, **launch.env}),
     ]

@@ -4,8 +4,10 @@ Every write is its own committed transaction in WAL mode with synchronous=FULL, 
 `kill -9` of the agent loses no record it had acknowledged. Tokens never reach the
 store: an action is recorded under the token's name (viewer-1, alice, ...).
 
-Groundwork for the jobs of the vLLM lifecycle and the rebuild drills: the store is in
-place and tested; the job runner that fills it is not written yet.
+A job's state changes by compare-and-set: one transaction reads nothing and writes
+`UPDATE ... WHERE id = ? AND state IN (open states)`, and the audit row of an ending goes
+in the same transaction. A job ends once, whoever else has the file open (a second agent
+on the same folder once failed a job twice, 2 ms apart).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any, Literal
 
 JobState = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 FINAL: tuple[JobState, ...] = ("succeeded", "failed", "cancelled")
+OPEN: tuple[JobState, ...] = ("queued", "running")
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -56,6 +59,10 @@ class JobRecord:
     result: dict[str, Any] | None
 
 
+class JobEnded(ValueError):
+    """The job had already ended (or never existed) when a change to it was attempted."""
+
+
 class Store:
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -72,59 +79,69 @@ class Store:
         with self._lock:
             self._db.close()
 
-    def _write(self, sql: str, args: tuple[Any, ...]) -> None:
+    def _write(self, *statements: tuple[str, tuple[Any, ...]]) -> int:
+        """Run `statements` in one transaction, or none of them if the first changes no
+        row (a compare-and-set that lost); the rows the first one changed."""
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
             try:
-                self._db.execute(sql, args)
+                changed = self._db.execute(*statements[0]).rowcount
+                if changed == 0:
+                    self._db.execute("ROLLBACK")
+                    return 0
+                for statement in statements[1:]:
+                    self._db.execute(*statement)
             except BaseException:
                 self._db.execute("ROLLBACK")
                 raise
             self._db.execute("COMMIT")
+        return changed
 
     def audit(
         self, who: str, action: str, params: dict[str, Any], result: dict[str, Any] | None = None
     ) -> None:
-        self._write(
-            "INSERT INTO audit (time, who, action, params, result) VALUES (?,?,?,?,?)",
-            (
-                time.time(),
-                who,
-                action,
-                json.dumps(params, sort_keys=True),
-                None if result is None else json.dumps(result, sort_keys=True),
-            ),
-        )
+        self._write(_audit_row(who, action, params, result))
 
     def create_job(self, kind: str, who: str, params: dict[str, Any]) -> JobRecord:
         now = time.time()
         job = JobRecord(uuid.uuid4().hex[:12], kind, "queued", who, params, now, now, None)
         self._write(
-            "INSERT INTO jobs VALUES (?,?,?,?,?,?,?,?)",
-            (job.id, kind, job.state, who, json.dumps(params, sort_keys=True), now, now, None),
+            (
+                "INSERT INTO jobs VALUES (?,?,?,?,?,?,?,?)",
+                (job.id, kind, job.state, who, json.dumps(params, sort_keys=True), now, now, None),
+            ),
+            _audit_row(who, f"job {kind} created", {"id": job.id, **params}),
         )
-        self.audit(who, f"job {kind} created", {"id": job.id, **params})
         return job
 
     def update_job(
         self, job_id: str, state: JobState, result: dict[str, Any] | None = None
     ) -> None:
-        current = self.job(job_id)
+        """Move an open job to `state`; JobEnded if it had ended (or does not exist).
+
+        The check and the write are one statement, so two writers cannot both end a job."""
+        current = self.job(job_id)  # for the audit row's who and kind; never the check
         if current is None:
             raise KeyError(job_id)
-        if current.state in FINAL:
-            raise ValueError(f"job {job_id} already ended ({current.state})")
-        self._write(
-            "UPDATE jobs SET state = ?, updated = ?, result = ? WHERE id = ?",
+        statements = [
             (
-                state,
-                time.time(),
-                None if result is None else json.dumps(result, sort_keys=True),
-                job_id,
-            ),
-        )
+                f"UPDATE jobs SET state = ?, updated = ?, result = ? "
+                f"WHERE id = ? AND state IN ({','.join('?' * len(OPEN))})",
+                (
+                    state,
+                    time.time(),
+                    None if result is None else json.dumps(result, sort_keys=True),
+                    job_id,
+                    *OPEN,
+                ),
+            )
+        ]
         if state in FINAL:
-            self.audit(current.who, f"job {current.kind} {state}", {"id": job_id}, result)
+            statements.append(
+                _audit_row(current.who, f"job {current.kind} {state}", {"id": job_id}, result)
+            )
+        if self._write(*statements) == 0:  # another writer ended it first; no audit row
+            raise JobEnded(f"job {job_id} already ended")
 
     def job(self, job_id: str) -> JobRecord | None:
         with self._lock:
@@ -159,7 +176,27 @@ class Store:
 
     def interrupted(self) -> list[JobRecord]:
         """Jobs a previous agent left queued or running (it was killed): for the restart."""
-        return [j for j in self.jobs(limit=10_000) if j.state not in FINAL]
+        marks = ",".join("?" * len(OPEN))
+        with self._lock:
+            rows = self._db.execute(
+                f"SELECT * FROM jobs WHERE state IN ({marks}) ORDER BY created DESC", OPEN
+            ).fetchall()
+        return [_job(r) for r in rows]
+
+
+def _audit_row(
+    who: str, action: str, params: dict[str, Any], result: dict[str, Any] | None = None
+) -> tuple[str, tuple[Any, ...]]:
+    return (
+        "INSERT INTO audit (time, who, action, params, result) VALUES (?,?,?,?,?)",
+        (
+            time.time(),
+            who,
+            action,
+            json.dumps(params, sort_keys=True),
+            None if result is None else json.dumps(result, sort_keys=True),
+        ),
+    )
 
 
 def _job(row: tuple[Any, ...]) -> JobRecord:

@@ -30,6 +30,9 @@ from typing import Any
 import psutil
 
 from console.agent.launch import Launch
+from console.agent.signals import group_alive, group_pids, signal_group, signal_member
+
+__all__ = ["Managed", "Supervisor", "group_pids", "log_tail"]
 
 POLL_S = 0.1
 
@@ -49,6 +52,7 @@ class Managed:
     started: float  # wall clock
     dir: Path
     log_offset: int = 0  # where this run's output starts in engine.log
+    gpus: list[int] = field(default_factory=list)  # CUDA_VISIBLE_DEVICES, as launched
     # Set when this agent spawned it (reaps the leader); None for an adopted engine.
     process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
@@ -76,35 +80,18 @@ class Managed:
         return code if isinstance(code, int) else None
 
     def alive(self) -> bool:
-        """True while any process of the engine's group runs (the leader is reaped here)."""
+        """True while any process of the engine's group runs (the leader is reaped here).
+
+        Only the group this record names: a pid reused by another session leader is not
+        it, however many members that one has."""
         if self.process is not None:
             self.process.poll()
-        if _leader_alive(self.pgid, self.leader_created):
-            return True
-        return bool(group_pids(self.pgid))
+        return group_alive(self.pgid, self.leader_created)
 
     def to_json(self) -> dict[str, Any]:
         data = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "process"}
         data["dir"] = str(self.dir)
         return data
-
-
-def _leader_alive(pid: int, created: float) -> bool:
-    try:
-        proc = psutil.Process(pid)
-        return abs(proc.create_time() - created) < 0.01 and proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
-
-
-def group_pids(pgid: int) -> list[int]:
-    """Live (non-zombie) members of a process group."""
-    pids = []
-    for proc in psutil.process_iter(["pid", "status"]):
-        with contextlib.suppress(psutil.Error, OSError):
-            if proc.info["status"] != psutil.STATUS_ZOMBIE and os.getpgid(proc.pid) == pgid:
-                pids.append(proc.pid)
-    return pids
 
 
 def log_tail(path: Path, lines: int = 30, max_bytes: int = 64 * 1024) -> list[str]:
@@ -197,11 +184,14 @@ class Supervisor:
                 started=time.time(),
                 dir=where,
                 log_offset=log_offset,
+                gpus=list(launch.gpus),
                 process=process,
             )
             _write_json(where / "engine.json", managed.to_json())
         except BaseException:
-            signal_group(process.pid, signal.SIGKILL)  # no engine without its record
+            # No engine without its record. Our child, not yet reaped: its pid is its own.
+            with contextlib.suppress(OSError):
+                os.killpg(process.pid, signal.SIGKILL)
             process.wait()
             raise
         self.engines[engine_id] = managed
@@ -239,25 +229,19 @@ class Supervisor:
         here, could leave it waiting 25 s for a shutdown that the API server then forced.
         """
         started = time.monotonic()
+        pgid, created = managed.pgid, managed.leader_created
         engine_pid = managed.engine_pid()
-        if engine_pid is not None and engine_pid in group_pids(managed.pgid):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(engine_pid, signal.SIGTERM)
-        else:
-            signal_group(managed.pgid, signal.SIGTERM)
+        # Each signal checks that the pid (group) is still the engine's (console.agent.signals).
+        if engine_pid is None or not signal_member(engine_pid, pgid, created, signal.SIGTERM):
+            signal_group(pgid, created, signal.SIGTERM)
         while time.monotonic() - started < grace_s:
             if not managed.alive():
                 return f"exited {time.monotonic() - started:.1f} s after SIGTERM"
             await asyncio.sleep(POLL_S)
-        signal_group(managed.pgid, signal.SIGKILL)
+        signal_group(pgid, created, signal.SIGKILL)
         while managed.alive() and time.monotonic() - started < grace_s + 10:
             await asyncio.sleep(POLL_S)
         return f"did not exit within {grace_s:g} s of SIGTERM: killed (SIGKILL)"
-
-
-def signal_group(pgid: int, sig: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, sig)
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:

@@ -63,6 +63,8 @@ class AgentSection(_Strict):
     window_s: Seconds = 60.0
     probe_timeout_s: Seconds = 2.0
     max_response_bytes: Annotated[int, Field(ge=1024)] = 8 * 1024 * 1024
+    # Open HTTP connections (snapshot streams included); beyond it the agent answers 503.
+    max_connections: Annotated[int, Field(ge=2, le=65536)] = 256
     discover: bool = True  # find engines from the node's processes, beyond the deployments
     disk_paths: list[str] = Field(default_factory=list)  # model and engine directories
     viewer_token_env: EnvName = DEFAULT_VIEWER_ENV
