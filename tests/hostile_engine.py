@@ -4,6 +4,7 @@ per mode.
     python tests/hostile_engine.py hang:PORT garbage:PORT error500:PORT enormous:PORT
     python tests/hostile_engine.py flood:PORT endless:PORT endless-head:PORT one-line:PORT
     python tests/hostile_engine.py endless-500:PORT slow:PORT enormous-health:PORT
+    python tests/hostile_engine.py trickle-head:PORT trickle-body:PORT
 
 `enormous-health` answers `/health` with `enormous`'s endless body. The others of the
 last two lines misbehave only on a completion (`POST /v1/...`, or Triton's
@@ -11,7 +12,8 @@ last two lines misbehave only on a completion (`POST /v1/...`, or Triton's
 `flood` streams SSE events without end as fast as it may send, `endless` sends a
 non-streaming body that never ends (`endless-500`: an error's), `endless-head` a header
 line that never ends, `one-line` an SSE stream whose one line never ends; `slow` answers
-a completion correctly, after a second.
+a completion correctly, after a second; `trickle-head` and `trickle-body` send a byte of
+their answer's head, or of its body, every 0.1 s.
 
 These are not stand-ins for a real engine's normal behaviour (the real engines are
 tested for that); they are the hung, lying and broken servers an agent meets in an
@@ -73,6 +75,20 @@ async def _endless(writer: asyncio.StreamWriter, mode: str) -> None:
         await writer.drain()
 
 
+async def _trickle(writer: asyncio.StreamWriter, mode: str) -> None:
+    """An answer a byte every 0.1 s (for an hour at most): no gap is long, the whole never
+    comes."""
+    if mode == "trickle-body":
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n")
+        writer.write(b"content-length: 100000\r\n\r\n")
+    else:
+        writer.write(b"HTTP/1.1 200 OK\r\nx-trickle: ")
+    for _ in range(36000):
+        writer.write(b"t")
+        await writer.drain()
+        await asyncio.sleep(0.1)
+
+
 ENDLESS_MODES = ("flood", "endless", "endless-500", "endless-head", "one-line")
 ANSWER = b'{"object":"text_completion","choices":[{"index":0,"text":"late"}]}'
 
@@ -85,6 +101,9 @@ def handler(mode: str):  # type: ignore[no-untyped-def]
                 path = request.split(b" ", 2)[1].decode()
                 if mode in ENDLESS_MODES and request.startswith(b"POST "):
                     await _endless(writer, mode)
+                    return
+                if mode.startswith("trickle-") and request.startswith(b"POST "):
+                    await _trickle(writer, mode)
                     return
                 if mode == "slow" and request.startswith(b"POST "):
                     await asyncio.sleep(1)

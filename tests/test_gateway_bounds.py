@@ -41,6 +41,8 @@ MODELS = {
     "slow": ("slow", "vllm"),
     "sick": ("enormous-health", "vllm"),  # its /health answer never ends
     "broken": ("endless-500", "vllm"),  # its error answer never ends
+    "trickle-head": ("trickle-head", "vllm"),
+    "trickle-body": ("trickle-body", "vllm"),
 }
 
 FLEET = """\
@@ -51,7 +53,6 @@ name = "bounds"
 url = "http://127.0.0.1:{port}"
 state_dir = "{state}"
 health_interval_s = 0.5
-read_timeout_s = 10
 {settings}
 
 [[nodes]]
@@ -125,6 +126,7 @@ def gateway(tmp_path: Path, engines: dict[str, int]) -> Iterator[Callable[..., G
 
     def start(**settings: object) -> Gateway:
         port = free_port()
+        settings = {"read_timeout_s": 10.0, **settings}
         lines = "\n".join(f"{k} = {v!r}" for k, v in settings.items())
         text = FLEET.format(port=port, state=tmp_path / "state", settings=lines)
         for name, (mode, engine) in MODELS.items():
@@ -310,6 +312,30 @@ def test_an_answer_that_never_ends_gets_a_502_past_the_cap(gateway, model, what)
     assert gw.metric("engineroom_gateway_failures_total") == 1
 
 
+@pytest.mark.parametrize("model", ["trickle-head", "trickle-body"])
+def test_an_engine_that_trickles_its_answer_is_cut_at_read_timeout(gateway, model):
+    """read_timeout_s bounds a whole answer (or a stream's head), not only each gap: an
+    engine that sends a byte every 0.1 s held the request for ever."""
+    gw = gateway(read_timeout_s=1.0)
+    started = time.monotonic()
+    body = {"model": model, "prompt": "x", "max_tokens": 5}
+    resp = httpx.post(gw.url + "/v1/completions", json=body, timeout=30)
+    took = time.monotonic() - started
+    assert resp.status_code == 503, resp.text
+    message = resp.json()["error"]["message"]
+    assert f"{model}-engine" in message and "read_timeout_s" in message, message
+    assert took < 1.0 + 4, took
+    wait_until(lambda: gw.inflight() == 0, 10, interval=0.05, what="in flight back to 0")
+
+
+def test_a_body_nested_past_the_parser_s_depth_is_a_400_not_a_500(gateway):
+    gw = gateway()
+    resp = httpx.post(gw.url + "/v1/completions", content=b"[" * 100_000, timeout=10)
+    assert resp.status_code == 400, resp.text
+    assert "not JSON" in resp.json()["error"]["message"]
+    assert "Traceback" not in gw.log.read_text()
+
+
 def test_a_triton_stream_line_that_never_ends_is_cut_with_an_error_event(gateway):
     """The SSE line is capped, and the stream the engine broke ends for the client: the
     error event, then the end of the chunked body (it used to wait for the idle close)."""
@@ -398,6 +424,37 @@ def test_a_header_line_with_a_bare_lf_cr_or_nul_gets_400(gateway, bad):
     status, answer = read_answer(sock)
     assert status == 400, answer
     assert b"line 3" in answer, answer  # says where
+
+
+def test_a_head_over_16_kib_gets_431_on_any_route(gateway):
+    gw = gateway()
+    whole = b"\r\nX-Long: " + b"a" * 20000 + b"\r\nContent-Length: 2\r\n\r\n{}"
+    for request in (
+        b"POST /v1/completions HTTP/1.1" + whole,  # was served
+        b"GET /healthz HTTP/1.1" + whole,
+        b"GET /healthz HTTP/1.1\r\nX-Unended: " + b"b" * 20000,  # no end of head yet
+    ):
+        sock = connect(gw)
+        sock.sendall(request)
+        status, body = read_answer(sock)
+        assert status == 431 and b"over 16384 bytes" in body, body
+
+
+def test_a_malformed_head_is_logged_in_one_line_without_its_key(gateway):
+    """aiohttp, which answers the heads FrontDoor hands over, logged a malformed one with a
+    traceback and an excerpt of the bad line: here a client's key."""
+    gw = gateway()
+    for line in (b"Authorization: Bearer key-in-a-bad-line\x01", b"X Bad: key-in-a-bad-line"):
+        sock = connect(gw)
+        sock.sendall(b"GET /healthz HTTP/1.1\r\n" + line + b"\r\n\r\n")
+        status, _ = read_answer(sock)
+        assert status == 400
+    lines = wait_until(
+        lambda: len(found := gw.log_lines("malformed request")) == 2 and found, 10, what="logged"
+    )
+    assert all("answered 400" in line for line in lines), lines
+    text = gw.log.read_text()
+    assert "key-in-a-bad-line" not in text and "Traceback" not in text, text
 
 
 def test_connections_over_the_cap_get_503_and_one_log_line(gateway):

@@ -14,8 +14,8 @@ Bounds, with their [gateway] settings (docs/security-gateway.md):
 - `write_timeout_s`: a client that takes no byte of its answer for that long, while its
   socket is full, is cut;
 - `max_connections`: past it a new connection gets a 503 and is closed;
-- a head over MAX_HEAD bytes goes to aiohttp, which refuses it; a head line with a bare
-  CR or LF or a NUL gets a 400 here.
+- a head over MAX_HEAD bytes gets a 431, a head line with a bare CR or LF or a NUL a 400,
+  on any route (aiohttp sees only heads within both bounds).
 """
 
 from __future__ import annotations
@@ -196,9 +196,10 @@ class FrontDoor(asyncio.Protocol):
         """Start on the next request in the buffer, once its head and body are in."""
         buf = self.buf
         end = buf.find(b"\r\n\r\n")
+        if end > MAX_HEAD or (end < 0 and len(buf) > MAX_HEAD):
+            too_long = f"the request head is over {MAX_HEAD} bytes"
+            return self._answer_and_close(431, too_long, "invalid_request_error")
         if end < 0:
-            if len(buf) > MAX_HEAD:
-                self._hand_over()
             return
         head = bytes(buf[:end])
         crlf = head.count(b"\r\n")

@@ -47,6 +47,7 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from console.core.config import Fleet, Model, load_fleet
 from console.gateway import triton_openai as tri
@@ -405,7 +406,7 @@ class Gateway:
     async def _answer(self, body: bytes, chat: bool, sink: Sink) -> None:
         try:
             data = json.loads(body)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:  # RecursionError: nested too deep
             return await _error(sink, 400, f"the body is not JSON: {exc}", "invalid_request_error")
         if not isinstance(data, dict):
             return await _error(
@@ -663,10 +664,9 @@ class Gateway:
         return web.json_response({"path": str(self.fleet.source), "changed": changed})
 
     async def post_failover(self, request: web.Request) -> web.Response:
-        try:
-            body = await request.json()
-        except ValueError:
-            return web.json_response({"error": "the body is not JSON"}, status=400)
+        body = await _json_object(request)
+        if body is None:
+            return _refuse(400, 'the body must be a JSON object: {"model": ..., "to": ...}')
         try:
             job = self.failovers.start(
                 str(body.get("model")),
@@ -680,11 +680,11 @@ class Gateway:
         return web.json_response(job, status=202)
 
     async def plan_failover(self, request: web.Request) -> web.Response:
+        body = await _json_object(request)
+        if body is None:
+            return _refuse(400, 'the body must be a JSON object: {"model": ..., "to": ...}')
         try:
-            body = await request.json()
             result = await self.failovers.plan(str(body.get("model")), str(body.get("to")))
-        except ValueError:
-            return _refuse(400, "the body is not JSON")
         except FailoverRefused as exc:
             return _refuse(exc.status, str(exc))
         return web.json_response(result)
@@ -794,6 +794,16 @@ def _refuse(status: int, message: str) -> web.Response:
     return web.json_response({"error": message}, status=status)
 
 
+async def _json_object(request: web.Request) -> dict[str, Any] | None:
+    """The request's body as a JSON object, or None for anything else (not JSON, a list,
+    a number): admin routes answer 400 for those, never 500."""
+    try:
+        body = await request.json()
+    except ValueError:
+        return None
+    return body if isinstance(body, dict) else None
+
+
 async def _ok() -> web.Response:
     return web.json_response({"status": "ok"})
 
@@ -851,6 +861,7 @@ def run_gateway(fleet_path: str, listen: tuple[str, int] | None) -> int:
         asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
 
     _raise_open_files(settings.max_connections)
+    logging.getLogger("aiohttp.server").addFilter(_malformed_in_one_line)
 
     async def serve() -> None:
         gateway = Gateway(fleet, admin_token=admin, api_keys=keys)
@@ -887,6 +898,19 @@ def run_gateway(fleet_path: str, listen: tuple[str, int] | None) -> int:
 
     asyncio.run(serve())
     return 0
+
+
+def _malformed_in_one_line(record: logging.LogRecord) -> bool:
+    """aiohttp logs a client's malformed request at ERROR, with a traceback and an excerpt
+    of the bad line (which may hold a key): it is the client's doing, so one line, no
+    excerpt."""
+    exc = record.exc_info[1] if record.exc_info else None
+    if isinstance(exc, HttpProcessingError):
+        record.msg = "a malformed request from a client, answered %d (%s)"
+        record.args = (exc.code, exc.__class__.__name__)
+        record.exc_info = record.exc_text = None
+        record.levelno, record.levelname = logging.WARNING, "WARNING"
+    return True
 
 
 def _raise_open_files(max_connections: int) -> None:

@@ -195,6 +195,7 @@ class Answer(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.read_timeout = read_timeout
         self.busy = False  # a request was sent and its answer not finished
+        self._sent = 0.0  # when the request was sent (monotonic)
         self._paused = False  # reading from the engine, paused for a slow client
         self._reset()
 
@@ -212,6 +213,7 @@ class Answer(asyncio.Protocol):
         self._waiter: asyncio.Future[None] | None = None
         self._last = 0.0
         self._timer: asyncio.TimerHandle | None = None
+        self._streaming = False  # read by chunks(): the deadline is per gap, past the head
         self._framed = False  # Content-Length or chunked: else the body ends at close
 
     # asyncio.Protocol
@@ -277,6 +279,7 @@ class Answer(asyncio.Protocol):
         assert self.transport is not None
         self._reset()
         self.busy = True
+        self._sent = time.monotonic()
         self.transport.write(head + body)
         if self._paused:  # a kept-alive connection that ended its last answer paused
             self._paused = False
@@ -304,6 +307,7 @@ class Answer(asyncio.Protocol):
 
     async def chunks(self) -> AsyncIterator[bytes]:
         """The body as it arrives: what has come since the last chunk, joined."""
+        self._streaming = True
         while True:
             if self._body:
                 yield self._take()
@@ -337,16 +341,20 @@ class Answer(asyncio.Protocol):
             raise self.error
 
     def _check_timeout(self) -> None:
+        """read_timeout_s bounds the gap between two reads of a stream; a head, and a whole
+        answer, must be complete within it of the request (an engine could trickle)."""
         if self._paused:  # waiting on the client, not on the engine
             self._last = time.monotonic()
-        idle = time.monotonic() - self._last
+        per_gap = self._streaming and self.headers_done
+        idle = time.monotonic() - (self._last if per_gap else self._sent)
         if idle < self.read_timeout:
             loop = asyncio.get_running_loop()
             self._timer = loop.call_at(loop.time() + self.read_timeout - idle, self._check_timeout)
             return
         self._timer = None
         if not self.done:
-            self._fail(TimeoutError(f"no data from the engine for {self.read_timeout:g} s"))
+            what = "no data from the engine for" if per_gap else "no whole answer within"
+            self._fail(TimeoutError(f"{what} {self.read_timeout:g} s (read_timeout_s)"))
             if self.transport is not None:
                 self.transport.close()
 
