@@ -12,6 +12,7 @@ import gzip
 import io
 import json
 import os
+import signal
 import socketserver
 import stat
 import subprocess
@@ -397,3 +398,28 @@ async def test_an_agent_that_answers_without_end_costs_one_deadline_and_at_most_
     assert failed.value.status is None  # unreachable, not refused: the CLI exits 2
     assert took < 4, f"{mode}: {took:.1f} s for a 2 s deadline"
     assert peak < 20 * 2**20, f"{mode}: the console held {peak / 2**20:.0f} MiB"
+
+
+def test_a_hand_edit_made_while_the_gateway_runs_is_never_overwritten_by_a_save(
+    fleet_with_gateway,
+):
+    path, gateway = fleet_with_gateway
+    weights = {"weights": {"tiny-a": 40, "tiny-b": 60}, "why": "test"}
+    assert gateway.admin("PUT", "/admin/routes/tiny", json=weights).status_code == 200
+    edited = path.read_text().replace("health_interval_s = 0.5", "health_interval_s = 0.7")
+    path.write_text(edited)
+
+    refused = gateway.admin("POST", "/admin/routes/save")
+    assert refused.status_code == 409, refused.text
+    assert refused.json()["error"].startswith(f"{path}: changed on disk since the gateway")
+    assert path.read_text() == edited
+
+    gateway.process.send_signal(signal.SIGHUP)  # the operator reloads, as the error says
+    wait_until(
+        lambda: gateway.admin("POST", "/admin/routes/save").status_code == 200,
+        20,
+        what="a save after the reload",
+    )
+    text = path.read_text()
+    assert "health_interval_s = 0.7" in text  # the hand edit
+    assert "weight = 40" in text and "weight = 60" in text  # and the routes

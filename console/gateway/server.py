@@ -65,7 +65,7 @@ from console.gateway.frontdoor import (
     unsent,
 )
 from console.gateway.measure import exposition
-from console.gateway.routes import GatewayStore, save_to_fleet
+from console.gateway.routes import FleetFileChanged, GatewayStore, save_to_fleet
 from console.gateway.upstream import (
     Answer,
     AnswerTooLarge,
@@ -659,7 +659,10 @@ class Gateway:
         return web.json_response(self.routes_view()[model])
 
     async def save_routes(self, request: web.Request) -> web.Response:
-        changed = await asyncio.to_thread(save_to_fleet, self.fleet, self.weights)
+        try:
+            changed = await asyncio.to_thread(save_to_fleet, self.fleet, self.weights)
+        except FleetFileChanged as exc:  # a hand edit since the load: never overwritten
+            return _refuse(409, str(exc))
         self.store.audit("admin", "routes saved to fleet.toml", {"changed": changed})
         return web.json_response({"path": str(self.fleet.source), "changed": changed})
 
