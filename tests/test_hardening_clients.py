@@ -313,7 +313,8 @@ async def test_no_console_client_sends_a_token_through_a_proxy_from_the_environm
 class BrokenAgentDouble(socketserver.ThreadingTCPServer):
     """TEST DOUBLE of an agent gone wrong (no real agent does this), one behaviour per
     listener: `enormous` answers 200 with a chunked body of 256 MiB, `trickle` sends its
-    body one byte every 0.25 s, `gzip` sends a compressed answer though asked for none."""
+    body one byte every 0.25 s, `gzip` sends a compressed answer though asked for none,
+    `html502` answers as a proxy in front of a dead gateway would."""
 
     daemon_threads = True
     allow_reuse_address = True
@@ -352,6 +353,13 @@ class _BrokenAgentHandler(socketserver.BaseRequestHandler):
                 for byte in body:
                     self.request.sendall(bytes([byte]))
                     threading.Event().wait(0.25)
+            elif self.server.mode == "html502":
+                body = b"<html><body>502 Bad Gateway</body></html>"
+                self.request.sendall(
+                    b"HTTP/1.1 502 Bad Gateway\r\ncontent-type: text/html\r\n"
+                    + f"content-length: {len(body)}\r\n\r\n".encode()
+                    + body
+                )
             else:
                 body = gzip.compress(b'{"role": "operator"}')
                 self.request.sendall(
@@ -423,3 +431,32 @@ def test_a_hand_edit_made_while_the_gateway_runs_is_never_overwritten_by_a_save(
     text = path.read_text()
     assert "health_interval_s = 0.7" in text  # the hand edit
     assert "weight = 40" in text and "weight = 60" in text  # and the routes
+
+
+@pytest.mark.parametrize(
+    ("mode", "code", "expected"),
+    [
+        ("enormous", 2, "the gateway did not answer: answered with over 8 MiB"),
+        ("html502", 1, "failover refused: HTTP 502: <html><body>502 Bad Gateway</body></html>"),
+    ],
+)
+def test_the_failover_command_reads_a_bounded_answer_and_says_what_came(
+    tmp_path, monkeypatch, capsys, mode, code, expected
+):
+    """Before: a non-JSON 502 crashed the command with a JSONDecodeError traceback, and an
+    endless answer was read whole."""
+    server = BrokenAgentDouble(mode)
+    path = tmp_path / "fleet.toml"
+    path.write_text(FLEET + f'\n[gateway]\nurl = "{server.url}"\ntoken_env = "T_ADMIN"\n')
+    monkeypatch.setenv("T_ADMIN", "admin-secret-for-the-test")
+    tracemalloc.start()
+    try:
+        got = run_failover(load_fleet(path), "tiny", "tiny-b", out=io.StringIO())
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+        server.shutdown()
+        server.server_close()
+    assert got == code
+    assert expected in capsys.readouterr().err
+    assert peak < 20 * 2**20, f"{mode}: the command held {peak / 2**20:.0f} MiB"

@@ -11,6 +11,8 @@ cap counts what is held.
 from __future__ import annotations
 
 import asyncio
+import json as _json
+import time
 
 import httpx
 
@@ -54,6 +56,43 @@ async def request(
         raise NoAnswer(f"no answer within {deadline_s:g} s") from None
     except httpx.HTTPError as exc:
         raise NoAnswer(f"{exc.__class__.__name__}: {exc}".rstrip(": ")[:200]) from None
+
+
+def call(
+    http: httpx.Client,
+    method: str,
+    path: str,
+    *,
+    json: object = None,
+    deadline_s: float,
+    max_bytes: int = MAX_ANSWER_BYTES,
+) -> tuple[int, bytes]:
+    """`request` for a blocking client (the CLI): the same deadline and cap. The deadline
+    is checked between reads; each read is bounded by the client's own timeout."""
+    end = time.monotonic() + deadline_s
+    try:
+        with http.stream(method, path, json=json) as resp:
+            _check_encoding(resp)
+            body = bytearray()
+            for chunk in resp.iter_raw():
+                body += chunk
+                if len(body) > max_bytes:
+                    raise NoAnswer(f"answered with over {_size(max_bytes)}")
+                if time.monotonic() > end:
+                    raise NoAnswer(f"no answer within {deadline_s:g} s")
+            return resp.status_code, bytes(body)
+    except httpx.HTTPError as exc:
+        raise NoAnswer(f"{exc.__class__.__name__}: {exc}".rstrip(": ")[:200]) from None
+
+
+def json_object(body: bytes) -> dict[str, object] | None:
+    """An answer's body as a JSON object, or None (not JSON, or not an object: a proxy's
+    HTML 502, say)."""
+    try:
+        data = _json.loads(body)
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None
 
 
 async def _body(resp: httpx.Response, max_bytes: int) -> bytes:

@@ -18,6 +18,7 @@ from console.collect import apiclient
 from console.core.config import ConfigError, Fleet
 
 FINAL = ("succeeded", "failed", "cancelled")
+CALL_DEADLINE_S = 15.0  # one admin call, whole answer included
 
 
 def _client(fleet: Fleet) -> httpx.Client:
@@ -40,6 +41,22 @@ def _show(job: dict[str, Any], printed: set[tuple[str, str]], out: TextIO) -> No
         print(f"  {step['name']:<12} {step['state']}{detail}", file=out, flush=True)
 
 
+def _wait_limit(fleet: Fleet, model: str) -> float:
+    """How long --wait follows a job: every step's verification window, the warm-up and
+    the drain, with a margin; past it the job goes on in the gateway and we say so."""
+    plan = next((m.failover for m in fleet.models if m.name == model), None)
+    if plan is None:
+        return 600.0
+    return len(plan.steps) * (plan.verify_s + 30) + plan.drain_timeout_s + 120
+
+
+def _error_of(status: int, body: bytes) -> str:
+    data = apiclient.json_object(body)
+    if data is not None and data.get("error"):
+        return str(data["error"])
+    return f"HTTP {status}: {body[:200].decode('utf-8', 'replace').strip() or 'no body'}"
+
+
 def run_failover(
     fleet: Fleet,
     model: str,
@@ -54,20 +71,42 @@ def run_failover(
     body = {"model": model, "to": to, "mode": "emergency" if emergency else "planned", "why": why}
     try:
         with _client(fleet) as client:
-            resp = client.post("/admin/failover", json=body)
-            if resp.status_code != 202:
-                print(f"engineroom: failover refused: {resp.json().get('error')}", file=sys.stderr)
+            status, raw = apiclient.call(
+                client, "POST", "/admin/failover", json=body, deadline_s=CALL_DEADLINE_S
+            )
+            job = apiclient.json_object(raw) if status == 202 else None
+            if job is None:
+                print(f"engineroom: failover refused: {_error_of(status, raw)}", file=sys.stderr)
                 return 1
-            job = resp.json()
             if not as_json:
                 print(f"job {job['id']} ({job['kind']}) {model} -> {to}: running", file=out)
             printed: set[tuple[str, str]] = set()
+            give_up = time.monotonic() + _wait_limit(fleet, model)
             while wait and job["state"] not in FINAL:
+                if time.monotonic() > give_up:
+                    print(
+                        f"engineroom: job {job['id']} still {job['state']} after "
+                        f"{_wait_limit(fleet, model):.0f} s; it goes on in the gateway "
+                        f"(engineroom jobs, or GET /admin/jobs/{job['id']})",
+                        file=sys.stderr,
+                    )
+                    return 1
                 time.sleep(0.3)
-                job = client.get(f"/admin/jobs/{job['id']}").json()
+                status, raw = apiclient.call(
+                    client, "GET", f"/admin/jobs/{job['id']}", deadline_s=CALL_DEADLINE_S
+                )
+                fresh = apiclient.json_object(raw) if status == 200 else None
+                if fresh is None:
+                    print(
+                        f"engineroom: job {job['id']}: the gateway answered "
+                        f"{_error_of(status, raw)}",
+                        file=sys.stderr,
+                    )
+                    return 2
+                job = fresh
                 if not as_json:
                     _show(job, printed, out)
-    except httpx.HTTPError as exc:
+    except (httpx.HTTPError, apiclient.NoAnswer) as exc:
         print(f"engineroom: the gateway did not answer: {exc}", file=sys.stderr)
         return 2
     if as_json:
