@@ -14,7 +14,7 @@ from console.core.wire import Snapshot
 from console.tui.app import EngineroomApp
 from console.tui.screens.drills import PlaybookScreen, step_bars
 from console.tui.widgets.table import FleetTable
-from tests.tui_support import FLEET, ROOT, keys
+from tests.tui_support import FLEET, ROOT, keys, until
 
 DRILLS = ROOT / "tests" / "fixtures" / "snapshot-cpu-drills.json"
 SIZE = (110, 34)
@@ -52,20 +52,25 @@ def test_drills_screen(snap_compare):
 async def test_models_show_rebuild_required_and_the_playbook_says_what_is_next() -> None:
     app = drill_app()
     async with app.run_test(size=SIZE) as pilot:
-        await pilot.pause(0.3)
         await pilot.press(*keys(":models\r"))
-        await pilot.pause(0.3)
-        table = app.screen.query_one(FleetTable)
-        badged = [
-            row.fields["deployment"]
-            for row in table.rows_by_key.values()
-            if any("REBUILD REQUIRED" in cell.plain for cell in row.made())
-        ]
-        assert badged == ["tiny-trt"]
+
+        def badged() -> list[str]:
+            table = app.screen.query_one(FleetTable)
+            return [
+                row.fields["deployment"]
+                for row in table.rows_by_key.values()
+                if any("REBUILD REQUIRED" in cell.plain for cell in row.made())
+            ]
+
+        assert await until(pilot, badged, what="a REBUILD REQUIRED badge") == ["tiny-trt"]
         app.open_playbook("tiny")
-        await pilot.pause(0.3)
-        screen = app.screen
-        assert isinstance(screen, PlaybookScreen)
+        screen = await until(
+            pilot,
+            lambda: (
+                app.screen if isinstance(app.screen, PlaybookScreen) and app.screen.checks else None
+            ),
+            what="the playbook with its checks",
+        )
         states = [(c.name, c.state) for c in screen.checks]
         assert states[0] == ("TensorRT-LLM deployment", "failed")
         assert "driver 580.159.04 → 575.57.08" in screen.checks[0].detail

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from textual.widgets import Select
 
 from console.core.config import parse_fleet
 from console.tui.app import EngineroomApp
@@ -22,6 +23,7 @@ from console.tui.screens.jobs import ConfirmScreen, JobScreen, JobsScreen, Start
 from console.tui.screens.node import NodeScreen
 from tests.conftest import OPERATOR, VIEWER
 from tests.engines.servers import free_port
+from tests.tui_support import until
 
 SIZE = (120, 40)
 
@@ -72,15 +74,6 @@ def setup(agent_factory, tmp_path: Path):
     return make
 
 
-async def until(pilot, predicate, timeout: float = 20.0, what: str = "condition"):
-    for _ in range(int(timeout / 0.1)):
-        result = predicate()
-        if result:
-            return result
-        await pilot.pause(0.1)
-    raise AssertionError(f"{what}: not met within {timeout} s")
-
-
 async def test_start_vllm_from_the_node_screen_shows_the_plan_and_follows_the_job(setup):
     app = EngineroomApp(parse_fleet(setup("T_OPERATOR")))
     async with app.run_test(size=SIZE) as pilot:
@@ -114,9 +107,15 @@ async def test_start_vllm_from_the_node_screen_shows_the_plan_and_follows_the_jo
         )
         assert job.error.startswith("load: the engine exited with code 1")
         assert any("No module named 'vllm'" in line for line in job.result["log_tail"])
-        await pilot.pause(1.2)
-        info = str(job_screen.query_one("#job-info").render())
-        assert "FAILED" in info and "by alice" in info
+        info = await until(
+            pilot,
+            lambda: next(
+                (t for w in job_screen.query("#job-info") if "FAILED" in (t := str(w.render()))),
+                None,
+            ),
+            what="the job screen to say FAILED",
+        )
+        assert "by alice" in info
 
         await pilot.press("escape")
         await pilot.press("j")
@@ -144,8 +143,13 @@ async def test_read_only_and_viewer_tokens_disable_actions_visibly(setup):
             await until(pilot, lambda a=app: isinstance(a.screen, NodeScreen), what="node screen")
             if not app.read_only:
                 await until(pilot, lambda a=app: a.roles.get("local") == "viewer", what="role")
-            await pilot.pause(0.6)
-            assert reason in str(app.screen.query_one("#node-info").render())
+            await until(
+                pilot,
+                lambda a=app, r=reason: any(
+                    r in str(w.render()) for w in a.screen.query("#node-info")
+                ),
+                what=f"the node screen to say {reason!r}",
+            )
             await pilot.press("s")
             await pilot.pause(0.3)
             assert isinstance(app.screen, NodeScreen), "the form opened anyway"
@@ -223,8 +227,11 @@ async def test_a_standby_started_from_the_failover_plan_reopens_it_with_the_stan
             plan = await until(
                 pilot, lambda: app.screen if isinstance(app.screen, FailoverScreen) else None
             )
-            await until(pilot, lambda: plan.query("#standby"), what="the plan composed")
-            await pilot.pause(0.5)
+            await until(
+                pilot,
+                lambda: any(s.value != Select.NULL for s in plan.query("#target")),
+                what="the plan mounted, its target selected",
+            )
             plan.query_one("#standby").press()
             form = await until(
                 pilot, lambda: app.screen if isinstance(app.screen, StartVllmScreen) else None
@@ -240,7 +247,14 @@ async def test_a_standby_started_from_the_failover_plan_reopens_it_with_the_stan
                 what="the failover plan, back after the standby is ready",
             )
             assert again.target == "tiny-standby"
-            assert again.query_one("#target").value == "tiny-standby"
+            # The screen is pushed before it is mounted, and its Select takes its value on
+            # mount: wait for the value (on a busy machine it was still Select.NULL here).
+            target = await until(
+                pilot,
+                lambda: next((s for s in again.query("#target") if s.value != Select.NULL), None),
+                what="the plan's target selected",
+            )
+            assert target.value == "tiny-standby"
     finally:  # stop the standby: its job, followed to the end
         headers = {"Authorization": f"Bearer {OPERATOR.split(':', 1)[1]}"}
         for engine in agent.snapshot()["engines"]:

@@ -8,13 +8,18 @@ streaming paths, against real agents, are tested in tests/test_collector.py.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
 from console.collect.replay import ReplayCollector
 from console.core.config import parse_fleet
 from console.core.wire import Snapshot
 from console.tui.app import EngineroomApp
 from console.tui.screenshots import key_names
+
+T = TypeVar("T")
 
 ROOT = Path(__file__).resolve().parents[1]
 H200 = ROOT / "docs" / "evidence" / "h200x2-agent-once.json"
@@ -72,3 +77,20 @@ def recorded_app(fleet_text: str = FLEET, read_only: bool = False) -> Engineroom
 def keys(text: str) -> list[str]:
     """Key names for typing `text` with pilot.press."""
     return key_names(text)
+
+
+async def until(
+    pilot: Any, predicate: Callable[[], T], timeout: float = 20.0, what: str = "condition"
+) -> T:
+    """Wait for `predicate` to return something truthy, and return it; fail after
+    `timeout` s. A screen that was just pushed is not yet mounted, and its widgets get
+    their values on mount: wait on the state the test reads, never on time."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = predicate()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            break
+        await pilot.pause(0.05)
+    raise AssertionError(f"{what}: not met within {timeout} s")
