@@ -37,10 +37,15 @@ class MetricsGarbage(ValueError):
     """The text had lines but not one readable sample."""
 
 
+_ESCAPE = re.compile(r"\\(.)", re.DOTALL)
+_ESCAPED = {"n": "\n", '"': '"', "\\": "\\"}
+
+
 def _unescape(value: str) -> str:
     if "\\" not in value:
         return value
-    return value.replace("\\n", "\n").replace('\\"', '"').replace("\\\\", "\\")
+    # One pass, left to right: `\\n` is a backslash and an n, not a backslash and a newline.
+    return _ESCAPE.sub(lambda m: _ESCAPED.get(m.group(1), m.group(0)), value)
 
 
 def _parse_value(text: str) -> float:
@@ -58,7 +63,9 @@ def parse(text: str, prefixes: tuple[str, ...] = ("",)) -> Exposition:
     """
     out = Exposition()
     any_sample_line = False
-    for raw in text.splitlines():
+    # Lines end at \n only: str.splitlines() would also cut a label value at \r, \x1c or
+    # U+2028, which the format lets a label value hold as they are.
+    for raw in text.split("\n"):
         line = raw.strip()
         if not line or line[0] == "#":
             continue
