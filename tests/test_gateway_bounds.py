@@ -457,6 +457,20 @@ def test_a_malformed_head_is_logged_in_one_line_without_its_key(gateway):
     assert "key-in-a-bad-line" not in text and "Traceback" not in text, text
 
 
+def test_a_wrong_key_gets_401_before_its_body_is_read(gateway, monkeypatch):
+    """With client keys, a stranger cannot make the gateway hold an upload: the answer
+    comes at the end of the head."""
+    monkeypatch.setenv("GW_BOUNDS_KEYS", "key-0123456789")
+    gw = gateway(api_keys_env="GW_BOUNDS_KEYS")
+    sock = connect(gw)
+    sock.sendall(
+        b"POST /v1/completions HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer nope\r\n"
+        b"Content-Length: 4000000\r\n\r\n" + b"x" * 1000
+    )
+    status, body = read_answer(sock, deadline_s=5)
+    assert status == 401 and b"invalid_api_key" in body, body
+
+
 def test_connections_over_the_cap_get_503_and_one_log_line(gateway):
     gw = gateway(max_connections=8)
     held = [connect(gw) for _ in range(8)]

@@ -182,11 +182,14 @@ class FrontDoor(asyncio.Protocol):
         if transport.get_write_buffer_size():
             self._watch_stall()
 
-    def _answer_and_close(self, status: int, message: str, kind: str) -> None:
-        """An answer given before any request is served (a refused connection, a bad head)."""
+    def _answer_and_close(
+        self, status: int, message: str, kind: str, code: str | None = None
+    ) -> None:
+        """An answer given before a request is served (a refused connection, a bad head, a
+        wrong key), then the connection closed: what is left of the request is not read."""
         if self.transport is None:
             return
-        body = error_body(message, kind)
+        body = error_body(message, kind, code)
         fields = f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
         self.transport.write(_response_head(status, fields, close=True) + body)
         self.buf.clear()
@@ -229,6 +232,9 @@ class FrontDoor(asyncio.Protocol):
                 close = b"close" in value.lower()
         if not 0 <= length <= self.gw.settings.max_body_bytes:
             return self._hand_over()
+        if not self.gw.client_ok(auth):  # before the body: a stranger's upload is not held
+            key = "invalid_api_key"
+            return self._answer_and_close(401, "invalid API key", "invalid_request_error", key)
         total = end + 4 + length
         if len(buf) < total:
             return
@@ -237,7 +243,7 @@ class FrontDoor(asyncio.Protocol):
         if self.idle is not None:
             self.idle.cancel()
             self.idle = None
-        self.task = asyncio.get_running_loop().create_task(self._serve(auth, body, chat, close))
+        self.task = asyncio.get_running_loop().create_task(self._serve(body, chat, close))
 
     def _hand_over(self) -> None:
         """Give the connection to aiohttp, whose keep-alive timeout is head_timeout_s."""
@@ -258,17 +264,10 @@ class FrontDoor(asyncio.Protocol):
         data, self.buf = bytes(self.buf), bytearray()
         protocol.data_received(data)
 
-    async def _serve(self, auth: str | None, body: bytes, chat: bool, close: bool) -> None:
+    async def _serve(self, body: bytes, chat: bool, close: bool) -> None:
         sink = RawSink(self, close)
         try:
-            if self.gw.client_ok(auth):
-                await self.gw.answer(body, chat, sink)
-            else:
-                await send_error(
-                    sink, 401, "invalid API key", "invalid_request_error", "invalid_api_key"
-                )
-        except ClientGone as gone:
-            self.gw.client_left(gone, sink)
+            await self.gw.answer(body, chat, sink)  # a client that left is counted there
         except Exception:
             log.exception("the gateway failed on a request")
             if not sink.started:
