@@ -74,6 +74,7 @@ bench: $(VENV)/.test-deps engines sshd nginx
 	$(BIN)/python -m bench.drill_overhead
 	$(BIN)/python -m bench.ssh_refresh
 	$(BIN)/python -m bench.gateway_overhead
+	$(BIN)/python -m bench.gateway_soak
 	$(BIN)/python -m bench.console_scale
 
 # Every screen on the simulated demo fleet, as SVG and PNG (PNG through Debian's librsvg).

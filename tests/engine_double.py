@@ -2,6 +2,7 @@
 upstream per listener, answering at once or streaming at a set pace.
 
     python tests/engine_double.py vllm:PORT [triton:PORT ...] [--chunks N] [--delay S]
+                                  [--chunk-bytes B]
 
 The gateway's tests against real vLLM and Triton are tests/test_gateway.py. These stand
 in where a real engine cannot keep up: thousands of fuzzed requests in under a minute,
@@ -32,8 +33,9 @@ ENSEMBLE = "ensemble"
 
 
 class Pace:
-    def __init__(self, chunks: int, delay: float) -> None:
+    def __init__(self, chunks: int, delay: float, chunk_bytes: int = 0) -> None:
         self.chunks, self.delay = chunks, delay
+        self.text = " tok" + "x" * max(0, chunk_bytes - 4)  # each chunk's token text
 
     async def stream(self, request: web.Request, events: list[bytes]) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
@@ -78,7 +80,7 @@ def vllm_app(pace: Pace) -> web.Application:
             return _error(404, f"The model `{body.get('model')}` does not exist.")
         chat = request.path.endswith("/chat/completions")
         choice = {"index": 0, "finish_reason": None}
-        choice.update({"delta": {"content": " tok"}} if chat else {"text": " tok"})
+        choice.update({"delta": {"content": pace.text}} if chat else {"text": pace.text})
         chunk = json.dumps({"id": "cmpl-double", "object": "x", "model": MODEL,
                             "choices": [choice]}).encode()  # fmt: skip
         if body.get("stream") is True:
@@ -107,7 +109,7 @@ def triton_app(pace: Pace) -> web.Application:
         max_tokens = body.get("max_tokens")
         if not isinstance(max_tokens, int) or max_tokens < 1:
             return web.json_response({"error": "expected input 'max_tokens'"}, status=400)
-        event = json.dumps({"model_name": ENSEMBLE, "text_output": " tok"}).encode()
+        event = json.dumps({"model_name": ENSEMBLE, "text_output": pace.text}).encode()
         if request.path.endswith("_stream"):
             return await pace.stream(request, [event] * min(max_tokens, pace.chunks))
         return web.json_response({"model_name": ENSEMBLE, "text_output": " tok"})
@@ -143,6 +145,7 @@ def main() -> None:
     parser.add_argument("listeners", nargs="+", help="vllm:PORT or triton:PORT")
     parser.add_argument("--chunks", type=int, default=8, help="SSE chunks per streamed answer")
     parser.add_argument("--delay", type=float, default=0.0, help="seconds between chunks")
+    parser.add_argument("--chunk-bytes", type=int, default=0, help="pad each chunk's text")
     args = parser.parse_args()
     listeners = []
     for spec in args.listeners:
@@ -150,7 +153,7 @@ def main() -> None:
         if kind not in ("vllm", "triton") or not port.isdigit():
             parser.error(f"{spec!r}: wants vllm:PORT or triton:PORT")
         listeners.append((kind, int(port)))
-    asyncio.run(serve(listeners, Pace(args.chunks, args.delay)))
+    asyncio.run(serve(listeners, Pace(args.chunks, args.delay, args.chunk_bytes)))
 
 
 if __name__ == "__main__":
