@@ -3,7 +3,8 @@
 The simulated fleet runs in a child process (`python -m console.sim`): real agents, real
 plugins and real HTTP on loopback, over simulated GPUs and engines. The console here is
 the same one that watches a real fleet. With --no-tui the fleet just runs, for scripts
-and benchmarks, and the first line printed is "fleet: PATH".
+and benchmarks, and the first line printed is "fleet: PATH"; a generated token is
+printed to stderr as an `export` line, for a second console.
 """
 
 from __future__ import annotations
@@ -38,7 +39,17 @@ def start_sim(nodes: int, out_dir: Path, token: str) -> tuple[subprocess.Popen[s
 
 
 def run_demo(*, no_tui: bool = False, nodes: int = 4) -> int:
-    token = os.environ.get(TOKEN_ENV) or secrets.token_urlsafe(24)
+    token = os.environ.get(TOKEN_ENV, "").strip()
+    if not token:
+        token = secrets.token_urlsafe(24)
+        if no_tui:  # a second console needs it; the built-in one reads it from here
+            print(
+                f"engineroom demo: {TOKEN_ENV} is not set; this run's token:\n"
+                f"  export {TOKEN_ENV}={token}\n"
+                "  then, in another terminal: engineroom --fleet PATH (the 'fleet: PATH' line)",
+                file=sys.stderr,
+                flush=True,
+            )
     os.environ[TOKEN_ENV] = token  # the console reads the agents' token from here
     if no_tui:
         from console.sim.__main__ import main

@@ -157,5 +157,7 @@ def test_check_names_an_unset_token_variable(tmp_path):
     path.write_text(console_fleet(("local", "http://127.0.0.1:1")))
     env = {k: v for k, v in agent_env().items() if k != "T_VIEW"}
     result = run_cli("check", "--fleet", str(path), env=env)
-    assert result.returncode == 3
-    assert f"{path}:7: nodes[0].token_env: environment variable T_VIEW is not set" in result.stderr
+    # The one node is not polled (issue 15: it costs that node, not the fleet); no node
+    # answered, so unreachable.
+    assert result.returncode == 2
+    assert "no token (T_VIEW is not set)" in result.stdout

@@ -6,9 +6,20 @@ and look at the report before committing.
 
 from __future__ import annotations
 
-from tests.tui_support import keys, recorded_app
+from tests.tui_support import FLEET, keys, recorded_app
 
 SIZE = (100, 30)
+
+# The gateway's admin snapshot (console/gateway/server.py), replayed beside the recorded
+# agents: its own TTFT per deployment, as clients felt it.
+RECORDED_GATEWAY = {
+    "models": {
+        "tiny": {
+            "tiny-trt": {"weight": 100, "up": True, "ttft_s": {"p95": 0.0921, "count": 40}},
+            "tiny-vllm": {"weight": 0, "up": True, "ttft_s": {"p95": 0.0547, "count": 40}},
+        }
+    }
+}
 
 
 def views(*typed: str):
@@ -40,7 +51,19 @@ def test_gpus_screen_filtered(snap_compare):
 
 
 def test_prod_read_only_header(snap_compare):
-    from tests.tui_support import FLEET
-
     app = recorded_app(FLEET.replace('environment = "staging"', 'environment = "prod"'))
     assert snap_compare(app, terminal_size=(80, 24), run_before=views())
+
+
+def test_models_header_says_where_each_latency_was_measured(snap_compare):
+    """The header's second line says engine or gateway; GAP shows where both measured."""
+    app = recorded_app()
+    app.gateway_snapshot = RECORDED_GATEWAY
+    assert snap_compare(app, terminal_size=(140, 12), run_before=views(":models\r"))
+
+
+def test_a_node_without_a_token_is_shown_apart(snap_compare):
+    no_token = '[[nodes]]\nname = "other-team"\nagent = "http://127.0.0.1:4"\n'
+    no_token += 'token_env = "ENGINEROOM_TEST_UNSET_TOKEN"\n\n[[models]]'
+    app = recorded_app(FLEET.replace("[[models]]", no_token, 1))
+    assert snap_compare(app, terminal_size=(100, 12), run_before=views())

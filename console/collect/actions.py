@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any, TextIO
 
 from console.collect import apiclient
-from console.core.config import ConfigError, Fleet, Node
+from console.core.config import ConfigError, Fleet, MissingSecret, Node
 from console.core.wire import COLD_START_PHASES, Job
 
 FINAL = ("succeeded", "failed", "cancelled")
@@ -272,7 +272,11 @@ def run_jobs(
         for n in fleet.nodes:
             if (node and n.name != node) or n.agent is None:
                 continue
-            actions = AgentActions(fleet, n.name)
+            try:
+                actions = AgentActions(fleet, n.name)
+            except MissingSecret as exc:  # one node without a token: list the others
+                problems.append(f"{n.name}: no token ({exc.short})")
+                continue
             try:
                 rows += [(n.name, j) for j in await actions.jobs()]
             except ActionError as exc:

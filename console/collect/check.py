@@ -1,7 +1,11 @@
 """`engineroom check`: poll the fleet once and print a compact table, or stable JSON.
 
-Exit codes: 0 healthy, 1 degraded (a node stale or down, or any alert), 2 unreachable
-(no node answered). The JSON keys are documented in docs/check-json.md.
+Exit codes: 0 healthy, 1 degraded (a node stale, down or without a token, or any alert),
+2 unreachable (no node answered). The JSON keys are documented in docs/check-json.md.
+
+Where a gateway is declared and its token is set, its own TTFT per deployment is read
+too, so every latency says where it was measured (console.collect.measured): the engine
+or the gateway, and the gap between them.
 """
 
 from __future__ import annotations
@@ -10,9 +14,11 @@ import asyncio
 import json
 import sys
 import time
+from dataclasses import dataclass
 from typing import Any, TextIO
 
 from console.collect.collector import Collector, NodeState
+from console.collect.measured import ENGINE, GATEWAY, gateway_measure, ttft_gap_s
 from console.collect.view import DeploymentRow, FleetView, build
 from console.core.config import Fleet
 from console.core.wire import Percentiles
@@ -20,10 +26,41 @@ from console.core.wire import Percentiles
 EXIT = {"healthy": 0, "degraded": 1, "unreachable": 2}
 
 
-async def poll_once(fleet: Fleet, timeout_s: float | None = None) -> tuple[FleetView, dict]:
+@dataclass
+class GatewayReading:
+    """The gateway's admin snapshot, or why there is none (None, None: no gateway)."""
+
+    url: str | None = None
+    snapshot: dict[str, Any] | None = None
+    error: str | None = None
+
+
+async def read_gateway(fleet: Fleet, timeout_s: float) -> GatewayReading:
+    from console.collect.gateway_client import GatewayClient, GatewayError
+
+    if fleet.gateway is None:
+        return GatewayReading()
+    url = fleet.gateway.url
+    if not GatewayClient.configured(fleet):
+        return GatewayReading(url, error=f"no token ({fleet.gateway.token_env} is not set)")
+    client = GatewayClient(fleet, timeout=timeout_s)
+    try:
+        return GatewayReading(url, snapshot=await client.snapshot())
+    except GatewayError as exc:
+        return GatewayReading(url, error=str(exc))
+    finally:
+        await client.close()
+
+
+async def poll_once(
+    fleet: Fleet, timeout_s: float | None = None
+) -> tuple[FleetView, dict[str, NodeState], GatewayReading]:
     async with Collector(fleet, timeout_s=timeout_s) as collector:
-        states = await collector.poll_all()
-        return build(fleet, states, collector.refresh_s, history=collector.history), states
+        states, gateway = await asyncio.gather(
+            collector.poll_all(), read_gateway(fleet, collector.timeout_s)
+        )
+        view = build(fleet, states, collector.refresh_s, history=collector.history)
+        return view, states, gateway
 
 
 def run_check(
@@ -35,11 +72,13 @@ def run_check(
     prometheus: bool = False,
 ) -> int:
     if watch is None:
-        view, states = asyncio.run(poll_once(fleet))
+        view, states, gateway = asyncio.run(poll_once(fleet))
         if prometheus:
             out.write(to_prometheus(fleet, view))
+        elif as_json:
+            out.write(to_json(view, states, gateway) + "\n")
         else:
-            out.write(to_json(view, states) + "\n" if as_json else render(view) + "\n")
+            out.write(render(view, gateway) + "\n")
         return EXIT[view.summary.status]
     return asyncio.run(_watch(fleet, watch, as_json, out))
 
@@ -48,9 +87,11 @@ async def _watch(fleet: Fleet, every: float, as_json: bool, out: TextIO) -> int:
     async with Collector(fleet, refresh_s=every) as collector:
         while True:
             started = time.monotonic()
-            states = await collector.poll_all()
+            states, gateway = await asyncio.gather(
+                collector.poll_all(), read_gateway(fleet, collector.timeout_s)
+            )
             view = build(fleet, states, collector.refresh_s, history=collector.history)
-            text = to_json(view, states) if as_json else render(view)
+            text = to_json(view, states, gateway) if as_json else render(view, gateway)
             clear = "" if as_json or not out.isatty() else "\033[H\033[2J"
             out.write(f"{clear}{text}\n")
             out.flush()
@@ -72,21 +113,25 @@ def _ms(p: Percentiles | None) -> str:
 
 
 def _seconds(value: float) -> str:
-    return f"{value * 1000:.0f}ms" if value < 10 else f"{value:.1f}s"
+    """999ms, 1.21s, 12.4s: the unit chosen after rounding, as on the screens."""
+    if round(value * 1000) < 1000:
+        return f"{value * 1000:.0f}ms"
+    return f"{value:.2f}s" if round(value, 2) < 10 else f"{value:.1f}s"
 
 
 def _gib(value: int | None) -> str:
     return "?" if value is None else f"{value / 2**30:.0f}"
 
 
-def render(view: FleetView) -> str:
+def render(view: FleetView, gateway: GatewayReading | None = None) -> str:
     s = view.summary
+    no_token = f" {s.nodes_no_token} no token" if s.nodes_no_token else ""
     lines = [
         f"fleet {s.name}  {s.environment}  {s.status.upper()}  nodes {s.nodes_up} up "
-        f"{s.nodes_stale} stale {s.nodes_down} down  gpus {s.gpus}  util {_pct(s.util_avg)}  "
-        f"alerts {s.alerts}",
+        f"{s.nodes_stale} stale {s.nodes_down} down{no_token}  gpus {s.gpus}  "
+        f"util {_pct(s.util_avg)}  alerts {s.alerts}",
         "",
-        f"{'NODE':<14}{'STATUS':<8}{'GPUS':>5}  {'UTIL avg/max':<13}{'MEM GiB':<12}{'TEMP':>5}"
+        f"{'NODE':<14}{'STATUS':<10}{'GPUS':>5}  {'UTIL avg/max':<13}{'MEM GiB':<12}{'TEMP':>5}"
         f"  ENGINES",
     ]
     for n in view.nodes:
@@ -94,21 +139,30 @@ def render(view: FleetView) -> str:
         util = f"{_pct(n.util_avg)}/{_pct(n.util_max)}" if n.gpus else "-"
         temp = f"{n.temp_max:.0f}C" if n.temp_max is not None else "?"
         detail = n.engines or "-"
-        if n.status != "up" and n.error:
+        if n.status == "no token":
+            detail = f"no token ({n.error})"
+        elif n.status != "up" and n.error:
             detail = n.error
         status = n.status + ("/ssh" if n.transport == "ssh" else "")
         gpus = "?" if n.gpus is None else str(n.gpus)
-        lines.append(f"{n.name:<14}{status:<8}{gpus:>5}  {util:<13}{mem:<12}{temp:>5}  {detail}")
+        lines.append(
+            f"{n.name:<14}{status:<10}{gpus:>5}  {util:<13}{mem:<12}{temp:>5}  {detail}"
+        )
     if view.models:
+        # Two header lines: what, and where it was measured (console.collect.measured).
         lines += [
             "",
-            f"{'MODEL / DEPLOYMENT':<26}{'ENGINE':<15}{'NODE':<10}{'STATE':<10}"
-            f"{'TTFT95':>8}{'ITL95':>8}{'E2E95':>8}  SLO",
+            f"{'MODEL / DEPLOYMENT':<26}{'ENGINE':<20}{'NODE':<10}{'STATE':<10}"
+            f"{'TTFT95':>8}{'TTFT95':>9}{'GAP':>8}{'ITL95':>8}{'E2E95':>8}  SLO",
+            f"{'':<66}{ENGINE:>8}{GATEWAY:>9}{'gw-eng':>8}{ENGINE:>8}{ENGINE:>8}",
         ]
+        snapshot = gateway.snapshot if gateway else None
         for model, rows in view.models.items():
             lines.append(model)
             for r in rows:
-                lines.append(_deployment_line(r))
+                lines.append(_deployment_line(r, gateway_measure(snapshot, model, r.id)))
+    if gateway is not None and gateway.error:
+        lines += ["", f"gateway {gateway.url}: {gateway.error} (no TTFT95 at the gateway)"]
     if view.alerts:
         lines += ["", "ALERTS"]
         for a in sorted(view.alerts, key=lambda a: a.severity != "critical"):
@@ -117,19 +171,44 @@ def render(view: FleetView) -> str:
     return "\n".join(lines)
 
 
-def _deployment_line(r: DeploymentRow) -> str:
+def _deployment_line(r: DeploymentRow, gw: dict[str, Any] | None) -> str:
     lat = r.stats.latency if r.stats else None
     slo = {True: "ok", False: "BREACH", None: "?"}[r.slo_ok]
-    engine = f"{r.engine} {r.version or '?'}"[:18]
+    engine = f"{r.engine} {r.version or '?'}"
+    engine = engine if len(engine) < 20 else engine[:18] + "…"
     name = r.id or "(undeclared)"
+    state = "standby" if r.standby else r.state
+    if gw is None:
+        at_gateway = "-"
+    elif not gw.get("up", True):
+        at_gateway = "down"
+    else:
+        at_gateway = _ms(Percentiles.model_validate(gw.get("ttft_s") or {}))
+    gap = ttft_gap_s(lat.ttft_s if lat else None, gw)
+    gap_text = "-" if gap is None else ("-" if gap < 0 else "+") + _seconds(abs(gap))
     return (
-        f"  {name:<24}{engine:<15}{r.node:<10}{r.state:<10}"
-        f"{_ms(lat.ttft_s if lat else None):>8}{_ms(lat.itl_s if lat else None):>8}"
-        f"{_ms(lat.e2e_s if lat else None):>8}  {slo}"
+        f"  {name:<24}{engine:<20}{r.node:<10}{state:<10}"
+        f"{_ms(lat.ttft_s if lat else None):>8}{at_gateway:>9}{gap_text:>8}"
+        f"{_ms(lat.itl_s if lat else None):>8}{_ms(lat.e2e_s if lat else None):>8}  {slo}"
     )
 
 
-def to_dict(view: FleetView, states: dict[str, NodeState]) -> dict[str, Any]:
+def _gateway_latency(gw: dict[str, Any] | None) -> dict[str, Any] | None:
+    if gw is None:
+        return None
+    ttft = gw.get("ttft_s") or {}
+    return {
+        "measured_at": GATEWAY,
+        "up": gw.get("up"),
+        "weight": gw.get("weight"),
+        "ttft_s": {k: ttft.get(k) for k in ("p50", "p95", "p99", "count")},
+    }
+
+
+def to_dict(
+    view: FleetView, states: dict[str, NodeState], gateway: GatewayReading | None = None
+) -> dict[str, Any]:
+    snapshot = gateway.snapshot if gateway else None
     nodes = []
     for row in view.nodes:
         snap = states[row.name].snapshot
@@ -169,6 +248,7 @@ def to_dict(view: FleetView, states: dict[str, NodeState]) -> dict[str, Any]:
         )
     models = []
     for name, rows in view.models.items():
+        measures = {r.id: gateway_measure(snapshot, name, r.id) for r in rows}
         models.append(
             {
                 "name": name,
@@ -182,7 +262,13 @@ def to_dict(view: FleetView, states: dict[str, NodeState]) -> dict[str, Any]:
                         "state": r.state,
                         "reason": r.reason,
                         "weight": r.weight,
+                        "standby": r.standby,
                         "latency": r.stats.latency.model_dump() if r.stats else None,
+                        "latency_measured_at": ENGINE,
+                        "gateway_latency": _gateway_latency(measures[r.id]),
+                        "ttft_p95_gap_s": ttft_gap_s(
+                            r.stats.latency.ttft_s if r.stats else None, measures[r.id]
+                        ),
                         "request_rate": r.stats.request_rate if r.stats else None,
                         "error_rate": r.stats.error_rate if r.stats else None,
                         "slo": r.slo,
@@ -201,11 +287,15 @@ def to_dict(view: FleetView, states: dict[str, NodeState]) -> dict[str, Any]:
             "nodes_up": s.nodes_up,
             "nodes_stale": s.nodes_stale,
             "nodes_down": s.nodes_down,
+            "nodes_no_token": s.nodes_no_token,
             "gpus": s.gpus,
             "util_avg": s.util_avg,
             "alerts": s.alerts,
         },
         "nodes": nodes,
+        "gateway": None
+        if gateway is None or gateway.url is None
+        else {"url": gateway.url, "error": gateway.error},
         "models": models,
         "alerts": [
             {"severity": a.severity, "subject": a.subject, "message": a.message}
@@ -214,8 +304,10 @@ def to_dict(view: FleetView, states: dict[str, NodeState]) -> dict[str, Any]:
     }
 
 
-def to_json(view: FleetView, states: dict[str, NodeState]) -> str:
-    return json.dumps(to_dict(view, states), indent=2, sort_keys=False)
+def to_json(
+    view: FleetView, states: dict[str, NodeState], gateway: GatewayReading | None = None
+) -> str:
+    return json.dumps(to_dict(view, states, gateway), indent=2, sort_keys=False)
 
 
 def _label(value: str) -> str:

@@ -24,11 +24,13 @@ from pydantic import ValidationError
 
 from console.collect.history import History
 from console.collect.ssh import SshError, SshReader
-from console.core.config import Fleet, Node
+from console.core.config import Fleet, MissingSecret, Node
 from console.core.oslimits import raise_open_files
 from console.core.wire import Snapshot
 
-NodeStatus = Literal["up", "stale", "down", "unknown"]
+# "no token": the node's token variable is not set here, so it is not polled (the rest
+# of the fleet is).
+NodeStatus = Literal["up", "stale", "down", "unknown", "no token"]
 
 STALE_AFTER = 2  # refreshes without a good snapshot
 DOWN_AFTER = 5
@@ -51,6 +53,7 @@ class NodeState:
     failures: int = 0  # consecutive
     poll_ms: float | None = None
     polls: int = 0
+    no_token: str | None = None  # the unset variable that names this node's token
 
     def age(self, now: float | None = None) -> float | None:
         if self.last_ok is None:
@@ -58,6 +61,8 @@ class NodeState:
         return (time.monotonic() if now is None else now) - self.last_ok
 
     def status(self, refresh_s: float, now: float | None = None) -> NodeStatus:
+        if self.no_token is not None:
+            return "no token"
         age = self.age(now)
         if age is None:
             return "down" if self.failures else "unknown"
@@ -99,7 +104,9 @@ class Collector:
         self.on_update = on_update
         self.states = {n.name: NodeState(n.name, n.transport) for n in fleet.nodes}
         self.history = History()
-        self._targets = [self._target(i, n) for i, n in enumerate(fleet.nodes) if n.agent]
+        self._targets = [
+            t for i, n in enumerate(fleet.nodes) if n.agent and (t := self._target(i, n))
+        ]
         self._sessions = asyncio.Semaphore(fleet.fleet.ssh_concurrency)
         self._ssh = [
             SshReader(fleet, n, self._sessions) for n in fleet.nodes if not n.agent and n.ssh
@@ -107,10 +114,17 @@ class Collector:
         self._session: aiohttp.ClientSession | None = None
         self._tasks: list[asyncio.Task[None]] = []
 
-    def _target(self, index: int, node: Node) -> _Target:
+    def _target(self, index: int, node: Node) -> _Target | None:
+        """How to poll the node; None when its token variable is not set (one node without
+        a token costs that node, not the fleet)."""
         headers = {}
         if node.token_env:
-            token = self.fleet.secret(node.token_env, ("nodes", index, "token_env"))
+            try:
+                token = self.fleet.secret(node.token_env, ("nodes", index, "token_env"))
+            except MissingSecret as exc:
+                state = self.states[node.name]
+                state.no_token, state.error = exc.env_name, exc.short
+                return None
             headers["Authorization"] = f"Bearer {token}"
         return _Target(
             node,
@@ -311,10 +325,3 @@ def _parse(body: bytes) -> Snapshot:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
         raise PollError(f"not a snapshot: {where}: {first['msg']}") from None
-
-
-def check_tokens(fleet: Fleet) -> None:
-    """Fail early, naming the line, when a node's token variable is not set."""
-    for i, node in enumerate(fleet.nodes):
-        if node.token_env:
-            fleet.secret(node.token_env, ("nodes", i, "token_env"))

@@ -22,7 +22,7 @@ from console.collect.actions import (
     _act,
 )
 from console.core import drillreport
-from console.core.config import Fleet
+from console.core.config import Fleet, MissingSecret
 from console.core.wire import Job
 
 
@@ -43,8 +43,11 @@ def run_drill(
     return asyncio.run(_act(fleet, node, lambda a: a.drill(name), wait, as_json, out))
 
 
-async def _each_agent(fleet: Fleet, call: Any) -> tuple[list[tuple[str, Any]], list[str]]:
-    """`call(actions)` on every node with an agent, at once; (node, answer) and problems."""
+async def _each_agent(
+    fleet: Fleet, call: Any
+) -> tuple[list[tuple[str, Any]], list[str], dict[str, str]]:
+    """`call(actions)` on every node with an agent, at once: (node, answer), the problems,
+    and the nodes not asked because their token variable is not set here."""
 
     async def one(node: str) -> tuple[str, Any]:
         actions = AgentActions(fleet, node)
@@ -55,19 +58,23 @@ async def _each_agent(fleet: Fleet, call: Any) -> tuple[list[tuple[str, Any]], l
 
     nodes = [n.name for n in fleet.nodes if n.agent is not None]
     answers = await asyncio.gather(*(one(n) for n in nodes), return_exceptions=True)
-    rows, problems = [], []
-    for answer in answers:
-        if isinstance(answer, ActionError):
+    rows, problems, no_token = [], [], {}
+    for node, answer in zip(nodes, answers, strict=True):
+        if isinstance(answer, MissingSecret):
+            no_token[node] = f"no token ({answer.short})"
+        elif isinstance(answer, ActionError):
             problems.append(str(answer))
         elif isinstance(answer, BaseException):
             raise answer
         else:
             rows.append(answer)
-    return rows, problems
+    return rows, problems, no_token
 
 
 def list_drills(fleet: Fleet, *, as_json: bool, out: TextIO = sys.stdout) -> int:
-    answers, problems = asyncio.run(_each_agent(fleet, lambda a: a.jobs(200)))
+    """The definitions come from the file, so they show with no token at all; the history
+    comes from the agents this console holds a token for."""
+    answers, problems, no_token = asyncio.run(_each_agent(fleet, lambda a: a.jobs(200)))
     history: list[tuple[str, Job]] = [
         (node, job) for node, jobs in answers for job in jobs if job.kind == "drill.run"
     ]
@@ -84,6 +91,7 @@ def list_drills(fleet: Fleet, *, as_json: bool, out: TextIO = sys.stdout) -> int
                         {"node": node, **drillreport.report(job, node)} for node, job in history
                     ],
                     "errors": problems,
+                    "no_token": no_token,  # node -> why its history was not read
                 },
                 indent=2,
             ),
@@ -97,9 +105,12 @@ def list_drills(fleet: Fleet, *, as_json: bool, out: TextIO = sys.stdout) -> int
         )
         for name, drill in fleet.drills.items():
             last = next((j for _, j in history if j.params.get("drill") == name), None)
+            node = drill_node(fleet, name)
             when = "never" if last is None else _last(last)
+            if last is None and node in no_token:
+                when = f"? {no_token[node]}"  # its node's history was not read
             print(
-                f"{name:<20} {drill_node(fleet, name) or '?':<12} {drill.deployment:<20} "
+                f"{name:<20} {node or '?':<12} {drill.deployment:<20} "
                 f"{drill.pipeline:<8} {drill.precision:<9} {when}",
                 file=out,
             )
@@ -115,6 +126,8 @@ def list_drills(fleet: Fleet, *, as_json: bool, out: TextIO = sys.stdout) -> int
                 )
         for problem in problems:
             print(f"engineroom: {problem}", file=sys.stderr)
+    for node, why in no_token.items():
+        print(f"engineroom: {node}: history not read: {why}", file=sys.stderr)
     return EXIT_UNREACHABLE if problems else EXIT_OK
 
 
@@ -158,7 +171,8 @@ def what_if(
         print("engineroom: what-if needs at least one of --driver, --cuda, --tensorrt, "
               "--tensorrt-llm, --gpu, --compute-capability", file=sys.stderr)  # fmt: skip
         return EXIT_FAILED
-    answers, problems = asyncio.run(_each_agent(fleet, lambda a: a.what_if(change)))
+    answers, problems, no_token = asyncio.run(_each_agent(fleet, lambda a: a.what_if(change)))
+    problems += [f"{node}: not asked: {why}" for node, why in no_token.items()]
     rows = [row for _, found in answers for row in found]
     if as_json:
         print(json.dumps(rows, indent=2), file=out)

@@ -60,6 +60,11 @@ class DeploymentRow:
     trt: TrtEngine | None = None  # a TensorRT-LLM engine's provenance: current, stale, unknown
 
     @property
+    def standby(self) -> bool:
+        """Declared with weight 0 and down: a standby nobody started, not an outage."""
+        return self.weight == 0 and self.state == "down"
+
+    @property
     def slo_ok(self) -> bool | None:
         known = [v for v in self.slo.values() if v != "unknown"]
         if not known:
@@ -80,12 +85,15 @@ class Summary:
     util_avg: float | None
     alerts: int
     critical: int
+    nodes_no_token: int = 0  # not polled: the token variable is not set here
 
     @property
     def status(self) -> Literal["healthy", "degraded", "unreachable"]:
-        if self.nodes_down and self.nodes_up + self.nodes_stale + self.nodes_waiting == 0:
+        unseen = self.nodes_down + self.nodes_no_token
+        if unseen and self.nodes_up + self.nodes_stale + self.nodes_waiting == 0:
             return "unreachable"
-        if self.nodes_stale or self.nodes_down or self.alerts:
+        # A node this console holds no token for is not known to be healthy.
+        if self.nodes_stale or unseen or self.alerts:
             return "degraded"
         return "healthy"
 
@@ -204,6 +212,8 @@ def deployment_row(
         engine_state, reason = engine.state, engine.reason
     elif snap is not None:
         engine_state, reason = "unknown", NOT_REPORTED
+    elif status == "no token" and state is not None:
+        engine_state, reason = "unknown", f"node {dep.node}: no token ({state.error})"
     else:
         engine_state, reason = "unknown", f"node {dep.node} is {status}"
     return DeploymentRow(
@@ -294,5 +304,6 @@ def build(
         util_avg=_avg(utils),
         alerts=len(alerts),
         critical=sum(a.severity == "critical" for a in alerts),
+        nodes_no_token=sum(r.status == "no token" for r in node_rows),
     )
     return FleetView(summary, node_rows, cells, models, alerts)

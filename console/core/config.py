@@ -32,6 +32,22 @@ class ConfigError(Exception):
     """A problem in fleet.toml, already worded for the operator: `path:line: what`."""
 
 
+class MissingSecret(ConfigError):
+    """The environment variable that the file names for a secret is not set.
+
+    The file itself is fine: a command that reads many nodes shows the one node as
+    `no token (NAME is not set)` and goes on with the rest; only a command that needs
+    this very secret stops."""
+
+    def __init__(self, message: str, env_name: str) -> None:
+        super().__init__(message)
+        self.env_name = env_name
+
+    @property
+    def short(self) -> str:
+        return f"{self.env_name} is not set"
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
@@ -345,9 +361,10 @@ class Fleet(_Strict):
         """The value of the environment variable that `path` in the file names."""
         value = (os.environ if environ is None else environ).get(env_name, "")
         if not value.strip():
-            raise ConfigError(
+            raise MissingSecret(
                 f"{self.where(path)}: {format_path(path)}: environment variable {env_name} "
-                "is not set (secrets come from the environment, never from the file)"
+                "is not set (secrets come from the environment, never from the file)",
+                env_name,
             )
         return value
 

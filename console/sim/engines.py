@@ -140,8 +140,10 @@ class _Request:
         self.workload.finish(self.plan, self.sent, self.reason)
 
     async def tokens(self) -> AsyncIterator[str]:
-        """The answer's tokens, each at the time the simulated engine would send it."""
-        await asyncio.sleep(self.plan.ttft_s)
+        """The answer's tokens, each at the time the simulated engine would send it: first
+        the API server's share, which the engine's TTFT histogram does not see, then the
+        engine's own time to first token."""
+        await asyncio.sleep(self.plan.api_s + self.plan.ttft_s)
         for i, token in enumerate(words(self.plan.tokens)):
             if i:
                 await asyncio.sleep(self.plan.itl_s)

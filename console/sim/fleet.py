@@ -659,22 +659,48 @@ class DemoFleet:
                 os.killpg(int(json.loads(record.read_text())["pgid"]), signal.SIGKILL)
 
 
+GATEWAY_RATE = 4.0  # SIMULATED client requests per second and model, through the gateway
+GATEWAY_INFLIGHT = 32  # per model: beyond it an arrival is not sent (a bound, not a queue)
+
+
 async def _gateway_clients(url: str, models: list[ModelInfo]) -> None:
     """SIMULATED clients: a light stream of requests per model through the gateway, so its
-    own TTFT (GW TTFT95 on Models) and a failover's verification have traffic to see."""
+    own TTFT (TTFT95 at the gateway on Models) and a failover's verification have traffic
+    to see.
+
+    Arrivals are open-loop (Poisson, at a steady rate), like many independent users: a
+    client that waited for each answer before sending the next would send fewer requests
+    while a deployment is slow, and the gateway's p95 would miss the slow moments that
+    the engine's histogram counts (coordinated omission)."""
+    import random
+
     import aiohttp
 
-    async def client(model: str, every: float) -> None:
+    rng = random.Random(7)
+
+    async def one(model: str) -> None:
         body = {"model": model, "prompt": "hello", "max_tokens": 8, "stream": True}
-        while True:
-            with contextlib.suppress(aiohttp.ClientError, TimeoutError):
-                async with http.post(url + "/v1/completions", json=body) as resp:
-                    async for _ in resp.content.iter_any():
-                        pass
-            await asyncio.sleep(every)
+        with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+            async with http.post(url + "/v1/completions", json=body) as resp:
+                async for _ in resp.content.iter_any():
+                    pass
+
+    async def arrivals(model: str) -> None:
+        inflight: set[asyncio.Task[None]] = set()
+        try:
+            while True:
+                await asyncio.sleep(rng.expovariate(GATEWAY_RATE))
+                if len(inflight) < GATEWAY_INFLIGHT:
+                    task = asyncio.create_task(one(model))
+                    inflight.add(task)
+                    task.add_done_callback(inflight.discard)
+        finally:
+            for task in list(inflight):
+                task.cancel()
+            await asyncio.gather(*inflight, return_exceptions=True)
 
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as http:
-        await asyncio.gather(*(client(m.name, 0.4) for m in models for _ in range(2)))
+        await asyncio.gather(*(arrivals(m.name) for m in models))
 
 
 DEMO_HEADER = """

@@ -8,7 +8,17 @@ the way the real engines count it (cumulative counters and histograms, never res
 the agent's windowed percentiles come out of the same bucket deltas as in production.
 
 Requests that really arrive over HTTP (`plan`, `begin`, `finish`) are timed from the same
-state and counted the same way.
+state and counted the same way, so they are served with the latency the engine reports: a
+client through the gateway sees the engine's TTFT plus the API server and the network,
+never less, as with real engines. Two things make that hold:
+
+- a request's time to first token is spread evenly inside its histogram bucket. The agent
+  (like Prometheus' histogram_quantile) interpolates percentiles linearly inside a bucket;
+  with values spread that way the p95 it reports is the p95 the requests were served with.
+  (A smooth distribution bunched at a bucket's low end would make the engine report,
+  say, 230 ms while its requests got 150 ms.)
+- an HTTP request's prompt costs at least a typical prompt of this traffic: the demo's
+  clients send a few placeholder words for the traffic they stand for.
 """
 
 from __future__ import annotations
@@ -34,6 +44,10 @@ E2E_BUCKETS = (
 )  # fmt: skip
 
 FINISH_REASONS = ("stop", "length", "abort", "error", "repetition")
+# The API server's share of an HTTP request before the engine's clock starts (parse,
+# tokenize, hand over): vLLM's TTFT histogram does not see it, a client does.
+API_SERVER_S = 0.003
+API_SERVER_PER_PROMPT_TOKEN_S = 2e-6
 TICK_S = 1.0
 WARMUP_S = 120.0  # simulated history before the first scrape, so nothing starts from zero
 
@@ -79,16 +93,27 @@ class Traffic:
     queue_surge: bool = False  # now and then more traffic than the batch can take
 
 
+def spread_in_bucket(value: float, bounds: tuple[float, ...], u: float) -> float:
+    """`value` moved to the point `u` (0..1) of its histogram bucket; beyond the last
+    bound it stays as it is."""
+    i = bisect_left(bounds, value)
+    if i >= len(bounds):
+        return value
+    lower = bounds[i - 1] if i > 0 else 0.0
+    return lower + (bounds[i] - lower) * u
+
+
 @dataclass(slots=True)
 class Plan:
     """How one request will be answered: when its first token comes and how fast the rest."""
 
     queue_s: float
-    ttft_s: float
+    ttft_s: float  # as the engine measures it: from the moment the engine has the request
     itl_s: float
     tokens: int
     prompt_tokens: int
     reason: str  # finish reason when it runs to the end
+    api_s: float = 0.0  # an HTTP request's time in the API server, before the engine's clock
 
 
 class Workload:
@@ -220,11 +245,13 @@ class Workload:
     def plan(
         self, now: float, prompt_tokens: int | None = None, max_tokens: int | None = None
     ) -> Plan:
+        """A simulated request's plan; with `prompt_tokens`, one that came over HTTP."""
         t = self.traffic
         breach = self.breaching(now)
-        if prompt_tokens is None:
-            mean_prompt = t.prompt_tokens * (8.0 if breach else 1.0)
-            prompt_tokens = max(1, int(self._lognormal(mean_prompt, 0.6)))
+        mean_prompt = t.prompt_tokens * (8.0 if breach else 1.0)
+        typical = max(1, int(self._lognormal(mean_prompt, 0.6)))
+        counted = typical if prompt_tokens is None else prompt_tokens
+        timed = max(typical, counted)
         wanted = max(1, min(t.max_output, int(self._lognormal(t.output_tokens, 0.6))))
         tokens = wanted if max_tokens is None else max(1, min(wanted, max_tokens))
         reason = "length" if max_tokens is not None and tokens == max_tokens else "stop"
@@ -239,15 +266,20 @@ class Workload:
             reason = "abort"
         # Scheduling takes a fraction of a millisecond even with nobody waiting.
         queue = (self.queue_wait_now() + 0.0004) * self._lognormal(1.0, 0.3)
-        prefill = self.traffic.prefill_s * (prompt_tokens / t.prompt_tokens) ** 0.8
+        prefill = self.traffic.prefill_s * (timed / t.prompt_tokens) ** 0.8
         prefill *= 1 + 1.5 * max(0.0, self.kv_usage - 0.5)
+        ttft = queue + self._lognormal(prefill, 0.35)
+        api = 0.0
+        if prompt_tokens is not None:
+            api = self._lognormal(API_SERVER_S + counted * API_SERVER_PER_PROMPT_TOKEN_S, 0.3)
         return Plan(
             queue_s=queue,
-            ttft_s=queue + self._lognormal(prefill, 0.35),
+            ttft_s=max(queue, spread_in_bucket(ttft, self.ttft.bounds, self.rng.random())),
             itl_s=self._lognormal(self.itl_now(), 0.12),
             tokens=tokens,
-            prompt_tokens=prompt_tokens,
+            prompt_tokens=counted,
             reason=reason,
+            api_s=api,
         )
 
     def begin(self) -> None:

@@ -259,6 +259,9 @@ class EngineroomApp(App[int]):
             return f"no node named {node!r}"
         if declared.agent is None:
             return f"{node} is read over SSH: starting and stopping engines needs its agent"
+        state = self.collector.states.get(node)
+        if state is not None and state.no_token:
+            return f"no token for {node} ({state.error})"
         if self.roles.get(node) == "viewer":
             return f"the token for {node} is a viewer token: actions need an operator token"
         return None
@@ -513,8 +516,6 @@ class EngineroomApp(App[int]):
 
 
 def run_tui(fleet: Fleet, *, read_only: bool = False) -> int:
-    from console.collect.collector import check_tokens
-
-    check_tokens(fleet)  # a missing token variable fails before the screen opens
+    # A node whose token variable is not set shows as "no token"; the rest is watched.
     app = EngineroomApp(fleet, read_only=read_only)
     return app.run() or 0

@@ -60,11 +60,26 @@ def watts(value: float | None, limit: float | None = None) -> Text:
 
 
 def seconds(value: float | None) -> str:
+    """At most five characters: 999ms, 9.99s, 999s, 99m, 999h. The unit is chosen after
+    rounding, so 0.9996 s reads 1.00s, never 1000ms."""
     if value is None:
         return "?"
-    if value < 1:
+    if round(value * 1000) < 1000:
         return f"{value * 1000:.0f}ms"
-    return f"{value:.2f}s" if value < 10 else f"{value:.0f}s"
+    if round(value, 2) < 10:
+        return f"{value:.2f}s"
+    if round(value) < 1000:
+        return f"{value:.0f}s"
+    if round(value / 60) < 100:
+        return f"{value / 60:.0f}m"
+    return f"{min(value / 3600, 999):.0f}h"
+
+
+def signed_seconds(value: float | None) -> str:
+    """A difference of two latencies: +23ms, -4ms, +1.20s."""
+    if value is None:
+        return "?"
+    return ("-" if value < 0 else "+") + seconds(abs(value))
 
 
 def latency(p: Percentiles | None, which: str = "p95", limit_ms: float | None = None) -> Text:
@@ -84,20 +99,52 @@ def latency(p: Percentiles | None, which: str = "p95", limit_ms: float | None = 
 
 
 def rate(value: float | None) -> Text:
+    """At most six characters: 9.9/s, 999/s, 9.9k/s, 999k/s (the unit after rounding)."""
     if value is None:
         return UNKNOWN
-    return Text(f"{value:.1f}/s" if value < 10 else f"{value:.0f}/s")
+    if round(value, 1) < 10:
+        return Text(f"{value:.1f}/s")
+    if round(value) < 1000:
+        return Text(f"{value:.0f}/s")
+    if round(value / 1000, 1) < 10:
+        return Text(f"{value / 1000:.1f}k/s")
+    return Text(f"{min(value / 1000, 999):.0f}k/s")
+
+
+def number(value: float | None) -> str:
+    """A count in at most four characters: 9999, 12k, 999k, 12M."""
+    if value is None:
+        return "?"
+    n = round(value)
+    if abs(n) < 10_000:
+        return str(n)
+    if round(n / 1000) < 1000:
+        return f"{n / 1000:.0f}k"
+    return f"{min(n / 1e6, 999):.0f}M"
 
 
 def count(value: float | None) -> Text:
-    return UNKNOWN if value is None else Text(f"{value:.0f}")
+    return UNKNOWN if value is None else Text(number(value))
+
+
+def percent(value: float) -> str:
+    """A fraction as a percentage in at most four characters: 0.3%, 9.9%, 12%, 100%."""
+    return f"{value:.1%}" if round(value * 100, 1) < 10 else f"{value:.0%}"
 
 
 def error_rate(value: float | None, limit: float | None) -> Text:
     if value is None:
         return UNKNOWN
     bad = limit is not None and value > limit
-    return Text(f"{value:.1%}", style="bold red" if bad else "")
+    return Text(percent(value), style="bold red" if bad else "")
+
+
+def fit(value: str, width: int, style: str = "") -> Text:
+    """Free text in a column `width` wide: cut with an ellipsis so that one space is always
+    left before the next column (the tables have no cell padding)."""
+    if len(value) < width:
+        return Text(value, style=style)
+    return Text(value[: max(0, width - 2)] + "…", style=style)
 
 
 STATUS_STYLE = {
@@ -108,11 +155,20 @@ STATUS_STYLE = {
     "unknown": "dim",
     "down": "bold red",
     "unhealthy": "bold red",
+    "no token": "yellow",
 }
 
 
 def status(value: str, suffix: str = "") -> Text:
     return Text(value + suffix, style=STATUS_STYLE.get(value, ""))
+
+
+def engine_state(state: str, standby: bool) -> Text:
+    """One word for one state on every screen: a deployment with weight 0 that is down is a
+    standby nobody started, dim, not a red outage."""
+    if standby and state == "down":
+        return Text("standby", style="dim")
+    return status(state)
 
 
 def age(value: float | None) -> Text:

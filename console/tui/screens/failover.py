@@ -128,8 +128,10 @@ class FailoverScreen(ModalScreen[str | None]):
         }
         t = Text()
         w = max([16, *(len(d.id) + 2 for d in self._deployments())])
-        t.append(f"{'DEPLOYMENT':<{w}}{'ENGINE':<18}{'STATE':<10}{'TTFT95':>8}{'GW TTFT95':>11}"
+        t.append(f"{'DEPLOYMENT':<{w}}{'ENGINE':<18}{'STATE':<10}{'TTFT95':>8}{'TTFT95':>11}"
                  f"{'QUEUE':>7}{'KV':>6}{'WEIGHT':>8}{'INFL':>6}\n", style="bold")  # fmt: skip
+        # Where each TTFT was measured, as on Models (console.collect.measured).
+        t.append(f"{'':<{w + 28}}{'engine':>8}{'gateway':>11}\n", style="dim")
         for dep in self._deployments():
             row = rows.get(dep.id)
             gw = live.get(dep.id, {})

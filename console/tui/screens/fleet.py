@@ -15,7 +15,7 @@ from console.tui.widgets.table import FleetTable, Row
 
 COLUMNS = [
     ("NODE", 13),
-    ("STATUS", 8),
+    ("STATUS", 10),  # "no token", "stale/ssh"
     ("GPUS", 5),
     ("UTIL", 5),
     ("MAX", 5),
@@ -30,7 +30,9 @@ def node_cells(n: NodeRow, warn: float, crit: float) -> Row:
     def cells() -> tuple[Text, ...]:
         status = fmt.status(n.status, "/ssh" if n.transport == "ssh" else "")
         detail = Text(n.engines or "-")
-        if n.status != "up" and n.error:
+        if n.status == "no token":
+            detail = Text(f"no token ({n.error})", style="yellow")
+        elif n.status != "up" and n.error:
             detail = Text(n.error, style="red")
         elif n.gpu_status and n.gpu_status != "ok" and n.gpus == 0:
             detail = Text(f"{n.engines or '-'}  ({n.gpu_status})", style="dim")

@@ -24,6 +24,20 @@ COMMANDS = """\
 Enter opens the selected row; Esc goes back; ctrl+p lists every view and action.
 """
 
+# Where each latency on Models was measured (console.collect.measured); the header's
+# second line says the same in one word.
+MEASURED = """\
+TTFT95 engine     the engine's own histogram: its clock starts when the engine gets the
+                  request, after the API server has parsed and tokenized it
+TTFT95 gateway    the gateway's clock: request in to first byte out, as clients feel it
+GAP gw-eng        gateway minus engine p95: the API server, the network and the gateway.
+                  A large gap means the time is lost before the engine, not in it;
+                  yellow when the gap is what breaks the SLO
+ITL95 E2E95 TTFT50  the engine's histograms too; ~ marks a windowed mean (no histogram)
+standby           a deployment with weight 0 that is not running: no traffic, no alert
+no token          this console has no token for the node (its token_env is not set)
+"""
+
 
 class HelpScreen(ModalScreen[None]):
     BINDINGS = [Binding("escape,q,question_mark", "dismiss", "close")]
@@ -44,6 +58,8 @@ class HelpScreen(ModalScreen[None]):
             t.append(f"  {key:<14}{what}\n")
         t.append("\ncommands\n", style="bold")
         t.append(COMMANDS)
+        t.append("\nwhere each number was measured (Models)\n", style="bold")
+        t.append(MEASURED)
         with VerticalScroll():
             yield Static(t)
 

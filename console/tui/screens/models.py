@@ -1,7 +1,13 @@
 """Models: each model with all its deployments across engines, side by side.
 
 Latency is coloured against the model's SLO from fleet.toml; "~" marks a windowed mean
-where the engine has no histogram (Triton's default).
+where the engine has no histogram (Triton's default). The header's second line says where
+each latency was measured: at the engine (its own histograms, from the moment the engine
+got the request) or at the gateway (as clients feel it); GAP is the difference
+(console.collect.measured).
+
+Every column is one character wider than the widest value its formatter can produce, so
+a value never runs into the next column (the table has no cell padding).
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.widgets import DataTable
 
+from console.collect.measured import gateway_measure, gateway_ttft_p95, ttft_gap_s
 from console.collect.view import DeploymentRow, FleetView
 from console.core.config import Fleet, Model, Slo
 from console.core.wire import Percentiles
@@ -24,19 +31,21 @@ from console.tui.widgets.table import FleetTable, Row
 COLUMNS = [
     ("MODEL / DEPLOYMENT", 22),  # widened by name_width() for long ids and the badge
     ("ENGINE", 14),
-    ("STATE", 9),
-    ("TTFT95", 7),
-    ("ITL95", 6),
-    ("E2E95", 7),
-    ("RATE", 6),
-    ("QUEUE", 6),
-    ("KV", 5),
-    ("ERR", 6),
-    ("W", 4),
-    ("NODE", 9),
-    ("TTFT50", 7),
-    ("GW TTFT95", 10),  # the gateway's measure, as clients feel it (one for every engine)
+    ("STATE", 10),  # "unhealthy"
+    ("TTFT95\nengine", 7),  # latencies: at most six characters ("~999ms", "~9.99s")
+    ("TTFT95\ngateway", 8),
+    ("GAP\ngw-eng", 8),  # "+999ms"
+    ("ITL95\nengine", 7),
+    ("E2E95\nengine", 7),
+    ("RATE", 7),  # "9.9k/s"
+    ("QUEUE", 6),  # "9999", "12k"
+    ("KV", 5),  # "100%"
+    ("ERR", 6),  # "100%", "<0.5%"
+    ("W", 5),  # "9999"
+    ("NODE", 9),  # widened by node_width()
+    ("TTFT50\nengine", 7),
 ]
+NAME, NODE = 0, 13
 
 
 BADGE = " REBUILD REQUIRED"
@@ -51,6 +60,17 @@ def name_width(fleet: Fleet) -> int:
     }
     longest = max((len(i) + (len(BADGE) if i in can_go_stale else 0) for i in ids), default=0)
     return max(22, longest + 4)
+
+
+def node_width(fleet: Fleet) -> int:
+    return max(9, max((len(n.name) for n in fleet.nodes), default=0) + 1)
+
+
+def columns(fleet: Fleet) -> list[tuple[str, int | None]]:
+    widths: list[tuple[str, int | None]] = list(COLUMNS)
+    widths[NAME] = (COLUMNS[NAME][0], name_width(fleet))
+    widths[NODE] = (COLUMNS[NODE][0], node_width(fleet))
+    return widths
 
 
 def slo_text(slo: Slo) -> str:
@@ -75,6 +95,7 @@ def deployment_row(
     s = r.stats
     lat = s.latency if s else None
     slo = model.slo
+    gap = ttft_gap_s(lat.ttft_s if lat else None, gw)
 
     def cells() -> tuple[Text, ...]:
         name = Text("   " + (r.id or f"({r.engine_id}, undeclared)"))
@@ -84,12 +105,11 @@ def deployment_row(
             name.append(BADGE, style="bold black on yellow")
         return (
             name,
-            Text(f"{r.engine} {r.version or '?'}"[:13]),
-            # A weight-0 deployment that is down is a standby nobody started: not an outage.
-            Text("standby", style="dim")
-            if r.weight == 0 and r.state == "down"
-            else fmt.status(r.state),
+            fmt.fit(f"{r.engine} {r.version or '?'}", COLUMNS[1][1] or 0),
+            fmt.engine_state(r.state, r.standby),
             fmt.latency(lat.ttft_s if lat else None, "p95", slo.ttft_p95_ms),
+            _gateway_ttft(gw, slo.ttft_p95_ms),
+            _gap(gap, gw, slo.ttft_p95_ms),
             fmt.latency(lat.itl_s if lat else None, "p95", slo.itl_p95_ms),
             fmt.latency(lat.e2e_s if lat else None, "p95", slo.e2e_p95_ms),
             fmt.rate(s.request_rate if s else None),
@@ -100,9 +120,8 @@ def deployment_row(
                 slo.error_rate if slo.error_rate is not None else error_limit,
             ),
             _weight(r.weight, gw),
-            Text(r.node),
+            Text(r.node),  # the column is as wide as the longest node name
             fmt.latency(lat.ttft_s if lat else None, "p50"),
-            _gateway_ttft(gw, slo.ttft_p95_ms),
         )
 
     fields = {
@@ -110,10 +129,12 @@ def deployment_row(
         "deployment": r.id,
         "engine": r.engine,
         "node": r.node,
-        "state": r.state,
+        "state": "standby" if r.standby else r.state,
         "weight": r.weight,
         "rate": s.request_rate if s else None,
         "ttft_p95": lat.ttft_s.p95_or_mean if lat else None,
+        "gw_ttft_p95": gateway_ttft_p95(gw),
+        "ttft_gap": gap,
         "itl_p95": lat.itl_s.p95_or_mean if lat else None,
         "e2e_p95": lat.e2e_s.p95_or_mean if lat else None,
         "queue": s.requests_waiting if s else None,
@@ -124,15 +145,17 @@ def deployment_row(
     }
     key = f"d:{r.model}:{r.id or r.node + '/' + (r.engine_id or '')}"
     badge = " rebuild required" if fields["rebuild"] else ""
-    return Row(key, cells, fields, f"{r.model} {r.id} {r.engine} {r.node} {r.state}{badge}")
+    text = f"{r.model} {r.id} {r.engine} {r.node} {fields['state']}{badge}"
+    return Row(key, cells, fields, text)
 
 
 def _weight(declared: int | None, gw: dict[str, Any] | None) -> Text:
     """The live weight when the gateway answers (bold when it differs from the file)."""
     if gw is None:
-        return Text("-" if declared is None else str(declared))
+        return Text("-" if declared is None else fmt.number(declared))
     live = gw.get("weight")
-    return Text(str(live), style="bold cyan" if live != declared else "")
+    shown = fmt.number(live) if isinstance(live, int | float) else "?"
+    return Text(shown, style="bold cyan" if live != declared else "")
 
 
 def _gateway_ttft(gw: dict[str, Any] | None, slo_ms: float | None) -> Text:
@@ -140,10 +163,24 @@ def _gateway_ttft(gw: dict[str, Any] | None, slo_ms: float | None) -> Text:
         return Text("-", style="dim")
     if not gw.get("up", True):
         return Text("down", style="bold red")
-    p95 = (gw.get("ttft_s") or {}).get("p95")
+    p95 = gateway_ttft_p95(gw)
     if p95 is None:
         return Text("?", style="dim")
     return fmt.latency(Percentiles(p95=p95), "p95", slo_ms)
+
+
+def _gap(gap: float | None, gw: dict[str, Any] | None, slo_ms: float | None) -> Text:
+    """Gateway minus engine TTFT p95. Yellow when the gap is what breaks the SLO: the
+    engine is within it and clients are not, so the time goes before the engine."""
+    if gap is None:
+        return Text("-", style="dim")
+    at_gateway = gateway_ttft_p95(gw)
+    breaks = (
+        slo_ms is not None
+        and at_gateway is not None
+        and at_gateway * 1000 > slo_ms >= (at_gateway - gap) * 1000
+    )
+    return Text(fmt.signed_seconds(gap), style="bold yellow" if breaks else "")
 
 
 def model_head(name: str, model: Model, breach: bool, error_limit: float) -> tuple[Text, ...]:
@@ -154,21 +191,24 @@ def model_head(name: str, model: Model, breach: bool, error_limit: float) -> tup
         return Text("" if ms is None else f"<{fmt.seconds(ms / 1000)}", style="dim italic")
 
     err = slo.error_rate if slo.error_rate is not None else error_limit
+    blank = Text("")
     return (
         Text(name, style="bold red" if breach else "bold"),
-        Text(""),
+        blank,
         Text(
             "SLO" if any((slo.ttft_p95_ms, slo.itl_p95_ms, slo.e2e_p95_ms)) else "no SLO",
             style="dim italic",
         ),
-        limit(slo.ttft_p95_ms),
+        limit(slo.ttft_p95_ms),  # the engine's TTFT95
+        limit(slo.ttft_p95_ms),  # and the gateway's: clients feel that one
+        blank,
         limit(slo.itl_p95_ms),
         limit(slo.e2e_p95_ms),
-        Text(""),
-        Text(""),
-        Text(""),
-        Text(f"<{err:.0%}", style="dim italic"),
-        *[Text("")] * (len(COLUMNS) - 10),
+        blank,
+        blank,
+        blank,
+        Text(f"<{fmt.percent(err)}", style="dim italic"),
+        *[blank] * (len(COLUMNS) - 12),
     )
 
 
@@ -183,8 +223,7 @@ class ModelsScreen(ViewScreen):
     ]
 
     def compose_body(self) -> ComposeResult:
-        yield FleetTable([("MODEL / DEPLOYMENT", name_width(self.console.fleet)), *COLUMNS[1:]],
-                         id="models")  # fmt: skip
+        yield FleetTable(columns(self.console.fleet), id="models", header_height=2)
 
     def draw(self, view: FleetView) -> None:
         fleet = self.console.fleet
@@ -192,14 +231,13 @@ class ModelsScreen(ViewScreen):
         rows: list[Row] = []
         for name, deployments in view.models.items():
             model = models.get(name) or Model(name=name)
-            live = (self.console.gateway_snapshot or {}).get("models", {}).get(name, {})
             shown = [
                 deployment_row(
                     r,
                     model,
                     fleet.thresholds.kv_cache_warn,
                     fleet.thresholds.error_rate,
-                    live.get(r.id) if self.console.gateway_snapshot else None,
+                    gateway_measure(self.console.gateway_snapshot, name, r.id),
                 )
                 for r in deployments
             ]

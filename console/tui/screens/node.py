@@ -31,9 +31,10 @@ ENGINE_COLUMNS = [
     ("KIND", 8),
     ("VERSION", 11),
     ("STATE", 10),
-    ("MODELS", 22),
+    ("MODELS", 26),  # "mistral-7b-instruct-v0.3"; longer lists end in an ellipsis
     ("REASON", None),
 ]
+STANDBY_REASON = "not started: a standby (weight 0)"
 
 
 ACTIONS = ("start_vllm", "stop_engine", "restart_engine")
@@ -67,9 +68,13 @@ class NodeScreen(ViewScreen):
         t = Text()
         t.append(f"{self.node} ", style="bold")
         t.append_text(fmt.status(row.status))
-        t.append(f"  via {row.transport}  snapshot age ")
-        t.append_text(fmt.age(row.age_s))
-        if state.error and row.status != "up":
+        if state.no_token:
+            t.append(f" ({state.error})", style="yellow")
+            t.append("  set it and restart the console to watch this node", style="dim")
+        else:
+            t.append(f"  via {row.transport}  snapshot age ")
+            t.append_text(fmt.age(row.age_s))
+        if state.error and row.status not in ("up", "no token"):
             t.append(f"  last error: {state.error}", style="red")
         if snap is not None:
             h = snap.host
@@ -170,25 +175,39 @@ class NodeScreen(ViewScreen):
         from console.core.wire import Snapshot
 
         rows: list[Row] = []
+        weights = {d.id: d.weight for m in self.console.fleet.models for d in m.deployments}
+        width = dict(ENGINE_COLUMNS)
         if isinstance(snap, Snapshot):
             for e in snap.engines:
-                cells = (
-                    Text(e.id, style="bold"),
-                    Text(e.kind),
-                    Text(e.version or "?"),
-                    fmt.status(e.state),
-                    Text(", ".join(m.name for m in e.models) or "-"),
-                    Text(e.reason or "", style="yellow")
-                    if e.reason
-                    else Text(
-                        f"started from profile {e.profile}" if e.profile else "", style="dim"
-                    ),
+                # The same word as on Models: every deployment it serves has weight 0.
+                standby = bool(e.deployment_ids) and all(
+                    weights.get(d) == 0 for d in e.deployment_ids
                 )
-                rows.append(Row(e.id, cells, {"engine": e.kind, "state": e.state}, e.id))
+                if standby and e.state == "down":
+                    reason = Text(STANDBY_REASON, style="dim")
+                elif e.reason:
+                    reason = Text(e.reason, style="yellow")
+                else:
+                    reason = Text(
+                        f"started from profile {e.profile}" if e.profile else "", style="dim"
+                    )
+                cells = (
+                    fmt.fit(e.id, width["ENGINE"] or 0, style="bold"),
+                    fmt.fit(e.kind, width["KIND"] or 0),
+                    fmt.fit(e.version or "?", width["VERSION"] or 0),
+                    fmt.engine_state(e.state, standby),
+                    fmt.fit(", ".join(m.name for m in e.models) or "-", width["MODELS"] or 0),
+                    reason,
+                )
+                state = "standby" if standby and e.state == "down" else e.state
+                rows.append(Row(e.id, cells, {"engine": e.kind, "state": state}, e.id))
         if not rows:
-            rows.append(
-                empty_row(len(ENGINE_COLUMNS), "no engine process or deployment found on this node")
+            why = (
+                "no engine process or deployment found on this node"
+                if isinstance(snap, Snapshot)
+                else "no snapshot from this node: nothing is known about its engines"
             )
+            rows.append(empty_row(len(ENGINE_COLUMNS), why))
         self.query_one("#node-engines", FleetTable).show(rows)
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:

@@ -29,6 +29,8 @@ class FleetHeader(Static):
             t.append(f" {s.nodes_stale} stale", style="bold yellow")
         if s.nodes_down:
             t.append(f" {s.nodes_down} down", style="bold red")
+        if s.nodes_no_token:
+            t.append(f" {s.nodes_no_token} no token", style="yellow")
         if s.nodes_waiting:
             t.append(f" {s.nodes_waiting} waiting", style="dim")
         util = "?" if s.util_avg is None else f"{s.util_avg:.0f}%"
