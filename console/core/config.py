@@ -388,8 +388,10 @@ def parse_fleet(text: str, source: Path = Path("fleet.toml")) -> Fleet:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         match = re.search(r"\(at line (\d+), column (\d+)\)", str(exc))
-        what = re.sub(r"\s*\(at line.*\)$", "", str(exc))
-        where = f"{source}:{match.group(1)}" if match else str(source)
+        what = re.sub(r"\s*\(at (line .*|end of document)\)$", "", str(exc))
+        # tomllib says "at end of document" for the last line when it has no newline.
+        line = match.group(1) if match else max(1, len(text.splitlines()))
+        where = f"{source}:{line}"
         raise ConfigError(f"{where}: not valid TOML: {what}") from None
     lines = key_lines(text)
     try:
