@@ -287,7 +287,8 @@ def _agent(args: argparse.Namespace) -> int:
         port=port,
         log_level="warning",
         access_log=False,
-        limit_concurrency=settings.max_connections,  # beyond it, 503 (connections + tasks)
+        # uvicorn answers 503 once open connections reach its limit, counting the new one.
+        limit_concurrency=settings.max_connections + 1,
     )
     return 0
 

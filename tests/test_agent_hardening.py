@@ -646,17 +646,20 @@ def test_a_request_body_over_the_limit_is_refused_unread(agent_factory, setup):
 
 
 def test_connections_over_the_limit_get_503_and_the_agent_recovers(agent_factory, setup):
+    """max_connections = 4: four snapshot streams are served, a fifth connection is not."""
     agent = agent_factory(fleet_text(setup, free_port(), agent_extra="max_connections = 4"))
     streams = []
     try:
         for _ in range(4):
             sock = socket.create_connection(("127.0.0.1", int(agent.url.rsplit(":", 1)[1])))
+            sock.settimeout(10)
             sock.sendall(
                 b"GET /v1/snapshot/stream HTTP/1.1\r\nHost: x\r\n"
                 + f"Authorization: Bearer {VIEWER}\r\n\r\n".encode()
             )
+            assert sock.recv(12) == b"HTTP/1.1 200"  # each of the four streams is served
             streams.append(sock)
-        wait_until(lambda: agent.get("/healthz", timeout=5).status_code == 503, 10)
+        assert agent.get("/healthz", timeout=5).status_code == 503
     finally:
         for sock in streams:
             sock.close()

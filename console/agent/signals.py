@@ -56,8 +56,21 @@ def group_is_ours(pgid: int, leader_created: float) -> bool:
 
 
 def group_alive(pgid: int, leader_created: float) -> bool:
-    """Some process of the agent's group `pgid` still runs (zombies do not count)."""
-    return group_is_ours(pgid, leader_created) and bool(group_pids(pgid))
+    """Some process of the agent's group `pgid` still runs (zombies do not count).
+
+    Cheap while the leader runs (one /proc read); the scan of every process for members
+    only once it has exited (the job runner asks ten times a second during a load)."""
+    try:
+        leader = psutil.Process(pgid)
+        if abs(leader.create_time() - leader_created) >= SAME_START_S:
+            return False  # the pid leads another process's group now
+        if leader.status() != psutil.STATUS_ZOMBIE:
+            return True
+    except psutil.NoSuchProcess:
+        pass
+    except psutil.Error:
+        return False
+    return bool(group_pids(pgid))
 
 
 def signal_process(pid: int, created: float, sig: signal.Signals) -> bool:
