@@ -442,15 +442,38 @@ def test_an_engine_record_whose_pid_was_reused_is_not_adopted_nor_stoppable(
     assert stranger.poll() is None
 
 
-def test_a_discovered_engine_whose_process_exited_is_not_signalled(agent_factory, setup):
-    """A found engine stays listed (as down) for minutes after its process exits; a stop
-    in that time must not signal its old pid, which may be another process's now."""
-    port = free_port()
-    found = subprocess.Popen(
+def found_engine(setup: dict, port: int) -> subprocess.Popen[bytes]:
+    """An engine the agent did not start, found among the processes by its vLLM argv."""
+    return subprocess.Popen(
         [sys.executable, str(setup["double"]), "vllm.entrypoints.openai.api_server",
          f"--port={port}", "--served-model-name=found"],
         start_new_session=True, stdout=subprocess.DEVNULL,
     )  # fmt: skip
+
+
+def test_a_found_engine_is_stopped_by_its_pid_and_start_time(agent_factory, setup):
+    port = free_port()
+    found = found_engine(setup, port)
+    try:
+        agent = agent_factory(fleet_text(setup, free_port()))
+        engine = f"vllm-{port}"
+        wait_until(lambda: any(e["id"] == engine for e in agent.snapshot()["engines"]), 20)
+        stopping = post(agent.url, "/v1/jobs", {"kind": "engine.stop", "engine": engine})
+        assert stopping.status_code == 202, stopping.text
+        job = wait_state(agent.url, stopping.json()["id"], ("succeeded", "failed"))
+        assert job["state"] == "succeeded", job
+        assert "after SIGTERM" in job["steps"][0]["detail"]
+        assert found.wait(10) == -signal.SIGTERM
+    finally:
+        found.kill()
+        found.wait()
+
+
+def test_a_discovered_engine_whose_process_exited_is_not_signalled(agent_factory, setup):
+    """A found engine stays listed (as down) for minutes after its process exits; a stop
+    in that time must not signal its old pid, which may be another process's now."""
+    port = free_port()
+    found = found_engine(setup, port)
     try:
         agent = agent_factory(fleet_text(setup, free_port()))
         engine = f"vllm-{port}"

@@ -27,8 +27,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
-import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -41,7 +39,7 @@ from console.agent.engines import engine_id as make_engine_id
 from console.agent.jobtypes import Active, JobRefused, StepFailed, ready
 from console.agent.launch import Launch, LaunchError, vllm_launch
 from console.agent.node import NodeAgent
-from console.agent.signals import signal_group, signal_process
+from console.agent.signals import terminate
 from console.agent.statelock import StateLock
 from console.agent.store import FINAL, JobEnded, JobRecord, Store
 from console.agent.supervisor import Managed, Supervisor, log_tail
@@ -56,6 +54,7 @@ KINDS = ("vllm.start", "engine.stop", "engine.restart", "drill.run")
 READY_POLL_S = 0.1
 LOG_TAIL_LINES = 30
 RECENT_S = 600.0  # finished jobs stay in the snapshot this long
+UNMANAGED_GRACE_S = 30.0  # SIGTERM to SIGKILL for an engine without a profile
 SETTLE_CYCLES = 3  # snapshot cycles a ready engine may take to show as ready in the snapshot
 
 # vLLM's log lines that mark the cold-start phases, first match wins (V1 engine, 0.8-0.32).
@@ -586,29 +585,11 @@ class JobRunner:
         await self._start_engine(active, name, profile, launch, endpoint)
 
     async def _stop_unmanaged(self, engine: str) -> str:
-        """An engine this agent did not start (found among the processes): SIGTERM its
-        process group if it leads one, else the process; SIGKILL after the grace. Every
-        signal first checks the pid is still that process (its start time)."""
-        entry = self.agent.engines.tracked[engine]
-        proc = entry.process
+        """An engine this agent did not start (found among the processes), by its pid and
+        the start time it was found with (console.agent.signals.terminate)."""
+        proc = self.agent.engines.tracked[engine].process
         assert proc is not None
-        grace = 30.0
-        group = _leads_group(proc.pid)
-
-        def send(sig: signal.Signals) -> bool:
-            if group:
-                return signal_group(proc.pid, proc.create_time, sig)
-            return signal_process(proc.pid, proc.create_time, sig)
-
-        started = time.monotonic()
-        if not send(signal.SIGTERM):
-            return f"process {proc.pid} had already exited (or its pid is another process now)"
-        while time.monotonic() - started < grace:
-            if not alive(proc.pid, proc.create_time):
-                return f"exited {time.monotonic() - started:.1f} s after SIGTERM"
-            await asyncio.sleep(0.1)
-        send(signal.SIGKILL)
-        return f"did not exit within {grace:g} s of SIGTERM: killed (SIGKILL)"
+        return await terminate(proc.pid, proc.create_time, UNMANAGED_GRACE_S)
 
     def _grace(self, managed: Managed) -> float:
         profile = self.agent.fleet.profiles.get(managed.profile)
@@ -697,10 +678,3 @@ def new_lines(path: Path, offset: int) -> tuple[int, list[str]]:
 
 def _phase_text(phases: dict[str, float | None]) -> str:
     return ", ".join(f"{k} {v:.1f} s" for k, v in phases.items() if v is not None)
-
-
-def _leads_group(pid: int) -> bool:
-    try:
-        return os.getpgid(pid) == pid
-    except OSError:
-        return False
