@@ -333,6 +333,14 @@ def test_a_body_nested_past_the_parser_s_depth_is_a_400_not_a_500(gateway):
     resp = httpx.post(gw.url + "/v1/completions", content=b"[" * 100_000, timeout=10)
     assert resp.status_code == 400, resp.text
     assert "not JSON" in resp.json()["error"]["message"]
+    headers = {"Authorization": f"Bearer {ADMIN}"}
+    for path in ("/admin/failover", "/admin/failover/plan"):
+        resp = httpx.post(gw.url + path, content=b"[" * 100_000, headers=headers, timeout=10)
+        assert resp.status_code == 400, (path, resp.text)
+    resp = httpx.put(
+        gw.url + "/admin/routes/flood", content=b"[" * 100_000, headers=headers, timeout=10
+    )
+    assert resp.status_code == 422, resp.text
     assert "Traceback" not in gw.log.read_text()
 
 

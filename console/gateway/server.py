@@ -638,7 +638,7 @@ class Gateway:
             body = await request.json()
             weights = body["weights"]
             why = str(body.get("why") or "")
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, RecursionError):
             return web.json_response(
                 {"error": 'wants {"weights": {ID: N}, "why": ...}'}, status=422
             )
@@ -802,7 +802,7 @@ async def _json_object(request: web.Request) -> dict[str, Any] | None:
     a number): admin routes answer 400 for those, never 500."""
     try:
         body = await request.json()
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested past the parser's depth
         return None
     return body if isinstance(body, dict) else None
 
