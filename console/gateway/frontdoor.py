@@ -7,7 +7,7 @@ chunked or oversized upload, `Expect`, HTTP/1.0, an odd head) is handed, connect
 unread bytes, to aiohttp, which serves the rest of the gateway. aiohttp's server costs
 ~0.3 ms of Python per request, over the whole budget (docs/gateway.md, Figures).
 
-Bounds, with their [gateway] settings (docs/security-gateway.md):
+Bounds, with their [gateway] settings (docs/security.md):
 - `head_timeout_s`: a connection's next request must be in, head and body, within it of
   the connection's start or its last answer; aiohttp gets the same as its keep-alive
   timeout, which closes a handed-over connection whose next head is not in by then;

@@ -24,7 +24,7 @@ replayed: if its engine dies, the client gets an error event and the stream ends
 Admin API (admin token): routes, weights, failover jobs, the measurement snapshot, the
 audit log and Prometheus `/metrics`. DESIGN.md (Gateway) is the contract.
 
-Bounds (docs/security-gateway.md): request bodies (`max_body_bytes`) and engines' whole
+Bounds (docs/security.md): request bodies (`max_body_bytes`) and engines' whole
 answers (`max_response_bytes`, else 502) are capped; a stream is read from the engine only
 as fast as the client takes it, and a client that takes nothing for `write_timeout_s` is
 cut; a request must come within `head_timeout_s`; `max_connections` caps connections.
