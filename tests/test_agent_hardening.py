@@ -37,8 +37,9 @@ from console.agent.node import NodeAgent
 from console.agent.signals import signal_group, signal_process
 from console.agent.store import JobEnded, Store
 from console.agent.supervisor import Managed, Supervisor
-from console.core.config import parse_fleet
-from tests.conftest import OPERATOR, VIEWER, agent_env, run_cli
+from console.collect.actions import ActionError, AgentActions
+from console.core.config import load_fleet, parse_fleet
+from tests.conftest import OPERATOR, ROOT, VIEWER, agent_env, run_cli
 from tests.engines.servers import free_port, require_python, vllm_python, wait_until
 from tests.nvml_double import FakeGpu, FakeNvml
 
@@ -719,3 +720,57 @@ async def test_a_probe_that_exits_gives_its_whole_output():
         sys.executable, "-c", """print('{"cuda": "12.8"}')""", stdout=subprocess.PIPE
     )
     assert await capped_output(proc, 1 << 20, 30) == b'{"cuda": "12.8"}\n'
+
+
+# ---------------------------------------------------------------------------------------------
+# The console following a job: bounded, and an agent that goes away is said, not a traceback
+
+
+def test_vllm_start_wait_says_the_agent_went_away_and_exits_2(setup, agent_factory, tmp_path):
+    """The job goes on; the command says the agent stopped answering (a guard: the follow
+    below gained a limit)."""
+    agent = agent_factory(fleet_text(setup, free_port(), env='DOUBLE_NEVER_READY = "1"'))
+    console_fleet = tmp_path / "console.toml"
+    console_fleet.write_text(
+        f'[fleet]\nname = "c"\n[[nodes]]\nname = "local"\nagent = "{agent.url}"\n'
+        'token_env = "T_OP"\n'
+    )
+    cli = subprocess.Popen(
+        [sys.executable, "-m", "console.cli", "vllm", "start", "--fleet", str(console_fleet),
+         "--node", "local", "--profile", "double", "--wait"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT,
+        env={**agent_env(), "T_OP": OPERATOR_TOKEN},
+    )  # fmt: skip
+    try:
+        running = wait_until(
+            lambda: [j for j in httpx.get(f"{agent.url}/v1/jobs", headers=_viewer(),
+                                          timeout=10).json() if j["state"] == "running"],
+            30, what="the start job running",
+        )  # fmt: skip
+        assert running
+        os.killpg(agent.process.pid, signal.SIGKILL)
+        _, err = cli.communicate(timeout=60)
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+    text = err.decode()
+    assert cli.returncode == 2, text
+    assert "did not answer" in text and "Traceback" not in text, text
+
+
+async def test_following_a_job_is_bounded(setup, agent_factory, tmp_path, monkeypatch):
+    agent = agent_factory(fleet_text(setup, free_port(), env='DOUBLE_NEVER_READY = "1"'))
+    started = post(agent.url, "/v1/jobs", {"kind": "vllm.start", "profile": "double"})
+    assert started.status_code == 202, started.text
+    console_fleet = tmp_path / "console.toml"
+    console_fleet.write_text(
+        f'[fleet]\nname = "c"\n[[nodes]]\nname = "local"\nagent = "{agent.url}"\n'
+        'token_env = "T_OP"\n'
+    )
+    monkeypatch.setenv("T_OP", OPERATOR_TOKEN)
+    actions = AgentActions(load_fleet(console_fleet), "local")
+    try:
+        with pytest.raises(ActionError, match=r"still not ended after 1 s; it goes on"):
+            await actions.follow(started.json()["id"], lambda _: None, 0.2, limit_s=1)
+    finally:
+        await actions.close()

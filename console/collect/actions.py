@@ -19,6 +19,7 @@ from console.core.config import ConfigError, Fleet, MissingSecret, Node
 from console.core.wire import COLD_START_PHASES, Job
 
 FINAL = ("succeeded", "failed", "cancelled")
+FOLLOW_LIMIT_S = 6 * 3600.0  # past every deadline a job of the agent has (drills: hours)
 EXIT_OK, EXIT_FAILED, EXIT_UNREACHABLE = 0, 1, 2
 
 
@@ -129,11 +130,22 @@ class AgentActions:
         return raw.decode(errors="replace").splitlines() if status == 200 else []
 
     async def follow(
-        self, job_id: str, on_change: Callable[[Job], None], interval: float = 0.5
+        self,
+        job_id: str,
+        on_change: Callable[[Job], None],
+        interval: float = 0.5,
+        limit_s: float = FOLLOW_LIMIT_S,
     ) -> Job:
-        """Poll the job until it ends, calling `on_change` whenever it moved."""
+        """Poll the job until it ends, calling `on_change` whenever it moved. The agent
+        holds every job to its own deadlines; `limit_s` bounds the wait should it not."""
         seen: str | None = None
+        give_up = time.monotonic() + limit_s
         while True:
+            if time.monotonic() > give_up:
+                raise ActionError(
+                    f"{self.node.name}: job {job_id} still not ended after {limit_s:.0f} s; "
+                    f"it goes on on the agent (engineroom jobs --node {self.node.name})"
+                )
             job = await self.job(job_id)
             key = json.dumps([job.state, [s.model_dump() for s in job.steps]], default=str)
             if key != seen:
