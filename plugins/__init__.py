@@ -1,34 +1,8 @@
-"""Engine plugins, found through the entry-point group "engineroom.engines"."""
+"""Engine plugins, one module per engine kind, found through the entry-point group
+"engineroom.engines" by console.core.plugin (the one place they are loaded)."""
 
 from __future__ import annotations
 
-from importlib.metadata import entry_points
+from console.core.plugin import GROUP, EnginePlugin, load_plugins, plugin_failures, plugin_kinds
 
-from plugins.base import EnginePlugin
-
-GROUP = "engineroom.engines"
-
-
-def load_plugins() -> dict[str, EnginePlugin]:
-    """One instance of every registered engine plugin, by kind.
-
-    The built-in plugins are always present, even from a source checkout without
-    installed metadata; third-party plugins come from the entry points.
-    """
-    from plugins.triton import TritonPlugin
-    from plugins.trtllm import TrtllmPlugin
-    from plugins.vllm import VllmPlugin
-
-    found: dict[str, EnginePlugin] = {
-        p.kind: p for p in (VllmPlugin(), TritonPlugin(), TrtllmPlugin())
-    }
-    for ep in entry_points(group=GROUP):
-        if ep.name in found:
-            continue
-        cls = ep.load()
-        if isinstance(cls, type) and issubclass(cls, EnginePlugin):
-            found[ep.name] = cls()
-    return found
-
-
-__all__ = ["GROUP", "EnginePlugin", "load_plugins"]
+__all__ = ["GROUP", "EnginePlugin", "load_plugins", "plugin_failures", "plugin_kinds"]

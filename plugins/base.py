@@ -1,74 +1,26 @@
-"""The engine plugin interface: one small class per engine kind.
-
-A plugin knows its engine and nothing else about the agent:
-- `discover`: is this process one of my engines, and where does it listen?
-- `probe`: read version, state, models and metrics within the context's deadline,
-  normalized into engine-neutral readings (`console.core.readings`).
-Third parties add engines (SGLang, ...) by registering a subclass under the entry-point
-group "engineroom.engines".
-"""
+"""What every plugin module shares: the interface (defined in console.core.plugin, where
+every layer reads it) and small argv and URL helpers."""
 
 from __future__ import annotations
 
-import abc
-from dataclasses import dataclass, field
-from typing import ClassVar
+from console.core.plugin import (
+    Discovered,
+    EnginePlugin,
+    EngineTarget,
+    Phases,
+    ProbeContext,
+)
 
-import aiohttp
-
-from console.core.fetch import Response, fetch
-from console.core.readings import EngineReading
-
-
-@dataclass(slots=True)
-class Discovered:
-    """Where a discovered engine process serves."""
-
-    endpoint: str
-    metrics_endpoint: str | None = None
-
-
-@dataclass(slots=True)
-class EngineTarget:
-    """One engine to probe: from fleet.toml deployments, discovery, or both."""
-
-    id: str
-    kind: str
-    endpoint: str
-    metrics_endpoint: str | None = None
-    engine_models: list[str] = field(default_factory=list)
-    pid: int | None = None
-
-
-@dataclass(slots=True)
-class ProbeContext:
-    """What the agent lends a probe: a shared HTTP client, a deadline and a size cap."""
-
-    http: aiohttp.ClientSession | None  # set by the agent inside its event loop
-    timeout: float
-    max_bytes: int
-
-    async def get(self, url: str) -> Response:
-        assert self.http is not None
-        return await fetch(self.http, url, timeout=self.timeout, max_bytes=self.max_bytes)
-
-
-class EnginePlugin(abc.ABC):
-    kind: ClassVar[str]
-    #: Names of the executables or modules that identify this engine's processes.
-    process_markers: ClassVar[tuple[str, ...]] = ()
-
-    @abc.abstractmethod
-    def discover(self, cmdline: list[str], listening: list[int]) -> Discovered | None:
-        """If `cmdline` is this engine's server process, where it serves; else None."""
-
-    @abc.abstractmethod
-    async def probe(self, target: EngineTarget, ctx: ProbeContext) -> EngineReading:
-        """Read the engine once. Never raises for engine trouble: it returns a state
-        (`down` when nothing answers, `unhealthy` with a reason when something is wrong)."""
-
-    async def forget(self, target_id: str) -> None:  # noqa: B027 - optional hook
-        """Release anything kept for an engine that is gone."""
+__all__ = [
+    "Discovered",
+    "EnginePlugin",
+    "EngineTarget",
+    "Phases",
+    "ProbeContext",
+    "flag_value",
+    "local_url",
+    "port_from",
+]
 
 
 def flag_value(cmdline: list[str], *names: str) -> str | None:

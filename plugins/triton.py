@@ -38,6 +38,8 @@ NS = 1e-9
 
 class TritonPlugin(EnginePlugin):
     kind = "triton"
+    needs_translation = True  # KServe v2 generate, not the OpenAI API
+    serves_trtllm_engines = True  # the tensorrtllm backend
     process_markers = ("tritonserver",)
 
     def __init__(self) -> None:

@@ -24,6 +24,7 @@ from plugins.base import (
 class TrtllmPlugin(EnginePlugin):
     kind = "trtllm"
     process_markers = ("trtllm-serve",)
+    serves_trtllm_engines = True
 
     def discover(self, cmdline: list[str], listening: list[int]) -> Discovered | None:
         if not any(a.endswith("trtllm-serve") for a in cmdline[:2]):

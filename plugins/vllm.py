@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
+from console.core.config import Profile
 from console.core.fetch import Response
+from console.core.launch import Launch, apply_overrides, flag_args, gpu_env
 from console.core.promtext import Exposition, MetricsGarbage, parse
 from console.core.readings import EngineReading, ModelReading, histograms_by, values_by
 from plugins import openai_server
@@ -20,11 +23,51 @@ KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
 ITL = ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds")
 TTFT = ("vllm:time_to_first_token_seconds",)
 E2E = ("vllm:e2e_request_latency_seconds",)
+DEFAULT_COMMAND = ("vllm", "serve")
 
 
 class VllmPlugin(EnginePlugin):
     kind = "vllm"
     process_markers = ("vllm.entrypoints", "vllm serve")
+    can_launch = True
+    drill_baseline = True
+    # vLLM's log lines that mark the cold-start phases, first match wins (V1 engine, 0.8-0.32).
+    ready_phases = (
+        ("engine_init", ("Initializing a V1 LLM engine", "Initializing an LLM engine")),
+        ("weights_loaded", ("Loading weights took", "Model loading took")),
+        ("kv_cache_allocated", ("KV cache size:", "init engine (profile, create kv cache")),
+        ("graphs_captured", ("Graph capturing finished",)),
+        ("server_up", ("Starting vLLM server on", "Starting vLLM API server", "startup complete")),
+    )
+
+    def launch(self, profile: Profile, overrides: Mapping[str, Any]) -> Launch:
+        """`vllm serve MODEL` (or the profile's command) with the profile's flags."""
+        applied = apply_overrides(profile, overrides)
+        args = applied.args
+        command = list(profile.command or DEFAULT_COMMAND)
+        # `vllm serve MODEL` takes the model as its argument; the module entry point as --model.
+        argv = (
+            [*command, profile.model]
+            if command[-1] == "serve"
+            else [*command, f"--model={profile.model}"]
+        )
+        argv += [
+            f"--served-model-name={profile.served_model_name}",
+            f"--port={applied.port}",
+        ]
+        if applied.tensor_parallel_size > 1:
+            argv.append(f"--tensor-parallel-size={applied.tensor_parallel_size}")
+        if "shutdown_timeout" not in args:
+            # SIGTERM drains in-flight requests for this long, inside the agent's stop grace.
+            args["shutdown_timeout"] = max(1, int(profile.stop_grace_s) - 5)
+        argv += flag_args(args)
+        return Launch(
+            tuple(argv),
+            gpu_env(profile, applied.gpus),
+            applied.port,
+            tuple(applied.gpus),
+            dict(args),
+        )
 
     def discover(self, cmdline: list[str], listening: list[int]) -> Discovered | None:
         joined = " ".join(cmdline[:4])

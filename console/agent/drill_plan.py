@@ -6,10 +6,8 @@
              "build" is the server's cold start and warm-up
 
 A `[drills.NAME.steps.STEP]` table replaces a template's argv, timeout or success
-condition. Templates are argv lists whose elements may hold `{placeholders}`; each element
-is filled on its own and never passed through a shell, so a value with spaces or quotes
-stays one argument. An unknown placeholder is a fleet.toml error, found at load time; a
-literal brace is written twice ({{ and }}).
+condition. The placeholders a template may use, and how it is filled, are the core's
+(console.core.drill_templates), so fleet.toml is checked without the agent.
 """
 
 from __future__ import annotations
@@ -18,6 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from console.core.config import Drill, DrillStep
+from console.core.drill_templates import PLACEHOLDERS, fill, template_problems
+
+__all__ = ["PLACEHOLDERS", "PlannedStep", "Template", "plan", "template_problems", "values"]
 
 # What the preflight runs on the node when the drill does not say: the versions of the
 # TensorRT-LLM stack in the python that serves it. Driver, GPU and compute capability
@@ -50,26 +51,6 @@ PRECISIONS: dict[str, tuple[str, str | None, str | None]] = {
     "w4a8-awq": ("bfloat16", "w4a8_awq", None),
     "nvfp4": ("bfloat16", "nvfp4", "fp8"),
 }
-
-PLACEHOLDERS = (
-    "checkpoint",  # the Hugging Face checkpoint directory
-    "ckpt_dir",  # the converted (or quantized) checkpoint, in staging
-    "staging",  # where the build writes the engine
-    "engine_dir",  # what the candidate serves: the staged or cached engine
-    "dtype",
-    "qformat",
-    "kv_cache_dtype",
-    "tp_size",
-    "max_batch_size",
-    "max_input_len",
-    "max_seq_len",
-    "max_num_tokens",
-    "port",
-    "served_model_name",
-    "examples_dir",
-    "family",
-    "precision",
-)
 
 
 @dataclass(frozen=True)
@@ -206,16 +187,6 @@ def values(
     }
 
 
-def fill(template: list[str], found: dict[str, str]) -> list[str]:
-    """Each argv element with its {placeholders} filled; KeyError for an unknown one."""
-    return [part.format_map(_Strict(found)) for part in template]
-
-
-class _Strict(dict[str, str]):
-    def __missing__(self, key: str) -> str:
-        raise KeyError(key)
-
-
 def plan(drill: Drill, found: dict[str, str]) -> dict[str, PlannedStep]:
     """Every step's argv, timeout and success condition, filled with `found`."""
     out: dict[str, PlannedStep] = {}
@@ -233,26 +204,3 @@ def plan(drill: Drill, found: dict[str, str]) -> dict[str, PlannedStep]:
             skip=skip,
         )
     return out
-
-
-def template_problems(drill: Drill) -> list[tuple[str, str]]:
-    """Unknown placeholders or bad braces in a drill's steps, as (step, what)."""
-    dummy = {key: "x" for key in PLACEHOLDERS}
-    problems: list[tuple[str, str]] = []
-    for name, spec in drill.steps.items():
-        for part in [*(spec.argv or []), *(spec.expect_files or [])]:
-            try:
-                part.format_map(_Strict(dummy))
-            except KeyError as exc:
-                problems.append(
-                    (
-                        name,
-                        f"unknown placeholder {{{exc.args[0]}}} in {part!r} "
-                        f"(known: {', '.join(PLACEHOLDERS)})",
-                    )
-                )
-            except (ValueError, IndexError) as exc:
-                problems.append((name, f"bad template {part!r}: {exc}"))
-        if spec.argv is not None and not spec.argv:
-            problems.append((name, "argv is empty"))
-    return problems

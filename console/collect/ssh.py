@@ -34,6 +34,7 @@ from pydantic import ValidationError
 
 from console.collect.ssh_hostkeys import HostKeyPolicy
 from console.core.config import Fleet, Node
+from console.core.plugin import plugin_kinds
 from console.core.wire import Gpu, GpuProcess, Host, NodeInfo, Snapshot
 
 MAX_OUTPUT = 16 * 1024 * 1024  # per stream and read; a snapshot is far smaller
@@ -52,11 +53,6 @@ FALLBACK = (
     f"nvidia-smi --query-compute-apps={APP_FIELDS} --format=csv,noheader,nounits; "
     "echo '@@ps'; ps -eo pid=,args=; echo '@@host'; uname -n"
 )
-ENGINE_MARKERS = {
-    "vllm": ("vllm.entrypoints", "vllm serve"),
-    "triton": ("tritonserver",),
-    "trtllm": ("trtllm-serve",),
-}
 
 
 class SshError(Exception):
@@ -206,8 +202,8 @@ class SshReader:
         engines = sorted(
             f"{kind} pid {pid}"
             for pid, args in processes.items()
-            for kind, marks in ENGINE_MARKERS.items()
-            if any(m in args for m in marks)
+            for kind, plugin in plugin_kinds().items()
+            if any(m in args for m in plugin.process_markers)
         )
         missing = [
             f"engines: `{self.node.ssh_agent_command[0]}` is not installed on {self.host}, so "

@@ -12,7 +12,6 @@ import os
 import re
 import tomllib
 from collections.abc import Mapping
-from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -46,6 +45,9 @@ class MissingSecret(ConfigError):
     @property
     def short(self) -> str:
         return f"{self.env_name} is not set"
+
+
+DEFAULT_STOP_GRACE_S = 30.0
 
 
 class _Strict(BaseModel):
@@ -88,6 +90,9 @@ class AgentSection(_Strict):
     state_dir: str = "~/.local/state/engineroom"  # jobs database, engine pid files and logs
     engine_log_max_bytes: Annotated[int, Field(ge=4096)] = 16 * 1024 * 1024  # per file
     engine_log_keep: Annotated[int, Field(ge=1, le=20)] = 3  # rotated files kept besides it
+    # SIGTERM to SIGKILL for whatever the agent stops: a profile's engine (unless the
+    # profile sets its own), an engine found among the processes, a drill's tools.
+    stop_grace_s: Seconds = DEFAULT_STOP_GRACE_S
 
 
 class Node(_Strict):
@@ -206,7 +211,8 @@ class Profile(_Strict):
     overridable: list[str] = Field(default_factory=list)
     allowed_args: list[str] = Field(default_factory=list)
     ready_timeout_s: Seconds = 900.0  # process start to ready, or the start job fails
-    stop_grace_s: Seconds = 30.0  # SIGTERM to SIGKILL; vLLM drains for this less 5 s
+    # SIGTERM to SIGKILL; vLLM drains for this less 5 s. Unset: [agent] stop_grace_s.
+    stop_grace_s: Seconds = DEFAULT_STOP_GRACE_S
 
 
 Precision = Literal["fp16", "bf16", "fp8", "int8-sq", "int4-awq", "w4a8-awq", "nvfp4"]
@@ -329,6 +335,15 @@ class Fleet(_Strict):
     # Where the fleet came from, for messages; not part of the file.
     source: Path = Field(default=Path("fleet.toml"), exclude=True)
     lines: dict[KeyPath, int] = Field(default_factory=dict, exclude=True)
+
+    @model_validator(mode="after")
+    def _agent_grace(self) -> Fleet:
+        """A profile without its own stop_grace_s takes the agent's: one setting."""
+        for name, profile in self.profiles.items():
+            if "stop_grace_s" not in profile.model_fields_set:
+                grace = {"stop_grace_s": self.agent.stop_grace_s}
+                self.profiles[name] = profile.model_copy(update=grace)
+        return self
 
     @property
     def read_only(self) -> bool:
@@ -466,8 +481,21 @@ def _inner_model(annotation: Any) -> Any:
     return None
 
 
-def _engine_plugins() -> set[str]:
-    return {ep.name for ep in entry_points(group="engineroom.engines")}
+def _engine_plugins() -> dict[str, Any]:
+    """The loaded engine plugin classes by kind, and why each failed one did not load."""
+    from console.core.plugin import plugin_failures, plugin_kinds  # plugins import config
+
+    return {**plugin_kinds(), **{f.kind: f for f in plugin_failures()}}
+
+
+def _engine_problem(kind: str, plugins: dict[str, Any]) -> str | None:
+    found = plugins.get(kind)
+    if found is None:
+        have = sorted(k for k, v in plugins.items() if isinstance(v, type))
+        return f"unknown engine {kind!r} (have: {have})"
+    if not isinstance(found, type):
+        return f"engine {kind!r}: its plugin did not load ({found.error})"
+    return None
 
 
 def _cross_check(fleet: Fleet) -> list[str]:
@@ -500,8 +528,8 @@ def _cross_check(fleet: Fleet) -> list[str]:
             seen_deployments.add(dep.id)
             if dep.node not in seen_nodes:
                 add((*here, "node"), f"names node {dep.node!r}, which is not in [[nodes]]")
-            if plugins and dep.engine not in plugins:
-                add((*here, "engine"), f"unknown engine {dep.engine!r} (have: {sorted(plugins)})")
+            if (problem := _engine_problem(dep.engine, plugins)) is not None:
+                add((*here, "engine"), problem)
             if dep.profile is not None and dep.profile not in fleet.profiles:
                 add((*here, "profile"), f"names profile {dep.profile!r}, which is not declared")
 
@@ -509,16 +537,20 @@ def _cross_check(fleet: Fleet) -> list[str]:
         here = ("profiles", name)
         if profile.node not in seen_nodes:
             add((*here, "node"), f"names node {profile.node!r}, which is not in [[nodes]]")
-        if plugins and profile.engine not in plugins:
-            add((*here, "engine"), f"unknown engine {profile.engine!r} (have: {sorted(plugins)})")
+        if (problem := _engine_problem(profile.engine, plugins)) is not None:
+            add((*here, "engine"), problem)
 
     for name, drill in fleet.drills.items():
-        problems.extend(_check_drill(fleet, name, drill))
+        problems.extend(_check_drill(fleet, name, drill, plugins))
     return problems
 
 
-def _check_drill(fleet: Fleet, name: str, drill: Drill) -> list[str]:
-    from console.agent.drill_plan import template_problems  # the templates live there
+def _check_drill(fleet: Fleet, name: str, drill: Drill, plugins: dict[str, Any]) -> list[str]:
+    from console.core.drill_templates import template_problems  # it imports this module
+
+    def can(kind: str, flag: str) -> bool:
+        found = plugins.get(kind)
+        return isinstance(found, type) and bool(getattr(found, flag, False))
 
     here: KeyPath = ("drills", name)
     problems: list[str] = []
@@ -535,11 +567,12 @@ def _check_drill(fleet: Fleet, name: str, drill: Drill) -> list[str]:
     target = next((d for d in model.deployments if d.id == drill.deployment), None)
     if target is None:
         add("deployment", f"{drill.deployment!r} is not a deployment of {drill.model} ({ids})")
-    elif target.engine not in ("triton", "trtllm"):
+    elif not can(target.engine, "serves_trtllm_engines"):
         add("deployment", f"{target.id} runs {target.engine}; a drill rebuilds a TensorRT-LLM one")
     if drill.baseline is not None and drill.baseline not in ids:
         add("baseline", f"{drill.baseline!r} is not a deployment of {drill.model} ({ids})")
-    if drill.baseline is None and not any(d.engine == "vllm" for d in model.deployments):
+    baselines = [d for d in model.deployments if can(d.engine, "drill_baseline")]
+    if drill.baseline is None and not baselines:
         add("baseline", f"model {drill.model} has no vLLM deployment to validate against; name one")
     for step, what in template_problems(drill):
         problems.append(
