@@ -395,3 +395,22 @@ def test_admin_bodies_that_are_not_objects_get_a_400(fuzzed_gateway: Gateway):
         for body in ([], 8.016625408535524e256, "tiny"):
             resp = fuzzed_gateway.admin("POST", path, json=body)
             assert resp.status_code == 400, f"POST {path} {json.dumps(body)}: {resp.status_code}"
+
+
+def test_an_admin_body_with_a_misspelt_key_is_refused_naming_it_and_changes_nothing(
+    fuzzed_gateway: Gateway,
+):
+    """Before: unknown keys were dropped. `"mdoe": "emergency"` started a PLANNED failover,
+    and a weight change's `"reason"` never reached the audit log."""
+    gateway = fuzzed_gateway
+    routes = gateway.admin("GET", "/admin/routes").json()
+    ask = {"model": "tiny", "to": "tiny-vllm", "mdoe": "emergency"}
+    for path in ("/admin/failover", "/admin/failover/plan"):
+        resp = gateway.admin("POST", path, json=ask)
+        assert resp.status_code == 422, f"{path}: {resp.status_code} {resp.text}"
+        assert "mdoe" in resp.json()["error"], resp.text
+    assert gateway.admin("GET", "/admin/jobs").json() == []
+    put = {"weights": {"tiny-vllm": 0}, "reason": "drain for the upgrade"}
+    resp = gateway.admin("PUT", "/admin/routes/tiny", json=put)
+    assert resp.status_code == 422 and "reason" in resp.json()["error"], resp.text
+    assert gateway.admin("GET", "/admin/routes").json() == routes

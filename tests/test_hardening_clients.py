@@ -32,7 +32,7 @@ from console.collect.actions import ActionError, AgentActions
 from console.collect.collector import Collector
 from console.collect.failover_cli import run_failover
 from console.collect.gateway_client import GatewayClient
-from console.core.config import load_fleet
+from console.core.config import MissingSecret, load_fleet
 from console.gateway.routes import FleetFileChanged, save_to_fleet
 from tests.conftest import OPERATOR, ROOT, agent_env
 from tests.engines.servers import free_port, log_tail, stop, wait_until
@@ -307,6 +307,27 @@ async def test_no_console_client_sends_a_token_through_a_proxy_from_the_environm
     assert proxy.seen == [], f"requests went to the proxy: {proxy.seen}"
 
 
+@pytest.mark.parametrize("token", [None, "", "   "])
+def test_the_gateway_client_without_its_token_says_which_variable_and_sends_nothing(
+    tmp_path, monkeypatch, token
+):
+    """Before: the console's client sent `Authorization: Bearer ` (an empty token) when
+    the variable was unset, and called a blank one configured; the failover command
+    refused both. Now one client, one rule: no token, no request."""
+    path = tmp_path / "fleet.toml"
+    path.write_text(FLEET + '\n[gateway]\nurl = "http://127.0.0.1:9"\ntoken_env = "T_ADMIN"\n')
+    if token is None:
+        monkeypatch.delenv("T_ADMIN", raising=False)
+    else:
+        monkeypatch.setenv("T_ADMIN", token)
+    fleet = load_fleet(path)
+    assert not GatewayClient.configured(fleet)
+    with pytest.raises(MissingSecret, match="T_ADMIN is not set"):
+        GatewayClient(fleet)
+    with pytest.raises(MissingSecret, match="T_ADMIN is not set"):
+        run_failover(fleet, "tiny", "tiny-b", out=io.StringIO())
+
+
 # -- answers: a total deadline and a size cap ---------------------------------------------
 
 
@@ -314,7 +335,8 @@ class BrokenAgentDouble(socketserver.ThreadingTCPServer):
     """TEST DOUBLE of an agent gone wrong (no real agent does this), one behaviour per
     listener: `enormous` answers 200 with a chunked body of 256 MiB, `trickle` sends its
     body one byte every 0.25 s, `gzip` sends a compressed answer though asked for none,
-    `html502` answers as a proxy in front of a dead gateway would."""
+    `html502` answers as a proxy in front of a dead gateway would, `notajob` accepts a
+    failover with an answer that is no job."""
 
     daemon_threads = True
     allow_reuse_address = True
@@ -353,6 +375,13 @@ class _BrokenAgentHandler(socketserver.BaseRequestHandler):
                 for byte in body:
                     self.request.sendall(bytes([byte]))
                     threading.Event().wait(0.25)
+            elif self.server.mode == "notajob":
+                body = b'{"accepted": true}'
+                self.request.sendall(
+                    b"HTTP/1.1 202 Accepted\r\ncontent-type: application/json\r\n"
+                    + f"content-length: {len(body)}\r\n\r\n".encode()
+                    + body
+                )
             elif self.server.mode == "html502":
                 body = b"<html><body>502 Bad Gateway</body></html>"
                 self.request.sendall(
@@ -438,6 +467,8 @@ def test_a_hand_edit_made_while_the_gateway_runs_is_never_overwritten_by_a_save(
     [
         ("enormous", 2, "the gateway did not answer: answered with over 8 MiB"),
         ("html502", 1, "failover refused: HTTP 502: <html><body>502 Bad Gateway</body></html>"),
+        # Before: a KeyError traceback ('id').
+        ("notajob", 2, "the gateway answered HTTP 202 that is not a FailoverJob (id: Field"),
     ],
 )
 def test_the_failover_command_reads_a_bounded_answer_and_says_what_came(

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from console.core import promtext
 from console.core.config import ConfigError, parse_fleet
 from console.core.tomlpos import key_lines
-from console.gateway.server import _sse_events
+from console.gateway.relay import sse_events
 from console.gateway.upstream import UpstreamError
 
 SETTINGS = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -228,7 +228,7 @@ async def _chunks(parts: list[bytes]) -> AsyncIterator[bytes]:
 
 def relay(parts: list[bytes], limit: int = 1 << 20) -> list[bytes]:
     async def collect() -> list[bytes]:
-        return [event async for event in _sse_events(_chunks(parts), limit)]
+        return [event async for event in sse_events(_chunks(parts), limit)]
 
     return asyncio.run(collect())
 

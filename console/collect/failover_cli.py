@@ -7,28 +7,18 @@ gateway did not answer, 3 a bad fleet file.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
 import time
 from typing import Any, TextIO
 
-import httpx
-
-from console.collect import apiclient
+from console.collect.gateway_client import GatewayClient, GatewayError
 from console.core.config import ConfigError, Fleet
+from console.core.gateway_wire import JOB_FINAL
 
-FINAL = ("succeeded", "failed", "cancelled")
 CALL_DEADLINE_S = 15.0  # one admin call, whole answer included
-
-
-def _client(fleet: Fleet) -> httpx.Client:
-    if fleet.gateway is None:
-        raise ConfigError(f"{fleet.source}: no [gateway] section: failovers run in the gateway")
-    token = fleet.secret(fleet.gateway.token_env, ("gateway", "token_env"))
-    # No proxy or other settings from the environment: the admin token goes to this URL only.
-    return apiclient.client(
-        fleet.gateway.url.rstrip("/"), {"Authorization": f"Bearer {token}"}, timeout=10
-    )
+POLL_S = 0.3  # --wait: how often the job is read
 
 
 def _show(job: dict[str, Any], printed: set[tuple[str, str]], out: TextIO) -> None:
@@ -50,13 +40,6 @@ def _wait_limit(fleet: Fleet, model: str) -> float:
     return len(plan.steps) * (plan.verify_s + 30) + plan.drain_timeout_s + 120
 
 
-def _error_of(status: int, body: bytes) -> str:
-    data = apiclient.json_object(body)
-    if data is not None and data.get("error"):
-        return str(data["error"])
-    return f"HTTP {status}: {body[:200].decode('utf-8', 'replace').strip() or 'no body'}"
-
-
 def run_failover(
     fleet: Fleet,
     model: str,
@@ -68,47 +51,62 @@ def run_failover(
     as_json: bool = False,
     out: TextIO = sys.stdout,
 ) -> int:
-    body = {"model": model, "to": to, "mode": "emergency" if emergency else "planned", "why": why}
+    if fleet.gateway is None:
+        raise ConfigError(f"{fleet.source}: no [gateway] section: failovers run in the gateway")
+    mode = "emergency" if emergency else "planned"
+    return asyncio.run(_run(fleet, model, to, mode, why, wait, as_json, out))
+
+
+async def _run(
+    fleet: Fleet,
+    model: str,
+    to: str,
+    mode: str,
+    why: str,
+    wait: bool,
+    as_json: bool,
+    out: TextIO,
+) -> int:
+    client = GatewayClient(fleet, timeout=CALL_DEADLINE_S)
     try:
-        with _client(fleet) as client:
-            status, raw = apiclient.call(
-                client, "POST", "/admin/failover", json=body, deadline_s=CALL_DEADLINE_S
-            )
-            job = apiclient.json_object(raw) if status == 202 else None
-            if job is None:
-                print(f"engineroom: failover refused: {_error_of(status, raw)}", file=sys.stderr)
-                return 1
-            if not as_json:
-                print(f"job {job['id']} ({job['kind']}) {model} -> {to}: running", file=out)
-            printed: set[tuple[str, str]] = set()
-            give_up = time.monotonic() + _wait_limit(fleet, model)
-            while wait and job["state"] not in FINAL:
-                if time.monotonic() > give_up:
-                    print(
-                        f"engineroom: job {job['id']} still {job['state']} after "
-                        f"{_wait_limit(fleet, model):.0f} s; it goes on in the gateway "
-                        f"(engineroom jobs, or GET /admin/jobs/{job['id']})",
-                        file=sys.stderr,
-                    )
-                    return 1
-                time.sleep(0.3)
-                status, raw = apiclient.call(
-                    client, "GET", f"/admin/jobs/{job['id']}", deadline_s=CALL_DEADLINE_S
+        try:
+            job = await client.failover(model, to, mode, why)
+        except GatewayError as exc:
+            if exc.status is None:
+                print(f"engineroom: the gateway did not answer: {exc.reason}", file=sys.stderr)
+                return 2
+            if exc.status < 400:  # an answer, but not a job: say what came
+                print(f"engineroom: the gateway answered {exc.reason}", file=sys.stderr)
+                return 2
+            print(f"engineroom: failover refused: {exc.reason}", file=sys.stderr)
+            return 1
+        if not as_json:
+            print(f"job {job['id']} ({job['kind']}) {model} -> {to}: running", file=out)
+        printed: set[tuple[str, str]] = set()
+        limit = _wait_limit(fleet, model)
+        give_up = time.monotonic() + limit
+        while wait and job["state"] not in JOB_FINAL:
+            if time.monotonic() > give_up:
+                print(
+                    f"engineroom: job {job['id']} still {job['state']} after {limit:.0f} s; "
+                    f"it goes on in the gateway (engineroom jobs, or GET /admin/jobs/{job['id']})",
+                    file=sys.stderr,
                 )
-                fresh = apiclient.json_object(raw) if status == 200 else None
-                if fresh is None:
-                    print(
-                        f"engineroom: job {job['id']}: the gateway answered "
-                        f"{_error_of(status, raw)}",
-                        file=sys.stderr,
-                    )
-                    return 2
-                job = fresh
-                if not as_json:
-                    _show(job, printed, out)
-    except (httpx.HTTPError, apiclient.NoAnswer) as exc:
-        print(f"engineroom: the gateway did not answer: {exc}", file=sys.stderr)
-        return 2
+                return 1
+            await asyncio.sleep(POLL_S)
+            try:
+                job = await client.job(job["id"])
+            except GatewayError as exc:
+                what = "did not answer" if exc.status is None else "answered"
+                print(
+                    f"engineroom: job {job['id']}: the gateway {what} {exc.reason}",
+                    file=sys.stderr,
+                )
+                return 2
+            if not as_json:
+                _show(job, printed, out)
+    finally:
+        await client.close()
     if as_json:
         print(json.dumps(job, indent=2), file=out)
     elif wait:

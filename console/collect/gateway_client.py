@@ -1,25 +1,46 @@
-"""The gateway's admin API from the console (no Textual here): routes, the measurement
-snapshot, failover jobs. The admin token comes from [gateway].token_env; the client
-takes nothing from the environment besides (no proxy: console/collect/apiclient.py)."""
+"""The gateway's admin API from the console and the CLI (no Textual here): routes, the
+measurement snapshot, failover jobs. One client for both: the console awaits it, the
+`engineroom failover` command runs it in its own event loop.
+
+The admin token comes from [gateway].token_env and must be set: a missing token is a
+ConfigError naming the variable, never a request with an empty bearer token. Nothing else
+comes from the environment (no proxy: console/collect/apiclient.py), and every call has a
+total deadline and a cap on the answer's size. Answers are checked against
+console.core.gateway_wire, so a gateway (or a proxy in front of it) that answers something
+else is a GatewayError that says what came, not a KeyError later.
+"""
 
 from __future__ import annotations
 
-import json
-import os
 from typing import Any
 
+from pydantic import BaseModel, ValidationError
+
 from console.collect import apiclient
-from console.core.config import Fleet
+from console.core.config import ConfigError, Fleet, MissingSecret
+from console.core.gateway_wire import FailoverJob, FailoverRequest, Plan, problems
 
 
 class GatewayError(Exception):
-    """The gateway refused or did not answer; str() says why."""
+    """The gateway refused or did not answer; str() says why, with the gateway's URL.
+
+    `status` is the HTTP status of the answer (None: no answer came), `reason` the why
+    alone (the gateway's own error, `HTTP 502: ...`, `no answer within 5 s`)."""
+
+    def __init__(self, url: str, status: int | None, reason: str) -> None:
+        where = f"gateway {url} did not answer" if status is None else f"gateway {url}"
+        super().__init__(f"{where} ({reason})" if status is None else reason)
+        self.url = url
+        self.status = status
+        self.reason = reason
 
 
 class GatewayClient:
     def __init__(self, fleet: Fleet, timeout: float = 5.0) -> None:
-        assert fleet.gateway is not None
-        token = os.environ.get(fleet.gateway.token_env, "")
+        """ConfigError when the fleet file has no [gateway] or its token is not set."""
+        if fleet.gateway is None:
+            raise ConfigError(f"{fleet.source}: no [gateway] section (url, token_env, ...)")
+        token = fleet.secret(fleet.gateway.token_env, ("gateway", "token_env"))
         self.url = fleet.gateway.url.rstrip("/")
         self.timeout = timeout  # per call, the whole answer included
         self._client = apiclient.async_client(
@@ -28,41 +49,73 @@ class GatewayClient:
 
     @staticmethod
     def configured(fleet: Fleet) -> bool:
-        return fleet.gateway is not None and bool(os.environ.get(fleet.gateway.token_env))
+        """A gateway is declared and its token set (by the rule the client itself keeps)."""
+        if fleet.gateway is None:
+            return False
+        try:
+            fleet.secret(fleet.gateway.token_env, ("gateway", "token_env"))
+        except MissingSecret:
+            return False
+        return True
 
     async def close(self) -> None:
         await self._client.aclose()
 
-    async def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+    async def _call(
+        self, method: str, path: str, body: BaseModel | None = None
+    ) -> tuple[int, dict[str, Any]]:
+        """(status, the answer as a JSON object); GatewayError for anything else."""
         try:
             status, raw = await apiclient.request(
-                self._client, method, path, json=body, deadline_s=self.timeout
+                self._client,
+                method,
+                path,
+                json=None if body is None else body.model_dump(),
+                deadline_s=self.timeout,
             )
         except apiclient.NoAnswer as exc:
-            raise GatewayError(f"gateway {self.url} did not answer ({exc})") from None
+            raise GatewayError(self.url, None, str(exc)) from None
+        data = apiclient.json_object(raw)
+        if status >= 400 or data is None:
+            raise GatewayError(self.url, status, _error_of(status, raw))
+        return status, data
+
+    def _as(self, model: type[BaseModel], status: int, data: dict[str, Any]) -> dict[str, Any]:
         try:
-            data = json.loads(raw)
-        except ValueError:
-            data = {"error": f"HTTP {status}: {raw[:200].decode(errors='replace')}"}
-        if status >= 400:
-            raise GatewayError(str(data.get("error") if isinstance(data, dict) else data))
-        return data
+            return model.model_validate(data).model_dump()
+        except ValidationError as exc:
+            what = f"HTTP {status} that is not a {model.__name__} ({problems(exc)})"
+            raise GatewayError(self.url, status, what) from None
 
     async def snapshot(self) -> dict[str, Any]:
-        result: dict[str, Any] = await self._call("GET", "/admin/snapshot")
-        return result
+        return (await self._call("GET", "/admin/snapshot"))[1]
+
+    def _ask(self, **fields: str) -> FailoverRequest:
+        """A failover body; one the gateway would refuse is refused here, as it would."""
+        try:
+            return FailoverRequest.model_validate(fields)
+        except ValidationError as exc:
+            raise GatewayError(self.url, 422, problems(exc)) from None
 
     async def failover(self, model: str, to: str, mode: str, why: str) -> dict[str, Any]:
-        body = {"model": model, "to": to, "mode": mode, "why": why}
-        result: dict[str, Any] = await self._call("POST", "/admin/failover", body)
-        return result
+        """The job the gateway started (a FailoverJob's fields)."""
+        ask = self._ask(model=model, to=to, mode=mode, why=why)
+        return self._as(FailoverJob, *await self._call("POST", "/admin/failover", ask))
 
     async def plan(self, model: str, to: str) -> dict[str, Any]:
-        result: dict[str, Any] = await self._call(
-            "POST", "/admin/failover/plan", {"model": model, "to": to}
-        )
-        return result
+        """The planned failover's preflight: {"ok": bool, "detail": str}."""
+        ask = self._ask(model=model, to=to)
+        return self._as(Plan, *await self._call("POST", "/admin/failover/plan", ask))
 
     async def job(self, job_id: str) -> dict[str, Any]:
-        result: dict[str, Any] = await self._call("GET", f"/admin/jobs/{job_id}")
-        return result
+        return self._as(FailoverJob, *await self._call("GET", f"/admin/jobs/{job_id}"))
+
+
+def _error_of(status: int, body: bytes) -> str:
+    """What a refusal says: the gateway's `error`, else the status and the body's start
+    (a proxy's HTML 502, say)."""
+    data = apiclient.json_object(body)
+    if data is not None and data.get("error"):
+        return str(data["error"])
+    text = body[:200].decode("utf-8", "replace").strip() or "no body"
+    return f"HTTP {status}: {text}"

@@ -23,16 +23,15 @@ import contextlib
 import json
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import aiohttp
 
+from console.gateway import triton_openai as tri
+from console.gateway.routetable import RouteTable
 from console.gateway.upstream import Upstream, check
 from plugins import load_plugins
 from plugins.base import EngineTarget, ProbeContext
-
-if TYPE_CHECKING:
-    from console.gateway.server import Gateway
 
 log = logging.getLogger(__name__)
 
@@ -50,8 +49,13 @@ class StepFailed(Exception):
 
 
 class Failovers:
-    def __init__(self, gateway: Gateway) -> None:
-        self.gw = gateway
+    """The failover jobs of one gateway, over its route table. `http` (the gateway's
+    client session, for health checks, canaries and engine metrics) is set once the
+    gateway has started."""
+
+    def __init__(self, table: RouteTable) -> None:
+        self.table = table
+        self.http: aiohttp.ClientSession | None = None
         self.running: dict[str, str] = {}  # model -> job id
         self.live: dict[str, dict[str, Any]] = {}  # job id -> its live record
         self.tasks: dict[str, asyncio.Task[None]] = {}
@@ -59,18 +63,18 @@ class Failovers:
     # -- bookkeeping -------------------------------------------------------------------
 
     def settle_interrupted(self) -> None:
-        for record in self.gw.store.interrupted():
+        for record in self.table.store.interrupted():
             stored = dict(record.result or {})
             stored["error"] = (
                 "the gateway stopped during this failover; the routes are as its last "
                 "completed step left them"
             )
-            self.gw.store.update_job(record.id, "failed", stored)
+            self.table.store.update_job(record.id, "failed", stored)
 
     def job(self, job_id: str) -> dict[str, Any] | None:
         if job_id in self.live:
             return self.live[job_id]
-        record = self.gw.store.job(job_id)
+        record = self.table.store.job(job_id)
         if record is None:
             return None
         return {
@@ -85,12 +89,12 @@ class Failovers:
         }
 
     def jobs(self) -> list[dict[str, Any]]:
-        return [j for r in self.gw.store.jobs(50) if (j := self.job(r.id)) is not None]
+        return [j for r in self.table.store.jobs(50) if (j := self.job(r.id)) is not None]
 
     def _save(self, job: dict[str, Any]) -> None:
         job["updated"] = time.time()
         keep = {k: v for k, v in job.items() if k not in ("id", "kind", "state", "who", "params")}
-        self.gw.store.update_job(job["id"], job["state"], json.loads(json.dumps(keep)))
+        self.table.store.update_job(job["id"], job["state"], json.loads(json.dumps(keep)))
 
     async def close(self) -> None:
         for task in list(self.tasks.values()):
@@ -109,25 +113,27 @@ class Failovers:
     # -- starting ----------------------------------------------------------------------
 
     def start(self, model: str, to: str, mode: str, who: str, why: str) -> dict[str, Any]:
-        if model not in self.gw.models:
+        if model not in self.table.models:
             raise FailoverRefused(404, f"no model {model!r}")
         if mode not in ("planned", "emergency"):
             raise FailoverRefused(422, f"mode: wants planned or emergency, got {mode!r}")
-        target = self.gw.upstream(model, to)
+        target = self.table.upstream(model, to)
         if target is None:
-            known = ", ".join(u.id for u in self.gw.upstreams[model])
+            known = ", ".join(u.id for u in self.table.upstreams[model])
             raise FailoverRefused(404, f"to: {model} has no deployment {to!r} ({known})")
         if (running := self.running.get(model)) is not None:
             raise FailoverRefused(
                 409, f"a failover of {model} is already running (job {running}); wait or cancel"
             )
-        weights = self.gw.weights[model]
-        sources = [u for u in self.gw.upstreams[model] if u.id != to and weights.get(u.id, 0) > 0]
+        weights = self.table.weights[model]
+        sources = [
+            u for u in self.table.upstreams[model] if u.id != to and weights.get(u.id, 0) > 0
+        ]
         params = {"model": model, "to": to, "mode": mode, "why": why}
-        record = self.gw.store.create_job(f"failover.{mode}", who, params)
+        record = self.table.store.create_job(f"failover.{mode}", who, params)
+        shifts = [f"shift {p}%" for p in self.table.models[model].failover.steps]
         steps = (
-            ["preflight", "warmup", *(f"shift {p}%" for p in self.gw.models[model].failover.steps),
-             "drain", "done"]
+            ["preflight", "warmup", *shifts, "drain", "done"]
             if mode == "planned"
             else ["readiness", "shift 100%", "done"]
         )  # fmt: skip
@@ -162,9 +168,9 @@ class Failovers:
     async def plan(self, model: str, to: str) -> dict[str, Any]:
         """The planned failover's preflight alone (health, canary, room): what the console
         shows before anyone confirms. Changes no route."""
-        if model not in self.gw.models:
+        if model not in self.table.models:
             raise FailoverRefused(404, f"no model {model!r}")
-        target = self.gw.upstream(model, to)
+        target = self.table.upstream(model, to)
         if target is None:
             raise FailoverRefused(404, f"to: {model} has no deployment {to!r}")
         scratch: dict[str, Any] = {"steps": [{"name": "preflight", "state": "running"}]}
@@ -177,15 +183,15 @@ class Failovers:
 
     def maybe_auto(self, down: Upstream) -> None:
         """A deployment went down: with auto_failover, move its weight to a healthy one."""
-        model = self.gw.models.get(down.model)
+        model = self.table.models.get(down.model)
         if model is None or not model.auto_failover or down.model in self.running:
             return
-        if self.gw.weights[down.model].get(down.id, 0) == 0:
+        if self.table.weights[down.model].get(down.id, 0) == 0:
             return
-        healthy = [u for u in self.gw.upstreams[down.model] if u.up and u.id != down.id]
+        healthy = [u for u in self.table.upstreams[down.model] if u.up and u.id != down.id]
         if not healthy:
             return
-        target = max(healthy, key=lambda u: self.gw.weights[down.model].get(u.id, 0))
+        target = max(healthy, key=lambda u: self.table.weights[down.model].get(u.id, 0))
         with contextlib.suppress(FailoverRefused):
             self.start(down.model, target.id, "emergency", "auto", f"{down.id}: {down.reason}")
 
@@ -208,7 +214,7 @@ class Failovers:
                 )
             elif step["state"] == "pending":
                 step["state"] = "skipped"
-        job["after"] = dict(self.gw.weights[model])
+        job["after"] = dict(self.table.weights[model])
         self._save(job)
         self.running.pop(model, None)
         self.tasks.pop(job["id"], None)
@@ -233,8 +239,8 @@ class Failovers:
     async def _emergency(self, job: dict[str, Any], model: str, target: Upstream) -> None:
         started = time.monotonic()
         step = self._step(job, "readiness")
-        assert self.gw.http is not None
-        problem = await check(self.gw.http, target, 2.0)
+        assert self.http is not None
+        problem = await check(self.http, target, 2.0)
         if problem is not None:
             raise self._fail(job, step, f"{target.id} is not ready: {problem}")
         target.mark_up()
@@ -257,12 +263,14 @@ class Failovers:
         )
 
     def _all_to(self, job: dict[str, Any], model: str, target: Upstream) -> None:
-        weights = {u.id: (100 if u.id == target.id else 0) for u in self.gw.upstreams[model]}
-        self.gw.set_weights(model, weights, job["who"], f"failover {job['id']}: all to {target.id}")
+        weights = {u.id: (100 if u.id == target.id else 0) for u in self.table.upstreams[model]}
+        self.table.set_weights(
+            model, weights, job["who"], f"failover {job['id']}: all to {target.id}"
+        )
 
     async def _planned(self, job: dict[str, Any], model: str, target: Upstream) -> None:
-        plan = self.gw.models[model].failover
-        slo = self.gw.models[model].slo
+        plan = self.table.models[model].failover
+        slo = self.table.models[model].slo
         timings: dict[str, float] = {}
         t = time.monotonic()
         step = self._step(job, "preflight")
@@ -284,11 +292,11 @@ class Failovers:
         timings["warmup_s"] = time.monotonic() - t
 
         before = dict(job["before"])
-        others = [u for u in self.gw.upstreams[model] if u.id != target.id]
+        others = [u for u in self.table.upstreams[model] if u.id != target.id]
         for pct in plan.steps:
             t = time.monotonic()
             step = self._step(job, f"shift {pct}%")
-            self.gw.set_weights(
+            self.table.set_weights(
                 model, _split(before, others, target, pct), job["who"],
                 f"failover {job['id']}: {pct}% to {target.id}",
             )  # fmt: skip
@@ -301,9 +309,9 @@ class Failovers:
                 summary = target.measures.summary(since)
             figures = _figures(summary)
             job["verification"].append({"step": pct, **figures})
-            breach = _breach(figures, slo, self.gw.fleet.thresholds.error_rate)
+            breach = _breach(figures, slo, self.table.fleet.thresholds.error_rate)
             if breach:
-                self.gw.set_weights(
+                self.table.set_weights(
                     model, before, job["who"], f"failover {job['id']}: rolled back ({breach})"
                 )
                 job["rolled_back"] = True
@@ -333,8 +341,8 @@ class Failovers:
         target: Upstream,
         save: bool = True,
     ) -> str:
-        assert self.gw.http is not None
-        problem = await check(self.gw.http, target, 2.0)
+        assert self.http is not None
+        problem = await check(self.http, target, 2.0)
         if problem is not None:
             hint = (
                 f"; it has launch profile {target.dep.profile}: start it first "
@@ -345,8 +353,8 @@ class Failovers:
             raise self._fail(job, step, f"{target.id} is not ready: {problem}{hint}")
         if save:
             target.mark_up()
-        slo = self.gw.models[model].slo
-        ok, ttft, error = await self.canary(target, self.gw.models[model].failover.canary_prompt)
+        slo = self.table.models[model].slo
+        ok, ttft, error = await self.canary(target, self.table.models[model].failover.canary_prompt)
         if not ok:
             raise self._fail(job, step, f"the canary through {target.id} failed: {error}")
         assert ttft is not None
@@ -360,9 +368,11 @@ class Failovers:
             raise self._fail(job, step, room[1])
         rate = (
             sum(
-                u.measures.outcomes.rate()[0] for u in self.gw.upstreams[model] if u.id != target.id
+                u.measures.outcomes.rate()[0]
+                for u in self.table.upstreams[model]
+                if u.id != target.id
             )
-            / self.gw.settings.window_s
+            / self.table.window_s
         )
         return (
             f"{target.id} healthy and serving; canary TTFT {ttft * 1000:.0f} ms; "
@@ -373,9 +383,9 @@ class Failovers:
     async def _room(self, target: Upstream) -> tuple[bool, str] | None:
         """(room?, what was seen) from the target engine's own metrics; None if unknown."""
         plugin = load_plugins().get(target.kind)
-        if plugin is None or self.gw.http is None:
+        if plugin is None or self.http is None:
             return None
-        ctx = ProbeContext(self.gw.http, 2.0, 8 * 1024 * 1024)
+        ctx = ProbeContext(self.http, 2.0, 8 * 1024 * 1024)
         metrics = target.dep.metrics_endpoint
         reading = await plugin.probe(
             EngineTarget(target.id, target.kind, target.dep.endpoint, metrics,
@@ -397,8 +407,7 @@ class Failovers:
         self, target: Upstream, prompt: str, through_measures: bool = False
     ) -> tuple[bool, float | None, str | None]:
         """One small streaming completion straight to the target: (ok, TTFT, error)."""
-        assert self.gw.http is not None
-        from console.gateway import triton_openai as tri
+        assert self.http is not None
 
         if target.kind == "triton":
             path, body = tri.request(
@@ -414,7 +423,7 @@ class Failovers:
         try:
             async with (
                 asyncio.timeout(30),
-                self.gw.http.post(target.dep.endpoint + path, json=body) as resp,
+                self.http.post(target.dep.endpoint + path, json=body) as resp,
             ):
                 if resp.status != 200:
                     excerpt = await resp.content.read(200)  # not the whole: it may not end

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import tomlkit
 
-from console.agent.store import Store
 from console.core.config import ConfigError, Fleet, parse_fleet
+from console.core.sqlitestore import JobStore
 
 ROUTES = """
 CREATE TABLE IF NOT EXISTS routes (
@@ -34,13 +34,10 @@ CREATE TABLE IF NOT EXISTS routes (
 """
 
 
-class GatewayStore(Store):
-    """Jobs and audit (as the agent keeps them) plus the route table."""
+class GatewayStore(JobStore):
+    """Failover jobs and the audit log (the store the agent keeps too) plus the route table."""
 
-    def __init__(self, path: Path) -> None:
-        super().__init__(path)
-        with self._lock:
-            self._db.executescript(ROUTES)
+    schema = ROUTES
 
     def weights(self) -> dict[str, dict[str, int]]:
         with self._lock:

@@ -1,0 +1,237 @@
+"""The gateway's admin API (admin token): routes, weights, failover jobs, the measurement
+snapshot, the audit log and Prometheus `/metrics`. Bodies and answers are the models of
+console.core.gateway_wire; every refusal is `{"error": "what, where"}` (`refuse`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from aiohttp import web
+from pydantic import BaseModel, ValidationError
+
+from console.core.gateway_wire import (
+    DeploymentRoute,
+    FailoverRequest,
+    ModelRoutes,
+    WeightsUpdate,
+    problems,
+)
+from console.gateway.failover import FailoverRefused
+from console.gateway.measure import exposition
+from console.gateway.routes import FleetFileChanged, save_to_fleet
+
+if TYPE_CHECKING:
+    from console.gateway.server import Gateway
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+Body = TypeVar("Body", bound=BaseModel)
+
+
+def refuse(status: int, message: str) -> web.Response:
+    """Every admin refusal: `{"error": message}` with `status`."""
+    return web.json_response({"error": message}, status=status)
+
+
+class BadBody(Exception):
+    """A request body that is not what the route wants; `answer` is the refusal."""
+
+    def __init__(self, answer: web.Response) -> None:
+        self.answer = answer
+
+
+async def _body(request: web.Request, model: type[Body], status: int = 400) -> Body:
+    """The request's body as `model`. Not JSON, or not a JSON object: `status` (a list,
+    a number or a body nested past the parser's depth never makes a 500); an object that
+    does not fit the model: 422, each problem with where it is."""
+    fields = ", ".join(model.model_fields)
+    try:
+        data = await request.json()
+    except (ValueError, RecursionError):  # RecursionError: nested past the parser's depth
+        data = None
+    if not isinstance(data, dict):
+        raise BadBody(refuse(status, f"the body must be a JSON object ({fields})"))
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise BadBody(refuse(422, f"{problems(exc)} (the body takes {fields})")) from None
+
+
+class Admin:
+    def __init__(self, gateway: Gateway) -> None:
+        self.gw = gateway
+
+    def add_routes(self, app: web.Application) -> None:
+        guard = self.guard
+        app.router.add_get("/admin/routes", guard(self.get_routes))
+        app.router.add_put("/admin/routes/{model}", guard(self.put_routes))
+        app.router.add_post("/admin/routes/save", guard(self.save_routes))
+        app.router.add_post("/admin/failover", guard(self.post_failover))
+        app.router.add_post("/admin/failover/plan", guard(self.plan_failover))
+        app.router.add_get("/admin/jobs", guard(self.list_jobs))
+        app.router.add_get("/admin/jobs/{id}", guard(self.get_job))
+        app.router.add_delete("/admin/jobs/{id}", guard(self.cancel_job))
+        app.router.add_get("/admin/snapshot", guard(self.snapshot))
+        app.router.add_get("/admin/audit", guard(self.audit))
+        app.router.add_get("/metrics", guard(self.metrics))
+
+    def guard(self, handler: Handler) -> Handler:
+        """The admin token, compared in constant time; a body that does not fit its route
+        answered with its refusal."""
+
+        async def guarded(request: web.Request) -> web.StreamResponse:
+            header = request.headers.get("Authorization", "")
+            if not header.startswith("Bearer "):
+                return refuse(401, "missing bearer token")
+            if not hmac.compare_digest(header[7:].strip().encode(), self.gw.admin_token):
+                return refuse(401, "invalid token")
+            try:
+                return await handler(request)
+            except BadBody as bad:
+                return bad.answer
+            except FailoverRefused as exc:
+                return refuse(exc.status, str(exc))
+
+        return guarded
+
+    # -- routes --------------------------------------------------------------------------
+
+    def routes_view(self) -> dict[str, ModelRoutes]:
+        table = self.gw.table
+        return {
+            name: ModelRoutes(
+                auto_failover=table.models[name].auto_failover,
+                failover_job=self.gw.failovers.running.get(name),
+                deployments=[
+                    DeploymentRoute(
+                        id=u.id,
+                        engine=u.kind,
+                        node=u.dep.node,
+                        endpoint=u.dep.endpoint,
+                        weight=table.weights[name].get(u.id, 0),
+                        up=u.up,
+                        reason=u.reason,
+                        inflight=u.inflight,
+                    )
+                    for u in ups
+                ],
+            )
+            for name, ups in table.upstreams.items()
+        }
+
+    async def get_routes(self, request: web.Request) -> web.Response:
+        view = {name: routes.model_dump() for name, routes in self.routes_view().items()}
+        return web.json_response(view)
+
+    async def put_routes(self, request: web.Request) -> web.Response:
+        table = self.gw.table
+        model = request.match_info["model"]
+        if model not in table.models:
+            return refuse(404, f"no model {model!r} (models: {', '.join(table.models)})")
+        update = await _body(request, WeightsUpdate, status=422)
+        known = [u.id for u in table.upstreams[model]]
+        for dep in update.weights:
+            if dep not in known:
+                return refuse(
+                    422, f"weights: no deployment {dep!r} of {model} ({', '.join(known)})"
+                )
+        if (job := self.gw.failovers.running.get(model)) is not None:
+            return refuse(409, f"a failover of {model} is running (job {job}); cancel it first")
+        table.set_weights(model, update.weights, "admin", update.why or "set by the admin API")
+        return web.json_response(self.routes_view()[model].model_dump())
+
+    async def save_routes(self, request: web.Request) -> web.Response:
+        table = self.gw.table
+        try:
+            changed = await asyncio.to_thread(save_to_fleet, table.fleet, table.weights)
+        except FleetFileChanged as exc:  # a hand edit since the load: never overwritten
+            return refuse(409, str(exc))
+        table.store.audit("admin", "routes saved to fleet.toml", {"changed": changed})
+        return web.json_response({"path": str(table.fleet.source), "changed": changed})
+
+    # -- failovers -----------------------------------------------------------------------
+
+    async def post_failover(self, request: web.Request) -> web.Response:
+        ask = await _body(request, FailoverRequest)
+        job = self.gw.failovers.start(ask.model, ask.to, ask.mode, who="admin", why=ask.why)
+        return web.json_response(job, status=202)
+
+    async def plan_failover(self, request: web.Request) -> web.Response:
+        ask = await _body(request, FailoverRequest)  # mode and why are not used here
+        return web.json_response(await self.gw.failovers.plan(ask.model, ask.to))
+
+    async def get_job(self, request: web.Request) -> web.Response:
+        job = self.gw.failovers.job(request.match_info["id"])
+        if job is None:
+            return refuse(404, f"no job {request.match_info['id']!r}")
+        return web.json_response(job)
+
+    async def list_jobs(self, request: web.Request) -> web.Response:
+        return web.json_response(self.gw.failovers.jobs())
+
+    async def cancel_job(self, request: web.Request) -> web.Response:
+        return web.json_response(await self.gw.failovers.cancel(request.match_info["id"]))
+
+    # -- measures ------------------------------------------------------------------------
+
+    async def snapshot(self, request: web.Request) -> web.Response:
+        table = self.gw.table
+        out: dict[str, Any] = {"time": time.time(), "models": {}}
+        for name, ups in table.upstreams.items():
+            out["models"][name] = {
+                u.id: {
+                    "weight": table.weights[name].get(u.id, 0),
+                    "up": u.up,
+                    "reason": u.reason,
+                    "inflight": u.inflight,
+                    **u.measures.summary(),
+                }
+                for u in ups
+            }
+        return web.json_response(out)
+
+    async def audit(self, request: web.Request) -> web.Response:
+        return web.json_response(self.gw.table.store.audit_log(200))
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        gw, table = self.gw, self.gw.table
+        lines = [
+            "# TYPE engineroom_gateway_connections gauge",
+            "# TYPE engineroom_gateway_connections_refused_total counter",
+            "# TYPE engineroom_gateway_client_gone_total counter",
+            "# TYPE engineroom_gateway_client_stalled_total counter",
+            f"engineroom_gateway_connections {gw.open_connections()}",
+            f"engineroom_gateway_connections_refused_total {gw.connections_refused}",
+            f"engineroom_gateway_client_gone_total {gw.relay.clients_gone}",
+            f"engineroom_gateway_client_stalled_total {gw.relay.clients_stalled}",
+            "# TYPE engineroom_gateway_health_checks_total counter",
+            "# TYPE engineroom_gateway_inflight gauge",
+            "# TYPE engineroom_gateway_weight gauge",
+            "# TYPE engineroom_gateway_up gauge",
+            "# TYPE engineroom_gateway_requests_total counter",
+            "# TYPE engineroom_gateway_failures_total counter",
+            "# TYPE engineroom_gateway_ttft_seconds histogram",
+            "# TYPE engineroom_gateway_itl_seconds histogram",
+            "# TYPE engineroom_gateway_e2e_seconds histogram",
+        ]
+        for name, ups in table.upstreams.items():
+            for u in ups:
+                labels = f'model="{name}",deployment="{u.id}",engine="{u.kind}"'
+                m = u.measures
+                lines += [
+                    f"engineroom_gateway_inflight{{{labels}}} {u.inflight}",
+                    f"engineroom_gateway_weight{{{labels}}} {table.weights[name].get(u.id, 0)}",
+                    f"engineroom_gateway_up{{{labels}}} {int(u.up)}",
+                    f"engineroom_gateway_health_checks_total{{{labels}}} {u.checks}",
+                    f"engineroom_gateway_requests_total{{{labels}}} "
+                    f"{m.outcomes.ok_total + m.outcomes.failed_total}",
+                    f"engineroom_gateway_failures_total{{{labels}}} {m.outcomes.failed_total}",
+                    *exposition("engineroom_gateway_ttft_seconds", labels, m.ttft),
+                    *exposition("engineroom_gateway_itl_seconds", labels, m.itl),
+                    *exposition("engineroom_gateway_e2e_seconds", labels, m.e2e),
+                ]
+        return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
