@@ -370,9 +370,13 @@ class DemoFleet:
         from console.gateway.server import Gateway
 
         gateway = Gateway(fleet, admin_token=token, state_dir=self.path.parent / "gateway")
-        runner = web.AppRunner(gateway.app(), access_log=None, handle_signals=False)
+        # A short shutdown, as for the engines: a simulated client's stream that waits in a
+        # surge's queue must not hold the fleet's exit for aiohttp's default minute.
+        runner = web.AppRunner(
+            gateway.app(), access_log=None, handle_signals=False, shutdown_timeout=1.0
+        )
         await runner.setup()
-        await web.SockSite(runner, sock).start()
+        await web.SockSite(runner, sock, shutdown_timeout=1.0).start()
         self._gateway_runner = runner
         url = f"http://127.0.0.1:{port_of(sock)}"
         self._clients = asyncio.create_task(_gateway_clients(url, list(MODELS.values())))

@@ -27,6 +27,7 @@ import itertools
 import math
 import random
 from bisect import bisect_left
+from collections import deque
 from dataclasses import dataclass
 
 # vLLM 0.32's bucket bounds (vllm/v1/metrics/loggers.py), as in the recorded fixtures.
@@ -49,6 +50,7 @@ FINISH_REASONS = ("stop", "length", "abort", "error", "repetition")
 API_SERVER_S = 0.003
 API_SERVER_PER_PROMPT_TOKEN_S = 2e-6
 TICK_S = 1.0
+WAITS_KEPT = 3600  # ticks of queue-wait history
 WARMUP_S = 120.0  # simulated history before the first scrape, so nothing starts from zero
 
 # The two incidents a demo can show, on a cycle from the fleet's start (seconds).
@@ -134,6 +136,8 @@ class Workload:
         self._burst_until = -math.inf
         self._burst_factor = 1.0
         self._finish_carry = 0.0
+        # (time, queue wait) at each tick, newest last: an hour of ticks at most.
+        self._waits: deque[tuple[float, float]] = deque(maxlen=WAITS_KEPT)
         # cumulative, as the engines keep them
         self.ttft = Histogram(TTFT_BUCKETS)
         self.itl = Histogram(ITL_BUCKETS)
@@ -210,6 +214,18 @@ class Workload:
         leave_rate = max(self.batch, 1.0) / self.e2e_now(0.0)
         return self.waiting / leave_rate
 
+    def queue_wait_felt(self, now: float) -> float:
+        """The wait of the requests whose first token comes now: they arrived one wait
+        ago, when the queue was what it was then. The engine's histogram and a client
+        both count a request when its first token comes, so while a queue grows the two
+        agree only if a simulated request is timed this way (with the wait of a request
+        arriving now, the engine ran ahead of its clients by the whole wait)."""
+        wait = self.queue_wait_now()
+        for when, then in reversed(self._waits):  # newest first; a minute or so back
+            if when <= now - wait:
+                return then
+        return wait
+
     def e2e_now(self, prefill: float) -> float:
         return prefill + self.traffic.output_tokens * self.itl_now()
 
@@ -219,6 +235,7 @@ class Workload:
         if dt <= 0:
             return
         self._now = now
+        self._waits.append((now, self.queue_wait_now()))
         t = self.traffic
         arrivals = self.rate(now) * dt
         e2e = self.e2e_now(self.prefill_now(now))
@@ -264,8 +281,10 @@ class Workload:
             reason = "error"
         elif roll < 0.002:
             reason = "abort"
-        # Scheduling takes a fraction of a millisecond even with nobody waiting.
-        queue = (self.queue_wait_now() + 0.0004) * self._lognormal(1.0, 0.3)
+        # Scheduling takes a fraction of a millisecond even with nobody waiting. A request
+        # over HTTP waits from now on; a simulated one is counted as its first token comes.
+        wait = self.queue_wait_now() if prompt_tokens is not None else self.queue_wait_felt(now)
+        queue = (wait + 0.0004) * self._lognormal(1.0, 0.3)
         prefill = self.traffic.prefill_s * (timed / t.prompt_tokens) ** 0.8
         prefill *= 1 + 1.5 * max(0.0, self.kv_usage - 0.5)
         ttft = queue + self._lognormal(prefill, 0.35)
