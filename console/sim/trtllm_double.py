@@ -1,15 +1,17 @@
 #!/usr/bin/env python3
-"""TEST DOUBLE of TensorRT-LLM's command-line tools, for the rebuild-drill tests.
+"""TEST DOUBLE of TensorRT-LLM's command-line tools, for the rebuild-drill tests and the demo.
+
+It ships in the package (not under tests/) because `engineroom demo` runs its drill on it.
 
 TensorRT-LLM needs an NVIDIA GPU, and these machines have none. This file stands in for
 the tools a drill runs, so the drill's plumbing (steps, logs, timeouts, cancels, the
 artifact layout, the candidate-versus-baseline comparison) runs for real:
 
-    python tests/trtllm_double.py install BIN_DIR EXAMPLES_DIR
-    python tests/trtllm_double.py convert|quantize --model_dir D --output_dir D [...]
-    python tests/trtllm_double.py build --checkpoint_dir D --output_dir D [...]
-    python tests/trtllm_double.py serve MODEL [--backend tensorrt] [--port N] [...]
-    python tests/trtllm_double.py versions
+    python -m console.sim.trtllm_double install BIN_DIR EXAMPLES_DIR
+    python -m console.sim.trtllm_double convert|quantize --model_dir D --output_dir D [...]
+    python -m console.sim.trtllm_double build --checkpoint_dir D --output_dir D [...]
+    python -m console.sim.trtllm_double serve MODEL [--backend tensorrt] [--port N] [...]
+    python -m console.sim.trtllm_double versions
 
 `install` writes `trtllm-build`, `trtllm-serve` and `trtllm-versions` into BIN_DIR, and
 `models/core/llama/convert_checkpoint.py` and `quantization/quantize.py` into EXAMPLES_DIR,
@@ -185,7 +187,7 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
 # -- install ------------------------------------------------------------------------------
 
 BIN_SCRIPT = """#!{python}
-# TEST DOUBLE of {name} (written by tests/trtllm_double.py install): not TensorRT-LLM.
+# TEST DOUBLE of {name} (written by console/sim/trtllm_double.py install): not TensorRT-LLM.
 import importlib.util
 import sys
 
@@ -196,7 +198,7 @@ sys.exit(module.main([{sub!r}, *sys.argv[1:]]))
 """
 
 EXAMPLE_SCRIPT = """#!/usr/bin/env python3
-# TEST DOUBLE of TensorRT-LLM's {name} (written by tests/trtllm_double.py install).
+# TEST DOUBLE of TensorRT-LLM's {name} (written by console/sim/trtllm_double.py install).
 # Any python3 runs this; it hands over to the interpreter that installed it.
 import os
 import sys
