@@ -59,7 +59,7 @@ test: $(VENV)/.test-deps engines sshd lint
 
 # The quick subset while working: no real engines.
 test-quick: $(VENV)/.test-deps sshd
-	$(BIN)/pytest -q -m 'not engines'
+	$(BIN)/pytest -q -m 'not engines and not package'
 
 # nginx (Debian's package) is the gateway benchmark's reference proxy.
 nginx:
