@@ -6,7 +6,8 @@ ENGINES := .engines
 VLLM_VENV := $(ENGINES)/vllm
 TRITON_VENV := $(ENGINES)/triton
 
-.PHONY: demo test test-quick lint bench bench-console screenshots engines sshd nginx clean
+.PHONY: demo test test-quick lint bench bench-console screenshots engines sshd systemd nginx \
+	apidocs clean
 
 # The console's own environment: the demo needs only this.
 $(BIN)/engineroom: pyproject.toml
@@ -44,6 +45,11 @@ sshd:
 	test -x /usr/sbin/sshd || apt-get install -y -qq openssh-server >/dev/null \
 		|| (apt-get update -qq && apt-get install -y -qq openssh-server >/dev/null)
 
+# systemd-analyze (Debian's systemd package) checks the units in deploy/; nothing is started.
+systemd:
+	command -v systemd-analyze >/dev/null || apt-get install -y -qq systemd >/dev/null \
+		|| (apt-get update -qq && apt-get install -y -qq systemd >/dev/null)
+
 demo: $(BIN)/engineroom
 	$(BIN)/engineroom demo
 
@@ -52,13 +58,13 @@ lint: $(VENV)/.test-deps
 	$(BIN)/ruff format --check console plugins tests bench
 	$(BIN)/mypy
 
-test: $(VENV)/.test-deps engines sshd lint
+test: $(VENV)/.test-deps engines sshd systemd lint
 	ENGINEROOM_VLLM_PYTHON=$(CURDIR)/$(VLLM_VENV)/bin/python \
 	ENGINEROOM_TRITON_PYTHON=$(CURDIR)/$(TRITON_VENV)/bin/python \
 	$(BIN)/pytest -q
 
 # The quick subset while working: no real engines.
-test-quick: $(VENV)/.test-deps sshd
+test-quick: $(VENV)/.test-deps sshd systemd
 	$(BIN)/pytest -q -m 'not engines and not package'
 
 # nginx (Debian's package) is the gateway benchmark's reference proxy.
