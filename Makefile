@@ -92,5 +92,9 @@ screenshots: $(VENV)/.test-deps
 bench-console: $(VENV)/.test-deps
 	$(BIN)/python -m bench.console_scale
 
+# The API reference generated from the code (tests/test_apidocs.py checks it is current).
+apidocs: $(BIN)/engineroom
+	$(BIN)/python -m console.apidocs docs/api
+
 clean:
 	rm -rf $(VENV) $(ENGINES) .pytest_cache .mypy_cache .ruff_cache

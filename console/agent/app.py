@@ -1,4 +1,4 @@
-"""The agent's HTTP API (v1, a contract: DESIGN.md).
+"""The agent's HTTP API (v1, a contract: docs/architecture.md).
 
 Viewer tokens read; operator tokens also act. A missing or wrong token gets 401, a
 viewer token on an operator route 403. Tokens are never logged: the access log is off

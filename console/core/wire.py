@@ -1,6 +1,6 @@
 """Wire formats shared by the agent (server) and the collector (client).
 
-The snapshot keys are a contract (DESIGN.md). Unknown values are None (JSON null),
+The snapshot keys are a contract (docs/architecture.md). Unknown values are None (JSON null),
 never 0: a GPU whose temperature could not be read has `temperature_c: null`.
 """
 
@@ -157,7 +157,7 @@ class JobStep(_Wire):
 
 
 class Job(_Wire):
-    """A long operation on the agent (DESIGN.md: jobs). `result` is kind-specific:
+    """A long operation on the agent (docs/architecture.md: jobs). `result` is kind-specific:
     vllm.start records `argv`, `engine_id`, `cold_start` (seconds from process start to
     each phase and to ready) and, on failure, `log_tail`."""
 
