@@ -96,12 +96,12 @@ async def run(out: Path) -> dict:
     try:
         snap = await agent.cycle()
         started = time.perf_counter()
-        engines = await runner.drills.refresh()
+        engines = await runner.trt.refresh()
         refresh_s = time.perf_counter() - started
-        probed = runner.drills.probed.get("llama-bf16", (0.0, {}))[1]
-        own = {k: v for k, v in (await runner.drills.current_facts("llama-trt"))[0].items() if v}
-        same = await runner.drills.what_if(own)
-        upgrade = await runner.drills.what_if({"driver": "590.10"})
+        probed = runner.trt.probed.get("llama-bf16", (0.0, {}))[1]
+        own = {k: v for k, v in (await runner.trt.current_facts("llama-trt"))[0].items() if v}
+        same = await runner.trt.what_if(own)
+        upgrade = await runner.trt.what_if({"driver": "590.10"})
     finally:
         await runner.close()
         await agent.close()

@@ -30,10 +30,10 @@ import uvicorn
 
 from console.agent.app import MAX_BODY_BYTES, create_app
 from console.agent.auth import TokenError, Tokens
-from console.agent.drills import capped_output
 from console.agent.gpu import GpuSampler
 from console.agent.jobs import JobRunner
 from console.agent.node import NodeAgent
+from console.agent.processes import capped_output
 from console.agent.signals import signal_group, signal_process
 from console.agent.store import JobEnded, Store
 from console.agent.supervisor import Managed, Supervisor
@@ -443,12 +443,12 @@ def test_an_engine_record_whose_pid_was_reused_is_not_adopted_nor_stoppable(
     assert stranger.poll() is None
 
 
-def found_engine(setup: dict, port: int) -> subprocess.Popen[bytes]:
+def found_engine(setup: dict, port: int, **env: str) -> subprocess.Popen[bytes]:
     """An engine the agent did not start, found among the processes by its vLLM argv."""
     return subprocess.Popen(
         [sys.executable, str(setup["double"]), "vllm.entrypoints.openai.api_server",
          f"--port={port}", "--served-model-name=found"],
-        start_new_session=True, stdout=subprocess.DEVNULL,
+        start_new_session=True, stdout=subprocess.DEVNULL, env={**os.environ, **env},
     )  # fmt: skip
 
 
@@ -468,6 +468,33 @@ def test_a_found_engine_is_stopped_by_its_pid_and_start_time(agent_factory, setu
     finally:
         found.kill()
         found.wait()
+
+
+def test_a_found_engine_that_ignores_sigterm_is_killed_after_the_agents_grace(agent_factory, setup):
+    """No profile names a found engine's grace: [agent] stop_grace_s does (it was a
+    hard-coded 30 s)."""
+    port = free_port()
+    found = found_engine(setup, port, DOUBLE_IGNORE_TERM="1")
+    try:
+        agent = agent_factory(fleet_text(setup, free_port(), agent_extra="stop_grace_s = 1"))
+        engine = f"vllm-{port}"
+        wait_until(lambda: any(e["id"] == engine for e in agent.snapshot()["engines"]), 20)
+        stopping = post(agent.url, "/v1/jobs", {"kind": "engine.stop", "engine": engine})
+        assert stopping.status_code == 202, stopping.text
+        job = wait_state(agent.url, stopping.json()["id"], ("succeeded", "failed"), timeout=20)
+        assert job["steps"][0]["detail"] == "did not exit within 1 s of SIGTERM: killed (SIGKILL)"
+        assert found.wait(10) == -signal.SIGKILL
+    finally:
+        found.kill()
+        found.wait()
+
+
+def test_a_profile_without_its_own_grace_takes_the_agents(setup):
+    fleet = parse_fleet(fleet_text(setup, free_port(), grace=7, agent_extra="stop_grace_s = 3"))
+    assert fleet.agent.stop_grace_s == 3
+    assert fleet.profiles["double"].stop_grace_s == 7  # its own
+    assert fleet.profiles["untyped"].stop_grace_s == 3  # none of its own: the agent's
+    assert parse_fleet(fleet_text(setup, free_port())).profiles["untyped"].stop_grace_s == 30
 
 
 def test_a_discovered_engine_whose_process_exited_is_not_signalled(agent_factory, setup):
@@ -647,6 +674,47 @@ def test_only_healthz_answers_without_a_token_and_there_is_no_docs_page(agent_fa
     assert schema.status_code == 200 and "/v1/snapshot" in schema.json()["paths"]
     for page in ("/docs", "/redoc", "/docs/oauth2-redirect"):
         assert agent.get(page).status_code == 404, page
+
+
+def test_the_schema_documents_each_job_kind_and_its_fields(agent_factory, setup):
+    """POST /v1/jobs took "any object": a client could not learn a kind's fields."""
+    agent = agent_factory(fleet_text(setup, free_port()))
+    doc = agent.get("/openapi.json").json()
+    body = doc["paths"]["/v1/jobs"]["post"]["requestBody"]["content"]["application/json"]
+    union = doc["components"]["schemas"][body["schema"]["$ref"].rsplit("/", 1)[1]]
+    kinds = {
+        kind: doc["components"]["schemas"][ref.rsplit("/", 1)[1]]
+        for kind, ref in union["discriminator"]["mapping"].items()
+    }
+    assert set(kinds) == {"vllm.start", "engine.stop", "engine.restart", "drill.run"}
+    assert kinds["vllm.start"]["required"] == ["kind", "profile"]
+    assert "overrides" in kinds["vllm.start"]["properties"]
+    assert kinds["engine.stop"]["required"] == kinds["engine.restart"]["required"]
+    assert kinds["drill.run"]["required"] == ["kind", "drill"]
+    plan = doc["paths"]["/v1/jobs/plan"]["post"]["requestBody"]["content"]["application/json"]
+    assert plan["schema"]["$ref"].endswith("/VllmStart")
+
+
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        ({"kind": "engine.stop"}, "engine: field required"),
+        ({"kind": "engine.stop", "engine": 7}, "engine: input should be a valid string (got 7)"),
+        ({"kind": "drill.run", "drill": "d", "argv": ["rm"]}, "argv: a drill.run job has no such"),
+        ({"kind": "vllm.start", "profile": "double", "overrides": []}, "overrides: input should"),
+    ],
+)
+def test_a_job_request_of_the_wrong_shape_is_refused_naming_the_field_and_audited(
+    agent_factory, setup, body, message
+):
+    agent = agent_factory(fleet_text(setup, free_port()))
+    resp = post(agent.url, "/v1/jobs", body)
+    assert resp.status_code == 422, resp.text
+    assert resp.json()["error"].startswith(message), resp.json()
+    [(who, action, result)] = audit(setup["state"])
+    assert (who, action) == ("alice", f"job {body['kind']} refused")
+    assert result is not None and result["error"] == resp.json()["error"]
+    assert agent.get("/v1/jobs").json() == []
 
 
 def test_a_request_body_over_the_limit_is_refused_unread(agent_factory, setup):

@@ -22,18 +22,19 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import TypeAdapter
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from console import __version__
+from console.agent import processes
 from console.agent.auth import Principal, Role, Tokens
 from console.agent.exposition import render
-from console.agent.jobs import JobRefused, JobRunner, new_lines
+from console.agent.jobs import JobRefused, JobRunner
 from console.agent.node import NodeAgent
 from console.agent.store import FINAL
-from console.agent.supervisor import log_tail
 from console.core import drillreport
-from console.core.wire import Health, Job, Snapshot
+from console.core.wire import Health, Job, JobRequest, Snapshot, VllmStart
 
 _bearer = HTTPBearer(auto_error=False)
 MAX_BODY_BYTES = 64 * 1024
@@ -114,6 +115,27 @@ def _require(tokens: Tokens, role: Role) -> Callable[..., Awaitable[Principal]]:
     return check
 
 
+def _typed_job_bodies(doc: dict[str, Any]) -> dict[str, Any]:
+    """The schema with the job requests' models in place of "any object": the routes
+    take the body as it is, so that a refusal (a kind that does not exist too) is
+    audited with who sent it, and the runner parses it (console.agent.jobs.parse)."""
+    schemas = doc.setdefault("components", {}).setdefault("schemas", {})
+    if "JobRequest" in schemas:
+        return doc  # app.openapi() caches the document: done once
+    adapters: dict[str, TypeAdapter[Any]] = {
+        "JobRequest": TypeAdapter(JobRequest),
+        "VllmStart": TypeAdapter(VllmStart),
+    }
+    for name, adapter in adapters.items():
+        schema = adapter.json_schema(ref_template="#/components/schemas/{model}")
+        schemas.update(schema.pop("$defs", {}))
+        schemas[name] = schema
+    for path, name in (("/v1/jobs", "JobRequest"), ("/v1/jobs/plan", "VllmStart")):
+        body = doc["paths"][path]["post"]["requestBody"]["content"]["application/json"]
+        body["schema"] = {"$ref": f"#/components/schemas/{name}"}
+    return doc
+
+
 def create_app(
     agent: NodeAgent, tokens: Tokens, *, run_cycle: bool = True, runner: JobRunner | None = None
 ) -> FastAPI:
@@ -121,7 +143,7 @@ def create_app(
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         if runner is not None:
             agent.jobs_view = runner.recent
-            agent.trt_view = runner.drills.view
+            agent.trt_view = runner.trt.view
             await runner.start()  # re-adopt engines before the first snapshot lists them
         if run_cycle:
             await agent.cycle()  # serve a real snapshot from the first request on
@@ -147,7 +169,7 @@ def create_app(
 
     @app.get("/openapi.json", include_in_schema=False, dependencies=[Depends(viewer)])
     async def openapi() -> JSONResponse:
-        return JSONResponse(app.openapi())
+        return JSONResponse(_typed_job_bodies(app.openapi()))
 
     @app.exception_handler(HTTPException)
     async def _http_error(_: Request, exc: HTTPException) -> JSONResponse:
@@ -226,7 +248,7 @@ def create_app(
         path = None if runner is None else runner.log_path(job_id)
         if runner is None or path is None:
             raise ApiError(404, f"no job {job_id!r}")
-        lines = log_tail(path, max(1, min(tail, 5000)))
+        lines = processes.tail(path, max(1, min(tail, 5000)))
         if "text/event-stream" not in request.headers.get("accept", ""):
             return PlainTextResponse("\n".join(lines) + ("\n" if lines else ""))
 
@@ -235,7 +257,7 @@ def create_app(
                 yield b"data: " + line.encode() + b"\n\n"
             offset = path.stat().st_size if path.exists() else 0
             while True:
-                offset, new = await asyncio.to_thread(new_lines, path, offset)
+                offset, new = await asyncio.to_thread(processes.new_lines, path, offset)
                 for line in new:
                     yield b"data: " + line.encode() + b"\n\n"
                 current = runner.job(job_id)
@@ -276,7 +298,7 @@ def create_app(
         if runner is None:
             return []
         try:
-            return await runner.drills.what_if(body)
+            return await runner.trt.what_if(body)
         except ValueError as exc:
             raise ApiError(422, str(exc)) from None
 

@@ -21,6 +21,8 @@ from typing import Any
 
 import aiohttp
 
+from console.core.config import Drill
+
 WORD = re.compile(r"\s*\S+")
 
 
@@ -204,3 +206,57 @@ async def sweep_level(
 
 def requests_for(level: int, configured: int | None) -> int:
     return configured if configured is not None else max(8, 2 * level)
+
+
+def benchmark_gates(drill: Drill, bench: dict[str, Any]) -> list[tuple[str, bool, str]]:
+    spec = drill.benchmark
+    gates = []
+    errors = sum(
+        (row.get(who) or {}).get("errors", 0) for row in bench["levels"] for who in ("candidate",)
+    )
+    gates.append(("benchmark errors", errors == 0, f"{errors} failed candidate requests"))
+    cold = bench["cold_start_s"]["candidate"]
+    if spec.max_cold_start_s is not None:
+        ok = cold is not None and cold <= spec.max_cold_start_s
+        gates.append(("cold start", ok, f"cold start {cold} s (max {spec.max_cold_start_s:g} s)"))
+    top = bench["levels"][-1] if bench["levels"] else None
+    for key, limit, label in (
+        ("ttft_p95_ms", spec.max_ttft_p95_ratio, "TTFT p95"),
+        ("itl_p95_ms", spec.max_itl_p95_ratio, "ITL p95"),
+    ):
+        if limit is None or top is None:
+            continue
+        c, b = top["candidate"].get(key), top["baseline"].get(key)
+        ratio = c / b if c is not None and b else None
+        ok = ratio is not None and ratio <= limit
+        shown = "unknown" if ratio is None else f"{ratio:.2f}x"
+        gates.append(
+            (
+                f"{label} ratio",
+                ok,
+                f"{label} at {top['concurrency']}: {shown} of vLLM (max {limit:g}x)",
+            )
+        )
+    return gates
+
+
+def sweep_summary(bench: dict[str, Any]) -> list[str]:
+    """The cold starts and the highest concurrency, candidate against vLLM, in words."""
+    out = []
+    cold = bench["cold_start_s"]
+    base = (cold.get("baseline") or {}).get("total_s")
+    out.append(f"cold start {_num(cold.get('candidate'), 's')} vs vLLM {_num(base, 's')}")
+    if bench["levels"]:
+        top = bench["levels"][-1]
+        c, b = top.get("candidate") or {}, top.get("baseline") or {}
+        out.append(
+            f"at {top['concurrency']}: TTFT p95 {_num(c.get('ttft_p95_ms'), 'ms')} vs "
+            f"{_num(b.get('ttft_p95_ms'), 'ms')}, ITL p95 {_num(c.get('itl_p95_ms'), 'ms')} vs "
+            f"{_num(b.get('itl_p95_ms'), 'ms')}, {_num(c.get('tokens_per_s'), 'tok/s')} vs "
+            f"{_num(b.get('tokens_per_s'), 'tok/s')}"
+        )
+    return out
+
+
+def _num(value: Any, unit: str) -> str:
+    return "unknown" if value is None else f"{value:g} {unit}"

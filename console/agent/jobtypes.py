@@ -1,16 +1,26 @@
-"""What the job runner (console.agent.jobs) and the drill runner (console.agent.drills)
-share: a running job, the two ways a job does not succeed, and the readiness check of an
-OpenAI-compatible server."""
+"""What the job runner (console.agent.jobs) and each kind of job share: a running job,
+the context its work is given, the interface of a job kind, the two ways a job does not
+succeed, and the readiness check of an OpenAI-compatible server.
+
+A job kind (console.agent.engine_jobs, console.agent.drills) is registered with the runner
+under its kind names. The runner parses the request, audits a refusal, runs the work as
+an asyncio task, and saves the job at every change; the kind checks the request, names
+the steps, and does the work through its JobContext: begin, end or skip a step, record a
+gate, save the result, write to the job's log.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, Protocol
 
 from console.agent.store import JobRecord
 from console.core.fetch import FetchError, fetch
-from console.core.wire import JobStep
+from console.core.wire import Job, JobStep
 
 
 class JobRefused(Exception):
@@ -46,6 +56,98 @@ class Active:
             if step.name == name:
                 return step
         raise KeyError(name)
+
+
+class JobContext:
+    """What a job's work is given: its steps and result, each change saved at once (a
+    console that reconnects, or a restarted agent, sees where the job stands)."""
+
+    def __init__(
+        self, active: Active, save: Callable[[Active], None], log: Path | None = None
+    ) -> None:
+        self.active = active
+        self._save = save
+        self.log_path = log  # the job's own log, where it has one (a drill's)
+
+    @property
+    def id(self) -> str:
+        return self.active.record.id
+
+    @property
+    def record(self) -> JobRecord:
+        return self.active.record
+
+    @property
+    def result(self) -> dict[str, Any]:
+        return self.active.result
+
+    def step(self, name: str) -> JobStep:
+        return self.active.step(name)
+
+    def begin(self, name: str) -> JobStep:
+        step = self.active.step(name)
+        step.state, step.started = "running", step.started or time.time()
+        self.save()
+        return step
+
+    def end(self, step: JobStep, detail: str | None = None) -> None:
+        step.state, step.ended = "succeeded", time.time()
+        if detail is not None:
+            step.detail = detail
+        self.save()
+
+    def skip(self, name: str, why: str) -> None:
+        step = self.active.step(name)
+        step.state, step.detail = "skipped", why
+        step.started = step.ended = time.time()
+        self.save()
+
+    def gate(self, name: str, ok: bool, detail: str) -> None:
+        """A pass/fail judgement the job's report lists (result["gates"])."""
+        self.active.result.setdefault("gates", []).append(
+            {"gate": name, "ok": ok, "detail": detail}
+        )
+        self.save()
+
+    def save(self) -> None:
+        self._save(self.active)
+
+    def log(self, text: str) -> int:
+        """A header line in the job's log; the offset where what follows it starts."""
+        assert self.log_path is not None, "this job has no log of its own"
+        with self.log_path.open("ab") as f:
+            f.write(f"--- {time.strftime('%H:%M:%S')} {text} ---\n".encode())
+            return f.tell()
+
+
+Work = Callable[[JobContext], Awaitable[None]]
+
+
+class JobKind(Protocol):
+    """One or more kinds of job (their names in `kinds`), registered with the runner."""
+
+    kinds: tuple[str, ...]
+
+    async def submit(self, request: Any, who: str) -> Active:
+        """Check the request (JobRefused if it may not run), then run it (runner.run)."""
+        ...
+
+    def log_path(self, job: Job) -> Path | None:
+        """The log `GET /v1/jobs/ID/log` streams."""
+        ...
+
+    def resume(self, record: JobRecord) -> bool:
+        """A job the last agent left open: go on with it if possible (True)."""
+        ...
+
+    def interrupted(self, record: JobRecord) -> list[str]:
+        """A job the last agent left open that cannot go on: clean up after it; what was
+        found or done, for its error."""
+        ...
+
+    async def cancelled(self, ctx: JobContext) -> None:
+        """An operator cancelled the job: leave nothing half-started behind."""
+        ...
 
 
 async def ready(http: Any, endpoint: str, served: str) -> bool:

@@ -16,16 +16,12 @@ would have to exit and a new session leader take the same pid; that is accepted.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import signal
-import time
 from collections.abc import Callable
 
 import psutil
-
-from console.agent.discovery import alive
 
 SAME_START_S = 0.01  # create_time is read from /proc in clock ticks; 10 ms apart is another
 
@@ -122,31 +118,3 @@ def _through_pidfd(pid: int, sig: signal.Signals, check: Callable[[], bool]) -> 
         return False
     finally:
         os.close(pidfd)
-
-
-async def terminate(pid: int, created: float, grace_s: float) -> str:
-    """SIGTERM a process (its whole group if it leads one), SIGKILL after `grace_s`; each
-    signal only while `pid` is still the process that started at `created`."""
-    group = _leads_group(pid)
-
-    def send(sig: signal.Signals) -> bool:
-        if group:
-            return signal_group(pid, created, sig)
-        return signal_process(pid, created, sig)
-
-    started = time.monotonic()
-    if not send(signal.SIGTERM):
-        return f"process {pid} had already exited (or its pid is another process now)"
-    while time.monotonic() - started < grace_s:
-        if not alive(pid, created):
-            return f"exited {time.monotonic() - started:.1f} s after SIGTERM"
-        await asyncio.sleep(0.1)
-    send(signal.SIGKILL)
-    return f"did not exit within {grace_s:g} s of SIGTERM: killed (SIGKILL)"
-
-
-def _leads_group(pid: int) -> bool:
-    try:
-        return os.getpgid(pid) == pid
-    except OSError:
-        return False

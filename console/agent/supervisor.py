@@ -14,7 +14,6 @@ same process (start time), and adopts it.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import os
@@ -30,11 +29,10 @@ from typing import Any
 import psutil
 
 from console.agent.launch import Launch
-from console.agent.signals import group_alive, group_pids, signal_group, signal_member
+from console.agent.processes import Group, terminate
+from console.agent.signals import group_alive, group_pids
 
-__all__ = ["Managed", "Supervisor", "group_pids", "log_tail"]
-
-POLL_S = 0.1
+__all__ = ["Managed", "Supervisor", "group_pids"]
 
 
 @dataclass(slots=True)
@@ -92,22 +90,6 @@ class Managed:
         data = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "process"}
         data["dir"] = str(self.dir)
         return data
-
-
-def log_tail(path: Path, lines: int = 30, max_bytes: int = 64 * 1024) -> list[str]:
-    """The last `lines` lines of a log (reads only its end)."""
-    try:
-        with path.open("rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - max_bytes))
-            data = f.read()
-    except OSError:
-        return []
-    text = data.decode(errors="replace").splitlines()
-    if size > max_bytes and text:
-        text = text[1:]  # the first line was cut by the seek
-    return text[-lines:]
 
 
 class Supervisor:
@@ -221,27 +203,14 @@ class Supervisor:
             (managed.dir / "engine.json").unlink(missing_ok=True)
 
     async def stop(self, managed: Managed, grace_s: float) -> str:
-        """SIGTERM the engine's main process; SIGKILL its whole group after `grace_s`.
-
-        Like systemd's KillMode=mixed: the engine's own process orchestrates its shutdown
-        (vLLM drains in-flight requests, then stops its engine core and workers). A SIGTERM
-        to the whole group reached vLLM's engine core alongside the API server and, measured
-        here, could leave it waiting 25 s for a shutdown that the API server then forced.
-        """
-        started = time.monotonic()
-        pgid, created = managed.pgid, managed.leader_created
-        engine_pid = managed.engine_pid()
-        # Each signal checks that the pid (group) is still the engine's (console.agent.signals).
-        if engine_pid is None or not signal_member(engine_pid, pgid, created, signal.SIGTERM):
-            signal_group(pgid, created, signal.SIGTERM)
-        while time.monotonic() - started < grace_s:
-            if not managed.alive():
-                return f"exited {time.monotonic() - started:.1f} s after SIGTERM"
-            await asyncio.sleep(POLL_S)
-        signal_group(pgid, created, signal.SIGKILL)
-        while managed.alive() and time.monotonic() - started < grace_s + 10:
-            await asyncio.sleep(POLL_S)
-        return f"did not exit within {grace_s:g} s of SIGTERM: killed (SIGKILL)"
+        """SIGTERM the engine's main process; SIGKILL its whole group after `grace_s`
+        (console.agent.processes.terminate)."""
+        return await terminate(
+            Group(managed.pgid, managed.leader_created),
+            grace_s,
+            main_pid=managed.engine_pid(),
+            alive=managed.alive,  # reaps the leader this agent spawned
+        )
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:

@@ -6,7 +6,7 @@ never 0: a GPU whose temperature could not be read has `temperature_c: null`.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -171,6 +171,98 @@ class Job(_Wire):
     steps: list[JobStep] = Field(default_factory=list)
     error: str | None = None
     result: dict[str, Any] = Field(default_factory=dict)
+
+
+# -- job requests (POST /v1/jobs): one model per kind, told apart by `kind` ----------------
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # a misspelt field is an error, not ignored
+
+
+class VllmStart(_Request):
+    """Preflight, spawn and load a launch profile of this node."""
+
+    kind: Literal["vllm.start"]
+    profile: str
+    overrides: dict[str, Any] = Field(default_factory=dict)  # only the profile's overridable
+
+
+class EngineStop(_Request):
+    """Stop an engine (drain, then SIGKILL after the grace)."""
+
+    kind: Literal["engine.stop"]
+    engine: str
+
+
+class EngineRestart(_Request):
+    """Stop an engine this agent started, then start its profile again."""
+
+    kind: Literal["engine.restart"]
+    engine: str
+
+
+class DrillRun(_Request):
+    """Run a TensorRT-LLM rebuild drill of this node."""
+
+    kind: Literal["drill.run"]
+    drill: str
+
+
+JobRequest = Annotated[
+    VllmStart | EngineStop | EngineRestart | DrillRun, Field(discriminator="kind")
+]
+JOB_KINDS = ("vllm.start", "engine.stop", "engine.restart", "drill.run")
+
+
+# -- job results (Job.result), per kind; stored and sent as plain JSON ---------------------
+
+
+class ColdStart(_Wire):
+    """Seconds from the spawn to each phase vLLM logged (null: its line never came) and to
+    ready."""
+
+    phases: dict[str, float | None] = Field(default_factory=dict)
+    total_s: float | None = None
+
+
+class EngineJobResult(_Wire):
+    """vllm.start, engine.stop, engine.restart."""
+
+    engine_id: str
+    endpoint: str | None = None
+    argv: list[str] | None = None
+    cold_start: ColdStart | None = None
+    snapshot_state: str | None = None  # the engine's state in the agent's snapshot at ready
+    stopped: str | None = None  # how a cancelled start's engine was stopped
+    note: str | None = None
+    log_tail: list[str] | None = None  # on failure
+    exit_code: int | None = None
+
+
+class Gate(_Wire):
+    gate: str
+    ok: bool
+    detail: str
+
+
+class DrillResult(_Wire):
+    """drill.run: what it rebuilt, the node's versions, every gate, and where it ended."""
+
+    drill: str
+    deployment: str
+    model: str
+    gates: list[Gate] = Field(default_factory=list)
+    versions: dict[str, str | None] = Field(default_factory=dict)
+    version_sources: dict[str, str] = Field(default_factory=dict)
+    build_key: str | None = None
+    cache: Literal["hit", "miss"] | None = None
+    step_runs: dict[str, Any] = Field(default_factory=dict)
+    validate_: dict[str, Any] | None = Field(default=None, alias="validate")
+    benchmark: dict[str, Any] | None = None
+    promoted: dict[str, Any] | None = None
+    time_to_rebuild_s: float | None = None
+    log_tail: list[str] | None = None  # on failure
 
 
 class TrtEngine(_Wire):
