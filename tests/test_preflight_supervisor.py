@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from console.agent import preflight
+from console.agent import preflight, processes
 from console.agent.launch import vllm_launch
 from console.agent.supervisor import Supervisor, group_pids
 from console.core.config import parse_fleet
@@ -121,3 +121,33 @@ def test_engines_and_drill_steps_never_see_the_tokens(monkeypatch, tmp_path):
     managed.process.wait(10)  # type: ignore[union-attr]
     printed = managed.log_path.read_text().splitlines()[-1]
     assert printed == "[]", printed  # no variable holding a token reached the engine
+
+
+def test_a_log_tail_reads_only_the_end_and_never_shows_a_cut_line(tmp_path: Path):
+    log = tmp_path / "engine.log"
+    log.write_text("".join(f"line {i} " + "x" * 90 + "\n" for i in range(2000)))  # ~200 KB
+    shown = processes.tail(log, lines=5000, max_bytes=1000)
+    assert shown[-1].startswith("line 1999 ")
+    assert len(shown) < 11 and all(line.startswith("line ") for line in shown)  # no cut line
+    assert processes.tail(log, lines=3)[0].startswith("line 1997 ")
+    assert processes.tail(tmp_path / "absent.log") == []
+
+
+def test_new_lines_returns_whole_lines_only_and_starts_over_after_a_rotation(tmp_path: Path):
+    log = tmp_path / "engine.log"
+    log.write_text("one\ntw")
+    offset, lines = processes.new_lines(log, 0)
+    assert (offset, lines) == (4, ["one"])  # "tw" waits for its newline
+    with log.open("a") as f:
+        f.write("o\n")
+    offset, lines = processes.new_lines(log, offset)
+    assert lines == ["two"]
+    log.write_text("after\n")  # rotated: shorter than the offset
+    assert processes.new_lines(log, offset) == (6, ["after"])
+    big = "y" * (processes.READ_MAX_BYTES + 10) + "\n"
+    log.write_text("a\n" + big)
+    offset, lines = processes.new_lines(log, 0)
+    assert lines == ["a"] and offset == 2  # one read is bounded; the rest comes next time
+    offset, lines = processes.new_lines(log, offset)  # a line longer than a read: in pieces
+    assert offset == 2 + processes.READ_MAX_BYTES and lines == ["y" * processes.READ_MAX_BYTES]
+    assert processes.new_lines(log, offset) == (len(big) + 2, ["y" * 10])

@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 from console.agent.store import JobRecord
 from console.core.fetch import FetchError, fetch
-from console.core.wire import Job, JobStep
+from console.core.wire import Gate, Job, JobStep
 
 
 class JobRefused(Exception):
@@ -104,9 +104,8 @@ class JobContext:
 
     def gate(self, name: str, ok: bool, detail: str) -> None:
         """A pass/fail judgement the job's report lists (result["gates"])."""
-        self.active.result.setdefault("gates", []).append(
-            {"gate": name, "ok": ok, "detail": detail}
-        )
+        gate = Gate(gate=name, ok=ok, detail=detail)
+        self.active.result.setdefault("gates", []).append(gate.model_dump())
         self.save()
 
     def save(self) -> None:

@@ -201,4 +201,6 @@ def new_lines(path: Path, offset: int) -> tuple[int, list[str]]:
     except OSError:
         return offset, []
     end = data.rfind(b"\n") + 1
+    if end == 0 and len(data) == READ_MAX_BYTES:
+        end = len(data)  # a line longer than one read: given in pieces, never waited on
     return offset + end, data[:end].decode(errors="replace").splitlines()
