@@ -176,10 +176,11 @@ def test_drills_are_checked_with_their_lines():
     assert steps["convert"].argv is not None and "--qformat" in steps["convert"].argv
     assert steps["convert"].argv[steps["convert"].argv.index("--qformat") + 1] == "fp8"
     assert steps["build"].argv == ["trtllm-build", "--output_dir", "/s/engine"]
-    assert steps["serve"].argv is not None and steps["serve"].argv[:2] == [
-        "trtllm-serve",
-        "/s/engine",
-    ]
+    # trtllm-serve serves a link named after the model (it has no --served_model_name),
+    # made to point at the engine just before it starts.
+    serve = steps["serve"].argv
+    assert serve is not None and serve[3:5] == ["/s/served/llama", "/s/engine"]
+    assert serve[5:7] == ["trtllm-serve", "/s/served/llama"]
 
 
 def test_stale_reasons_name_every_fact_that_changed_and_ignore_unknowns():

@@ -41,6 +41,20 @@ for key, module, attr in (
 print(json.dumps(found))
 """
 
+# trtllm-serve 1.2 has no --served_model_name: its OpenAI server names the model after the
+# MODEL argument, a directory's basename. So the candidate serves {served_dir}, a link
+# named after the served model that points at {engine_dir}, made by this snippet right
+# before it execs trtllm-serve (the same pid: the drill's process group and signals hold).
+SERVE_AS = """\
+import os, sys
+link, target = sys.argv[1], sys.argv[2]
+os.makedirs(os.path.dirname(link), exist_ok=True)
+if os.path.lexists(link):
+    os.remove(link)
+os.symlink(target, link)
+os.execvp(sys.argv[3], sys.argv[3:])
+"""
+
 # precision -> (dtype, quantize.py --qformat, --kv_cache_dtype)
 PRECISIONS: dict[str, tuple[str, str | None, str | None]] = {
     "fp16": ("float16", None, None),
@@ -111,10 +125,11 @@ SHAPE_ARGS = [
 
 def templates(drill: Drill) -> dict[str, Template]:
     """The shipped template of each step for the drill's pipeline and precision."""
-    # Braces in a template are placeholders: the probe's own are doubled to stay literal.
-    preflight = Template(["python3", "-c", PROBE.replace("{", "{{").replace("}", "}}")], [])
-    serve_head = ["trtllm-serve", "{engine_dir}", "--host", "127.0.0.1", "--port", "{port}"]
-    served = ["--served_model_name", "{served_model_name}"]
+    preflight = Template(["python3", "-c", _literal(PROBE)], [])
+    serve_head = [
+        *("python3", "-c", _literal(SERVE_AS), "{served_dir}", "{engine_dir}"),
+        *("trtllm-serve", "{served_dir}", "--host", "127.0.0.1", "--port", "{port}"),
+    ]
     if drill.pipeline == "engine":
         build = Template(
             [
@@ -131,9 +146,7 @@ def templates(drill: Drill) -> dict[str, Template]:
             ],
             ["{staging}/config.json", "{staging}/rank0.engine"],
         )
-        serve = Template(
-            [*serve_head, "--backend", "tensorrt", "--tokenizer", "{checkpoint}", *served], []
-        )
+        serve = Template([*serve_head, "--backend", "tensorrt", "--tokenizer", "{checkpoint}"], [])
         return {
             "preflight": preflight,
             "convert": _convert(drill, export_hf=False),
@@ -141,7 +154,7 @@ def templates(drill: Drill) -> dict[str, Template]:
             "serve": serve,
         }
     serve = Template(
-        [*serve_head, "--backend", "pytorch", *SHAPE_ARGS, "--tp_size", "{tp_size}", *served], []
+        [*serve_head, "--backend", "pytorch", *SHAPE_ARGS, "--tp_size", "{tp_size}"], []
     )
     build = Template(None, [], "the build is trtllm-serve's cold start and warm-up")
     return {
@@ -150,6 +163,11 @@ def templates(drill: Drill) -> dict[str, Template]:
         "build": build,
         "serve": serve,
     }
+
+
+def _literal(code: str) -> str:
+    """Braces in a template are placeholders: code's own are doubled to stay literal."""
+    return code.replace("{", "{{").replace("}", "}}")
 
 
 @dataclass(frozen=True)
@@ -181,6 +199,8 @@ def values(
         "max_num_tokens": str(drill.shapes.max_num_tokens),
         "port": str(drill.serve_port),
         "served_model_name": served_model_name,
+        # trtllm-serve names the model after this directory (SERVE_AS links it).
+        "served_dir": str(Path(staging).parent / "served" / served_model_name),
         "examples_dir": str(Path(drill.examples_dir).expanduser()),
         "family": drill.family,
         "precision": drill.precision,

@@ -27,6 +27,7 @@ PLACEHOLDERS = (
     "max_num_tokens",
     "port",
     "served_model_name",
+    "served_dir",  # a link named after the served model, to what the candidate serves
     "examples_dir",
     "family",
     "precision",
