@@ -346,6 +346,29 @@ def test_the_lock_dies_with_the_agent_and_the_next_one_adopts_its_engine(agent_f
     )
 
 
+def test_a_start_whose_agent_and_engine_both_died_says_the_engine_is_gone(agent_factory, setup):
+    """The next agent marks the start failed and says what became of its engine (it read
+    the engine's id from the wrong level of the record, and never said)."""
+    engine_port, agent_port = free_port(), free_port()
+    text = fleet_text(setup, engine_port, env='DOUBLE_NEVER_READY = "1"')
+    first = agent_factory(text, port=agent_port)
+    start = post(first.url, "/v1/jobs", {"kind": "vllm.start", "profile": "double"}).json()
+    wait_until(
+        lambda: job_of(first.url, start["id"])["steps"][2]["state"] == "running", 20,
+        what="the start loading",
+    )  # fmt: skip
+    os.kill(first.process.pid, signal.SIGKILL)
+    first.process.wait(10)
+    [record] = [json.loads(p.read_text()) for p in setup["state"].glob("*/engines/*/engine.json")]
+    os.killpg(record["pgid"], signal.SIGKILL)
+    wait_until(lambda: not psutil.pid_exists(record["pgid"]), 10, what="the engine gone")
+    again = agent_factory(text, port=agent_port)
+    job = job_of(again.url, start["id"])
+    assert job["state"] == "failed"
+    assert job["error"].startswith("the agent stopped while this job ran; ")
+    assert f"engine vllm-{engine_port} is gone (exit code" in job["error"]
+
+
 def test_a_job_ends_once_even_when_two_writers_saw_it_running(tmp_path):
     """The compare-and-set: a writer that read "running" before another ended the job
     (what the second agent did, 2 ms after the first) changes nothing and audits nothing."""
