@@ -14,9 +14,10 @@ from dataclasses import dataclass
 from itertools import pairwise
 from typing import TYPE_CHECKING, Literal
 
-from console.collect.collector import NodeState
+from console.collect.collector import NodeState, NodeStatus
 from console.collect.history import History
 from console.core.config import Fleet, Model
+from console.core.wire import Snapshot
 
 if TYPE_CHECKING:
     from console.collect.view import DeploymentRow
@@ -41,96 +42,80 @@ def _fmt_ms(seconds: float) -> str:
     return f"{seconds * 1000:.0f} ms"
 
 
-def evaluate(
-    fleet: Fleet,
-    states: dict[str, NodeState],
-    models: dict[str, list[DeploymentRow]],
-    refresh_s: float,
-    now: float,
-    history: History | None = None,
-) -> list[Alert]:
+def status_alert(name: str, state: NodeState, status: NodeStatus, now: float) -> Alert | None:
+    """A node down or stale: its own alert, worded with its error and age."""
+    if status == "down":
+        return Alert("critical", name, f"node down: {state.error or 'no answer'}", name)
+    if status == "stale":
+        age = state.age(now) or 0.0
+        return Alert(
+            "warning",
+            name,
+            f"node stale: last snapshot {age:.0f} s ago"
+            + (f" ({state.error})" if state.error else ""),
+            name,
+        )
+    return None
+
+
+def snapshot_alerts(fleet: Fleet, name: str, snap: Snapshot) -> list[Alert]:
+    """What one node's snapshot says about its GPUs and engines' builds."""
     t = fleet.thresholds
     out: list[Alert] = []
-    for name, state in states.items():
-        status = state.status(refresh_s, now)
-        if status == "down":
-            out.append(Alert("critical", name, f"node down: {state.error or 'no answer'}", name))
-        elif status == "stale":
-            age = state.age(now) or 0.0
+    if snap.gpu_status != "ok" and snap.gpus:
+        out.append(Alert("warning", name, f"NVML: {snap.gpu_status}", name))
+    for gpu in snap.gpus:
+        subject = f"{name}/gpu{gpu.index}"
+        if gpu.temperature_c is not None and gpu.temperature_c >= t.gpu_temp_crit_c:
             out.append(
                 Alert(
-                    "warning",
-                    name,
-                    f"node stale: last snapshot {age:.0f} s ago"
-                    + (f" ({state.error})" if state.error else ""),
+                    "critical",
+                    subject,
+                    f"GPU temperature: {gpu.temperature_c:.0f} C "
+                    f"(critical at {t.gpu_temp_crit_c:.0f})",
                     name,
                 )
             )
-        snap = state.snapshot
-        if snap is None or status not in ("up", "stale"):
-            continue
-        if snap.gpu_status != "ok" and snap.gpus:
-            out.append(Alert("warning", name, f"NVML: {snap.gpu_status}", name))
-        for gpu in snap.gpus:
-            subject = f"{name}/gpu{gpu.index}"
-            if gpu.temperature_c is not None and gpu.temperature_c >= t.gpu_temp_crit_c:
-                out.append(
-                    Alert(
-                        "critical",
-                        subject,
-                        f"GPU temperature: {gpu.temperature_c:.0f} C "
-                        f"(critical at {t.gpu_temp_crit_c:.0f})",
-                        name,
-                    )
+        elif gpu.temperature_c is not None and gpu.temperature_c >= t.gpu_temp_warn_c:
+            out.append(
+                Alert(
+                    "warning",
+                    subject,
+                    f"GPU temperature: {gpu.temperature_c:.0f} C "
+                    f"(warning at {t.gpu_temp_warn_c:.0f})",
+                    name,
                 )
-            elif gpu.temperature_c is not None and gpu.temperature_c >= t.gpu_temp_warn_c:
-                out.append(
-                    Alert(
-                        "warning",
-                        subject,
-                        f"GPU temperature: {gpu.temperature_c:.0f} C "
-                        f"(warning at {t.gpu_temp_warn_c:.0f})",
-                        name,
-                    )
+            )
+        if gpu.ecc_uncorrected:
+            out.append(
+                Alert(
+                    "critical",
+                    subject,
+                    f"ECC: {gpu.ecc_uncorrected} volatile uncorrected errors",
+                    name,
                 )
-            if gpu.ecc_uncorrected:
-                out.append(
-                    Alert(
-                        "critical",
-                        subject,
-                        f"ECC: {gpu.ecc_uncorrected} volatile uncorrected errors",
-                        name,
-                    )
-                )
-            if gpu.xid_events:
-                last = gpu.xid_events[-1]
-                out.append(
-                    Alert(
-                        "critical", subject, f"XID: {last.xid} ({len(gpu.xid_events)} recent)", name
-                    )
-                )
-            if gpu.remapped_rows and gpu.remapped_rows.get("failure"):
-                out.append(Alert("critical", subject, "row remapping: failure", name))
-        for trt in snap.trt_engines:
-            if trt.state == "stale":
-                why = "; ".join(trt.reasons)
-                out.append(
-                    Alert("warning", f"{name}/{trt.deployment}", f"REBUILD REQUIRED: {why}", name)
-                )
-    by_name = {m.name: m for m in fleet.models}
-    for model_name, rows in models.items():
-        for row in rows:
-            out.extend(_deployment_alerts(fleet, by_name, model_name, row, history))
+            )
+        if gpu.xid_events:
+            last = gpu.xid_events[-1]
+            out.append(
+                Alert("critical", subject, f"XID: {last.xid} ({len(gpu.xid_events)} recent)", name)
+            )
+        if gpu.remapped_rows and gpu.remapped_rows.get("failure"):
+            out.append(Alert("critical", subject, "row remapping: failure", name))
+    for trt in snap.trt_engines:
+        if trt.state == "stale":
+            why = "; ".join(trt.reasons)
+            out.append(
+                Alert("warning", f"{name}/{trt.deployment}", f"REBUILD REQUIRED: {why}", name)
+            )
     return out
 
 
-def _deployment_alerts(
-    fleet: Fleet,
-    models: dict[str, Model],
-    model_name: str,
-    row: DeploymentRow,
-    history: History | None,
+def deployment_alerts(
+    fleet: Fleet, models: dict[str, Model], row: DeploymentRow, history: History | None
 ) -> Iterable[Alert]:
+    """A deployment's engine not ready, over its SLO, its KV cache nearly full, its queue
+    growing. `models` is the fleet's models by name."""
     t = fleet.thresholds
     # Deployment ids are unique in the fleet; an undeclared engine is named by its node.
     subject = row.id or f"{row.node}/{row.engine_id}"
@@ -149,7 +134,7 @@ def _deployment_alerts(
     stats = row.stats
     if stats is None:
         return
-    model = models.get(model_name)
+    model = models.get(row.model)
     lat = stats.latency
     checks = (
         ("ttft", "SLO TTFT p95", lat.ttft_s, model.slo.ttft_p95_ms if model else None),

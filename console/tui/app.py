@@ -22,7 +22,7 @@ from textual.screen import Screen
 from console.collect import tune_gc
 from console.collect.alerts import EventLog
 from console.collect.collector import Collector
-from console.collect.view import FleetView, build
+from console.collect.view import FleetView, ViewBuilder
 from console.core.config import Fleet
 from console.tui.filtering import FilterError, parse_filter
 from console.tui.screens.base import ViewScreen
@@ -78,6 +78,7 @@ class EngineroomApp(App[int]):
         self.collector = collector or Collector(fleet, on_update=None)
         self.events = EventLog()
         self.view: FleetView | None = None
+        self.views = ViewBuilder(fleet)  # redoes only the nodes that changed, each tick
         self.refresh_s = self.collector.refresh_s
         self.tick_ms: deque[tuple[float, float]] = deque(maxlen=300)  # (build, draw)
         self.roles: dict[str, str] = {}  # node -> the role its token has on the agent
@@ -110,12 +111,13 @@ class EngineroomApp(App[int]):
     def tick(self) -> None:
         """Build the fleet view once and redraw only the screen the operator sees."""
         started = time.perf_counter()
-        self.view = build(
-            self.fleet, self.collector.states, self.refresh_s, history=self.collector.history
+        self.view = self.views.build(
+            self.collector.states, self.refresh_s, history=self.collector.history
         )
         self.events.update(self.view.alerts)
         built = time.perf_counter()
-        screen = self.screen
+        # The timer can fire once more while the app closes, after its screens are gone.
+        screen = self.screen_stack[-1] if self.screen_stack else None
         if isinstance(screen, ViewScreen) and screen.is_mounted:
             screen.show_view(self.view)
         # The console's own cost, kept for the scale benchmark and the debug log.
@@ -195,21 +197,7 @@ class EngineroomApp(App[int]):
     # acting: every action names its target and asks first
     async def _learn_roles(self) -> None:
         """Ask each agent what our token may do, so viewer tokens disable actions up front."""
-        from console.collect.actions import ActionError, AgentActions
-
-        async def one(node: str) -> None:
-            try:
-                actions = AgentActions(self.fleet, node, timeout=3.0)
-            except Exception:
-                return
-            try:
-                self.roles[node] = str((await actions.whoami()).get("role"))
-            except ActionError:
-                pass
-            finally:
-                await actions.close()
-
-        await asyncio.gather(*(one(n.name) for n in self.fleet.nodes if n.agent))
+        await self.collector.roles(self.roles.__setitem__)
 
     def _poll_gateway(self) -> None:
         self.run_worker(self._gateway_once(), group="gateway", exclusive=True)

@@ -6,13 +6,14 @@ free-text filtering. The cursor stays on the same row key across refreshes.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from rich.console import RenderableType
 from rich.text import Text
 from textual.widgets import DataTable
+from textual.widgets.data_table import RowKey
 
 from console.tui.filtering import Filter
 
@@ -96,6 +97,19 @@ class FleetTable(DataTable[RenderableType]):
                         self._order = []
                     self.update_cell(key, labels[i], cell)
             self._shown[key] = cells
+
+    def _update_dimensions(self, new_rows: Iterable[RowKey]) -> None:
+        """Size the table without measuring every new cell.
+
+        DataTable measures each cell of each new row through Rich (about 9 µs a cell: half
+        a second for the 2,000 deployments of Models at 1,000 nodes, on the key press that
+        opens it). Fixed-width columns need no measuring, and `_rebuild` already knows the
+        widest cell of each auto-width column.
+        """
+        for i, column in enumerate(self.ordered_columns):
+            if i in self._widest:
+                column.content_width = max(column.content_width, self._widest[i])
+        super()._update_dimensions(())
 
     def watch_scroll_y(self, old_value: float, new_value: float) -> None:
         super().watch_scroll_y(old_value, new_value)
