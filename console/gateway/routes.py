@@ -1,4 +1,5 @@
-"""The live route table: a weight per deployment of each model, persisted and audited.
+"""The route table's record (console.gateway.routetable is the live table): a weight per
+deployment of each model, persisted and audited.
 
 The weights start as fleet.toml's; every change (an operator's PUT, a failover step, an
 automatic failover) is written to SQLite before it takes effect, with who, what, when and
