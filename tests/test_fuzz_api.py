@@ -212,26 +212,17 @@ def fuzzed_agent(agent_factory, tmp_path: Path) -> Agent:
 
 
 def agent_schema(agent: Agent) -> Any:
-    """The agent's own OpenAPI, with the job bodies spelled out so that the fuzzer reaches
-    past "no such kind": real kinds, the real profile, the engine it starts, overrides.
-    The negative cases still send every other shape."""
+    """The agent's own OpenAPI: it spells out each job kind's body (console.core.wire), so
+    the fuzzer sends real kinds and fields. Only the names are narrowed here, so that it
+    reaches past "no such profile": the real profiles and the engine the tiny one starts.
+    what-if takes any object: its keys are spelled here. The negative cases still send
+    every other shape."""
     doc = agent.get("/openapi.json").json()  # behind a viewer token
     del doc["paths"]["/v1/snapshot/stream"]  # endless by design
-    engine = engine_of(agent)
-    job = {
-        "type": "object",
-        "required": ["kind", "profile"],
-        "properties": {
-            "kind": {"enum": ["vllm.start", "engine.stop", "engine.restart", "drill.run"]},
-            "profile": {"enum": ["tiny", "far", "absent"]},
-            "engine": {"enum": [engine, "vllm-absent"]},
-            "drill": {"type": "string"},
-            "overrides": {
-                "type": "object",
-                "properties": {"port": {}, "max_num_seqs": {}, "model": {}},
-            },
-        },
-    }
+    kinds = doc["components"]["schemas"]
+    kinds["VllmStart"]["properties"]["profile"] = {"enum": ["tiny", "far", "absent"]}
+    for kind in ("EngineStop", "EngineRestart"):
+        kinds[kind]["properties"]["engine"] = {"enum": [engine_of(agent), "vllm-absent"]}
     what_if = {
         "type": "object",
         "properties": {
@@ -239,9 +230,8 @@ def agent_schema(agent: Agent) -> Any:
             for k in ("driver", "cuda", "tensorrt", "tensorrt_llm", "gpu", "compute_capability")
         },
     }
-    for path, body in (("/v1/jobs", job), ("/v1/jobs/plan", job), ("/v1/drills/what-if", what_if)):
-        content = doc["paths"][path]["post"]["requestBody"]["content"]["application/json"]
-        content["schema"] = body  # (an anyOf with FastAPI's "any object" would swallow it)
+    content = doc["paths"]["/v1/drills/what-if"]["post"]["requestBody"]["content"]
+    content["application/json"]["schema"] = what_if  # (FastAPI's "any object" would swallow it)
     return load(doc)
 
 
