@@ -120,3 +120,27 @@ def test_each_engine_says_what_it_can_do():
         unknown = [phase for phase, _ in plugin.ready_phases if phase not in COLD_START_PHASES]
         assert unknown == [], f"{kind}'s ready_phases name phases the wire does not carry"
         assert plugin.ready_phases or not plugin.can_launch, f"{kind} starts without phases"
+
+
+AGENT_FLEET = """\
+[fleet]
+name = "t"
+[agent]
+scrape_interval_s = 0.5
+disk_paths = ["/tmp"]
+[[nodes]]
+name = "local"
+agent = "http://127.0.0.1:9410"
+"""
+
+
+def test_an_agent_with_a_broken_plugin_serves_and_says_which(agent_factory, tmp_path):
+    """The node's agent starts with the plugins that load, and its snapshot says which
+    did not (the node screen and `check --json` show a snapshot's `missing`)."""
+    _install_broken_plugin(tmp_path)
+    agent = agent_factory(AGENT_FLEET, PYTHONPATH=str(tmp_path))
+    missing = agent.snapshot()["missing"]
+    assert missing == [
+        "sglang engines: engine plugin 'sglang' (sglang_engine:SglangPlugin) did not load: "
+        "RuntimeError: sglang_engine needs the sglang package, not installed here"
+    ]

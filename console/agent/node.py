@@ -27,7 +27,7 @@ from console.agent.watched import Watched
 from console.core.config import Fleet
 from console.core.fetch import new_session
 from console.core.wire import Gpu, Host, Job, NodeInfo, Snapshot, TrtEngine
-from plugins import load_plugins
+from plugins import load_plugins, plugin_failures
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +98,8 @@ class NodeAgent:
             engines=engines,
             jobs=self.jobs_view() if self.jobs_view is not None else [],
             trt_engines=self.trt_view() if self.trt_view is not None else [],
+            # An engine plugin that did not load: its engines go unseen on this node.
+            missing=[f"{f.kind} engines: {f}" for f in plugin_failures()],
         )
         snapshot.cycle = {
             "wall_ms": round((time.perf_counter() - wall0) * 1000, 3),
