@@ -6,6 +6,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -233,3 +234,37 @@ async def test_a_refresh_that_fires_while_the_console_closes_does_not_crash_it()
     assert not app.screen_stack
     app.tick()  # raised ScreenStackError: "No screens on stack"
     assert app.view is not None
+
+
+def test_a_nodes_part_of_the_view_is_made_as_its_snapshot_arrives_not_at_the_refresh(
+    monkeypatch: pytest.MonkeyPatch,
+):
+    """The refresh tick only puts parts together: deriving 1,000 nodes there at once held
+    key presses back 60-100 ms every second. A node whose snapshot did not change since is
+    not derived again either."""
+    from console.collect.collector import NodeState
+    from console.collect.view import ViewBuilder
+    from console.core.wire import Gpu
+
+    snap = Snapshot(
+        node=NodeInfo(name="n", agent_version="0", time=time.time()),
+        host=Host(),
+        gpu_status="ok",
+        gpus=[Gpu(index=0, utilization_pct=50.0)],
+    )
+    states = {"n": NodeState("n", "agent", snapshot=snap, last_ok=time.monotonic())}
+    views = ViewBuilder(_one_node(1))
+    made: list[str] = []
+    derive = ViewBuilder._part
+
+    def counted(self: ViewBuilder, name: str, *args: Any) -> Any:
+        made.append(name)
+        return derive(self, name, *args)
+
+    monkeypatch.setattr(ViewBuilder, "_part", counted)
+    views.node_updated(states["n"], 1.0)
+    assert made == ["n"]
+    first = views.build(states, 1.0)
+    again = views.build(states, 1.0)
+    assert made == ["n"], "the refresh derived the node again"
+    assert first.gpus[0] is again.gpus[0] and first.summary.util_avg == 50.0

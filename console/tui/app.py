@@ -21,7 +21,7 @@ from textual.screen import Screen
 
 from console.collect import tune_gc
 from console.collect.alerts import EventLog
-from console.collect.collector import Collector
+from console.collect.collector import Collector, NodeState
 from console.collect.view import FleetView, ViewBuilder
 from console.core.config import Fleet
 from console.tui.filtering import FilterError, parse_filter
@@ -80,6 +80,7 @@ class EngineroomApp(App[int]):
         self.view: FleetView | None = None
         self.views = ViewBuilder(fleet)  # redoes only the nodes that changed, each tick
         self.refresh_s = self.collector.refresh_s
+        self._follow_updates()
         self.tick_ms: deque[tuple[float, float]] = deque(maxlen=300)  # (build, draw)
         self.roles: dict[str, str] = {}  # node -> the role its token has on the agent
         self.gateway_snapshot: dict | None = None  # the gateway's routes and measures
@@ -107,6 +108,18 @@ class EngineroomApp(App[int]):
 
     async def on_unmount(self) -> None:
         await self.collector.__aexit__(None, None, None)
+
+    def _follow_updates(self) -> None:
+        """Derive each node's part of the view as its snapshot arrives, a little at a time
+        (ViewBuilder.node_updated), so the refresh tick stays short for key presses."""
+        chained = self.collector.on_update
+
+        def updated(state: NodeState) -> None:
+            self.views.node_updated(state, self.refresh_s, self.collector.history)
+            if chained is not None:
+                chained(state)
+
+        self.collector.on_update = updated
 
     def tick(self) -> None:
         """Build the fleet view once and redraw only the screen the operator sees."""
