@@ -61,6 +61,7 @@ name = "drills"
 [agent]
 state_dir = "{state}"
 scrape_interval_s = 0.5
+stop_grace_s = 5  # SIGTERM to SIGKILL for a drill's tools
 
 [[nodes]]
 name = "local"
@@ -349,7 +350,9 @@ def test_a_hung_step_is_killed_by_its_timeout_and_a_cancel_kills_the_build(node:
     started = time.monotonic()
     job = node.wait(node.run("hangs"), timeout=60)
     assert job["state"] == "failed"
-    assert job["error"].startswith("convert: no result within 2 s; killed (SIGKILL)"), job["error"]
+    assert job["error"].startswith(
+        "convert: no result within 2 s; did not exit within 5 s of SIGTERM: killed (SIGKILL)"
+    ), job["error"]
     assert time.monotonic() - started < 30
     children = [int(p) for p in pids.read_text().split()]
     assert children and not _group_alive(children)
