@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
+from console.core.wire import DrillResult, Snapshot
 from tests.conftest import OPERATOR, agent_env, run_cli
 
 FLEET = """\
@@ -126,3 +128,18 @@ def test_once_json_prints_one_snapshot_for_agentless_use(tmp_path):
         "jobs",
     }
     assert snap["host"]["cpu_pct"] is not None
+
+
+def test_recorded_drill_results_read_as_the_wire_models():
+    """The typed result models (console.core.wire) describe what a real drill recorded
+    (tests/fixtures/snapshot-cpu-drills.json, printed by tests/test_drills.py's agent)."""
+    fixture = Path(__file__).parent / "fixtures" / "snapshot-cpu-drills.json"
+    snapshot = Snapshot.model_validate_json(fixture.read_text())
+    drills = [j for j in snapshot.jobs if j.kind == "drill.run"]
+    assert drills
+    for job in drills:
+        result = DrillResult.model_validate(job.result)
+        assert result.gates and all(g.ok for g in result.gates), result.gates
+        assert result.cache in ("hit", "miss") and result.build_key
+        assert result.validate_ is not None and result.benchmark is not None
+        assert result.versions and result.time_to_rebuild_s is not None
