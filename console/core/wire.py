@@ -157,9 +157,10 @@ class JobStep(_Wire):
 
 
 class Job(_Wire):
-    """A long operation on the agent (docs/architecture.md: jobs). `result` is kind-specific:
-    vllm.start records `argv`, `engine_id`, `cold_start` (seconds from process start to
-    each phase and to ready) and, on failure, `log_tail`."""
+    """A long operation on the agent (docs/architecture.md: jobs). `result` is kind-specific,
+    plain JSON whose keys the models below name: EngineJobResult (vllm.start, engine.stop,
+    engine.restart: `argv`, `engine_id`, `cold_start`, on failure `log_tail`) and
+    DrillResult (drill.run: gates, versions, build key, validate, benchmark)."""
 
     id: str
     kind: str  # vllm.start | engine.stop | engine.restart | drill.run
