@@ -95,9 +95,12 @@ def test_a_registered_object_that_is_not_a_plugin_is_refused_by_name(tmp_path, m
         [
             EntryPoint("odd", "not_a_plugin:Engine", "engineroom.engines"),
             EntryPoint("other", "wrong_kind:Renamed", "engineroom.engines"),
+            # A third party cannot replace a built-in engine by registering its kind.
+            EntryPoint("vllm", "not_a_plugin:Engine", "engineroom.engines"),
         ]
     )
     assert sorted(found.loaded) == sorted(BUILTIN)
+    assert sorted(found.failed) == ["odd", "other"]
     assert "not_a_plugin:Engine is not an EnginePlugin subclass" in str(found.failed["odd"])
     assert "its kind is 'vllm', registered as 'other'" in str(found.failed["other"])
 

@@ -162,12 +162,12 @@ def plugins() -> Plugins:
 
 
 def load_from(registered: Iterable[EntryPoint]) -> Plugins:
-    """The plugins `registered` names, over the built-in ones. A plugin that raises on
-    import, or is not an EnginePlugin, is logged and left out: one broken third-party
-    engine costs its own kind, never the console."""
+    """The built-in plugins and those `registered` adds (a built-in kind is not replaced).
+    A plugin that raises on import, or is not an EnginePlugin, is logged and left out: one
+    broken third-party engine costs its own kind, never the console."""
     sources = dict(BUILTIN)
     for ep in registered:
-        sources[ep.name] = ep.value
+        sources.setdefault(ep.name, ep.value)
     out = Plugins({}, {})
     for kind, source in sources.items():
         try:
