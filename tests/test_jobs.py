@@ -19,6 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from console.core.wire import EngineJobResult
 from tests.conftest import OPERATOR, VIEWER, Agent, agent_env, run_cli
 from tests.engines.servers import free_port, stop, vllm_python, wait_until
 
@@ -365,6 +366,12 @@ def test_vllm_start_readopt_and_a_stop_that_lets_the_stream_finish(
         ("load", "succeeded"),
     ]
     assert restarted["result"]["cold_start"]["total_s"] > 0
+    typed = EngineJobResult.model_validate(restarted["result"])  # the wire's result model
+    assert (
+        typed.cold_start is not None
+        and typed.cold_start.total_s == typed.cold_start.phases["ready"]
+    )
+    assert typed.argv and typed.endpoint == f"http://127.0.0.1:{port}"
     assert not os.path.exists(f"/proc/{engine_pid}")
     (record,) = engine_records(state)
     engine_pid = json.loads((Path(record["dir"]) / "status.json").read_text())["engine_pid"]
