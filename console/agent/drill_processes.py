@@ -77,7 +77,7 @@ async def run_step(ctx: JobContext, run: Run, planned: PlannedStep) -> str:
         raise
     recorded = time.time()
     run.processes.pop(name, None)
-    status = _read_json(status_path)
+    status = read_json_object(status_path)
     code = status.get("exit_code", proc.returncode)
     timing = {
         "argv": planned.argv,
@@ -163,7 +163,7 @@ async def start_candidate(ctx: JobContext, run: Run) -> float:
         while True:
             if proc.returncode is not None:
                 run.processes.pop("candidate", None)
-                code = _read_json(status).get("exit_code", proc.returncode)
+                code = read_json_object(status).get("exit_code", proc.returncode)
                 raise StepFailed(
                     f"candidate: trtllm-serve exited with code {code} before it was ready",
                     log_tail=processes.tail_since(run.log, offset),
@@ -231,7 +231,8 @@ def candidate_url(drill: Drill) -> str:
     return f"http://127.0.0.1:{drill.serve_port}"
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def read_json_object(path: Path) -> dict[str, Any]:
+    """A JSON file's object, or {} when it is missing, unreadable or not an object."""
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 from pathlib import Path
@@ -38,7 +37,7 @@ import aiohttp
 from console.agent import drill_checks, drill_processes, manifest, processes
 from console.agent.auth import child_env
 from console.agent.drill_plan import plan, values
-from console.agent.drill_processes import Run
+from console.agent.drill_processes import Run, read_json_object
 from console.agent.drill_staleness import TrtStaleness, last_json
 from console.agent.jobtypes import Active, JobContext, JobRefused, StepFailed
 from console.agent.preflight import port_check
@@ -435,7 +434,7 @@ class DrillRunner:
 
 def engine_config(engine: Path) -> dict[str, Any] | None:
     """What TensorRT-LLM's own config.json says, for the record."""
-    data = _read_json(engine / "config.json")
+    data = read_json_object(engine / "config.json")
     if not data:
         return None
     return {
@@ -446,11 +445,3 @@ def engine_config(engine: Path) -> dict[str, Any] | None:
             k: v for k, v in (data.get("build_config") or {}).items() if not isinstance(v, dict)
         },
     }
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
