@@ -268,3 +268,38 @@ def test_a_nodes_part_of_the_view_is_made_as_its_snapshot_arrives_not_at_the_ref
     again = views.build(states, 1.0)
     assert made == ["n"], "the refresh derived the node again"
     assert first.gpus[0] is again.gpus[0] and first.summary.util_avg == 50.0
+
+
+def test_models_rows_work_out_their_filter_fields_only_when_a_filter_asks(
+    monkeypatch: pytest.MonkeyPatch,
+):
+    """Models makes a row for each of 2,000 deployments every refresh at 1,000 nodes: the
+    fields the `/` filter reads are worked out only for a filter, and are right then."""
+    from console.collect.view import DeploymentRow
+    from console.core.config import Model
+    from console.tui.screens import models
+
+    asked: list[object] = []
+    measure = models.gateway_ttft_p95
+
+    def counted(gw: dict[str, Any] | None) -> float | None:
+        asked.append(gw)
+        return measure(gw)
+
+    monkeypatch.setattr(models, "gateway_ttft_p95", counted)
+    deployment = DeploymentRow(
+        model="m",
+        id="d1",
+        node="n",
+        engine="vllm",
+        engine_id="vllm-8000",
+        version="0.32.0",
+        state="ready",
+        reason=None,
+        weight=100,
+        stats=None,
+    )
+    rows = [models.deployment_row(deployment, Model(name="m"), 0.9, 0.01) for _ in range(100)]
+    assert asked == []
+    assert rows[0].fields["deployment"] == "d1" and rows[0].fields["state"] == "ready"
+    assert len(asked) == 1

@@ -127,28 +127,33 @@ def deployment_row(
             fmt.latency(lat.ttft_s if lat else None, "p50"),
         )
 
-    fields = {
-        "model": r.model,
-        "deployment": r.id,
-        "engine": r.engine,
-        "node": r.node,
-        "state": "standby" if r.standby else r.state,
-        "weight": r.weight,
-        "rate": s.request_rate if s else None,
-        "ttft_p95": lat.ttft_s.p95_or_mean if lat else None,
-        "gw_ttft_p95": gateway_ttft_p95(gw),
-        "ttft_gap": gap,
-        "itl_p95": lat.itl_s.p95_or_mean if lat else None,
-        "e2e_p95": lat.e2e_s.p95_or_mean if lat else None,
-        "queue": s.requests_waiting if s else None,
-        "kv": s.kv_cache_usage if s else None,
-        "errors": s.error_rate if s else None,
-        "slo_ok": r.slo_ok,
-        "rebuild": bool(r.trt and r.trt.state == "stale"),
-    }
+    state = "standby" if r.standby else r.state
+    rebuild = bool(r.trt and r.trt.state == "stale")
+
+    def fields() -> dict[str, Any]:  # made only when a filter asks
+        return {
+            "model": r.model,
+            "deployment": r.id,
+            "engine": r.engine,
+            "node": r.node,
+            "state": state,
+            "weight": r.weight,
+            "rate": s.request_rate if s else None,
+            "ttft_p95": lat.ttft_s.p95_or_mean if lat else None,
+            "gw_ttft_p95": gateway_ttft_p95(gw),
+            "ttft_gap": gap,
+            "itl_p95": lat.itl_s.p95_or_mean if lat else None,
+            "e2e_p95": lat.e2e_s.p95_or_mean if lat else None,
+            "queue": s.requests_waiting if s else None,
+            "kv": s.kv_cache_usage if s else None,
+            "errors": s.error_rate if s else None,
+            "slo_ok": r.slo_ok,
+            "rebuild": rebuild,
+        }
+
     key = f"d:{r.model}:{r.id or r.node + '/' + (r.engine_id or '')}"
-    badge = " rebuild required" if fields["rebuild"] else ""
-    text = f"{r.model} {r.id} {r.engine} {r.node} {fields['state']}{badge}"
+    badge = " rebuild required" if rebuild else ""
+    text = f"{r.model} {r.id} {r.engine} {r.node} {state}{badge}"
     return Row(key, cells, fields, text)
 
 

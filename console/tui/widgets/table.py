@@ -7,7 +7,6 @@ free-text filtering. The cursor stays on the same row key across refreshes.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from rich.console import RenderableType
@@ -20,20 +19,38 @@ from console.tui.filtering import Filter
 Cells = tuple[RenderableType, ...]
 
 
-@dataclass
-class Row:
-    """A table row. `cells` may be a function that makes them: a table of a thousand
-    rows then formats only the rows it draws."""
+Fields = dict[str, Any]
 
-    key: str
-    cells: Cells | Callable[[], Cells]
-    fields: dict[str, Any] = field(default_factory=dict)
-    text: str = ""
+
+class Row:
+    """A table row. `cells` and `fields` may be functions that make them: a table of a
+    thousand rows then formats only the rows it draws, and works out the filter's fields
+    only when there is a filter (the 2,000 deployments of Models, every refresh)."""
+
+    __slots__ = ("_fields", "cells", "key", "text")
+
+    def __init__(
+        self,
+        key: str,
+        cells: Cells | Callable[[], Cells],
+        fields: Fields | Callable[[], Fields] | None = None,
+        text: str = "",
+    ) -> None:
+        self.key = key
+        self.cells = cells
+        self._fields = {} if fields is None else fields
+        self.text = text
 
     def made(self) -> Cells:
         if callable(self.cells):
             self.cells = self.cells()
         return self.cells
+
+    @property
+    def fields(self) -> Fields:
+        if callable(self._fields):
+            self._fields = self._fields()
+        return self._fields
 
 
 def empty_row(columns: int, why: str) -> Row:
