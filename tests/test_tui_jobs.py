@@ -19,8 +19,9 @@ from textual.widgets import Select
 
 from console.core.config import parse_fleet
 from console.tui.app import EngineroomApp
-from console.tui.screens.jobs import ConfirmScreen, JobScreen, JobsScreen, StartVllmScreen
+from console.tui.screens.jobs import JobScreen, JobsScreen, StartVllmScreen
 from console.tui.screens.node import NodeScreen
+from console.tui.widgets.confirm import ConfirmScreen
 from tests.conftest import OPERATOR, VIEWER
 from tests.engines.servers import free_port
 from tests.tui_support import until

@@ -15,7 +15,7 @@ from collections import deque
 from collections.abc import Iterable
 
 from textual import on
-from textual.app import App, SystemCommand
+from textual.app import SystemCommand
 from textual.binding import Binding
 from textual.screen import Screen
 
@@ -25,6 +25,7 @@ from console.collect.collector import Collector, NodeState
 from console.collect.view import FleetView, ViewBuilder
 from console.core.config import Fleet
 from console.tui.filtering import FilterError, parse_filter
+from console.tui.polling import Poll
 from console.tui.screens.base import ViewScreen
 from console.tui.screens.drills import DrillsScreen, PlaybookScreen
 from console.tui.screens.engine import EngineScreen
@@ -32,11 +33,12 @@ from console.tui.screens.events import EventsScreen
 from console.tui.screens.fleet import FleetScreen
 from console.tui.screens.gpus import GpusScreen
 from console.tui.screens.help import HelpScreen
-from console.tui.screens.jobs import ConfirmScreen, JobScreen, JobsScreen, StartVllmScreen
+from console.tui.screens.jobs import JobsScreen
 from console.tui.screens.model_detail import ModelDetailScreen
 from console.tui.screens.models import ModelsScreen
 from console.tui.screens.node import NodeScreen
 from console.tui.widgets.command_line import CommandLine
+from console.tui.workflows import Workflows
 
 VIEWS = {
     "nodes": FleetScreen,
@@ -49,7 +51,7 @@ VIEWS = {
 }
 
 
-class EngineroomApp(App[int]):
+class EngineroomApp(Workflows):
     CSS_PATH = "app.tcss"
     TITLE = "engineroom"
     ENABLE_COMMAND_PALETTE = True
@@ -102,8 +104,9 @@ class EngineroomApp(App[int]):
         from console.collect.gateway_client import GatewayClient
 
         if GatewayClient.configured(self.fleet):
-            self.set_interval(self.refresh_s, self._poll_gateway)
-            self._poll_gateway()
+            # The next poll starts once this one answered: a slow gateway is still shown.
+            self.gateway_poll = Poll(self, self.refresh_s, self._gateway_once, "gateway")
+            self.gateway_poll.now()
         self.set_interval(self.refresh_s, self.tick)
 
     async def on_unmount(self) -> None:
@@ -155,65 +158,13 @@ class EngineroomApp(App[int]):
     def open_engine(self, node: str, engine_id: str) -> None:
         self._open(EngineScreen(node, engine_id))
 
-    def open_job(self, node: str, job_id: str) -> None:
-        self._open(JobScreen(node, job_id))
-
     def open_playbook(self, model: str) -> None:
         self._open(PlaybookScreen(model))
 
-    def run_drill(self, name: str) -> None:
-        """Run a rebuild drill on its node's agent, after a confirmation naming it."""
-        drill = self.fleet.drills.get(name)
-        found = self.fleet.deployment(drill.deployment) if drill else None
-        if drill is None or found is None:
-            self.notify(f"no drill named {name!r}", severity="error")
-            return
-        node = found[1].node
-        reason = self.action_blocked(node)
-        if reason:
-            self.notify(reason, severity="warning")
-            return
-        body = (
-            f"Drill {name} rebuilds deployment {drill.deployment} ({drill.model}) on node "
-            f"{node}: {drill.pipeline} pipeline, {drill.precision}.\n\n"
-            "Preflight, convert, build into staging, validate against the vLLM baseline, "
-            f"benchmark, then promote into {drill.engine_cache}"
-            + (
-                f" and re-point {found[1].engine_dir}"
-                if found[1].engine_dir and drill.link_engine_dir
-                else ""
-            )
-            + f". The candidate listens on port {drill.serve_port} while it runs."
-        )
-
-        def answered(yes: bool | None) -> None:
-            if yes:
-                self.run_worker(self._run_drill(node, name), group="act")
-
-        self.push_screen(
-            ConfirmScreen(f"Run drill {name} on {node}?", body, f"run drill {name}"), answered
-        )
-
-    async def _run_drill(self, node: str, name: str) -> None:
-        from console.collect.actions import ActionError, AgentActions
-
-        actions = AgentActions(self.fleet, node)
-        try:
-            job = await actions.drill(name)
-        except ActionError as exc:
-            self.notify(str(exc), title="refused", severity="error", timeout=15)
-            return
-        finally:
-            await actions.close()
-        self.open_job(node, job.id)
-
-    # acting: every action names its target and asks first
+    # the workflows (console/tui/workflows.py) ask the agents; these learn what they may do
     async def _learn_roles(self) -> None:
         """Ask each agent what our token may do, so viewer tokens disable actions up front."""
         await self.collector.roles(self.roles.__setitem__)
-
-    def _poll_gateway(self) -> None:
-        self.run_worker(self._gateway_once(), group="gateway", exclusive=True)
 
     async def _gateway_once(self) -> None:
         from console.collect.gateway_client import GatewayClient, GatewayError
@@ -226,155 +177,6 @@ class EngineroomApp(App[int]):
             self.gateway_snapshot, self.gateway_error = None, str(exc)
         finally:
             await client.close()
-
-    def fail_over(self, model: str) -> None:
-        from console.collect.gateway_client import GatewayClient
-        from console.tui.screens.failover import FailoverScreen
-
-        if self.read_only:
-            self.notify("read-only console: failovers are disabled", severity="warning")
-            return
-        if not GatewayClient.configured(self.fleet):
-            self.notify(
-                "no gateway: declare [gateway] in fleet.toml and set its token variable",
-                severity="warning",
-            )
-            return
-        if model not in {m.name for m in self.fleet.models}:
-            self.notify(
-                f"{model} is not a declared model: nothing to fail over", severity="warning"
-            )
-            return
-        self.push_screen(FailoverScreen(model), lambda why: self._after_plan(model, why))
-
-    def _after_plan(self, model: str, why: str | None) -> None:
-        if why == "standby":  # start a standby, then come back to the plan (issue 5)
-            self.start_vllm(model=model, then_fail_over=True)
-
-    def action_blocked(self, node: str) -> str | None:
-        """Why nothing may be started or stopped on `node` from here; None if it may."""
-        if self.read_only:
-            return "read-only console: starting and stopping engines is disabled"
-        declared = next((n for n in self.fleet.nodes if n.name == node), None)
-        if declared is None:
-            return f"no node named {node!r}"
-        if declared.agent is None:
-            return f"{node} is read over SSH: starting and stopping engines needs its agent"
-        state = self.collector.states.get(node)
-        if state is not None and state.no_token:
-            return f"no token for {node} ({state.error})"
-        if self.roles.get(node) == "viewer":
-            return f"the token for {node} is a viewer token: actions need an operator token"
-        return None
-
-    def start_vllm(
-        self, node: str | None = None, model: str | None = None, then_fail_over: bool = False
-    ) -> None:
-        """The Start vLLM form; with `then_fail_over`, once the start succeeds the failover
-        plan opens again with the new standby as its target."""
-        choices = [
-            (p.node, name)
-            for name, p in self.fleet.profiles.items()
-            if p.engine == "vllm"
-            and (node is None or p.node == node)
-            and (model is None or p.served_model_name == model)
-        ]
-        blocked = [c for c in choices if self.action_blocked(c[0])]
-        if not choices:
-            where = " ".join(
-                x for x in (f"for {model}" if model else "", f"on {node}" if node else "") if x
-            )
-            self.notify(
-                f"no vLLM launch profile {where}: declare [profiles.NAME] in fleet.toml",
-                severity="warning",
-            )
-            return
-        if len(blocked) == len(choices):
-            self.notify(str(self.action_blocked(blocked[0][0])), severity="warning")
-            return
-        choices = [c for c in choices if c not in blocked]
-
-        def started(result: tuple[str, str] | None) -> None:
-            if result is not None:
-                self.open_job(*result)
-                if then_fail_over and model is not None:
-                    self.run_worker(self._continue_failover(*result, model), group="standby")
-
-        self.push_screen(StartVllmScreen(choices, model), started)
-
-    async def _continue_failover(self, node: str, job_id: str, model: str) -> None:
-        """Follow a standby's start job; when it is ready, reopen the failover plan."""
-        from console.collect.actions import ActionError, AgentActions
-        from console.tui.screens.failover import FailoverScreen
-
-        actions = AgentActions(self.fleet, node)
-        try:
-            job = await actions.follow(job_id, lambda _: None, interval=1.0)
-        except ActionError as exc:
-            self.notify(f"standby start: {exc}", severity="error", timeout=15)
-            return
-        finally:
-            await actions.close()
-        if job.state != "succeeded":
-            self.notify(
-                f"the standby did not start ({job.state}): the failover waits; {job.error or ''}",
-                severity="error",
-                timeout=20,
-            )
-            return
-        declared = next(m for m in self.fleet.models if m.name == model)
-        profile = job.params.get("profile")
-        endpoint = str(job.result.get("endpoint") or "")
-        target = next(
-            (d.id for d in declared.deployments if d.profile == profile or d.endpoint == endpoint),
-            None,
-        )
-        if target is None:
-            self.notify(
-                f"the standby is ready, but no deployment of {model} names profile {profile} "
-                "(deployment.profile in fleet.toml): the gateway cannot route to it",
-                severity="warning",
-                timeout=20,
-            )
-            return
-        self.notify(f"standby {target} is ready: continuing the failover", timeout=10)
-        self.push_screen(
-            FailoverScreen(model, target=target), lambda why: self._after_plan(model, why)
-        )
-
-    def stop_engine(self, node: str, engine_id: str, restart: bool = False) -> None:
-        reason = self.action_blocked(node)
-        if reason:
-            self.notify(reason, severity="warning")
-            return
-        verb = "Restart" if restart else "Stop"
-        body = (
-            f"{verb} engine {engine_id} on node {node}.\n\n"
-            "SIGTERM first: in-flight requests drain within the profile's stop grace, then "
-            "SIGKILL." + ("\nThen it starts again from the same profile." if restart else "")
-        )
-
-        def answered(yes: bool | None) -> None:
-            if yes:
-                self.run_worker(self._stop(node, engine_id, restart), group="act")
-
-        self.push_screen(
-            ConfirmScreen(f"{verb} {engine_id} on {node}?", body, f"{verb.lower()} {engine_id}"),
-            answered,
-        )
-
-    async def _stop(self, node: str, engine_id: str, restart: bool) -> None:
-        from console.collect.actions import ActionError, AgentActions
-
-        actions = AgentActions(self.fleet, node)
-        try:
-            job = await actions.stop(engine_id, restart)
-        except ActionError as exc:
-            self.notify(str(exc), title="refused", severity="error", timeout=15)
-            return
-        finally:
-            await actions.close()
-        self.open_job(node, job.id)
 
     def action_goto(self, view: str) -> None:
         target = VIEWS[view]

@@ -9,26 +9,28 @@ remember, and the selected one's steps as a bar chart of durations, live while i
 The playbook (`p` on Models) is one guided flow for a stale or broken TensorRT-LLM
 deployment: start a vLLM standby, fail over to it, run the rebuild drill, fail back when
 it passed. Each step is the existing job; the checklist shows each one's state from the
-live snapshots and the gateway, and Enter starts the next step, each behind its own
-confirmation.
+live snapshots and the gateway (planned in console/collect/playbook.py), and Enter starts
+the next step, each behind its own confirmation.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import Any
 
 from rich.text import Text
-from textual import on, work
+from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.widgets import DataTable, Static
 
+from console.collect import playbook
 from console.collect.actions import ActionError, AgentActions
+from console.collect.playbook import Check
 from console.collect.view import FleetView
 from console.core.wire import Job, JobStep, TrtEngine
 from console.tui import format as fmt
+from console.tui.polling import Poll
 from console.tui.screens.base import ViewScreen
 from console.tui.screens.jobs import STATE_STYLE, job_note, took
 from console.tui.widgets.table import FleetTable, Row, empty_row
@@ -133,10 +135,9 @@ class DrillsScreen(ViewScreen):
 
     def on_mount(self) -> None:
         super().on_mount()
-        self.fetch_history()
-        self.set_interval(HISTORY_EVERY_S, self.fetch_history)
+        self.history_poll = Poll(self, HISTORY_EVERY_S, self.fetch_history, "drill-history")
+        self.history_poll.now()
 
-    @work(exclusive=True, group="drill-history")
     async def fetch_history(self) -> None:
         nodes = {n for n in (drill_node(self.console, d) for d in self.console.fleet.drills) if n}
         problems = []
@@ -296,14 +297,6 @@ def _last_text(job: Job | None) -> Text:
 # -- the playbook -----------------------------------------------------------------------
 
 
-@dataclass
-class Check:
-    name: str
-    state: str  # done | next | waiting | running | failed | blocked
-    detail: str
-    action: str | None = None  # what Enter does when this is the next step
-
-
 PLAY_STYLE = {
     "done": "green",
     "next": "bold cyan",
@@ -343,7 +336,10 @@ class PlaybookScreen(ViewScreen):
         yield FleetTable(self.COLUMNS, id="playbook")
 
     def draw(self, view: FleetView) -> None:
-        self.checks = self.plan(view)
+        console = self.console
+        self.checks = playbook.plan(
+            console.fleet, self.model, view, console.collector.states, console.gateway_snapshot
+        )
         head = Text()
         head.append(f"Incident playbook: {self.model}\n", style="bold")
         head.append(
@@ -368,112 +364,6 @@ class PlaybookScreen(ViewScreen):
     def _selected(self, _: DataTable.RowSelected) -> None:
         self.action_next_step()
 
-    def plan(self, view: FleetView) -> list[Check]:
-        console = self.console
-        fleet = console.fleet
-        model = next((m for m in fleet.models if m.name == self.model), None)
-        if model is None:
-            return [Check("model", "blocked", f"{self.model} is not declared in fleet.toml")]
-        rows = {r.id: r for r in view.models.get(self.model, []) if r.id}
-        trt = [d for d in model.deployments if d.engine in ("triton", "trtllm")]
-        vllm = [d for d in model.deployments if d.engine == "vllm"]
-        if not trt or not vllm:
-            return [
-                Check(
-                    "deployments",
-                    "blocked",
-                    "the playbook needs a TensorRT-LLM (triton or trtllm) and a vLLM deployment",
-                )
-            ]
-        source, standby = trt[0], vllm[0]
-        src_row, sb_row = rows.get(source.id), rows.get(standby.id)
-        live = (console.gateway_snapshot or {}).get("models", {}).get(self.model, {})
-
-        def weight(dep_id: str, declared: int) -> int:
-            return int(live.get(dep_id, {}).get("weight", declared)) if live else declared
-
-        checks: list[Check] = []
-        stale = src_row is not None and src_row.trt is not None and src_row.trt.state == "stale"
-        broken = src_row is None or src_row.state != "ready"
-        why = []
-        if stale and src_row is not None and src_row.trt is not None:
-            why.append("REBUILD REQUIRED: " + "; ".join(src_row.trt.reasons))
-        if broken:
-            why.append(f"{source.id} is {src_row.state if src_row else 'not reporting'}")
-        checks.append(
-            Check(
-                "TensorRT-LLM deployment",
-                "failed" if why else "done",
-                "; ".join(why) or f"{source.id} is ready and current: nothing to do",
-            )
-        )
-        # 2. a vLLM standby
-        ready = sb_row is not None and sb_row.state == "ready"
-        starting = _running_job(console, "vllm.start")
-        checks.append(
-            Check(
-                "vLLM standby",
-                "done" if ready else ("running" if starting else "next"),
-                f"{standby.id} is ready on {standby.node}"
-                if ready
-                else (
-                    f"job {starting} is starting it" if starting else "start it (launch profile)"
-                ),
-                None if ready or starting else "start_standby",
-            )
-        )
-        # 3. traffic on the standby
-        moved = weight(source.id, source.weight) == 0 and weight(standby.id, standby.weight) > 0
-        checks.append(
-            Check(
-                "fail over to vLLM",
-                "done" if moved else ("next" if ready else "waiting"),
-                f"{standby.id} carries the traffic"
-                if moved
-                else f"{source.id} still has weight {weight(source.id, source.weight)}"
-                + (": Enter opens the failover plan" if ready else "")
-                + ("" if fleet.gateway else " (no [gateway] declared)"),
-                "fail_over" if ready and not moved else None,
-            )
-        )
-        # 4. the rebuild drill
-        drill = next((n for n, d in fleet.drills.items() if d.deployment == source.id), None)
-        last = _last_drill(console, drill) if drill else None
-        passed = last is not None and last.state == "succeeded"
-        if drill is None:
-            checks.append(Check("rebuild drill", "blocked", f"no drill rebuilds {source.id}"))
-        else:
-            state = "waiting"
-            if last is not None and last.state in ("queued", "running"):
-                state = "running"
-            elif passed and not stale:
-                state = "done"
-            elif moved:
-                state = "next"
-            detail = f"drill {drill}" + (
-                f": last {last.state} ({last.id})" if last is not None else ": never run"
-            )
-            checks.append(
-                Check("rebuild drill", state, detail, "run_drill" if state == "next" else None)
-            )
-        # 5. fail back
-        rebuilt = checks[-1].state == "done"
-        back = weight(source.id, source.weight) > 0 and not broken
-        if rebuilt and back:
-            checks.append(Check("fail back to TensorRT-LLM", "done", f"traffic on {source.id}"))
-        elif rebuilt and moved:
-            checks.append(
-                Check(
-                    "fail back to TensorRT-LLM",
-                    "next",
-                    f"move the traffic back to {source.id}",
-                    "fail_back",
-                )
-            )
-        else:
-            checks.append(Check("fail back to TensorRT-LLM", "waiting", "after the drill passes"))
-        return checks
-
     def action_next_step(self) -> None:
         step = next((c for c in self.checks if c.state == "next" and c.action), None)
         if step is None:
@@ -482,28 +372,10 @@ class PlaybookScreen(ViewScreen):
         console = self.console
         model = next(m for m in console.fleet.models if m.name == self.model)
         trt = next(d for d in model.deployments if d.engine in ("triton", "trtllm"))
+        drill = playbook.drill_rebuilding(console.fleet, trt.id)
         if step.action == "start_standby":
             console.start_vllm(model=self.model)
         elif step.action in ("fail_over", "fail_back"):
             console.fail_over(self.model)
-        elif step.action == "run_drill":
-            drill = next(n for n, d in console.fleet.drills.items() if d.deployment == trt.id)
+        elif step.action == "run_drill" and drill is not None:
             console.run_drill(drill)
-
-
-def _running_job(console: Any, kind: str) -> str | None:
-    for state in console.collector.states.values():
-        for job in state.snapshot.jobs if state.snapshot else []:
-            if job.kind == kind and job.state in ("queued", "running"):
-                return str(job.id)
-    return None
-
-
-def _last_drill(console: Any, drill: str) -> Job | None:
-    found = [
-        job
-        for state in console.collector.states.values()
-        for job in (state.snapshot.jobs if state.snapshot else [])
-        if job.kind == "drill.run" and job.params.get("drill") == drill
-    ]
-    return max(found, key=lambda j: j.created or 0, default=None)

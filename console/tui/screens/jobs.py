@@ -23,8 +23,11 @@ from console.collect.actions import ActionError, AgentActions
 from console.collect.view import FleetView
 from console.core.wire import COLD_START_PHASES, Job
 from console.tui import format as fmt
+from console.tui.polling import Poll
 from console.tui.screens.base import ViewScreen
 from console.tui.widgets.table import FleetTable, Row, empty_row
+
+JOB_EVERY_S = 1.0  # a job is polled again this long after its last answer came
 
 STATE_STYLE = {
     "queued": "cyan",
@@ -91,41 +94,6 @@ def took(job: Job) -> str:
         return "?"
     end = time.time() if job.state in ("queued", "running") else (job.updated or time.time())
     return fmt.seconds(max(0.0, end - job.created))
-
-
-class ConfirmScreen(ModalScreen[bool]):
-    """A yes/no question that names its target; `y` confirms, `n` or Esc cancels."""
-
-    BINDINGS = [
-        Binding("y", "answer(True)", "yes"),
-        Binding("n,escape", "answer(False)", "no"),
-    ]
-    DEFAULT_CSS = """
-    ConfirmScreen { align: center middle; }
-    ConfirmScreen > Vertical { width: 80%; max-width: 90; height: auto;
-                               border: thick $warning; background: $surface; padding: 1 2; }
-    ConfirmScreen Horizontal { height: auto; margin-top: 1; }
-    ConfirmScreen Button { margin-right: 2; }
-    """
-
-    def __init__(self, title: str, body: str, yes: str) -> None:
-        super().__init__()
-        self.title_text, self.body, self.yes = title, body, yes
-
-    def compose(self) -> ComposeResult:
-        with Vertical():
-            yield Label(Text(self.title_text, style="bold"))
-            yield Static(self.body)
-            with Horizontal():
-                yield Button(Text(f"y  {self.yes}"), id="yes", variant="warning")
-                yield Button(Text("n  cancel"), id="no")
-
-    def action_answer(self, answer: bool) -> None:
-        self.dismiss(answer)
-
-    @on(Button.Pressed)
-    def _pressed(self, event: Button.Pressed) -> None:
-        self.dismiss(event.button.id == "yes")
 
 
 class StartVllmScreen(ModalScreen[tuple[str, str] | None]):
@@ -292,25 +260,21 @@ class StartVllmScreen(ModalScreen[tuple[str, str] | None]):
             f"{shlex.join(plan['argv'])}"
         )
 
-        def answered(yes: bool | None) -> None:
-            if yes:
-                self._submit(node, name, overrides)
-
-        self.app.push_screen(
-            ConfirmScreen(f"Start {name} on {node}?", body, f"start on {node}"), answered
+        self.console.confirm(
+            f"Start {name} on {node}?",
+            body,
+            f"start on {node}",
+            lambda: self._submit(node, name, overrides),
         )
 
     @work(exclusive=True, group="start")
     async def _submit(self, node: str, name: str, overrides: dict[str, Any]) -> None:
-        actions = AgentActions(self.console.fleet, node)
-        try:
-            job = await actions.start(name, overrides)
-        except ActionError as exc:
-            self.notify(str(exc), title="start refused", severity="error", timeout=15)
+        job = await self.console.agent_call(
+            node, lambda a: a.start(name, overrides), "start refused"
+        )
+        if job is None:
             self.refresh_plan()
             return
-        finally:
-            await actions.close()
         self.dismiss((node, job.id))
 
 
@@ -349,10 +313,9 @@ class JobScreen(ViewScreen):
 
     def on_mount(self) -> None:
         super().on_mount()
-        self.fetch()
-        self.set_interval(1.0, self.fetch)
+        self.job_poll = Poll(self, JOB_EVERY_S, self.fetch, "job")
+        self.job_poll.now()
 
-    @work(exclusive=True, group="job")
     async def fetch(self) -> None:
         """The job and its log tail from the agent (the snapshot lags by an interval)."""
         ended = self.job is not None and self.job.state not in ("queued", "running")
@@ -453,30 +416,18 @@ class JobScreen(ViewScreen):
             self.notify("this job has ended", severity="warning")
             return
 
-        def answered(yes: bool | None) -> None:
-            if yes:
-                self._cancel()
-
-        self.app.push_screen(
-            ConfirmScreen(
-                f"Cancel job {self.job_id} on {self.node}?",
-                f"{self.job.kind} {job_target(self.job)}: a start being cancelled stops the "
-                "engine it started.",
-                "cancel the job",
-            ),
-            answered,
+        self.console.confirm(
+            f"Cancel job {self.job_id} on {self.node}?",
+            f"{self.job.kind} {job_target(self.job)}: a start being cancelled stops the "
+            "engine it started.",
+            "cancel the job",
+            self._cancel,
         )
 
     @work(group="cancel")
     async def _cancel(self) -> None:
-        actions = AgentActions(self.console.fleet, self.node)
-        try:
-            await actions.cancel(self.job_id)
-        except ActionError as exc:
-            self.notify(str(exc), severity="error")
-        finally:
-            await actions.close()
-        self.fetch()
+        await self.console.agent_call(self.node, lambda a: a.cancel(self.job_id), "cancel")
+        self.job_poll.now()
 
 
 class JobsScreen(ViewScreen):

@@ -1,0 +1,227 @@
+"""What the console does to the fleet: run a drill, fail a model over, start vLLM (and
+the standby hand-off back to the failover plan), stop or restart an engine.
+
+Every workflow names its target and asks first; the agent or the gateway decides. The
+agent call every one of them makes is written once (`agent_call`: call, say what failed;
+`act`: and open the job). The app mixes this in, so screens ask `self.console`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+from textual.app import App
+
+from console.collect.actions import ActionError, AgentActions
+from console.collect.collector import Collector
+from console.core.config import Fleet
+from console.core.wire import Job
+from console.tui.screens.failover import FailoverScreen
+from console.tui.screens.jobs import JobScreen, StartVllmScreen
+from console.tui.widgets.confirm import ConfirmScreen
+
+T = TypeVar("T")
+
+
+class Workflows(App[int]):
+    """The console's actions, mixed into EngineroomApp (which sets these attributes)."""
+
+    fleet: Fleet
+    read_only: bool
+    collector: Collector
+    roles: dict[str, str]  # node -> the role its token has on the agent
+
+    # -- the one shape of an agent call ------------------------------------------------
+
+    async def agent_call(
+        self, node: str, call: Callable[[AgentActions], Awaitable[T]], title: str = "refused"
+    ) -> T | None:
+        """`call` on `node`'s agent; a refusal or no answer is a notification, and None."""
+        actions = AgentActions(self.fleet, node)
+        try:
+            return await call(actions)
+        except ActionError as exc:
+            self.notify(str(exc), title=title, severity="error", timeout=15)
+            return None
+        finally:
+            await actions.close()
+
+    async def act(self, node: str, submit: Callable[[AgentActions], Awaitable[Job]]) -> None:
+        """Submit a job to `node`'s agent and open it."""
+        job = await self.agent_call(node, submit)
+        if job is not None:
+            self.open_job(node, job.id)
+
+    def confirm(self, title: str, body: str, yes: str, then: Callable[[], object]) -> None:
+        """Ask `title`; `then` runs only on a yes."""
+
+        def answered(ok: bool | None) -> None:
+            if ok:
+                then()
+
+        self.push_screen(ConfirmScreen(title, body, yes), answered)
+
+    def open_job(self, node: str, job_id: str) -> None:
+        self.push_screen(JobScreen(node, job_id))
+
+    def action_blocked(self, node: str) -> str | None:
+        """Why nothing may be started or stopped on `node` from here; None if it may."""
+        if self.read_only:
+            return "read-only console: starting and stopping engines is disabled"
+        declared = next((n for n in self.fleet.nodes if n.name == node), None)
+        if declared is None:
+            return f"no node named {node!r}"
+        if declared.agent is None:
+            return f"{node} is read over SSH: starting and stopping engines needs its agent"
+        state = self.collector.states.get(node)
+        if state is not None and state.no_token:
+            return f"no token for {node} ({state.error})"
+        if self.roles.get(node) == "viewer":
+            return f"the token for {node} is a viewer token: actions need an operator token"
+        return None
+
+    # -- the workflows -------------------------------------------------------------------
+
+    def run_drill(self, name: str) -> None:
+        """Run a rebuild drill on its node's agent, after a confirmation naming it."""
+        drill = self.fleet.drills.get(name)
+        found = self.fleet.deployment(drill.deployment) if drill else None
+        if drill is None or found is None:
+            self.notify(f"no drill named {name!r}", severity="error")
+            return
+        node = found[1].node
+        reason = self.action_blocked(node)
+        if reason:
+            self.notify(reason, severity="warning")
+            return
+        body = (
+            f"Drill {name} rebuilds deployment {drill.deployment} ({drill.model}) on node "
+            f"{node}: {drill.pipeline} pipeline, {drill.precision}.\n\n"
+            "Preflight, convert, build into staging, validate against the vLLM baseline, "
+            f"benchmark, then promote into {drill.engine_cache}"
+            + (
+                f" and re-point {found[1].engine_dir}"
+                if found[1].engine_dir and drill.link_engine_dir
+                else ""
+            )
+            + f". The candidate listens on port {drill.serve_port} while it runs."
+        )
+        self.confirm(
+            f"Run drill {name} on {node}?",
+            body,
+            f"run drill {name}",
+            lambda: self.run_worker(self.act(node, lambda a: a.drill(name)), group="act"),
+        )
+
+    def stop_engine(self, node: str, engine_id: str, restart: bool = False) -> None:
+        reason = self.action_blocked(node)
+        if reason:
+            self.notify(reason, severity="warning")
+            return
+        verb = "Restart" if restart else "Stop"
+        body = (
+            f"{verb} engine {engine_id} on node {node}.\n\n"
+            "SIGTERM first: in-flight requests drain within the profile's stop grace, then "
+            "SIGKILL." + ("\nThen it starts again from the same profile." if restart else "")
+        )
+        self.confirm(
+            f"{verb} {engine_id} on {node}?",
+            body,
+            f"{verb.lower()} {engine_id}",
+            lambda: self.run_worker(
+                self.act(node, lambda a: a.stop(engine_id, restart)), group="act"
+            ),
+        )
+
+    def fail_over(self, model: str) -> None:
+        from console.collect.gateway_client import GatewayClient
+
+        if self.read_only:
+            self.notify("read-only console: failovers are disabled", severity="warning")
+            return
+        if not GatewayClient.configured(self.fleet):
+            self.notify(
+                "no gateway: declare [gateway] in fleet.toml and set its token variable",
+                severity="warning",
+            )
+            return
+        if model not in {m.name for m in self.fleet.models}:
+            self.notify(
+                f"{model} is not a declared model: nothing to fail over", severity="warning"
+            )
+            return
+        self.push_screen(FailoverScreen(model), lambda why: self._after_plan(model, why))
+
+    def _after_plan(self, model: str, why: str | None) -> None:
+        if why == "standby":  # start a standby, then come back to the plan (issue 5)
+            self.start_vllm(model=model, then_fail_over=True)
+
+    def start_vllm(
+        self, node: str | None = None, model: str | None = None, then_fail_over: bool = False
+    ) -> None:
+        """The Start vLLM form; with `then_fail_over`, once the start succeeds the failover
+        plan opens again with the new standby as its target."""
+        choices = [
+            (p.node, name)
+            for name, p in self.fleet.profiles.items()
+            if p.engine == "vllm"
+            and (node is None or p.node == node)
+            and (model is None or p.served_model_name == model)
+        ]
+        blocked = [c for c in choices if self.action_blocked(c[0])]
+        if not choices:
+            where = " ".join(
+                x for x in (f"for {model}" if model else "", f"on {node}" if node else "") if x
+            )
+            self.notify(
+                f"no vLLM launch profile {where}: declare [profiles.NAME] in fleet.toml",
+                severity="warning",
+            )
+            return
+        if len(blocked) == len(choices):
+            self.notify(str(self.action_blocked(blocked[0][0])), severity="warning")
+            return
+        choices = [c for c in choices if c not in blocked]
+
+        def started(result: tuple[str, str] | None) -> None:
+            if result is not None:
+                self.open_job(*result)
+                if then_fail_over and model is not None:
+                    self.run_worker(self._continue_failover(*result, model), group="standby")
+
+        self.push_screen(StartVllmScreen(choices, model), started)
+
+    async def _continue_failover(self, node: str, job_id: str, model: str) -> None:
+        """Follow a standby's start job; when it is ready, reopen the failover plan."""
+        job = await self.agent_call(
+            node, lambda a: a.follow(job_id, lambda _: None, interval=1.0), "standby start"
+        )
+        if job is None:
+            return
+        if job.state != "succeeded":
+            self.notify(
+                f"the standby did not start ({job.state}): the failover waits; {job.error or ''}",
+                severity="error",
+                timeout=20,
+            )
+            return
+        declared = next(m for m in self.fleet.models if m.name == model)
+        profile = job.params.get("profile")
+        endpoint = str(job.result.get("endpoint") or "")
+        target = next(
+            (d.id for d in declared.deployments if d.profile == profile or d.endpoint == endpoint),
+            None,
+        )
+        if target is None:
+            self.notify(
+                f"the standby is ready, but no deployment of {model} names profile {profile} "
+                "(deployment.profile in fleet.toml): the gateway cannot route to it",
+                severity="warning",
+                timeout=20,
+            )
+            return
+        self.notify(f"standby {target} is ready: continuing the failover", timeout=10)
+        self.push_screen(
+            FailoverScreen(model, target=target), lambda why: self._after_plan(model, why)
+        )
