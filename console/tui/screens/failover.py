@@ -21,6 +21,7 @@ from textual.widgets import Button, Input, Label, Select, Static
 
 from console.collect.gateway_client import GatewayClient, GatewayError
 from console.tui import format as fmt
+from console.tui.polling import Poll
 from console.tui.screens.jobs import STATE_STYLE
 
 
@@ -90,7 +91,8 @@ class FailoverScreen(ModalScreen[str | None]):
 
     def on_mount(self) -> None:
         self._draw_plan()
-        self.set_interval(1.0, self._tick)
+        self.progress_poll = Poll(self, 1.0, self._tick, "failover-progress")
+        self.progress_poll.now()
         self._preflight()
 
     @work(exclusive=True, group="preflight")
