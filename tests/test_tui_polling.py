@@ -115,3 +115,19 @@ async def test_a_job_on_an_agent_slower_than_the_job_screen_refresh_is_shown():
             assert isinstance(info, Text) and job.state.upper() in info.plain
             log = screen.query_one("#log", Static).content
             assert isinstance(log, Text) and "the drill's last log line" in log.plain
+
+
+async def test_a_gateway_past_the_client_timeout_is_said_and_the_poll_carries_on(
+    monkeypatch: pytest.MonkeyPatch,
+):
+    """The limit: the client gives up after 1 s (twice refresh_s, at least 1 s), says so,
+    and the next poll still comes."""
+    monkeypatch.setenv("T_GATEWAY", "admin-token-of-the-slow-gateway")
+    with SlowServer(3.0, {"/admin/snapshot": RECORDED_GATEWAY}) as gateway:
+        fleet = FLEET + f'\n[gateway]\nurl = "{gateway.url}"\ntoken_env = "T_GATEWAY"\n'
+        app = recorded_app(fleet)
+        async with app.run_test(size=(140, 30)) as pilot:
+            error = await until(pilot, lambda: app.gateway_error, what="the gateway's error")
+            assert f"gateway {gateway.url} did not answer" in error
+            assert app.gateway_snapshot is None
+            await until(pilot, lambda: len(gateway.asked) >= 2, what="the next poll")
