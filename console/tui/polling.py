@@ -48,10 +48,16 @@ class Poll:
         finally:
             self._busy = False
             self.calls += 1
-            delay = 0.0 if self._again else self.every_s
-            self._again = False
+            again, self._again = self._again, False
             task = asyncio.current_task()
-            cancelled = task is not None and task.cancelling() > 0
             # A worker is cancelled when its screen or the app closes: nothing to re-arm.
-            if not cancelled and self.owner.is_running and not self.owner._closing:
-                self._timer = self.owner.set_timer(delay, self.now, name=self.group)
+            if task is None or task.cancelling() == 0:
+                self._rearm(again)
+
+    def _rearm(self, again: bool) -> None:
+        if not self.owner.is_running or self.owner._closing:
+            return
+        if again:  # now, through the owner's queue (a Timer of 0 s divides by zero)
+            self.owner.call_later(self.now)
+        else:
+            self._timer = self.owner.set_timer(self.every_s, self.now, name=self.group)
