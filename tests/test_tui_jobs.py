@@ -157,6 +157,30 @@ async def test_read_only_and_viewer_tokens_disable_actions_visibly(setup):
             assert app.screen.check_action("start_vllm", ()) is None  # shown, dimmed
 
 
+async def test_a_stop_the_agent_refuses_is_said_in_its_words_and_opens_no_job(setup):
+    """The workflows' one agent call (console/tui/workflows.py): confirm, call, and a
+    refusal is a notification naming the node and the engine, not a job screen."""
+    app = EngineroomApp(parse_fleet(setup("T_OPERATOR")))
+    async with app.run_test(size=SIZE) as pilot:
+        app.open_node("local")
+        await until(pilot, lambda: isinstance(app.screen, NodeScreen), what="node screen")
+        await until(pilot, lambda: app.roles.get("local") == "operator", what="role learned")
+        app.stop_engine("local", "no-such-engine")
+        confirm = await until(
+            pilot, lambda: app.screen if isinstance(app.screen, ConfirmScreen) else None
+        )
+        assert confirm.title_text == "Stop no-such-engine on local?"
+        await pilot.press("y")
+        refused = await until(
+            pilot,
+            lambda: next((n for n in app._notifications if n.title == "refused"), None),
+            what="the refusal",
+        )
+        assert refused.message == "local: engine: no engine 'no-such-engine' on local"
+        assert refused.severity == "error"
+        assert isinstance(app.screen, NodeScreen), "a job screen opened for a refused stop"
+
+
 STANDBY_FLEET = """
 [fleet]
 name = "standby"
