@@ -220,3 +220,13 @@ def test_stale_reasons_name_every_fact_that_changed_and_ignore_unknowns():
     assert compute_capability_of("GB200") == "10.0"
     assert compute_capability_of("NVIDIA L40S") == "8.9"
     assert compute_capability_of("Quadro Mystery") is None
+
+
+def test_a_table_the_file_makes_only_implicitly_is_placed_at_its_first_child(tmp_path):
+    """Found by tests/test_properties.py: `[[nodes.ssh]]` with no `[[nodes]]` makes `nodes`
+    a table, not a list, and the error had no line."""
+    path = tmp_path / "fleet.toml"
+    path.write_text('[fleet]\nname = "x"\n\n[[nodes.ssh]]\nhost = "a"\n')
+    with pytest.raises(ConfigError) as error:
+        load_fleet(path)
+    assert str(error.value).startswith(f"{path}:4: nodes: "), str(error.value)

@@ -65,11 +65,13 @@ def key_lines(text: str) -> dict[Path, int]:
 
 
 def line_of(lines: dict[Path, int], path: Path) -> int | None:
-    """The line of `path`, or of its nearest parent that has one."""
+    """The line of `path`, or of its nearest parent that has one; a table the file only
+    made implicitly (`[[nodes.ssh]]` makes `nodes`) is placed at its first child."""
     for end in range(len(path), 0, -1):
         if path[:end] in lines:
             return lines[path[:end]]
-    return None
+    children = [n for key, n in lines.items() if key[: len(path)] == path and path]
+    return min(children) if children else None
 
 
 def format_path(path: Path) -> str:
