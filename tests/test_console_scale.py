@@ -1,4 +1,5 @@
-"""The console against a few hundred SIMULATED agents: what starting it costs (issue 15)."""
+"""The console at a thousand nodes (issue 15): starting, streams that fall behind, garbage
+collection, and what a refresh redoes; against SIMULATED agents and real listeners."""
 
 from __future__ import annotations
 
