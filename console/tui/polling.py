@@ -29,7 +29,6 @@ class Poll:
         self._timer: Timer | None = None
         self._busy = False
         self._again = False  # asked for while a call was in flight: call again right after
-        self.calls = 0  # calls that ended, answered or not
 
     def now(self) -> None:
         """Poll now (right after the call in flight, if one is), then every `every_s`."""
@@ -47,7 +46,6 @@ class Poll:
             await self.call()
         finally:
             self._busy = False
-            self.calls += 1
             again, self._again = self._again, False
             task = asyncio.current_task()
             # A worker is cancelled when its screen or the app closes: nothing to re-arm.
