@@ -81,9 +81,9 @@ class SlowServer:
 async def test_a_gateway_slower_than_the_refresh_is_shown_once_it_answers(
     monkeypatch: pytest.MonkeyPatch,
 ):
-    """refresh_s is 0.2 s; the gateway takes 0.6 s (within the client's 1 s timeout)."""
+    """refresh_s is 0.2 s; the gateway takes 0.5 s (within the client's 1 s timeout)."""
     monkeypatch.setenv("T_GATEWAY", "admin-token-of-the-slow-gateway")
-    with SlowServer(0.6, {"/admin/snapshot": RECORDED_GATEWAY}) as gateway:
+    with SlowServer(0.5, {"/admin/snapshot": RECORDED_GATEWAY}) as gateway:
         fleet = FLEET + f'\n[gateway]\nurl = "{gateway.url}"\ntoken_env = "T_GATEWAY"\n'
         app = recorded_app(fleet)
         async with app.run_test(size=(140, 30)) as pilot:
