@@ -145,9 +145,7 @@ def render(view: FleetView, gateway: GatewayReading | None = None) -> str:
             detail = n.error
         status = n.status + ("/ssh" if n.transport == "ssh" else "")
         gpus = "?" if n.gpus is None else str(n.gpus)
-        lines.append(
-            f"{n.name:<14}{status:<10}{gpus:>5}  {util:<13}{mem:<12}{temp:>5}  {detail}"
-        )
+        lines.append(f"{n.name:<14}{status:<10}{gpus:>5}  {util:<13}{mem:<12}{temp:>5}  {detail}")
     if view.models:
         # Two header lines: what, and where it was measured (console.collect.measured).
         lines += [
