@@ -11,7 +11,9 @@ cap counts what is held.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json as _json
+import ssl
 import time
 
 import httpx
@@ -25,15 +27,30 @@ class NoAnswer(Exception):
     `answered with over 8 MiB`)."""
 
 
+@functools.cache
+def _tls() -> ssl.SSLContext:
+    """One TLS context for every client: each new one loads the whole certificate store
+    (28 ms and 0.8 MiB), which `engineroom jobs` across 1,000 nodes paid 1,000 times."""
+    return httpx.create_ssl_context(trust_env=False)
+
+
 def async_client(base_url: str, headers: dict[str, str], timeout: float) -> httpx.AsyncClient:
     return httpx.AsyncClient(
-        base_url=base_url, headers={**_HEADERS, **headers}, timeout=timeout, trust_env=False
+        base_url=base_url,
+        headers={**_HEADERS, **headers},
+        timeout=timeout,
+        trust_env=False,
+        verify=_tls(),
     )
 
 
 def client(base_url: str, headers: dict[str, str], timeout: float) -> httpx.Client:
     return httpx.Client(
-        base_url=base_url, headers={**_HEADERS, **headers}, timeout=timeout, trust_env=False
+        base_url=base_url,
+        headers={**_HEADERS, **headers},
+        timeout=timeout,
+        trust_env=False,
+        verify=_tls(),
     )
 
 
