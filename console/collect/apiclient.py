@@ -15,6 +15,7 @@ import functools
 import json as _json
 import ssl
 import time
+from typing import Any
 
 import httpx
 
@@ -34,24 +35,23 @@ def _tls() -> ssl.SSLContext:
     return httpx.create_ssl_context(trust_env=False)
 
 
+def _settings(base_url: str, headers: dict[str, str], timeout: float) -> dict[str, Any]:
+    """What every client here is built with: nothing from the environment."""
+    return {
+        "base_url": base_url,
+        "headers": {**_HEADERS, **headers},
+        "timeout": timeout,
+        "trust_env": False,
+        "verify": _tls(),
+    }
+
+
 def async_client(base_url: str, headers: dict[str, str], timeout: float) -> httpx.AsyncClient:
-    return httpx.AsyncClient(
-        base_url=base_url,
-        headers={**_HEADERS, **headers},
-        timeout=timeout,
-        trust_env=False,
-        verify=_tls(),
-    )
+    return httpx.AsyncClient(**_settings(base_url, headers, timeout))
 
 
 def client(base_url: str, headers: dict[str, str], timeout: float) -> httpx.Client:
-    return httpx.Client(
-        base_url=base_url,
-        headers={**_HEADERS, **headers},
-        timeout=timeout,
-        trust_env=False,
-        verify=_tls(),
-    )
+    return httpx.Client(**_settings(base_url, headers, timeout))
 
 
 async def request(
