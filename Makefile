@@ -5,9 +5,10 @@ BIN := $(VENV)/bin
 ENGINES := .engines
 VLLM_VENV := $(ENGINES)/vllm
 TRITON_VENV := $(ENGINES)/triton
+ROUTER_VENV := $(ENGINES)/router
 
 .PHONY: demo test test-quick lint bench bench-console screenshots engines sshd systemd nginx \
-	apidocs clean
+	prometheus haproxy chromium router apidocs clean
 
 # The console's own environment: the demo needs only this.
 $(BIN)/engineroom: pyproject.toml
@@ -39,6 +40,29 @@ $(TRITON_VENV)/.ready:
 
 engines: $(VLLM_VENV)/.ready $(TRITON_VENV)/.ready
 
+# The vLLM router (Rust, PyPI's vllm-router), a data plane failover can drive (docs/data-planes.md).
+$(ROUTER_VENV)/.ready:
+	test -x $(ROUTER_VENV)/bin/python || $(PY) -m venv $(ROUTER_VENV)
+	$(ROUTER_VENV)/bin/pip install -q 'vllm-router==0.1.17'
+	test -x $(ROUTER_VENV)/bin/vllm-router
+	touch $@
+
+router: $(ROUTER_VENV)/.ready
+
+# Debian packages the tests run for real, each on a loopback port the test picks (no
+# service is started): Prometheus and promtool, HAProxy, headless Chromium.
+prometheus:
+	command -v promtool >/dev/null || apt-get install -y -qq --no-install-recommends prometheus >/dev/null \
+		|| (apt-get update -qq && apt-get install -y -qq --no-install-recommends prometheus >/dev/null)
+
+haproxy:
+	command -v haproxy >/dev/null || apt-get install -y -qq --no-install-recommends haproxy >/dev/null \
+		|| (apt-get update -qq && apt-get install -y -qq --no-install-recommends haproxy >/dev/null)
+
+chromium:
+	command -v chromium >/dev/null || apt-get install -y -qq --no-install-recommends chromium >/dev/null \
+		|| (apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium >/dev/null)
+
 # A real OpenSSH server for the agentless-node tests (Debian's openssh-server; it is not
 # started as a service: each test run starts its own on a loopback port).
 sshd:
@@ -58,13 +82,14 @@ lint: $(VENV)/.test-deps
 	$(BIN)/ruff format --check console plugins tests bench
 	$(BIN)/mypy
 
-test: $(VENV)/.test-deps engines sshd systemd lint
+test: $(VENV)/.test-deps engines router sshd systemd prometheus haproxy chromium lint
 	ENGINEROOM_VLLM_PYTHON=$(CURDIR)/$(VLLM_VENV)/bin/python \
 	ENGINEROOM_TRITON_PYTHON=$(CURDIR)/$(TRITON_VENV)/bin/python \
+	ENGINEROOM_VLLM_ROUTER=$(CURDIR)/$(ROUTER_VENV)/bin/vllm-router \
 	$(BIN)/pytest -q
 
 # The quick subset while working: no real engines.
-test-quick: $(VENV)/.test-deps sshd systemd
+test-quick: $(VENV)/.test-deps sshd systemd prometheus haproxy
 	$(BIN)/pytest -q -m 'not engines and not package'
 
 # nginx (Debian's package) is the gateway benchmark's reference proxy.
@@ -72,9 +97,10 @@ nginx:
 	command -v nginx >/dev/null || test -x /usr/sbin/nginx || apt-get install -y -qq nginx >/dev/null \
 		|| (apt-get update -qq && apt-get install -y -qq nginx >/dev/null)
 
-bench: $(VENV)/.test-deps engines sshd nginx
+bench: $(VENV)/.test-deps engines router sshd nginx prometheus haproxy
 	ENGINEROOM_VLLM_PYTHON=$(CURDIR)/$(VLLM_VENV)/bin/python \
 	ENGINEROOM_TRITON_PYTHON=$(CURDIR)/$(TRITON_VENV)/bin/python \
+	ENGINEROOM_VLLM_ROUTER=$(CURDIR)/$(ROUTER_VENV)/bin/vllm-router \
 	$(BIN)/python -m bench.agent_cycle
 	$(BIN)/python -m bench.cold_start
 	$(BIN)/python -m bench.drill_overhead
