@@ -11,7 +11,7 @@ import difflib
 import os
 import re
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -142,6 +142,22 @@ class GatewaySection(_Strict):
     max_connections: Annotated[int, Field(ge=1)] = 4096  # client connections open at once
 
 
+class DataPlaneSection(_Strict):
+    """A data plane that carries some models' traffic (console.gateway.dataplane): HAProxy
+    or the vLLM router, driven by the gateway's failover jobs. The built-in gateway is the
+    default and needs no entry."""
+
+    name: str
+    kind: str  # haproxy | vllm-router
+    url: str | None = None  # its HTTP front (clients, the vLLM router's API)
+    admin_socket: str | None = None  # HAProxy: the runtime API's stats socket (level admin)
+    config: str | None = None  # HAProxy: the configuration it runs (rendered or adopted)
+    listen: str | None = None  # HAProxy render: HOST:PORT of its front end
+    metrics_url: str | None = None  # the vLLM router: its Prometheus endpoint
+    token_env: EnvName | None = None  # a token for its API, where it has one
+    timeout_s: Seconds = 2.0  # each call to it
+
+
 class Slo(_Strict):
     ttft_p95_ms: Annotated[float, Field(gt=0)] | None = None
     itl_p95_ms: Annotated[float, Field(gt=0)] | None = None
@@ -165,6 +181,9 @@ class Deployment(_Strict):
     # engineroom manifest to tell whether it went stale; a drill's promote re-points it
     # when it is a symbolic link.
     engine_dir: str | None = None
+    # A data plane's own name for this deployment (HAProxy: its server in the model's
+    # backend); default derived from the id.
+    server: str | None = None
 
     @field_validator("endpoint", "metrics_endpoint")
     @classmethod
@@ -190,6 +209,8 @@ class Model(_Strict):
     deployments: list[Deployment] = Field(default_factory=list)
     auto_failover: bool = False  # the gateway moves traffic itself when a deployment dies
     failover: FailoverPlan = FailoverPlan()
+    dataplane: str = "gateway"  # a [[dataplanes]] name; "gateway": the built-in one
+    backend: str | None = None  # the data plane's name for the model (HAProxy backend)
 
 
 ArgValue = str | int | float | bool
@@ -328,6 +349,7 @@ class Fleet(_Strict):
     keys: dict[str, str] = Field(default_factory=dict)  # action id -> key, remaps the TUI
     nodes: list[Node] = Field(default_factory=list)
     gateway: GatewaySection | None = None
+    dataplanes: list[DataPlaneSection] = Field(default_factory=list)
     models: list[Model] = Field(default_factory=list)
     profiles: dict[str, Profile] = Field(default_factory=dict)
     drills: dict[str, Drill] = Field(default_factory=dict)
@@ -533,6 +555,8 @@ def _cross_check(fleet: Fleet) -> list[str]:
             if dep.profile is not None and dep.profile not in fleet.profiles:
                 add((*here, "profile"), f"names profile {dep.profile!r}, which is not declared")
 
+    _check_dataplanes(fleet, add)
+
     for name, profile in fleet.profiles.items():
         here = ("profiles", name)
         if profile.node not in seen_nodes:
@@ -543,6 +567,31 @@ def _cross_check(fleet: Fleet) -> list[str]:
     for name, drill in fleet.drills.items():
         problems.extend(_check_drill(fleet, name, drill, plugins))
     return problems
+
+
+DATAPLANE_NEEDS = {"haproxy": ("admin_socket",), "vllm-router": ("url",)}
+
+
+def _check_dataplanes(fleet: Fleet, add: Callable[[KeyPath, str], None]) -> None:
+    names = {"gateway"}
+    for i, plane in enumerate(fleet.dataplanes):
+        here: KeyPath = ("dataplanes", i)
+        if plane.name in names:
+            add((*here, "name"), f"duplicate data plane name {plane.name!r}")
+        names.add(plane.name)
+        if plane.kind not in DATAPLANE_NEEDS:
+            add((*here, "kind"), f"unknown kind {plane.kind!r} (have: haproxy, vllm-router)")
+            continue
+        for key in DATAPLANE_NEEDS[plane.kind]:
+            if getattr(plane, key) is None:
+                add(here, f"a {plane.kind} data plane needs {key!r}")
+    for m, model in enumerate(fleet.models):
+        if model.dataplane not in names:
+            add(
+                ("models", m, "dataplane"),
+                f"names data plane {model.dataplane!r}, which is not in [[dataplanes]] "
+                f"(have: {', '.join(sorted(names))})",
+            )
 
 
 def _check_drill(fleet: Fleet, name: str, drill: Drill, plugins: dict[str, Any]) -> list[str]:
