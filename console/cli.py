@@ -134,6 +134,17 @@ def build_parser() -> argparse.ArgumentParser:
     _fleet_arg(jobs)
     jobs.add_argument("--node", default=None)
     jobs.add_argument("--json", action="store_true")
+
+    serve = sub.add_parser("serve", help="the console as a read-only web page (docs/web.md)")
+    _fleet_arg(serve)
+    serve.add_argument("--web", action="store_true", required=True, help="serve it on the web")
+    serve.add_argument(
+        "--listen", type=_split_listen, default=None, metavar="HOST:PORT", help="127.0.0.1:9430"
+    )
+    serve.add_argument(
+        "--token-env", default="ENGINEROOM_WEB_TOKEN", metavar="NAME", help="the bearer token"
+    )
+    serve.add_argument("--max-sessions", type=int, default=8, help="browser sessions at once")
     return parser
 
 
@@ -218,6 +229,8 @@ def main(argv: list[str] | None = None) -> int:
             return run_jobs(
                 load_fleet(args.fleet or _default_fleet()), args.node, as_json=args.json
             )
+        if args.command == "serve":
+            return _serve(args)
         if args.command == "tui":
             from console.tui.app import run_tui
 
@@ -229,6 +242,22 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     build_parser().print_help()
     return EXIT_USAGE
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from console import web
+
+    path = Path(args.fleet or _default_fleet()).resolve()
+    try:
+        token = web.read_token(args.token_env)
+    except web.WebConfigError as exc:
+        print(f"engineroom serve: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    host, port = args.listen or _split_listen(web.DEFAULT_LISTEN)
+    settings = web.WebSettings(
+        load_fleet(path), path, token, args.token_env, host, port, max(1, args.max_sessions)
+    )
+    return web.run_web(settings)
 
 
 def _load_for_agent(args: argparse.Namespace) -> tuple[Fleet, str]:
