@@ -12,6 +12,7 @@ import logging
 import os
 import socket
 import sys
+import time
 from pathlib import Path
 
 from console.core.config import ConfigError, Fleet, load_fleet, parse_fleet
@@ -58,6 +59,23 @@ def build_parser() -> argparse.ArgumentParser:
     tui = sub.add_parser("tui", help="the console (the default command)")
     _fleet_arg(tui)
     tui.add_argument("--read-only", action="store_true", help="disable every action")
+    tui.add_argument("--record", default=None, metavar="FILE", help="record what it sees")
+
+    record = sub.add_parser("record", help="record the fleet headless (docs/recording.md)")
+    _fleet_arg(record)
+    record.add_argument("--out", default=None, help="the recording (default: a dated name)")
+    record.add_argument("--for", dest="for_", default=None, metavar="DURATION",
+                        help="stop after it: 90s, 30m, 8h (default: until SIGTERM)")  # fmt: skip
+    replay = sub.add_parser("replay", help="the console on a recording, read-only")
+    replay.add_argument("file")
+    replay.add_argument("--at", default=None, help="start at this time (HH:MM:SS UTC, +MM:SS)")
+    timeline = sub.add_parser("timeline", help="a recording's incident timeline")
+    timeline.add_argument("file")
+    timeline.add_argument("--from", dest="from_", default=None, metavar="T")
+    timeline.add_argument("--to", default=None, metavar="T")
+    shape = timeline.add_mutually_exclusive_group()
+    shape.add_argument("--markdown", action="store_true", help="for the postmortem (default)")
+    shape.add_argument("--json", action="store_true")
 
     check = sub.add_parser(
         "check", help="poll the fleet once: 0 healthy, 1 degraded, 2 unreachable"
@@ -107,6 +125,18 @@ def build_parser() -> argparse.ArgumentParser:
     failover.add_argument("--why", default="", help="recorded in the audit log")
     failover.add_argument("--wait", action="store_true", help="follow the job to its end")
     failover.add_argument("--json", action="store_true")
+
+    haproxy = sub.add_parser("haproxy", help="HAProxy as a model's data plane (docs/haproxy.md)")
+    hverbs = haproxy.add_subparsers(dest="verb", required=True)
+    for verb, what in (
+        ("render", "write its configuration for the models that name it"),
+        ("adopt", "check that an existing configuration has the backends and servers named"),
+    ):
+        hverb = hverbs.add_parser(verb, help=what)
+        _fleet_arg(hverb)
+        hverb.add_argument("--dataplane", help="its [[dataplanes]] name (default: the only one)")
+        if verb == "render":
+            hverb.add_argument("--out", help="where to write (default: the data plane's config)")
 
     drill = sub.add_parser("drill", help="TensorRT-LLM rebuild drills")
     drills = drill.add_subparsers(dest="verb", required=True)
@@ -201,6 +231,11 @@ def main(argv: list[str] | None = None) -> int:
                 wait=args.wait,
                 as_json=args.json,
             )
+        if args.command == "haproxy":
+            from console.gateway.haproxy_config import run_cli
+
+            fleet = load_fleet(args.fleet or _default_fleet())
+            return run_cli(fleet, args.verb, args.dataplane, getattr(args, "out", None))
         if args.command == "drill":
             from console.collect import drill_cli
 
@@ -234,7 +269,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "tui":
             from console.tui.app import run_tui
 
-            return run_tui(load_fleet(args.fleet or _default_fleet()), read_only=args.read_only)
+            return run_tui(
+                load_fleet(args.fleet or _default_fleet()),
+                read_only=args.read_only,
+                record=args.record,
+            )
+        if args.command in ("record", "replay", "timeline"):
+            return _recordings(args)
     except ConfigError as exc:
         print(f"engineroom: {exc}", file=sys.stderr)
         return EXIT_CONFIG
@@ -258,6 +299,30 @@ def _serve(args: argparse.Namespace) -> int:
         load_fleet(path), path, token, args.token_env, host, port, max(1, args.max_sessions)
     )
     return web.run_web(settings)
+
+
+def _recordings(args: argparse.Namespace) -> int:
+    """record, replay, timeline (docs/recording.md); a file that is not a recording, or a
+    bad duration or time, is one line naming it, exit 2."""
+    from console.collect.recording import RecordingError
+    from console.collect.timeline import parse_duration, run_timeline
+
+    try:
+        if args.command == "record":
+            from console.collect.recorder import record
+
+            fleet = load_fleet(args.fleet or _default_fleet())
+            for_s = None if args.for_ is None else parse_duration(args.for_)
+            out = args.out or time.strftime("engineroom-%Y%m%d-%H%M%S.rec", time.gmtime())
+            return asyncio.run(record(fleet, out, for_s))
+        if args.command == "replay":
+            from console.tui.replay import run_replay
+
+            return run_replay(args.file, args.at)
+        return run_timeline(args.file, args.from_, args.to, as_json=args.json)
+    except (RecordingError, ValueError, OSError) as exc:
+        print(f"engineroom {args.command}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
 
 
 def _load_for_agent(args: argparse.Namespace) -> tuple[Fleet, str]:

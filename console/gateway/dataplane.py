@@ -32,8 +32,9 @@ failover job clearly.
 from __future__ import annotations
 
 import abc
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import aiohttp
 
@@ -147,6 +148,12 @@ class DataPlane(abc.ABC):
     async def figures(self, model: str, deployment: str, since: Any) -> Figures:
         """What `deployment` served since `snapshot` returned `since`."""
 
+    async def started(self, model: str, deployment: str) -> int | None:
+        """Requests the data plane has sent to `deployment` so far (a counter), for the
+        emergency failover's cutover time (command to the target's first request); None
+        where it cannot tell."""
+        return None
+
 
 # The kinds fleet.toml's [[dataplanes]] may name, and the class that drives each. A class
 # is built as `cls(section, fleet, store)`: its fleet.toml section
@@ -159,10 +166,11 @@ KINDS = {
 }
 
 
-def plane_class(kind: str) -> type[DataPlane]:
+def plane_class(kind: str) -> Callable[..., DataPlane]:
+    """The class for a `kind` of KINDS; call it with (section, fleet, store)."""
     import importlib
 
     module, _, name = KINDS[kind].partition(":")
     cls = getattr(importlib.import_module(module), name)
     assert issubclass(cls, DataPlane)
-    return cls
+    return cast(Callable[..., DataPlane], cls)

@@ -14,6 +14,12 @@ Emergency (`mode: emergency`): the target's health check, then all weight at onc
 
 Jobs run in the gateway, so a console that disconnects changes nothing. One failover per
 model at a time. Every weight change is audited with the job id.
+
+The jobs drive the model's data plane (console.gateway.dataplane): the built-in gateway's
+route table by default, or HAProxy, or the vLLM router, as fleet.toml names it. For those
+the gateway stays the controller (admin API, jobs, audit, health checks of every engine)
+and is not in the traffic's path. Trouble with the data plane itself fails the job with
+its words.
 """
 
 from __future__ import annotations
@@ -28,6 +34,15 @@ from typing import Any
 import aiohttp
 
 from console.gateway import triton_openai as tri
+from console.gateway.dataplane import (
+    BUILTIN,
+    DataPlane,
+    DataPlaneError,
+    DrainTimeout,
+    Figures,
+    plane_class,
+)
+from console.gateway.dp_builtin import BuiltinPlane
 from console.gateway.routetable import RouteTable
 from console.gateway.upstream import Upstream, check
 from plugins import load_plugins
@@ -49,9 +64,9 @@ class StepFailed(Exception):
 
 
 class Failovers:
-    """The failover jobs of one gateway, over its route table. `http` (the gateway's
-    client session, for health checks, canaries and engine metrics) is set once the
-    gateway has started."""
+    """The failover jobs of one gateway, over each model's data plane. `http` (the
+    gateway's client session, for health checks, canaries and engine metrics) is set once
+    the gateway has started."""
 
     def __init__(self, table: RouteTable) -> None:
         self.table = table
@@ -59,6 +74,20 @@ class Failovers:
         self.running: dict[str, str] = {}  # model -> job id
         self.live: dict[str, dict[str, Any]] = {}  # job id -> its live record
         self.tasks: dict[str, asyncio.Task[None]] = {}
+        self.planes: dict[str, DataPlane] = {BUILTIN: BuiltinPlane(table)}
+        for section in table.fleet.dataplanes:
+            self.planes[section.name] = plane_class(section.kind)(section, table.fleet, table.store)
+        self._started: set[str] = set()  # planes whose start() ran
+        self._auto: set[asyncio.Task[None]] = set()
+
+    async def plane(self, model: str) -> DataPlane:
+        """The model's data plane, started on first use inside the gateway's loop."""
+        plane = self.planes[self.table.models[model].dataplane]
+        if plane.name not in self._started:
+            assert self.http is not None
+            self._started.add(plane.name)
+            await plane.start(self.http)
+        return plane
 
     # -- bookkeeping -------------------------------------------------------------------
 
@@ -97,9 +126,12 @@ class Failovers:
         self.table.store.update_job(job["id"], job["state"], json.loads(json.dumps(keep)))
 
     async def close(self) -> None:
-        for task in list(self.tasks.values()):
+        for task in [*self.tasks.values(), *self._auto]:
             task.cancel()
-        await asyncio.gather(*self.tasks.values(), return_exceptions=True)
+        await asyncio.gather(*self.tasks.values(), *self._auto, return_exceptions=True)
+        for plane in self.planes.values():
+            with contextlib.suppress(Exception):
+                await plane.close()
 
     async def cancel(self, job_id: str) -> dict[str, Any]:
         task = self.tasks.get(job_id)
@@ -125,10 +157,6 @@ class Failovers:
             raise FailoverRefused(
                 409, f"a failover of {model} is already running (job {running}); wait or cancel"
             )
-        weights = self.table.weights[model]
-        sources = [
-            u for u in self.table.upstreams[model] if u.id != to and weights.get(u.id, 0) > 0
-        ]
         params = {"model": model, "to": to, "mode": mode, "why": why}
         record = self.table.store.create_job(f"failover.{mode}", who, params)
         shifts = [f"shift {p}%" for p in self.table.models[model].failover.steps]
@@ -148,9 +176,10 @@ class Failovers:
                 {"name": s, "state": "pending", "started": None, "ended": None, "detail": None}
                 for s in steps
             ],
-            "before": dict(weights),
+            "dataplane": self.table.models[model].dataplane,
+            "before": None,  # the data plane's weights, read as the job begins
             "after": None,
-            "sources": [u.id for u in sources],
+            "sources": [],
             "verification": [],
             "error": None,
         }
@@ -175,32 +204,63 @@ class Failovers:
             raise FailoverRefused(404, f"to: {model} has no deployment {to!r}")
         scratch: dict[str, Any] = {"steps": [{"name": "preflight", "state": "running"}]}
         step = scratch["steps"][0]
+        plane = await self.plane(model)
+        where = {"dataplane": plane.describe(), "figures_from": plane.figures_from(model)}
         try:
             detail = await self._preflight(scratch, step, model, target, save=False)
         except StepFailed as exc:
-            return {"ok": False, "detail": str(exc).removeprefix("preflight: ")}
-        return {"ok": True, "detail": detail}
+            return {"ok": False, "detail": str(exc).removeprefix("preflight: "), **where}
+        except DataPlaneError as exc:
+            return {"ok": False, "detail": f"data plane {plane.name}: {exc}", **where}
+        return {"ok": True, "detail": detail, **where}
 
     def maybe_auto(self, down: Upstream) -> None:
         """A deployment went down: with auto_failover, move its weight to a healthy one."""
         model = self.table.models.get(down.model)
         if model is None or not model.auto_failover or down.model in self.running:
             return
-        if self.table.weights[down.model].get(down.id, 0) == 0:
+        if model.dataplane == BUILTIN:  # its weights are at hand: decide now
+            self._auto_to(down, self.table.weights[down.model])
+            return
+        task = asyncio.create_task(self._auto_elsewhere(down))
+        self._auto.add(task)
+        task.add_done_callback(self._auto.discard)
+
+    async def _auto_elsewhere(self, down: Upstream) -> None:
+        try:
+            weights = await (await self.plane(down.model)).weights(down.model)
+        except DataPlaneError as exc:
+            log.warning("auto failover of %s: its data plane: %s", down.model, exc)
+            return
+        self._auto_to(down, weights)
+
+    def _auto_to(self, down: Upstream, weights: dict[str, int]) -> None:
+        if weights.get(down.id, 0) == 0 or down.model in self.running:
             return
         healthy = [u for u in self.table.upstreams[down.model] if u.up and u.id != down.id]
         if not healthy:
             return
-        target = max(healthy, key=lambda u: self.table.weights[down.model].get(u.id, 0))
+        target = max(healthy, key=lambda u: weights.get(u.id, 0))
         with contextlib.suppress(FailoverRefused):
             self.start(down.model, target.id, "emergency", "auto", f"{down.id}: {down.reason}")
 
     async def _guard(self, job: dict[str, Any], model: str, work: Any) -> None:
+        plane: DataPlane | None = None
         try:
+            plane = await self.plane(model)
+            job["before"] = await plane.weights(model)
+            job["sources"] = [
+                u.id
+                for u in self.table.upstreams[model]
+                if u.id != job["params"]["to"] and job["before"].get(u.id, 0) > 0
+            ]
             await work
             job["state"] = "succeeded"
         except StepFailed as exc:
             job["state"], job["error"] = "failed", str(exc)
+        except DataPlaneError as exc:
+            where = plane.name if plane is not None else "?"
+            job["state"], job["error"] = "failed", f"data plane {where}: {exc}"
         except asyncio.CancelledError:
             job["state"], job["error"] = "cancelled", "cancelled; the routes stay as they are"
         except Exception as exc:
@@ -214,11 +274,20 @@ class Failovers:
                 )
             elif step["state"] == "pending":
                 step["state"] = "skipped"
-        job["after"] = dict(self.table.weights[model])
+        job["after"] = await self._weights_after(plane, model)
         self._save(job)
         self.running.pop(model, None)
         self.tasks.pop(job["id"], None)
         self.live.pop(job["id"], None)
+
+    async def _weights_after(self, plane: DataPlane | None, model: str) -> dict[str, int] | None:
+        if plane is None:
+            return None
+        try:
+            async with asyncio.timeout(10):
+                return await plane.weights(model)
+        except (DataPlaneError, TimeoutError):
+            return None  # unknown: the error says why
 
     def _step(self, job: dict[str, Any], name: str) -> dict[str, Any]:
         step = next(s for s in job["steps"] if s["name"] == name)
@@ -238,6 +307,7 @@ class Failovers:
 
     async def _emergency(self, job: dict[str, Any], model: str, target: Upstream) -> None:
         started = time.monotonic()
+        plane = await self.plane(model)
         step = self._step(job, "readiness")
         assert self.http is not None
         problem = await check(self.http, target, 2.0)
@@ -246,13 +316,17 @@ class Failovers:
         target.mark_up()
         self._done(job, step, f"{target.id} answers its health check")
         step = self._step(job, "shift 100%")
-        served_before = _served(target)
-        self._all_to(job, model, target)
+        served_before = await plane.started(model, target.id)
+        await self._all_to(job, plane, model, target)
         cutover = time.monotonic() - started
         self._done(job, step, f"all weight on {target.id} {cutover * 1000:.0f} ms after start")
         job["cutover_s"] = round(cutover, 4)
         step = self._step(job, "done")
-        first = await _first_served(target, served_before, 5.0)
+        if served_before is None:
+            job["first_served_s"] = None
+            self._done(job, step, f"{plane.name} does not count requests per deployment")
+            return
+        first = await _first_served(plane, model, target, served_before, 5.0)
         job["first_served_s"] = None if first is None else round(first - started, 4)
         self._done(
             job,
@@ -262,13 +336,16 @@ class Failovers:
             else f"the target answered its first request {first - started:.3f} s after the command",
         )
 
-    def _all_to(self, job: dict[str, Any], model: str, target: Upstream) -> None:
+    async def _all_to(
+        self, job: dict[str, Any], plane: DataPlane, model: str, target: Upstream
+    ) -> None:
         weights = {u.id: (100 if u.id == target.id else 0) for u in self.table.upstreams[model]}
-        self.table.set_weights(
+        await plane.set_weights(
             model, weights, job["who"], f"failover {job['id']}: all to {target.id}"
         )
 
     async def _planned(self, job: dict[str, Any], model: str, target: Upstream) -> None:
+        plane = await self.plane(model)
         plan = self.table.models[model].failover
         slo = self.table.models[model].slo
         timings: dict[str, float] = {}
@@ -296,24 +373,21 @@ class Failovers:
         for pct in plan.steps:
             t = time.monotonic()
             step = self._step(job, f"shift {pct}%")
-            self.table.set_weights(
+            await plane.set_weights(
                 model, _split(before, others, target, pct), job["who"],
                 f"failover {job['id']}: {pct}% to {target.id}",
             )  # fmt: skip
-            since = time.monotonic()
-            await asyncio.sleep(plan.verify_s)
-            summary = target.measures.summary(since)
-            if summary["requests"] == 0:  # no traffic in the window: verify with canaries
-                for _ in range(3):
-                    await self.canary(target, plan.canary_prompt, through_measures=True)
-                summary = target.measures.summary(since)
-            figures = _figures(summary)
+            figures = await self._verify(plane, model, target, plan.verify_s, plan.canary_prompt)
             job["verification"].append({"step": pct, **figures})
             breach = _breach(figures, slo, self.table.fleet.thresholds.error_rate)
             if breach:
-                self.table.set_weights(
-                    model, before, job["who"], f"failover {job['id']}: rolled back ({breach})"
-                )
+                why = f"failover {job['id']}: rolled back ({breach})"
+                try:
+                    await plane.set_weights(model, before, job["who"], why)
+                except DataPlaneError as exc:
+                    raise self._fail(
+                        job, step, f"SLO breached at {pct}%: {breach}; the rollback failed: {exc}"
+                    ) from None
                 job["rolled_back"] = True
                 raise self._fail(job, step, f"SLO breached at {pct}%: {breach}; rolled back")
             self._done(job, step, _figure_text(figures))
@@ -322,9 +396,12 @@ class Failovers:
         t = time.monotonic()
         step = self._step(job, "drain")
         deadline = time.monotonic() + plan.drain_timeout_s
-        while any(u.inflight for u in others) and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        left = {u.id: u.inflight for u in others if u.inflight}
+        left: dict[str, int | None] = {}
+        for u in others:
+            try:
+                await plane.drain(model, u.id, max(0.0, deadline - time.monotonic()))
+            except DrainTimeout as exc:
+                left.update(exc.left)
         if left:
             raise self._fail(job, step, f"still in flight after {plan.drain_timeout_s:g} s: {left}")
         self._done(job, step, f"no request in flight on {', '.join(u.id for u in others)}")
@@ -332,6 +409,27 @@ class Failovers:
         step = self._step(job, "done")
         job["timings"] = {k: round(v, 3) for k, v in timings.items()}
         self._done(job, step, f"{model} now served by {target.id}")
+
+    async def _verify(
+        self, plane: DataPlane, model: str, target: Upstream, seconds: float, prompt: str
+    ) -> dict[str, Any]:
+        """The verification window after a shift: the data plane's figures for the target;
+        with no traffic in the window, three canaries straight to it decide."""
+        since = await plane.snapshot(model, target.id)
+        await asyncio.sleep(seconds)
+        figures = await plane.figures(model, target.id, since)
+        if figures.requests:
+            return _figures(figures)
+        canaries = [await self.canary(target, prompt, through_measures=True) for _ in range(3)]
+        figures = await plane.figures(model, target.id, since)
+        if figures.requests:
+            return _figures(figures)
+        failed = sum(1 for ok, _, _ in canaries if not ok)
+        ttfts = sorted(t for ok, t, _ in canaries if ok and t is not None)
+        return _figures(
+            Figures(3, failed, failed / 3, ttfts[-1] if ttfts else None, None,
+                    "3 canaries straight to the target (no traffic in the window)")
+        )  # fmt: skip
 
     async def _preflight(
         self,
@@ -342,6 +440,10 @@ class Failovers:
         save: bool = True,
     ) -> str:
         assert self.http is not None
+        plane = await self.plane(model)
+        health = await plane.health()
+        if not health.ok:
+            raise self._fail(job, step, f"data plane {plane.name}: {health.detail}")
         problem = await check(self.http, target, 2.0)
         if problem is not None:
             hint = (
@@ -366,18 +468,13 @@ class Failovers:
         room = await self._room(target)
         if room is not None and not room[0]:
             raise self._fail(job, step, room[1])
-        rate = (
-            sum(
-                u.measures.outcomes.rate()[0]
-                for u in self.table.upstreams[model]
-                if u.id != target.id
-            )
-            / self.table.window_s
-        )
+        backends = await plane.backends(model)
+        inflight = [b.inflight for d, b in backends.items() if d != target.id]
+        now = "?" if any(n is None for n in inflight) else str(sum(n or 0 for n in inflight))
         return (
             f"{target.id} healthy and serving; canary TTFT {ttft * 1000:.0f} ms; "
             f"{room[1] if room else 'capacity unknown (no metrics)'}; "
-            f"source rate {rate:.1f} req/s"
+            f"in flight on the others {now}; via {plane.describe()}"
         )
 
     async def _room(self, target: Upstream) -> tuple[bool, str] | None:
@@ -453,14 +550,8 @@ def _split(
     return weights
 
 
-def _figures(summary: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "requests": summary["requests"],
-        "failures": summary["failures"],
-        "error_rate": summary["error_rate"],
-        "ttft_p95_s": summary["ttft_s"]["p95"],
-        "itl_p95_s": summary["itl_s"]["p95"],
-    }
+def _figures(figures: Figures) -> dict[str, Any]:
+    return figures.as_dict()
 
 
 def _breach(figures: dict[str, Any], slo: Any, default_error_rate: float) -> str | None:
@@ -486,17 +577,15 @@ def _figure_text(f: dict[str, Any]) -> str:
     )
 
 
-def _served(target: Upstream) -> int:
-    """Answers begun (a first byte) or ended by the target, so far."""
-    m = target.measures
-    return m.ttft.n + m.outcomes.ok_total + m.outcomes.failed_total
-
-
-async def _first_served(target: Upstream, before: int, timeout: float) -> float | None:
-    """When the target finished its first request routed after the cutover (monotonic)."""
+async def _first_served(
+    plane: DataPlane, model: str, target: Upstream, before: int, timeout: float
+) -> float | None:
+    """When the data plane sent the target its first request after the cutover
+    (monotonic); None if none came within `timeout`."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if _served(target) > before:
+        now = await plane.started(model, target.id)
+        if now is not None and now > before:
             return time.monotonic()
-        await asyncio.sleep(0.002)
+        await asyncio.sleep(0.002 if plane.kind == BUILTIN else 0.01)
     return None

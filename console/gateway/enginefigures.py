@@ -1,0 +1,52 @@
+"""Verification figures from an engine's own metrics, for data planes that have none.
+
+A data plane that counts requests but measures no token latency (HAProxy), or measures
+nothing per deployment, reads TTFT and ITL from the engine behind the deployment: its
+plugin's probe (console.core.plugin), histogram bucket deltas between two readings, the
+p95 interpolated as Prometheus does (console.core.window.quantile). Never an average of
+percentiles, and None (unknown) where the engine exposes no histogram.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import aiohttp
+
+from console.core.config import Deployment
+from console.core.plugin import EngineTarget, ProbeContext, load_plugins
+from console.core.readings import Histogram, ModelReading
+from console.core.window import quantile
+
+METRICS_MAX_BYTES = 8 * 1024 * 1024
+
+
+@dataclass(slots=True)
+class EngineMark:
+    """One reading of the engine's counters, the start of a window."""
+
+    reading: ModelReading | None
+
+
+async def read_engine(
+    http: aiohttp.ClientSession, model: str, dep: Deployment, timeout: float
+) -> ModelReading | None:
+    """The engine's reading for the model, or None when it cannot be read."""
+    plugin = load_plugins().get(dep.engine)
+    if plugin is None:
+        return None
+    name = dep.engine_model or model
+    target = EngineTarget(dep.id, dep.engine, dep.endpoint, dep.metrics_endpoint, [name])
+    reading = await plugin.probe(target, ProbeContext(http, timeout, METRICS_MAX_BYTES))
+    return next((m for m in reading.models if m.name == name), None)
+
+
+def p95_since(new: ModelReading | None, old: ModelReading | None, latency: str) -> float | None:
+    """The p95 of `latency` ("ttft", "itl") over the requests between two readings."""
+    if new is None or old is None:
+        return None
+    a, b = old.histograms.get(latency), new.histograms.get(latency)
+    if a is None or b is None or a.bounds != b.bounds or b.count < a.count:
+        return None  # no histogram, or the engine restarted in between
+    delta = Histogram(b.bounds, tuple(n - o for n, o in zip(b.counts, a.counts, strict=True)), 0, 0)
+    return quantile(0.95, delta.bounds, delta.counts)
