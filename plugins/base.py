@@ -9,6 +9,7 @@ from console.core.plugin import (
     EngineTarget,
     Phases,
     ProbeContext,
+    PromSeries,
 )
 
 __all__ = [
@@ -17,6 +18,7 @@ __all__ = [
     "EngineTarget",
     "Phases",
     "ProbeContext",
+    "PromSeries",
     "flag_value",
     "local_url",
     "port_from",

@@ -28,6 +28,7 @@ from plugins.base import (
     EnginePlugin,
     EngineTarget,
     ProbeContext,
+    PromSeries,
     flag_value,
     local_url,
     port_from,
@@ -40,6 +41,19 @@ class TritonPlugin(EnginePlugin):
     kind = "triton"
     needs_translation = True  # KServe v2 generate, not the OpenAI API
     serves_trtllm_engines = True  # the tensorrtllm backend
+    # Its default metrics are cumulative counters: the mean request duration, not
+    # percentiles; TTFT only where histogram_latencies=true exports the first response.
+    prometheus = PromSeries(
+        model_label="model",
+        present="nv_inference_count",
+        waiting="nv_inference_pending_request_count",
+        histograms={"ttft": "nv_inference_first_response_histogram_ms"},
+        histogram_scale=0.001,
+        means={"e2e": ("nv_inference_request_duration_us", "nv_inference_request_success")},
+        mean_scale=1e-6,
+        requests=("nv_inference_request_success", "nv_inference_request_failure"),
+        errors=("nv_inference_request_failure",),
+    )
     process_markers = ("tritonserver",)
 
     def __init__(self) -> None:

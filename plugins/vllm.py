@@ -16,6 +16,7 @@ from plugins.base import (
     EnginePlugin,
     EngineTarget,
     ProbeContext,
+    PromSeries,
 )
 
 # Current names first; the names renamed or removed since 0.10 follow as fallbacks.
@@ -31,6 +32,16 @@ class VllmPlugin(EnginePlugin):
     process_markers = ("vllm.entrypoints", "vllm serve")
     can_launch = True
     drill_baseline = True
+    prometheus = PromSeries(
+        model_label="model_name",
+        present="vllm:num_requests_running",
+        running="vllm:num_requests_running",
+        waiting="vllm:num_requests_waiting",
+        kv_cache="vllm:kv_cache_usage_perc",
+        histograms={"ttft": TTFT[0], "itl": ITL[0], "e2e": E2E[0]},
+        requests=("vllm:request_success_total",),
+        errors=('vllm:request_success_total{finished_reason="error"}',),
+    )
     # vLLM's log lines that mark the cold-start phases, first match wins (V1 engine, 0.8-0.32).
     ready_phases = (
         ("engine_init", ("Initializing a V1 LLM engine", "Initializing an LLM engine")),

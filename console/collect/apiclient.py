@@ -35,19 +35,30 @@ def _tls() -> ssl.SSLContext:
     return httpx.create_ssl_context(trust_env=False)
 
 
-def _settings(base_url: str, headers: dict[str, str], timeout: float) -> dict[str, Any]:
-    """What every client here is built with: nothing from the environment."""
+def _settings(
+    base_url: str,
+    headers: dict[str, str],
+    timeout: float,
+    verify: ssl.SSLContext | bool | None = None,
+) -> dict[str, Any]:
+    """What every client here is built with: nothing from the environment. `verify`: a
+    context of the caller's (its own CA), False (a fleet file said so), or the shared one."""
     return {
         "base_url": base_url,
         "headers": {**_HEADERS, **headers},
         "timeout": timeout,
         "trust_env": False,
-        "verify": _tls(),
+        "verify": _tls() if verify is None or verify is True else verify,
     }
 
 
-def async_client(base_url: str, headers: dict[str, str], timeout: float) -> httpx.AsyncClient:
-    return httpx.AsyncClient(**_settings(base_url, headers, timeout))
+def async_client(
+    base_url: str,
+    headers: dict[str, str],
+    timeout: float,
+    verify: ssl.SSLContext | bool | None = None,
+) -> httpx.AsyncClient:
+    return httpx.AsyncClient(**_settings(base_url, headers, timeout, verify))
 
 
 def client(base_url: str, headers: dict[str, str], timeout: float) -> httpx.Client:

@@ -17,8 +17,9 @@ import time
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-from console.collect.collector import Collector, NodeState
+from console.collect.collector import NodeState
 from console.collect.measured import ENGINE, GATEWAY, gateway_measure, ttft_gap_s
+from console.collect.promsource import PromSource, SourceHealth, fleet_source
 from console.collect.view import DeploymentRow, FleetView, build
 from console.core.config import Fleet
 from console.core.wire import Percentiles
@@ -54,13 +55,22 @@ async def read_gateway(fleet: Fleet, timeout_s: float) -> GatewayReading:
 
 async def poll_once(
     fleet: Fleet, timeout_s: float | None = None
-) -> tuple[FleetView, dict[str, NodeState], GatewayReading]:
-    async with Collector(fleet, timeout_s=timeout_s) as collector:
+) -> tuple[FleetView, dict[str, NodeState], GatewayReading, SourceHealth | None]:
+    """One poll of the fleet, through the agents or Prometheus (`source`: how that went)."""
+    async with fleet_source(fleet, timeout_s=timeout_s) as collector:
         states, gateway = await asyncio.gather(
             collector.poll_all(), read_gateway(fleet, collector.timeout_s)
         )
         view = build(fleet, states, collector.refresh_s, history=collector.history)
-        return view, states, gateway
+        source = collector.health if isinstance(collector, PromSource) else None
+        return view, states, gateway, source
+
+
+def status_of(view: FleetView, source: SourceHealth | None) -> str:
+    """The check's status: a Prometheus that did not answer leaves nothing known."""
+    if source is not None and source.ok is False and not view.summary.nodes_up:
+        return "unreachable"
+    return view.summary.status
 
 
 def run_check(
@@ -72,26 +82,29 @@ def run_check(
     prometheus: bool = False,
 ) -> int:
     if watch is None:
-        view, states, gateway = asyncio.run(poll_once(fleet))
+        view, states, gateway, source = asyncio.run(poll_once(fleet))
         if prometheus:
             out.write(to_prometheus(fleet, view))
         elif as_json:
-            out.write(to_json(view, states, gateway) + "\n")
+            out.write(to_json(view, states, gateway, source) + "\n")
         else:
-            out.write(render(view, gateway) + "\n")
-        return EXIT[view.summary.status]
+            out.write(render(view, gateway, source) + "\n")
+        return EXIT[status_of(view, source)]
     return asyncio.run(_watch(fleet, watch, as_json, out))
 
 
 async def _watch(fleet: Fleet, every: float, as_json: bool, out: TextIO) -> int:
-    async with Collector(fleet, refresh_s=every) as collector:
+    async with fleet_source(fleet, refresh_s=every) as collector:
+        source = collector.health if isinstance(collector, PromSource) else None
         while True:
             started = time.monotonic()
             states, gateway = await asyncio.gather(
                 collector.poll_all(), read_gateway(fleet, collector.timeout_s)
             )
             view = build(fleet, states, collector.refresh_s, history=collector.history)
-            text = to_json(view, states, gateway) if as_json else render(view, gateway)
+            text = (
+                to_json(view, states, gateway, source) if as_json else render(view, gateway, source)
+            )
             clear = "" if as_json or not out.isatty() else "\033[H\033[2J"
             out.write(f"{clear}{text}\n")
             out.flush()
@@ -123,13 +136,16 @@ def _gib(value: int | None) -> str:
     return "?" if value is None else f"{value / 2**30:.0f}"
 
 
-def render(view: FleetView, gateway: GatewayReading | None = None) -> str:
+def render(
+    view: FleetView, gateway: GatewayReading | None = None, source: SourceHealth | None = None
+) -> str:
     s = view.summary
     no_token = f" {s.nodes_no_token} no token" if s.nodes_no_token else ""
     lines = [
-        f"fleet {s.name}  {s.environment}  {s.status.upper()}  nodes {s.nodes_up} up "
-        f"{s.nodes_stale} stale {s.nodes_down} down{no_token}  gpus {s.gpus}  "
+        f"fleet {s.name}  {s.environment}  {status_of(view, source).upper()}  nodes "
+        f"{s.nodes_up} up {s.nodes_stale} stale {s.nodes_down} down{no_token}  gpus {s.gpus}  "
         f"util {_pct(s.util_avg)}  alerts {s.alerts}",
+        *([source.line()] if source is not None else []),
         "",
         f"{'NODE':<14}{'STATUS':<10}{'GPUS':>5}  {'UTIL avg/max':<13}{'MEM GiB':<12}{'TEMP':>5}"
         f"  ENGINES",
@@ -204,7 +220,10 @@ def _gateway_latency(gw: dict[str, Any] | None) -> dict[str, Any] | None:
 
 
 def to_dict(
-    view: FleetView, states: dict[str, NodeState], gateway: GatewayReading | None = None
+    view: FleetView,
+    states: dict[str, NodeState],
+    gateway: GatewayReading | None = None,
+    source: SourceHealth | None = None,
 ) -> dict[str, Any]:
     snapshot = gateway.snapshot if gateway else None
     nodes = []
@@ -280,7 +299,8 @@ def to_dict(
     return {
         "fleet": s.name,
         "environment": s.environment,
-        "status": s.status,
+        "status": status_of(view, source),
+        "prometheus": None if source is None else source.as_dict(),
         "summary": {
             "nodes_up": s.nodes_up,
             "nodes_stale": s.nodes_stale,
@@ -303,9 +323,12 @@ def to_dict(
 
 
 def to_json(
-    view: FleetView, states: dict[str, NodeState], gateway: GatewayReading | None = None
+    view: FleetView,
+    states: dict[str, NodeState],
+    gateway: GatewayReading | None = None,
+    source: SourceHealth | None = None,
 ) -> str:
-    return json.dumps(to_dict(view, states, gateway), indent=2, sort_keys=False)
+    return json.dumps(to_dict(view, states, gateway, source), indent=2, sort_keys=False)
 
 
 def _label(value: str) -> str:

@@ -47,7 +47,7 @@ class PollError(Exception):
 @dataclass
 class NodeState:
     name: str
-    transport: Literal["agent", "ssh"]
+    transport: Literal["agent", "ssh", "prometheus"]
     snapshot: Snapshot | None = None
     last_ok: float | None = None  # monotonic time of the last good snapshot
     last_attempt: float | None = None

@@ -338,12 +338,14 @@ class ViewBuilder:
         node_rows: list[NodeRow] = []
         cells: list[GpuCell] = []
         util_sum, util_count = 0.0, 0
-        for node in fleet.nodes:
-            state, part = states[node.name], parts[node.name]
+        # Every node the source knows: fleet.toml's, in its order, then any it discovered
+        # (a Prometheus source finds nodes in the series).
+        for name, state in states.items():
+            part = parts[name]
             n = part.numbers
             node_rows.append(
                 NodeRow(
-                    name=node.name,
+                    name=name,
                     status=part.status,
                     transport=state.transport,
                     age_s=state.age(now),
@@ -355,7 +357,7 @@ class ViewBuilder:
                     mem_total=n.mem_total,
                     temp_max=n.temp_max,
                     engines=part.engines,
-                    alerts=per_node.get(node.name, 0),
+                    alerts=per_node.get(name, 0),
                     gpu_status=state.snapshot.gpu_status if state.snapshot else None,
                 )
             )

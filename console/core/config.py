@@ -111,15 +111,13 @@ class Node(_Strict):
 
     @model_validator(mode="after")
     def _reachable(self) -> Node:
-        if not self.agent and not self.ssh:
-            raise ValueError('needs agent = "http://HOST:PORT" or ssh = "user@host"')
         if self.ssh is not None and not self.ssh.rpartition("@")[2]:
             raise ValueError(f"ssh: wants user@host or host, got {self.ssh!r}")
         return self
 
     @property
-    def transport(self) -> Literal["agent", "ssh"]:
-        return "agent" if self.agent else "ssh"
+    def transport(self) -> Literal["agent", "ssh", "prometheus"]:
+        return "agent" if self.agent else "ssh" if self.ssh else "prometheus"
 
 
 class GatewaySection(_Strict):
@@ -331,6 +329,50 @@ class Drill(_Strict):
     link_engine_dir: bool = True  # promote re-points the deployment's engine_dir link
 
 
+class PrometheusLabels(_Strict):
+    """Which labels name what, in the series Prometheus holds. The defaults match
+    dcgm-exporter (`Hostname`, `gpu`), the agent's own series (`node`, `gpu`) and engines
+    scraped directly (their `instance` is matched to a deployment's endpoint)."""
+
+    node: list[str] = Field(default_factory=lambda: ["node", "Hostname"])  # first present wins
+    gpu: str = "gpu"
+    # The label that names the model, by engine kind; a kind not here uses its plugin's.
+    model: dict[str, str] = Field(default_factory=dict)
+
+
+class PrometheusSection(_Strict):
+    """Read the fleet from a Prometheus that already scrapes it (console.collect.promsource):
+    telemetry from Prometheus, actions through the agents fleet.toml names."""
+
+    url: str
+    token_env: EnvName | None = None  # a bearer token
+    username_env: EnvName | None = None  # basic auth: both, or neither
+    password_env: EnvName | None = None
+    verify_tls: bool = True
+    ca_file: str | None = None
+    window_s: Annotated[float, Field(ge=10)] = 60.0  # rate() and histogram_quantile() window
+    timeout_s: Seconds = 5.0  # one query's deadline
+    max_response_bytes: Annotated[int, Field(ge=1024)] = 256 * 1024 * 1024
+    discover: bool = True  # nodes found in the series join those fleet.toml names
+    history_s: Annotated[float, Field(ge=60)] = 3600.0  # what Model detail reads back
+    labels: PrometheusLabels = PrometheusLabels()
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        if not value.startswith(("http://", "https://")):
+            raise ValueError(f"must be an http:// or https:// URL, got {value!r}")
+        return value.rstrip("/")
+
+    @model_validator(mode="after")
+    def _auth(self) -> PrometheusSection:
+        if (self.username_env is None) != (self.password_env is None):
+            raise ValueError("basic auth needs both username_env and password_env")
+        if self.token_env and self.username_env:
+            raise ValueError("token_env (bearer) and username_env (basic auth): choose one")
+        return self
+
+
 class Thresholds(_Strict):
     """When the console raises an alert."""
 
@@ -349,6 +391,7 @@ class Fleet(_Strict):
     keys: dict[str, str] = Field(default_factory=dict)  # action id -> key, remaps the TUI
     nodes: list[Node] = Field(default_factory=list)
     gateway: GatewaySection | None = None
+    prometheus: PrometheusSection | None = None
     dataplanes: list[DataPlaneSection] = Field(default_factory=list)
     models: list[Model] = Field(default_factory=list)
     profiles: dict[str, Profile] = Field(default_factory=dict)
@@ -531,8 +574,11 @@ def _cross_check(fleet: Fleet) -> list[str]:
         if node.name in seen_nodes:
             add(("nodes", i, "name"), f"duplicate node name {node.name!r}")
         seen_nodes.add(node.name)
-        if bool(node.agent) == bool(node.ssh):
+        if node.agent and node.ssh:
             add(("nodes", i), "a node needs exactly one of 'agent' (URL) or 'ssh' (user@host)")
+        elif not node.agent and not node.ssh and fleet.prometheus is None:
+            # With [prometheus], a node may be only a name: read from Prometheus, no actions.
+            add(("nodes", i), 'needs agent = "http://HOST:PORT" or ssh = "user@host"')
         if node.agent and not node.agent.startswith(("http://", "https://")):
             add(("nodes", i, "agent"), f"must be an http:// or https:// URL, got {node.agent!r}")
 
@@ -548,7 +594,7 @@ def _cross_check(fleet: Fleet) -> list[str]:
             if dep.id in seen_deployments:
                 add((*here, "id"), f"duplicate deployment id {dep.id!r}")
             seen_deployments.add(dep.id)
-            if dep.node not in seen_nodes:
+            if dep.node not in seen_nodes and not (fleet.prometheus and fleet.prometheus.discover):
                 add((*here, "node"), f"names node {dep.node!r}, which is not in [[nodes]]")
             if (problem := _engine_problem(dep.engine, plugins)) is not None:
                 add((*here, "engine"), problem)

@@ -48,6 +48,27 @@ BUILTIN = {
 Phases = tuple[tuple[str, tuple[str, ...]], ...]
 
 
+@dataclass(frozen=True, slots=True)
+class PromSeries:
+    """This engine's own /metrics as Prometheus holds them, for a console that reads the
+    fleet from Prometheus (console.collect.promsource). Exposed names (with `_total`);
+    a None is a figure the engine does not export, shown as unknown."""
+
+    model_label: str  # the label that names the model
+    present: str  # a series every served model has: the engine serves it
+    running: str | None = None  # gauges
+    waiting: str | None = None
+    kv_cache: str | None = None  # 0..1
+    # ttft/itl/e2e -> a histogram's name without _bucket, and what turns its unit into s
+    histograms: Mapping[str, str] = field(default_factory=dict)
+    histogram_scale: float = 1.0
+    # ttft/itl/e2e -> (sum counter, count counter): a windowed mean, where no histogram
+    means: Mapping[str, tuple[str, str]] = field(default_factory=dict)
+    mean_scale: float = 1.0
+    requests: tuple[str, ...] = ()  # counters of finished requests, summed
+    errors: tuple[str, ...] = ()  # selectors of failed ones, summed
+
+
 @dataclass(slots=True)
 class Discovered:
     """Where a discovered engine process serves."""
@@ -95,6 +116,8 @@ class EnginePlugin(abc.ABC):
     drill_baseline: ClassVar[bool] = False
     #: Its cold start's phases, read from its log as it starts (`can_launch` engines).
     ready_phases: ClassVar[Phases] = ()
+    #: Its series in Prometheus, when the console reads the fleet from there.
+    prometheus: ClassVar[PromSeries | None] = None
 
     @abc.abstractmethod
     def discover(self, cmdline: list[str], listening: list[int]) -> Discovered | None:

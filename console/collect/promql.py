@@ -1,0 +1,203 @@
+"""The queries a Prometheus-read console runs, and the answers' shape.
+
+A fixed, small set of instant queries, one per metric family across the whole fleet, so
+a refresh costs the same number of HTTP calls at 10 nodes and at 10,000. Engine series
+names come from each plugin's `PromSeries` (the engine specifics stay in plugins/); the
+GPU names are dcgm-exporter's and the agent's own (`engineroom_gpu_*`).
+
+Every query groups by the labels that can name a node (the mapping's, then `instance`),
+so what comes back is only what the screens show, not every label an exporter adds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import msgspec
+
+from console.core.config import PrometheusSection
+from console.core.plugin import PromSeries
+
+# dcgm-exporter's fields (its default counters file), by what the console calls them.
+DCGM_READINGS = {
+    "DCGM_FI_DEV_GPU_UTIL": "util",  # %
+    "DCGM_FI_DEV_FB_USED": "fb_used",  # MiB
+    "DCGM_FI_DEV_FB_FREE": "fb_free",  # MiB
+    "DCGM_FI_DEV_FB_RESERVED": "fb_reserved",  # MiB, newer exporters
+    "DCGM_FI_DEV_GPU_TEMP": "temp",  # C
+    "DCGM_FI_DEV_POWER_USAGE": "power",  # W
+    "DCGM_FI_DEV_SM_CLOCK": "sm_clock",  # MHz
+    "DCGM_FI_DEV_XID_ERRORS": "xid",  # the last XID seen (0: none)
+    "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": "ecc",  # volatile double-bit (uncorrected) errors
+    "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS": "throttle",  # bitmask (older name)
+    "DCGM_FI_DEV_CLOCKS_EVENT_REASONS": "throttle",  # bitmask
+}
+DCGM_UUID, DCGM_MODEL, DCGM_DRIVER = "UUID", "modelName", "DCGM_FI_DRIVER_VERSION"
+# The agent's own series (console/agent/exposition.py), by Gpu field.
+AGENT_GPU = {
+    "engineroom_gpu_utilization_percent": "utilization_pct",
+    "engineroom_gpu_memory_used_bytes": "memory_used_bytes",
+    "engineroom_gpu_memory_total_bytes": "memory_total_bytes",
+    "engineroom_gpu_temperature_celsius": "temperature_c",
+    "engineroom_gpu_power_watts": "power_w",
+    "engineroom_gpu_power_limit_watts": "power_limit_w",
+    "engineroom_gpu_sm_clock_mhz": "sm_clock_mhz",
+    "engineroom_gpu_ecc_uncorrected_errors": "ecc_uncorrected",
+}
+AGENT_MODEL = {
+    "engineroom_model_requests_running": "requests_running",
+    "engineroom_model_requests_waiting": "requests_waiting",
+    "engineroom_model_kv_cache_usage_ratio": "kv_cache_usage",
+    "engineroom_model_request_rate": "request_rate",
+    "engineroom_model_error_ratio": "error_rate",
+}
+AGENT_LATENCY = {
+    "engineroom_model_ttft_seconds": "ttft",
+    "engineroom_model_itl_seconds": "itl",
+    "engineroom_model_e2e_seconds": "e2e",
+}
+# The agent's latency gauges carry `stat` (p50, p95, p99, mean); older agents `quantile`.
+AGENT_QUANTILE = {"0.5": "p50", "0.95": "p95", "0.99": "p99", "mean": "mean"}
+AGENT_STATS = ("p50", "p95", "p99", "mean")
+QUANTILES = (("p50", "0.5"), ("p95", "0.95"), ("p99", "0.99"))
+TAG = "er_figure"  # the label our queries add to say which figure a sample is
+
+
+@dataclass(frozen=True, slots=True)
+class Query:
+    """One instant query: `family` says how its answer is read (`kind` for engines)."""
+
+    family: (
+        str  # up | gpu | gpu_id | agent_gpu | agent_engine | agent_model | gauges | hist | counters
+    )
+    expr: str
+    kind: str | None = None  # the engine kind, for the engine families
+    figure: str | None = None  # ttft | itl | e2e, for "hist"
+
+
+class Sample(msgspec.Struct):
+    metric: dict[str, str]
+    value: tuple[float, str] | None = None  # instant
+    values: list[tuple[float, str]] | None = None  # range
+
+
+class Data(msgspec.Struct):
+    resultType: str  # Prometheus' spelling
+    result: list[Sample] = []
+    stats: dict[str, object] | None = None
+
+
+class Answer(msgspec.Struct):
+    status: str
+    data: Data | None = None
+    errorType: str | None = None
+    error: str | None = None
+    warnings: list[str] = []
+
+
+ANSWER = msgspec.json.Decoder(Answer)
+
+
+def _names(names: object) -> str:
+    return "|".join(sorted(set(names)))  # type: ignore[call-overload]
+
+
+def _tag(expr: str, value: str) -> str:
+    return f'label_replace({expr}, "{TAG}", "{value}", "", "")'
+
+
+def fleet_queries(section: PrometheusSection, engines: dict[str, PromSeries]) -> list[Query]:
+    """The refresh's queries: the same list, whatever the fleet's size."""
+    node_labels = [*section.labels.node, "instance"]
+    nl = ", ".join(node_labels)
+    gpu = section.labels.gpu
+    window = f"{section.window_s:g}s"
+    queries = [
+        Query("up", "up"),
+        Query("gpu", f'max by (__name__, {nl}, {gpu}) ({{__name__=~"{_names(DCGM_READINGS)}"}})'),
+        Query(
+            "gpu_id",
+            f"max by ({nl}, {gpu}, {DCGM_UUID}, {DCGM_MODEL}, {DCGM_DRIVER}) "
+            f'({{__name__=~"DCGM_FI_DEV_GPU_TEMP|DCGM_FI_DEV_GPU_UTIL"}})',
+        ),
+        Query("agent_gpu", f'{{__name__=~"{_names(AGENT_GPU)}"}}'),
+        Query("agent_engine", "engineroom_engine_state == 1"),
+        Query("agent_model", f'{{__name__=~"{_names([*AGENT_MODEL, *AGENT_LATENCY])}"}}'),
+    ]
+    for kind, ps in sorted(engines.items()):
+        model = section.labels.model.get(kind, ps.model_label)
+        by = f"{nl}, {model}"
+        summed = [n for n in (ps.present, ps.running, ps.waiting) if n]
+        gauges = f'sum by (__name__, {by}) ({{__name__=~"{_names(summed)}"}})'
+        if ps.kv_cache:
+            gauges += f" or max by (__name__, {by}) ({ps.kv_cache})"
+        queries.append(Query("gauges", gauges, kind))
+        for figure, name in sorted(ps.histograms.items()):
+            terms = [
+                _tag(
+                    f"histogram_quantile({q}, sum by (le, {by}) (rate({name}_bucket[{window}])))",
+                    key,
+                )
+                for key, q in QUANTILES
+            ]
+            terms.append(_tag(f"sum by ({by}) (increase({name}_count[{window}]))", "count"))
+            terms.append(
+                _tag(
+                    f"sum by ({by}) (rate({name}_sum[{window}])) "
+                    f"/ sum by ({by}) (rate({name}_count[{window}]))",
+                    "mean",
+                )
+            )
+            queries.append(Query("hist", " or ".join(terms), kind, figure))
+        terms = []
+        if ps.requests:
+            requests = f'{{__name__=~"{_names(ps.requests)}"}}'
+            terms.append(_tag(f"sum by ({by}) (rate({requests}[{window}]))", "requests"))
+        if ps.errors:
+            errors = " + ".join(f"sum by ({by}) (rate({e}[{window}]))" for e in ps.errors)
+            terms.append(_tag(errors, "errors"))
+        for figure, (total, count) in sorted(ps.means.items()):
+            terms.append(
+                _tag(
+                    f"sum by ({by}) (rate({total}[{window}])) "
+                    f"/ sum by ({by}) (rate({count}[{window}]))",
+                    f"mean:{figure}",
+                )
+            )
+            terms.append(_tag(f"sum by ({by}) (increase({count}[{window}]))", f"count:{figure}"))
+        if terms:
+            queries.append(Query("counters", " or ".join(terms), kind))
+    return queries
+
+
+def history_queries(
+    section: PrometheusSection, engines: dict[str, PromSeries]
+) -> list[tuple[str, str, str]]:
+    """(kind, figure, expr): each engine figure that Model detail plots, fleet-wide, for a
+    range query (p95 where a histogram gives one, else the windowed mean)."""
+    nl = ", ".join([*section.labels.node, "instance"])
+    window = f"{section.window_s:g}s"
+    out = []
+    for kind, ps in sorted(engines.items()):
+        by = f"{nl}, {section.labels.model.get(kind, ps.model_label)}"
+        for figure, name in sorted(ps.histograms.items()):
+            out.append(
+                (
+                    kind,
+                    figure,
+                    f"histogram_quantile(0.95, sum by (le, {by}) (rate({name}_bucket[{window}])))",
+                )
+            )
+        for figure, (total, count) in sorted(ps.means.items()):
+            if figure not in ps.histograms:
+                out.append(
+                    (
+                        kind,
+                        figure,
+                        f"sum by ({by}) (rate({total}[{window}])) "
+                        f"/ sum by ({by}) (rate({count}[{window}]))",
+                    )
+                )
+        if ps.waiting:
+            out.append((kind, "waiting", f"sum by ({by}) ({ps.waiting})"))
+    return out
