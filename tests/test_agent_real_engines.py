@@ -135,7 +135,7 @@ def test_traffic_gives_vllm_percentiles_and_triton_windowed_means(
     metrics = agent.get("/metrics").text
     assert 'engineroom_model_ttft_seconds{node="local",engine="vllm-' in metrics
     assert 'engineroom_model_e2e_seconds{node="local",engine="triton-' in metrics
-    assert 'kind="triton",model="ensemble",quantile="mean"' in metrics
+    assert 'kind="triton",model="ensemble",stat="mean"' in metrics
 
 
 def test_a_killed_vllm_turns_down_within_two_scrape_intervals(

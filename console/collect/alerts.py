@@ -3,6 +3,9 @@
 Raised on: a node down or stale, a GPU over its temperature thresholds, uncorrected ECC
 errors or XID events, a deployment over its SLO (p95 TTFT or ITL, e2e, error rate), a
 KV cache nearly full, a queue that keeps growing, an engine not ready.
+
+Names, severities, thresholds and comparisons come from console/core/alertrules.py, which
+the Prometheus rules of `engineroom rules` read too: the two cannot disagree.
 """
 
 from __future__ import annotations
@@ -16,13 +19,14 @@ from typing import TYPE_CHECKING, Literal
 
 from console.collect.collector import NodeState, NodeStatus
 from console.collect.history import History
+from console.core import alertrules as rules
 from console.core.config import Fleet, Model
 from console.core.wire import Snapshot
 
 if TYPE_CHECKING:
     from console.collect.view import DeploymentRow
 
-Severity = Literal["critical", "warning"]
+Severity = rules.Severity
 NOT_REPORTED = "the agent does not report this deployment"
 
 
@@ -45,13 +49,14 @@ def _fmt_ms(seconds: float) -> str:
 def status_alert(name: str, state: NodeState, status: NodeStatus, now: float) -> Alert | None:
     """A node down or stale: its own alert, worded with its error and age."""
     if status == "down":
-        return Alert("critical", name, f"node down: {state.error or 'no answer'}", name)
+        down = rules.NODE_DOWN
+        return Alert(down.severity, name, f"{down.title}: {state.error or 'no answer'}", name)
     if status == "stale":
         age = state.age(now) or 0.0
         return Alert(
-            "warning",
+            rules.NODE_STALE.severity,
             name,
-            f"node stale: last snapshot {age:.0f} s ago"
+            f"{rules.NODE_STALE.title}: last snapshot {age:.0f} s ago"
             + (f" ({state.error})" if state.error else ""),
             name,
         )
@@ -60,54 +65,31 @@ def status_alert(name: str, state: NodeState, status: NodeStatus, now: float) ->
 
 def snapshot_alerts(fleet: Fleet, name: str, snap: Snapshot) -> list[Alert]:
     """What one node's snapshot says about its GPUs and engines' builds."""
-    t = fleet.thresholds
     out: list[Alert] = []
+
+    def add(defn: rules.AlertDef, subject: str, detail: str) -> None:
+        out.append(Alert(defn.severity, subject, f"{defn.title}: {detail}", name))
+
     if snap.gpu_status != "ok" and snap.gpus:
-        out.append(Alert("warning", name, f"NVML: {snap.gpu_status}", name))
+        add(rules.NVML_DOWN, name, snap.gpu_status)
     for gpu in snap.gpus:
         subject = f"{name}/gpu{gpu.index}"
-        if gpu.temperature_c is not None and gpu.temperature_c >= t.gpu_temp_crit_c:
-            out.append(
-                Alert(
-                    "critical",
-                    subject,
-                    f"GPU temperature: {gpu.temperature_c:.0f} C "
-                    f"(critical at {t.gpu_temp_crit_c:.0f})",
-                    name,
-                )
-            )
-        elif gpu.temperature_c is not None and gpu.temperature_c >= t.gpu_temp_warn_c:
-            out.append(
-                Alert(
-                    "warning",
-                    subject,
-                    f"GPU temperature: {gpu.temperature_c:.0f} C "
-                    f"(warning at {t.gpu_temp_warn_c:.0f})",
-                    name,
-                )
-            )
-        if gpu.ecc_uncorrected:
-            out.append(
-                Alert(
-                    "critical",
-                    subject,
-                    f"ECC: {gpu.ecc_uncorrected} volatile uncorrected errors",
-                    name,
-                )
-            )
+        temp = gpu.temperature_c
+        for defn in (rules.GPU_TEMP_CRITICAL, rules.GPU_TEMP_WARNING):  # the worse one only
+            limit = defn.threshold(fleet)
+            if temp is not None and limit is not None and defn.exceeds(temp, limit):
+                add(defn, subject, f"{temp:.0f} C ({defn.severity} at {limit:.0f})")
+                break
+        if rules.GPU_ECC.exceeds(gpu.ecc_uncorrected, rules.GPU_ECC.threshold(fleet)):
+            add(rules.GPU_ECC, subject, f"{gpu.ecc_uncorrected} volatile uncorrected errors")
         if gpu.xid_events:
             last = gpu.xid_events[-1]
-            out.append(
-                Alert("critical", subject, f"XID: {last.xid} ({len(gpu.xid_events)} recent)", name)
-            )
+            add(rules.GPU_XID, subject, f"{last.xid} ({len(gpu.xid_events)} recent)")
         if gpu.remapped_rows and gpu.remapped_rows.get("failure"):
-            out.append(Alert("critical", subject, "row remapping: failure", name))
+            add(rules.GPU_ROW_REMAP, subject, "failure")
     for trt in snap.trt_engines:
         if trt.state == "stale":
-            why = "; ".join(trt.reasons)
-            out.append(
-                Alert("warning", f"{name}/{trt.deployment}", f"REBUILD REQUIRED: {why}", name)
-            )
+            add(rules.REBUILD_REQUIRED, f"{name}/{trt.deployment}", "; ".join(trt.reasons))
     return out
 
 
@@ -128,8 +110,9 @@ def deployment_alerts(
         )
     standby = row.weight == 0 and row.state == "down"  # a stopped standby takes no traffic
     if row.id and row.state in ("down", "unhealthy") and not standby:
+        defn = rules.ENGINE_DOWN if row.state == "down" else rules.ENGINE_UNHEALTHY
         yield Alert(
-            "critical", subject, f"engine {row.state}: {row.reason or ''}".rstrip(": "), row.node
+            defn.severity, subject, f"{defn.title}: {row.reason or ''}".rstrip(": "), row.node
         )
     stats = row.stats
     if stats is None:
@@ -137,24 +120,30 @@ def deployment_alerts(
     model = models.get(row.model)
     lat = stats.latency
     checks = (
-        ("ttft", "SLO TTFT p95", lat.ttft_s, model.slo.ttft_p95_ms if model else None),
-        ("itl", "SLO ITL p95", lat.itl_s, model.slo.itl_p95_ms if model else None),
-        ("e2e", "SLO e2e p95", lat.e2e_s, model.slo.e2e_p95_ms if model else None),
+        (rules.SLO_TTFT, lat.ttft_s),
+        (rules.SLO_ITL, lat.itl_s),
+        (rules.SLO_E2E, lat.e2e_s),
     )
-    for key, label, pct, limit in checks:
-        if row.slo.get(key) == "breach" and limit is not None:
-            value = pct.p95_or_mean
+    for defn, pct in checks:
+        value, limit = pct.p95_or_mean, defn.threshold(fleet, model)
+        if defn.exceeds(value, limit):
             kind = "" if pct.p95 is not None else " (mean)"
             yield Alert(
-                "warning",
+                defn.severity,
                 subject,
-                f"{label}: {_fmt_ms(value or 0)}{kind} over {limit:.0f} ms",
+                f"{defn.title}: {_fmt_ms(value or 0)}{kind} over {_fmt_ms(limit or 0)}",
                 row.node,
             )
-    if row.slo.get("errors") == "breach":
-        yield Alert("warning", subject, f"error rate: {stats.error_rate:.1%}", row.node)
-    if stats.kv_cache_usage is not None and stats.kv_cache_usage >= t.kv_cache_warn:
-        yield Alert("warning", subject, f"KV cache: {stats.kv_cache_usage:.0%} used", row.node)
+    if rules.ERROR_RATE.exceeds(stats.error_rate, rules.ERROR_RATE.threshold(fleet, model)):
+        yield Alert(
+            rules.ERROR_RATE.severity,
+            subject,
+            f"{rules.ERROR_RATE.title}: {stats.error_rate:.1%}",
+            row.node,
+        )
+    kv = rules.KV_CACHE
+    if kv.exceeds(stats.kv_cache_usage, kv.threshold(fleet)):
+        yield Alert(kv.severity, subject, f"{kv.title}: {stats.kv_cache_usage:.0%} used", row.node)
     waiting_now = stats.requests_waiting
     # Only a queue at least queue_min long now can have been growing: skip the history
     # for every other deployment (most of them, every refresh).
@@ -169,9 +158,9 @@ def deployment_alerts(
                 and (waiting[-1] or 0) >= t.queue_min
             ):
                 yield Alert(
-                    "warning",
+                    rules.QUEUE_GROWING.severity,
                     subject,
-                    f"queue growing: {waiting[0]:.0f} -> "
+                    f"{rules.QUEUE_GROWING.title}: {waiting[0]:.0f} -> "
                     f"{waiting[-1]:.0f} waiting over {t.queue_growth_polls} polls",
                     row.node,
                 )

@@ -199,39 +199,89 @@ class Admin:
 
     async def metrics(self, request: web.Request) -> web.Response:
         gw, table = self.gw, self.gw.table
-        lines = [
-            "# TYPE engineroom_gateway_connections gauge",
-            "# TYPE engineroom_gateway_connections_refused_total counter",
-            "# TYPE engineroom_gateway_client_gone_total counter",
-            "# TYPE engineroom_gateway_client_stalled_total counter",
-            f"engineroom_gateway_connections {gw.open_connections()}",
-            f"engineroom_gateway_connections_refused_total {gw.connections_refused}",
-            f"engineroom_gateway_client_gone_total {gw.relay.clients_gone}",
-            f"engineroom_gateway_client_stalled_total {gw.relay.clients_stalled}",
-            "# TYPE engineroom_gateway_health_checks_total counter",
-            "# TYPE engineroom_gateway_inflight gauge",
-            "# TYPE engineroom_gateway_weight gauge",
-            "# TYPE engineroom_gateway_up gauge",
-            "# TYPE engineroom_gateway_requests_total counter",
-            "# TYPE engineroom_gateway_failures_total counter",
-            "# TYPE engineroom_gateway_ttft_seconds histogram",
-            "# TYPE engineroom_gateway_itl_seconds histogram",
-            "# TYPE engineroom_gateway_e2e_seconds histogram",
+        lines: list[str] = []
+
+        def family(name: str, kind: str, help_text: str, samples: list[str]) -> None:
+            # Each family's samples follow its own HELP and TYPE, as the format wants.
+            lines.extend((f"# HELP {name} {help_text}", f"# TYPE {name} {kind}", *samples))
+
+        family(
+            "engineroom_gateway_connections",
+            "gauge",
+            "client connections open now",
+            [f"engineroom_gateway_connections {gw.open_connections()}"],
+        )
+        family(
+            "engineroom_gateway_connections_refused_total",
+            "counter",
+            "client connections refused at max_connections",
+            [f"engineroom_gateway_connections_refused_total {gw.connections_refused}"],
+        )
+        family(
+            "engineroom_gateway_client_gone_total",
+            "counter",
+            "clients that hung up before their answer ended",
+            [f"engineroom_gateway_client_gone_total {gw.relay.clients_gone}"],
+        )
+        family(
+            "engineroom_gateway_client_stalled_total",
+            "counter",
+            "clients cut off because they took no byte within write_timeout_s",
+            [f"engineroom_gateway_client_stalled_total {gw.relay.clients_stalled}"],
+        )
+        upstreams = [
+            (f'model="{name}",deployment="{u.id}",engine="{u.kind}"', name, u)
+            for name, ups in table.upstreams.items()
+            for u in ups
         ]
-        for name, ups in table.upstreams.items():
-            for u in ups:
-                labels = f'model="{name}",deployment="{u.id}",engine="{u.kind}"'
-                m = u.measures
-                lines += [
-                    f"engineroom_gateway_inflight{{{labels}}} {u.inflight}",
-                    f"engineroom_gateway_weight{{{labels}}} {table.weights[name].get(u.id, 0)}",
-                    f"engineroom_gateway_up{{{labels}}} {int(u.up)}",
-                    f"engineroom_gateway_health_checks_total{{{labels}}} {u.checks}",
-                    f"engineroom_gateway_requests_total{{{labels}}} "
-                    f"{m.outcomes.ok_total + m.outcomes.failed_total}",
-                    f"engineroom_gateway_failures_total{{{labels}}} {m.outcomes.failed_total}",
-                    *exposition("engineroom_gateway_ttft_seconds", labels, m.ttft),
-                    *exposition("engineroom_gateway_itl_seconds", labels, m.itl),
-                    *exposition("engineroom_gateway_e2e_seconds", labels, m.e2e),
-                ]
+        per_upstream = (
+            ("inflight", "gauge", "requests in flight to the deployment", lambda n, u: u.inflight),
+            (
+                "weight",
+                "gauge",
+                "the deployment's routing weight for the model",
+                lambda n, u: table.weights[n].get(u.id, 0),
+            ),
+            (
+                "up",
+                "gauge",
+                "1 when the deployment passes its health checks",
+                lambda n, u: int(u.up),
+            ),
+            (
+                "health_checks_total",
+                "counter",
+                "health checks run against the deployment",
+                lambda n, u: u.checks,
+            ),
+            (
+                "requests_total",
+                "counter",
+                "requests the deployment finished, ok or failed",
+                lambda n, u: u.measures.outcomes.ok_total + u.measures.outcomes.failed_total,
+            ),
+            (
+                "failures_total",
+                "counter",
+                "requests the deployment failed",
+                lambda n, u: u.measures.outcomes.failed_total,
+            ),
+        )
+        for suffix, kind, help_text, value in per_upstream:
+            name = f"engineroom_gateway_{suffix}"
+            family(
+                name, kind, help_text, [f"{name}{{{lb}}} {value(n, u)}" for lb, n, u in upstreams]
+            )
+        for series, help_text in (
+            ("ttft", "time to first token through the gateway"),
+            ("itl", "inter-token latency through the gateway"),
+            ("e2e", "request latency through the gateway, first byte in to last byte out"),
+        ):
+            name = f"engineroom_gateway_{series}_seconds"
+            samples = [
+                line
+                for lb, _, u in upstreams
+                for line in exposition(name, lb, getattr(u.measures, series))
+            ]
+            family(name, "histogram", help_text, samples)
         return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
