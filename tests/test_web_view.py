@@ -1,0 +1,387 @@
+"""The console on the incident bridge: `engineroom serve --web`, read-only, behind a token.
+
+Two real agents on loopback and the real web server (textual-serve's page and protocol,
+one real console process per browser session). The last test drives Debian's headless
+Chromium over the DevTools protocol: it reads the rendered terminal, presses the acting
+keys, and checks that the page says "read-only view" and the agents ran nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+import httpx
+import psutil
+import pytest
+
+from console.core.config import parse_fleet
+from console.tui.web import WebViewApp
+from console.web import COOKIE, session_environment
+from tests.chromium_cdp import TERMINAL_HOOK, Chromium, chromium_binary
+from tests.conftest import OPERATOR, ROOT, VIEWER, agent_env, run_cli, start_agent
+from tests.engines.servers import free_port, free_ports, log_tail, stop, wait_until
+from tests.tui_support import until
+
+WEB_TOKEN = "web-token-0123456789abcdef"
+OPERATOR_SECRET = OPERATOR.split(":", 1)[1]
+SCREENSHOT = ROOT / "screenshots" / "web-readonly.png"
+
+FLEET = """
+[fleet]
+name = "bridge"
+environment = "staging"
+refresh_s = 0.5
+[agent]
+state_dir = "{state}"
+scrape_interval_s = 0.5
+discover = false  # this test's engines only, not whatever else runs on the host
+
+[[nodes]]
+name = "web-a"
+agent = "http://127.0.0.1:{port_a}"
+token_env = "T_WEB_NODE"
+
+[[nodes]]
+name = "web-b"
+agent = "http://127.0.0.1:{port_b}"
+token_env = "T_WEB_NODE"
+
+[gateway]
+url = "http://127.0.0.1:{gateway_port}"
+
+[[models]]
+name = "tiny"
+
+  [[models.deployments]]
+  id = "tiny-vllm"
+  node = "web-a"
+  engine = "vllm"
+  endpoint = "http://127.0.0.1:{engine_port}"
+  weight = 100
+
+[profiles.tiny]
+engine = "vllm"
+node = "web-a"
+model = "{state}/model"
+served_model_name = "tiny"
+port = {engine_port}
+command = ["{python}", "-m", "vllm.entrypoints.openai.api_server"]
+"""
+
+
+@dataclass
+class Bridge:
+    fleet: Path
+    text: str
+    agents: dict[str, str]  # node -> agent URL
+
+    def jobs(self) -> dict[str, list]:
+        return {
+            node: httpx.get(
+                f"{url}/v1/jobs", headers={"Authorization": f"Bearer {VIEWER}"}, timeout=10
+            ).json()
+            for node, url in self.agents.items()
+        }
+
+
+@pytest.fixture(scope="module")
+def bridge(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bridge]:
+    """Two real agents, web-a and web-b, and the console's fleet file that names them."""
+    root = tmp_path_factory.mktemp("bridge")
+    port_a, port_b, gateway_port, engine_port = free_ports(4)
+    started = []
+    for node, port in (("web-a", port_a), ("web-b", port_b)):
+        text = FLEET.format(
+            state=root / node,
+            port_a=port_a,
+            port_b=port_b,
+            gateway_port=gateway_port,
+            engine_port=engine_port,
+            python=sys.executable,
+        )
+        workdir = root / f"agent-{node}"
+        workdir.mkdir()
+        started.append(start_agent(workdir, text, node, port))
+    fleet = root / "fleet.toml"
+    fleet.write_text(text)
+    try:
+        yield Bridge(fleet, text, {"web-a": started[0].url, "web-b": started[1].url})
+    finally:
+        for agent in started:
+            stop(agent.process, grace=5)
+
+
+@dataclass
+class WebServer:
+    process: subprocess.Popen[bytes]
+    url: str
+    log: Path
+
+    def children(self) -> list[psutil.Process]:
+        return psutil.Process(self.process.pid).children(recursive=True)
+
+
+def serve_web(bridge: Bridge, *extra: str) -> WebServer:
+    """`engineroom serve --web` as a real process; up once its page answers (401)."""
+    port = free_port()
+    log = bridge.fleet.parent / f"web-{port}.log"
+    env = agent_env(ENGINEROOM_WEB_TOKEN=WEB_TOKEN, T_WEB_NODE=OPERATOR_SECRET)
+    env["ENGINEROOM_ADMIN_TOKEN"] = "admin-token-0123456789"  # the gateway's: it can act
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [
+                *(sys.executable, "-m", "console.cli", "serve", "--web"),
+                *("--listen", f"127.0.0.1:{port}", "--fleet", str(bridge.fleet), *extra),
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=ROOT,
+            start_new_session=True,
+        )
+    server = WebServer(process, f"http://127.0.0.1:{port}", log)
+
+    def up() -> bool:
+        if process.poll() is not None:
+            raise RuntimeError(f"serve --web exited {process.returncode}:\n{log_tail(log)}")
+        try:
+            return httpx.get(server.url + "/", timeout=2).status_code == 401
+        except httpx.HTTPError:
+            return False
+
+    wait_until(up, timeout=30, what="serve --web")
+    return server
+
+
+@pytest.fixture(scope="module")
+def server(bridge: Bridge) -> Iterator[WebServer]:
+    web = serve_web(bridge)
+    yield web
+    stop(web.process, grace=10)
+    leaked = web.log.read_text(errors="replace")
+    assert WEB_TOKEN not in leaked and OPERATOR_SECRET not in leaked
+
+
+def bearer(token: str = WEB_TOKEN) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+@dataclass
+class Session:
+    http: aiohttp.ClientSession
+    ws: aiohttp.ClientWebSocketResponse
+
+    async def close(self) -> None:
+        await self.ws.close()
+        await self.http.close()
+
+
+async def open_session(url: str, headers: dict[str, str]) -> Session:
+    """A browser session's websocket, once the console has drawn its first frame."""
+    http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60))
+    try:
+        ws = await http.ws_connect(
+            url.replace("http", "ws") + "/ws?width=120&height=40", headers=headers
+        )
+        async with asyncio.timeout(60):
+            while (message := await ws.receive()).type != aiohttp.WSMsgType.BINARY:
+                assert message.type == aiohttp.WSMsgType.TEXT, f"the session closed: {message}"
+    except BaseException:
+        await http.close()
+        raise
+    return Session(http, ws)
+
+
+async def handshake_status(url: str, headers: dict[str, str] | None = None) -> int:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=20)) as http:
+        try:
+            ws = await http.ws_connect(url.replace("http", "ws") + "/ws", headers=headers)
+        except aiohttp.WSServerHandshakeError as exc:
+            return exc.status
+        await ws.close()
+        return 101
+
+
+# -- the guard ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", ["/", "/static/js/textual.js", "/ws", "/download/x", "/nope"])
+def test_every_route_answers_401_without_the_token(server: WebServer, path: str) -> None:
+    for headers in ({}, bearer("web-token-wrong-wrong-wrong"), {"Cookie": f"{COOKIE}=forged"}):
+        response = httpx.get(server.url + path, headers=headers, timeout=10)
+        assert response.status_code == 401, (path, headers)
+        assert response.headers["WWW-Authenticate"].startswith("Bearer")
+        assert "needs its token" in response.text
+
+
+def test_the_page_opens_with_the_token_once_then_a_cookie_that_is_not_the_token(
+    server: WebServer,
+) -> None:
+    assert httpx.get(server.url + "/?token=not-the-token-at-all", timeout=10).status_code == 401
+    first = httpx.get(f"{server.url}/?token={WEB_TOKEN}", timeout=10)
+    assert first.status_code == 303 and first.headers["Location"] == "/"
+    cookie = first.cookies[COOKIE]
+    assert cookie and WEB_TOKEN not in cookie
+    assert "HttpOnly" in first.headers["Set-Cookie"]
+    assert "SameSite=Strict" in first.headers["Set-Cookie"]
+    page = httpx.get(server.url + "/", cookies={COOKIE: cookie}, timeout=10)
+    assert page.status_code == 200 and "/ws" in page.text and "read-only" in page.text
+    assert page.headers["Cache-Control"] == "no-store"
+    static = httpx.get(server.url + "/static/js/textual.js", headers=bearer(), timeout=10)
+    assert static.status_code == 200
+
+
+async def test_the_websocket_answers_401_without_the_token_and_403_to_another_site(
+    server: WebServer,
+) -> None:
+    assert await handshake_status(server.url) == 401
+    assert await handshake_status(server.url, headers=bearer("web-token-wrong-wrong")) == 401
+    assert await handshake_status(server.url, headers={"Cookie": f"{COOKIE}=forged"}) == 401
+    foreign = {**bearer(), "Origin": "https://evil.example"}
+    assert await handshake_status(server.url, headers=foreign) == 403
+    # And with the token, a console answers: its first frame comes over the socket.
+    ws = await open_session(server.url, headers=bearer())
+    await ws.close()
+
+
+def test_serve_refuses_to_start_without_a_usable_token(bridge: Bridge) -> None:
+    env = agent_env()
+    missing = run_cli("serve", "--web", "--fleet", str(bridge.fleet), env=env)
+    assert missing.returncode == 3
+    assert "ENGINEROOM_WEB_TOKEN is not set" in missing.stderr
+    short = run_cli(
+        "serve",
+        "--web",
+        "--fleet",
+        str(bridge.fleet),
+        "--token-env",
+        "MY_WEB",
+        env={**env, "MY_WEB": "short-secret"},
+    )
+    assert short.returncode == 3
+    assert "MY_WEB holds 12 characters" in short.stderr and "short-secret" not in short.stderr
+
+
+# -- no token that can act ---------------------------------------------------------------
+
+
+def test_a_web_session_holds_only_the_agents_viewer_token(bridge: Bridge) -> None:
+    fleet = parse_fleet(bridge.text)
+    environ = agent_env(
+        ENGINEROOM_WEB_TOKEN=WEB_TOKEN,
+        T_WEB_NODE=OPERATOR_SECRET,
+        ENGINEROOM_ADMIN_TOKEN="admin-token-0123456789",
+    )
+    env, how = session_environment(fleet, environ, "ENGINEROOM_WEB_TOKEN")
+    assert "viewer token" in how
+    assert env["T_WEB_NODE"] == VIEWER
+    for gone in ("ENGINEROOM_WEB_TOKEN", "ENGINEROOM_ADMIN_TOKEN", "ENGINEROOM_OPERATOR_TOKEN"):
+        assert gone not in env
+    # What the real agent makes of the two: the session's token may only look.
+    url = bridge.agents["web-a"] + "/v1/whoami"
+    for token, role in ((environ["T_WEB_NODE"], "operator"), (env["T_WEB_NODE"], "viewer")):
+        answer = httpx.get(url, headers=bearer(token), timeout=10).json()
+        assert answer["role"] == role
+
+    # Without a viewer token the nodes keep their own, and the start line says so.
+    del environ["ENGINEROOM_VIEWER_TOKEN"]
+    env, how = session_environment(fleet, environ, "ENGINEROOM_WEB_TOKEN")
+    assert env["T_WEB_NODE"] == OPERATOR_SECRET
+    assert "ENGINEROOM_VIEWER_TOKEN is not set" in how
+
+
+# -- read-only ---------------------------------------------------------------------------
+
+
+async def test_every_acting_key_answers_read_only_view(
+    bridge: Bridge, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The session's console itself, in-process: the keys and the :start command."""
+    monkeypatch.setenv("T_WEB_NODE", OPERATOR_SECRET)  # even an operator token stays unused
+    before = bridge.jobs()
+    app = WebViewApp(parse_fleet(bridge.text))
+    async with app.run_test(size=(160, 40)) as pilot:
+        await until(pilot, lambda: app.collector.states["web-a"].snapshot, what="web-a")
+        app.open_node("web-a")
+        await pilot.press("s", "x", "r")
+        await pilot.press("m", "s", "f", "R", "p")
+        await pilot.press("d", "R")
+        await pilot.press("colon", *"start tiny", "enter")
+        await until(pilot, lambda: len(app.refused) >= 9, what="nine refusals")
+    assert app.refused == [
+        "starting vLLM",  # on the Node screen: s, x, r
+        "stopping an engine",
+        "restarting an engine",
+        "starting vLLM",  # on Models: s, f, R, p
+        "failing over",
+        "running a drill",
+        "the incident playbook",
+        "running a drill",  # on Drills: R
+        "starting vLLM",  # :start tiny
+    ]
+    assert bridge.jobs() == before
+
+
+# -- bounds ------------------------------------------------------------------------------
+
+
+async def test_sessions_are_capped_and_a_closed_one_frees_its_slot(bridge: Bridge) -> None:
+    web = serve_web(bridge, "--max-sessions", "1")
+    try:
+        first = await open_session(web.url, headers=bearer())
+        assert len(web.children()) == 1  # one console process per session
+        assert await handshake_status(web.url, headers=bearer()) == 503
+        await first.close()
+        # Its console quits (or is killed after the grace) and the slot comes back.
+        await asyncio.to_thread(
+            wait_until, lambda: not web.children(), timeout=30, what="the console to exit"
+        )
+        again = await open_session(web.url, headers=bearer())
+        await again.close()
+    finally:
+        stop(web.process, grace=10)
+
+
+# -- in a real browser -------------------------------------------------------------------
+
+
+@pytest.mark.skipif(
+    chromium_binary() is None, reason="no chromium on PATH (make chromium installs it)"
+)
+async def test_chromium_sees_the_fleet_and_no_key_changes_it(
+    server: WebServer, bridge: Bridge
+) -> None:
+    before = bridge.jobs()
+    async with Chromium(width=1600, height=900) as browser:
+        page = await browser.page()
+        await page.call("Page.addScriptToEvaluateOnNewDocument", source=TERMINAL_HOOK)
+        await page.call("Page.navigate", url=f"{server.url}/?token={WEB_TOKEN}&fontsize=14")
+        await page.wait_for_text(["web-a", "web-b", "READ-ONLY", "nodes 2 up"], 90, "the fleet")
+        assert await page.evaluate("location.search") == ""  # the token left the address
+        await page.evaluate("document.querySelector('.xterm-helper-textarea').focus()")
+
+        await page.press("m")
+        await page.wait_for_text(["MODEL / DEPLOYMENT", "tiny"], 30, "the Models table")
+        await page.press("s")
+        await page.wait_for_text(["read-only view: starting vLLM is disabled"], 30, "s")
+        await page.screenshot(SCREENSHOT)
+        await page.press("f")
+        await page.wait_for_text(["read-only view: failing over is disabled"], 30, "f")
+        await page.press("R")
+        await page.wait_for_text(["read-only view: running a drill is"], 30, "R")
+
+        await page.press("n")
+        await page.press("Enter")  # the first node: web-a
+        await page.wait_for_text(["web-a", "Node"], 30, "the Node screen")
+        await page.press("x")
+        await page.wait_for_text(["read-only view: stopping an engine"], 30, "x")
+        await page.press("r")
+        await page.wait_for_text(["read-only view: restarting an"], 30, "r")
+    assert bridge.jobs() == before
+    assert SCREENSHOT.stat().st_size > 10_000
