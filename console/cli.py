@@ -12,6 +12,7 @@ import logging
 import os
 import socket
 import sys
+import time
 from pathlib import Path
 
 from console.core.config import ConfigError, Fleet, load_fleet, parse_fleet
@@ -58,6 +59,23 @@ def build_parser() -> argparse.ArgumentParser:
     tui = sub.add_parser("tui", help="the console (the default command)")
     _fleet_arg(tui)
     tui.add_argument("--read-only", action="store_true", help="disable every action")
+    tui.add_argument("--record", default=None, metavar="FILE", help="record what it sees")
+
+    record = sub.add_parser("record", help="record the fleet headless (docs/recording.md)")
+    _fleet_arg(record)
+    record.add_argument("--out", default=None, help="the recording (default: a dated name)")
+    record.add_argument("--for", dest="for_", default=None, metavar="DURATION",
+                        help="stop after it: 90s, 30m, 8h (default: until SIGTERM)")  # fmt: skip
+    replay = sub.add_parser("replay", help="the console on a recording, read-only")
+    replay.add_argument("file")
+    replay.add_argument("--at", default=None, help="start at this time (HH:MM:SS UTC, +MM:SS)")
+    timeline = sub.add_parser("timeline", help="a recording's incident timeline")
+    timeline.add_argument("file")
+    timeline.add_argument("--from", dest="from_", default=None, metavar="T")
+    timeline.add_argument("--to", default=None, metavar="T")
+    shape = timeline.add_mutually_exclusive_group()
+    shape.add_argument("--markdown", action="store_true", help="for the postmortem (default)")
+    shape.add_argument("--json", action="store_true")
 
     check = sub.add_parser(
         "check", help="poll the fleet once: 0 healthy, 1 degraded, 2 unreachable"
@@ -141,6 +159,10 @@ def build_parser() -> argparse.ArgumentParser:
     whatif.add_argument("--json", action="store_true")
     for action in drills.choices.values():
         _fleet_arg(action)
+
+    rules = sub.add_parser("rules", help="Prometheus alerting rules (docs/prometheus.md)")
+    _fleet_arg(rules)
+    rules.add_argument("--out", default=None, metavar="FILE", help="write here, not stdout")
 
     jobs = sub.add_parser("jobs", help="the jobs of every agent, newest first")
     _fleet_arg(jobs)
@@ -240,6 +262,10 @@ def main(argv: list[str] | None = None) -> int:
                 )
             }
             return drill_cli.what_if(fleet, change, as_json=args.json)
+        if args.command == "rules":
+            from console.collect.rules import run_rules
+
+            return run_rules(load_fleet(args.fleet or _default_fleet()), args.out)
         if args.command == "jobs":
             from console.collect.actions import run_jobs
 
@@ -251,7 +277,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "tui":
             from console.tui.app import run_tui
 
-            return run_tui(load_fleet(args.fleet or _default_fleet()), read_only=args.read_only)
+            return run_tui(
+                load_fleet(args.fleet or _default_fleet()),
+                read_only=args.read_only,
+                record=args.record,
+            )
+        if args.command in ("record", "replay", "timeline"):
+            return _recordings(args)
     except ConfigError as exc:
         print(f"engineroom: {exc}", file=sys.stderr)
         return EXIT_CONFIG
@@ -275,6 +307,30 @@ def _serve(args: argparse.Namespace) -> int:
         load_fleet(path), path, token, args.token_env, host, port, max(1, args.max_sessions)
     )
     return web.run_web(settings)
+
+
+def _recordings(args: argparse.Namespace) -> int:
+    """record, replay, timeline (docs/recording.md); a file that is not a recording, or a
+    bad duration or time, is one line naming it, exit 2."""
+    from console.collect.recording import RecordingError
+    from console.collect.timeline import parse_duration, run_timeline
+
+    try:
+        if args.command == "record":
+            from console.collect.recorder import record
+
+            fleet = load_fleet(args.fleet or _default_fleet())
+            for_s = None if args.for_ is None else parse_duration(args.for_)
+            out = args.out or time.strftime("engineroom-%Y%m%d-%H%M%S.rec", time.gmtime())
+            return asyncio.run(record(fleet, out, for_s))
+        if args.command == "replay":
+            from console.tui.replay import run_replay
+
+            return run_replay(args.file, args.at)
+        return run_timeline(args.file, args.from_, args.to, as_json=args.json)
+    except (RecordingError, ValueError, OSError) as exc:
+        print(f"engineroom {args.command}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
 
 
 def _load_for_agent(args: argparse.Namespace) -> tuple[Fleet, str]:

@@ -12,6 +12,7 @@ else is a GatewayError that says what came, not a KeyError later.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
@@ -109,6 +110,23 @@ class GatewayClient:
 
     async def job(self, job_id: str) -> dict[str, Any]:
         return self._as(FailoverJob, *await self._call("GET", f"/admin/jobs/{job_id}"))
+
+    async def audit(self) -> list[dict[str, Any]]:
+        """The gateway's audit log, newest first (its last 200 rows): who changed which
+        route and why. A recorder reads it (console/collect/recorder.py)."""
+        try:
+            status, raw = await apiclient.request(
+                self._client, "GET", "/admin/audit", deadline_s=self.timeout
+            )
+        except apiclient.NoAnswer as exc:
+            raise GatewayError(self.url, None, str(exc)) from None
+        try:
+            rows = json.loads(raw)
+        except ValueError:
+            rows = None
+        if status >= 400 or not isinstance(rows, list):
+            raise GatewayError(self.url, status, _error_of(status, raw))
+        return [r for r in rows if isinstance(r, dict)]
 
 
 def _error_of(status: int, body: bytes) -> str:

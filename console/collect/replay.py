@@ -1,47 +1,178 @@
-"""A collector that replays recorded agent snapshots instead of polling.
+"""A collector that shows recorded snapshots instead of polling: `engineroom replay`.
 
-For looking at real output again: the console renders snapshots that agents printed
-(`engineroom agent --once --json`) exactly as it renders live ones. The screenshots of the
-H200 evidence and the TUI's snapshot tests use it; the live path is `Collector`.
+Two sources, one code path. A recording (console/collect/recording.py) with a time
+cursor that moves (play, step, jump): every node shows its snapshot, status and error as
+they were at the cursor, the gateway its routes and weights of that moment, the Events
+screen what had been raised, cleared and done by then. Or a single moment given as
+snapshots (`engineroom agent --once --json` output): the screenshots of the H200
+evidence and the TUI's tests render real output that way. Nothing here opens a
+connection.
 """
 
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import time
+from collections import deque
+from typing import Any
 
+from console.collect.alerts import Alert, Event, EventLog
 from console.collect.collector import Collector
-from console.core.config import Fleet
+from console.collect.history import History
+from console.collect.recording import Cursor, FleetAt, Recording
+from console.core.config import Fleet, parse_fleet
 from console.core.wire import Snapshot
+
+MARKS = ("raised", "cleared", "action")  # what "next event" jumps to
+SPEEDS = (1.0, 10.0, 60.0)
+
+
+def fleet_of(recording: Recording) -> Fleet:
+    """The fleet file the recording carries (ConfigError if it no longer parses)."""
+    from pathlib import Path
+
+    return parse_fleet(recording.fleet_text, Path(recording.head.get("fleet_source", "fleet")))
 
 
 class ReplayCollector(Collector):
-    """Nodes with a recording stay up with it; nodes recorded as None show as down."""
+    """Nodes show what was recorded; a node recorded as None (or never seen) is down."""
 
     def __init__(
-        self, fleet: Fleet, snapshots: dict[str, Snapshot | None], history_points: int = 30
+        self,
+        fleet: Fleet,
+        snapshots: dict[str, Snapshot | None] | None = None,
+        history_points: int = 30,
+        *,
+        recording: Recording | None = None,
+        at: float | None = None,
     ) -> None:
         super().__init__(fleet)
-        self.recorded = snapshots
-        for name, snap in snapshots.items():
-            state = self.states[name]
-            if snap is None:
-                state.failures, state.error = 3, "connection refused"
-                continue
-            state.snapshot, state.last_ok = snap, time.monotonic()
-            for _ in range(history_points):
-                self.history.record(name, snap)
+        self.recording = recording
+        self.history_points = history_points
+        self.cursor: Cursor | None = None
+        self.at = 0.0  # the replayed time (unix seconds)
+        self.gateway_snapshot: dict[str, Any] | None = None
+        self._parsed: dict[str, tuple[int, Snapshot]] = {}  # node -> (id of its JSON, model)
+        self._event_times: list[float] = []
+        self._events: list[Event] = []
+        for state in self.states.values():
+            # Tokens are for the live fleet: a replay reads none and calls no node.
+            state.no_token, state.error = None, None
+        if recording is not None:
+            start = recording.start if at is None else at
+            self.cursor = Cursor(recording, start)
+            self._events = [_event(e) for e in recording.events]
+            self._event_times = [e.time for e in self._events]
+            self._show(self.cursor.state, set(self.states) | set(self.cursor.state.nodes))
+        else:
+            moment = FleetAt(time.time(), seen={n: time.time() for n in snapshots or {}})
+            self._show(moment, set(), given=snapshots or {})
         self._keeper: asyncio.Task[None] | None = None
 
-    def start(self) -> None:
-        self._keeper = asyncio.create_task(self._keep_fresh())
+    # -- the cursor --------------------------------------------------------------------
 
-    async def _keep_fresh(self) -> None:
-        while True:  # as if every refresh returned the recording again
-            for name, snap in self.recorded.items():
-                if snap is not None:
-                    self.states[name].last_ok = time.monotonic()
+    @property
+    def first(self) -> float:
+        """The recording's first moment."""
+        return self.recording.start if self.recording else self.at
+
+    @property
+    def last(self) -> float:
+        return self.recording.end if self.recording else self.at
+
+    def move_to(self, t: float) -> None:
+        """Put the cursor at `t` (clamped to the recording): forward by applying what
+        came since, backward by the keyframe before `t`."""
+        if self.cursor is None:
+            return
+        t = min(max(t, self.first), self.last)
+        backward = t < self.cursor.state.t
+        changed = self.cursor.advance(t)
+        if backward:
+            self.history = History()
+            changed = set(self.states) | set(self.cursor.state.nodes)
+        self._show(self.cursor.state, changed)
+
+    def marks(self) -> list[Event]:
+        """The alerts raised and cleared and the operator's actions, oldest first."""
+        return [e for e in self._events if e.kind in MARKS]
+
+    def next_mark(self, forward: bool = True) -> Event | None:
+        """The next (or previous) alert or action from the cursor."""
+        marks = self.marks()
+        times = [e.time for e in marks]
+        if forward:
+            i = bisect.bisect_right(times, self.at + 1e-6)
+            return marks[i] if i < len(marks) else None
+        i = bisect.bisect_left(times, self.at - 1e-6)
+        return marks[i - 1] if i > 0 else None
+
+    def events_until(self, limit: int = 2000) -> deque[Event]:
+        """What the Events screen shows at the cursor: newest first."""
+        i = bisect.bisect_right(self._event_times, self.at)
+        return deque(reversed(self._events[max(0, i - limit) : i]), maxlen=limit)
+
+    # -- the nodes' states ----------------------------------------------------------------
+
+    def _show(
+        self,
+        moment: FleetAt,
+        changed: set[str],
+        given: dict[str, Snapshot | None] | None = None,
+    ) -> None:
+        self.at = moment.t
+        self.gateway_snapshot = moment.gateway
+        for name in set(given or ()) | changed:
+            state = self.states.get(name)
+            if state is None:
+                continue  # a node the recording has and the fleet file no longer
+            if given is not None and name in given:
+                snap = given[name]
+            else:
+                snap = self._snapshot(name, moment.nodes.get(name))
+            status, error = moment.status.get(name, (None, None))
+            if snap is None:
+                state.snapshot, state.last_ok = None, None
+                state.failures, state.error = 3, error or "connection refused"
+                continue
+            fresh = state.snapshot is not snap
+            state.snapshot = snap
+            state.failures = 0 if status in (None, "up", "stale") else 1
+            state.error = error
+            if fresh:
+                # One moment stands for the whole plot; a recording draws its own.
+                points = self.history_points if self.recording is None else 1
+                for _ in range(points):
+                    self.history.record(name, snap)
+        self._seen = dict(moment.seen)
+        self._age_nodes()
+
+    def _snapshot(self, name: str, data: dict[str, Any] | None) -> Snapshot | None:
+        if data is None:
+            return None
+        known = self._parsed.get(name)
+        if known is not None and known[0] == id(data):
+            return known[1]
+        snap = Snapshot.model_validate(data)
+        self._parsed[name] = (id(data), snap)
+        return snap
+
+    def _age_nodes(self) -> None:
+        """Each node's age is its age at the cursor, however long the replay is paused."""
+        now = time.monotonic()
+        for name, seen in self._seen.items():
+            state = self.states.get(name)
+            if state is not None and state.snapshot is not None:
+                state.last_ok = now - max(0.0, self.at - seen)
+
+    def start(self) -> None:
+        self._keeper = asyncio.create_task(self._keep_aged())
+
+    async def _keep_aged(self) -> None:
+        while True:
+            self._age_nodes()
             await asyncio.sleep(0.05)
 
     async def stop(self) -> None:
@@ -49,3 +180,31 @@ class ReplayCollector(Collector):
             self._keeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._keeper
+
+
+class RecordedEvents(EventLog):
+    """The Events screen in a replay: what the recording says happened up to the cursor
+    (the live alerts of the replayed view are not raised again)."""
+
+    def __init__(self, collector: ReplayCollector) -> None:
+        super().__init__()
+        self.collector = collector
+        self.events = collector.events_until()
+
+    def update(self, alerts: list[Alert], now: float | None = None) -> None:
+        self.events = self.collector.events_until()
+
+
+def _event(record: dict[str, Any]) -> Event:
+    message = str(record.get("message", ""))
+    who, why = record.get("who"), record.get("why")
+    if who or why:
+        message += f" (by {who or '?'}" + (f": {why}" if why else "") + ")"
+    kind = record.get("kind")
+    return Event(
+        float(record.get("t") or 0.0),
+        kind if kind in MARKS else "action",
+        str(record.get("severity", "info")),
+        str(record.get("subject", "?")),
+        message,
+    )

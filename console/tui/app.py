@@ -13,6 +13,7 @@ import signal
 import time
 from collections import deque
 from collections.abc import Iterable
+from pathlib import Path
 
 from textual import on
 from textual.app import SystemCommand
@@ -22,6 +23,7 @@ from textual.screen import Screen
 from console.collect import tune_gc
 from console.collect.alerts import EventLog
 from console.collect.collector import Collector, NodeState
+from console.collect.recorder import Recorder, open_writer
 from console.collect.view import FleetView, ViewBuilder
 from console.core.config import Fleet
 from console.tui.filtering import FilterError, parse_filter
@@ -70,14 +72,26 @@ class EngineroomApp(Workflows):
         Binding("q", "quit", "quit", id="quit"),
     ]
 
+    offline = False  # a replay: no agent, gateway or role is asked anything
+
     def __init__(
-        self, fleet: Fleet, *, read_only: bool = False, collector: Collector | None = None
+        self,
+        fleet: Fleet,
+        *,
+        read_only: bool = False,
+        collector: Collector | None = None,
+        record: str | Path | None = None,
     ) -> None:
         super().__init__()
         self.fleet = fleet
         self.read_only = read_only or fleet.read_only
         self.simulated = "SIMULATED" in fleet.fleet.name.upper()
         self.collector = collector or Collector(fleet, on_update=None)
+        self.recorder: Recorder | None = None
+        if record is not None:  # --record FILE: what this console sees goes to a recording
+            writer = open_writer(fleet, record, "console")
+            self.recorder = Recorder(writer, self.collector.refresh_s)
+            self.collector.on_update = self.recorder.node_updated
         self.events = EventLog()
         self.view: FleetView | None = None
         self.views = ViewBuilder(fleet)  # redoes only the nodes that changed, each tick
@@ -103,7 +117,7 @@ class EngineroomApp(Workflows):
             self.run_worker(self._learn_roles(), group="roles")
         from console.collect.gateway_client import GatewayClient
 
-        if GatewayClient.configured(self.fleet):
+        if GatewayClient.configured(self.fleet) and not self.offline:
             # The next poll starts once this one answered: a slow gateway is still shown.
             self.gateway_poll = Poll(self, self.refresh_s, self._gateway_once, "gateway")
             self.gateway_poll.now()
@@ -111,6 +125,8 @@ class EngineroomApp(Workflows):
 
     async def on_unmount(self) -> None:
         await self.collector.__aexit__(None, None, None)
+        if self.recorder is not None:
+            await asyncio.to_thread(self.recorder.writer.close)
 
     def _follow_updates(self) -> None:
         """Derive each node's part of the view as its snapshot arrives, a little at a time
@@ -131,6 +147,8 @@ class EngineroomApp(Workflows):
             self.collector.states, self.refresh_s, history=self.collector.history
         )
         self.events.update(self.view.alerts)
+        if self.recorder is not None:
+            self.recorder.alerts(self.events)
         built = time.perf_counter()
         # The timer can fire once more while the app closes, after its screens are gone.
         screen = self.screen_stack[-1] if self.screen_stack else None
@@ -142,6 +160,11 @@ class EngineroomApp(Workflows):
     # navigation
     def _open(self, screen: ViewScreen) -> None:
         self.push_screen(screen)
+
+    def replay_label(self) -> str | None:
+        """What the header shows instead of the environment in a replay (the replayed
+        time); None for the live fleet."""
+        return None
 
     def open_node(self, name: str) -> None:
         if name not in self.collector.states:
@@ -175,6 +198,9 @@ class EngineroomApp(Workflows):
             self.gateway_error = None
         except GatewayError as exc:
             self.gateway_snapshot, self.gateway_error = None, str(exc)
+        try:
+            if self.recorder is not None:
+                await self.recorder.from_gateway(client, self.gateway_snapshot)
         finally:
             await client.close()
 
@@ -318,7 +344,7 @@ class EngineroomApp(Workflows):
         yield SystemCommand("Keys", "every key and command", self.action_help)
 
 
-def run_tui(fleet: Fleet, *, read_only: bool = False) -> int:
+def run_tui(fleet: Fleet, *, read_only: bool = False, record: str | None = None) -> int:
     # A node whose token variable is not set shows as "no token"; the rest is watched.
-    app = EngineroomApp(fleet, read_only=read_only)
+    app = EngineroomApp(fleet, read_only=read_only, record=record)
     return app.run() or 0

@@ -17,6 +17,7 @@ from console.collect.view import FleetView
 from console.tui.filtering import Filter
 from console.tui.widgets.command_line import CommandLine
 from console.tui.widgets.header import FleetHeader
+from console.tui.widgets.time_cursor import TimeCursor
 
 if TYPE_CHECKING:
     from console.tui.app import EngineroomApp
@@ -36,6 +37,8 @@ class ViewScreen(Screen[None]):
 
     def compose(self) -> ComposeResult:
         yield FleetHeader()
+        if self.console.offline:  # a replay: where in the recording, how fast
+            yield TimeCursor()
         yield from self.compose_body()
         yield CommandLine()
         yield Footer()
@@ -59,7 +62,13 @@ class ViewScreen(Screen[None]):
         headers = self.query(FleetHeader)
         if not headers:
             return  # still composing; the next tick draws it
-        headers.first().show(view.summary, where, self.console.read_only, self.console.simulated)
+        headers.first().show(
+            view.summary,
+            where,
+            self.console.read_only,
+            self.console.simulated,
+            self.console.replay_label(),
+        )
         self.draw(view)
         self.drawn_at = time.monotonic()
 

@@ -14,15 +14,23 @@ class FleetHeader(Static):
     FleetHeader.prod { background: $error; color: $text; }
     """
 
-    def show(self, s: Summary, where: str, read_only: bool, simulated: bool) -> None:
-        self.set_class(s.environment.lower() == "prod", "prod")
+    def show(
+        self, s: Summary, where: str, read_only: bool, simulated: bool, replay: str | None = None
+    ) -> None:
+        """`replay`: the replayed time, shown with REPLAY where the environment goes, so
+        nobody takes a recording for the fleet."""
+        self.set_class(s.environment.lower() == "prod" and replay is None, "prod")
         t = Text()
         t.append(f" {s.name} ", style="bold black on yellow" if simulated else "bold reverse")
-        env_style = "bold white on red" if s.environment.lower() == "prod" else "bold"
-        t.append(f" {s.environment.upper()} ", style=env_style)
+        if replay is not None:
+            t.append(" REPLAY ", style="bold white on magenta")
+            t.append(f" {replay} ", style="bold magenta")
+        else:
+            env_style = "bold white on red" if s.environment.lower() == "prod" else "bold"
+            t.append(f" {s.environment.upper()} ", style=env_style)
         if simulated and "SIMULATED" not in s.name.upper():
             t.append(" SIMULATED ", style="bold black on yellow")
-        if read_only:
+        if read_only and replay is None:
             t.append(" READ-ONLY ", style="bold black on cyan")
         t.append(f"  nodes {s.nodes_up} up", style="green" if s.nodes_up else "")
         if s.nodes_stale:
