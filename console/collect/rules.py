@@ -1,0 +1,263 @@
+"""`engineroom rules`: Prometheus alerting rules from fleet.toml.
+
+Every rule is one of the console's alerts (console/core/alertrules.py gives its name,
+severity, threshold, comparison and wording), written over the series the agent exports
+(console/agent/exposition.py). Where a fleet also has dcgm-exporter or an engine's own
+histograms, a rule accepts those too, joined with `or`:
+
+- GPU temperature, XID, ECC, row remapping: `engineroom_gpu_*` or `DCGM_FI_DEV_*`;
+- SLO TTFT/ITL/e2e p95: the agent's windowed p95 (its mean where the engine has no
+  p95, as in the console) or `histogram_quantile(0.95, ...)` over each engine plugin's
+  own histograms (vLLM's `vllm:*`), over the agent's window;
+- KV cache: the agent's ratio or the plugin's KV gauge;
+- engine down/unhealthy, error rate, REBUILD REQUIRED: the agent's series only.
+
+The output is YAML that `promtool check rules` accepts, in a stable order, so a diff of two
+runs shows what changed in the fleet.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from console.core import alertrules as rules
+from console.core.alertrules import AlertDef
+from console.core.config import Fleet, Model
+from console.core.plugin import EnginePlugin, load_plugins
+
+# dcgm-exporter's names for the fields the GPU rules read (its default counters).
+DCGM_TEMP = "DCGM_FI_DEV_GPU_TEMP"
+DCGM_XID = "DCGM_FI_DEV_XID_ERRORS"  # the last XID seen, 0 when none
+DCGM_ECC = "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"  # volatile double-bit (uncorrected) errors
+DCGM_ROW_REMAP_FAILURE = "DCGM_FI_DEV_ROW_REMAP_FAILURE"
+
+LATENCY = {
+    "ttft": rules.SLO_TTFT,
+    "itl": rules.SLO_ITL,
+    "e2e": rules.SLO_E2E,
+}
+
+
+@dataclass(slots=True)
+class Rule:
+    defn: AlertDef
+    expr: str
+    summary: str  # a template: {{ $labels.x }}, {{ $value }}
+    labels: dict[str, str] = field(default_factory=dict)
+
+
+def _num(value: float) -> str:
+    """A threshold as PromQL reads it: 90, 0.95, 0.5."""
+    return f"{value:g}"
+
+
+def _re(values: Iterable[str]) -> str:
+    """A regex matching exactly these label values (PromQL anchors it)."""
+    out = []
+    for v in sorted(set(values)):
+        out.append("".join("\\\\" + c if c in ".^$*+?()[]{}|\\" else c for c in v))
+    return "|".join(out)
+
+
+def _served_names(model: Model) -> list[str]:
+    """The names the engines serve a fleet model under (its name, each engine_model)."""
+    return [model.name, *(d.engine_model for d in model.deployments if d.engine_model)]
+
+
+def gpu_rules(fleet: Fleet) -> list[Rule]:
+    crit = rules.GPU_TEMP_CRITICAL.threshold(fleet)
+    warn = rules.GPU_TEMP_WARNING.threshold(fleet)
+    assert crit is not None and warn is not None  # both always set (config defaults)
+    where = "{{ $labels.node }}{{ $labels.Hostname }} GPU {{ $labels.gpu }}"
+    ecc = rules.GPU_ECC.threshold(fleet) or 0.0
+    return [
+        Rule(
+            rules.GPU_TEMP_CRITICAL,
+            f"engineroom_gpu_temperature_celsius >= {_num(crit)} or {DCGM_TEMP} >= {_num(crit)}",
+            f"{where}: {rules.GPU_TEMP_CRITICAL.title}: {{{{ $value }}}} C "
+            f"(critical at {_num(crit)})",
+        ),
+        Rule(
+            rules.GPU_TEMP_WARNING,
+            f"(engineroom_gpu_temperature_celsius >= {_num(warn)} < {_num(crit)})"
+            f" or ({DCGM_TEMP} >= {_num(warn)} < {_num(crit)})",
+            f"{where}: {rules.GPU_TEMP_WARNING.title}: {{{{ $value }}}} C "
+            f"(warning at {_num(warn)})",
+        ),
+        Rule(
+            rules.GPU_ECC,
+            f"engineroom_gpu_ecc_uncorrected_errors > {_num(ecc)} or {DCGM_ECC} > {_num(ecc)}",
+            f"{where}: {rules.GPU_ECC.title}: {{{{ $value }}}} volatile uncorrected errors",
+        ),
+        Rule(
+            rules.GPU_XID,
+            f"engineroom_gpu_xid_last > 0 or {DCGM_XID} > 0",
+            f"{where}: {rules.GPU_XID.title}: {{{{ $value }}}}",
+        ),
+        Rule(
+            rules.GPU_ROW_REMAP,
+            f"engineroom_gpu_remapped_rows_failure == 1 or {DCGM_ROW_REMAP_FAILURE} > 0",
+            f"{where}: {rules.GPU_ROW_REMAP.title}: failure",
+        ),
+    ]
+
+
+def engine_rules(fleet: Fleet) -> list[Rule]:
+    # A declared standby (weight 0) that is down is waiting to be started, not an outage.
+    standby = [d.id for m in fleet.models for d in m.deployments if d.weight == 0]
+    spare = f',deployment!~"{_re(standby)}"' if standby else ""
+    where = "{{ $labels.node }}/{{ $labels.deployment }} ({{ $labels.engine }})"
+    return [
+        Rule(
+            rules.ENGINE_DOWN,
+            f'engineroom_deployment_state{{state="down"{spare}}} == 1',
+            f"{where}: {rules.ENGINE_DOWN.title}",
+        ),
+        Rule(
+            rules.ENGINE_UNHEALTHY,
+            'engineroom_deployment_state{state="unhealthy"} == 1',
+            f"{where}: {rules.ENGINE_UNHEALTHY.title}",
+        ),
+        Rule(
+            rules.REBUILD_REQUIRED,
+            "engineroom_trt_engine_rebuild_required == 1",
+            "{{ $labels.node }}/{{ $labels.deployment }}: "
+            f"{rules.REBUILD_REQUIRED.title}: the engine no longer matches its node",
+        ),
+    ]
+
+
+def model_rules(fleet: Fleet, plugins: dict[str, EnginePlugin]) -> list[Rule]:
+    out: list[Rule] = []
+    window = f"{max(int(fleet.agent.window_s), 1)}s"
+    where = "{{ $labels.node }}{{ $labels.instance }} {{ $labels.model }}{{ $labels.model_name }}"
+    for model in fleet.models:
+        names = _re(_served_names(model))
+        kinds = sorted({d.engine for d in model.deployments})
+        labels = {"fleet_model": model.name}
+        for series, defn in LATENCY.items():
+            limit = defn.threshold(fleet, model)
+            if limit is None:
+                continue
+            agent = f"engineroom_model_{series}_seconds"
+            parts = [
+                f'({agent}{{stat="p95",model=~"{names}"}}'
+                f' or ignoring(stat) {agent}{{stat="mean",model=~"{names}"}}) > {_num(limit)}'
+            ]
+            for kind in kinds:
+                prom = getattr(plugins.get(kind), "prometheus", None)
+                name = prom.histograms.get(series) if prom is not None else None
+                if prom is None or name is None:
+                    continue
+                scale = f" * {_num(prom.histogram_scale)}" if prom.histogram_scale != 1 else ""
+                parts.append(
+                    f"histogram_quantile(0.95, sum by (le, instance, {prom.model_label}) "
+                    f'(rate({name}_bucket{{{prom.model_label}=~"{names}"}}[{window}])))'
+                    f"{scale} > {_num(limit)}"
+                )
+            out.append(
+                Rule(
+                    defn,
+                    " or ".join(parts),
+                    f"{where}: {defn.title}: {{{{ $value }}}} s over {_num(limit)} s",
+                    labels,
+                )
+            )
+        errors = rules.ERROR_RATE.threshold(fleet, model)
+        if errors is not None:
+            out.append(
+                Rule(
+                    rules.ERROR_RATE,
+                    f'engineroom_model_error_ratio{{model=~"{names}"}} > {_num(errors)}',
+                    f"{where}: {rules.ERROR_RATE.title}: {{{{ $value }}}} (over {_num(errors)})",
+                    labels,
+                )
+            )
+    # A model no fleet model names still gets the fleet's default error rate, as in the console.
+    declared = [n for m in fleet.models for n in _served_names(m)]
+    other = f'{{model!~"{_re(declared)}"}}' if declared else ""
+    default = rules.ERROR_RATE.threshold(fleet, None)
+    assert default is not None
+    out.append(
+        Rule(
+            rules.ERROR_RATE,
+            f"engineroom_model_error_ratio{other} > {_num(default)}",
+            f"{where}: {rules.ERROR_RATE.title}: {{{{ $value }}}} (over {_num(default)})",
+        )
+    )
+    kv = rules.KV_CACHE.threshold(fleet)
+    assert kv is not None
+    parts = [f"engineroom_model_kv_cache_usage_ratio >= {_num(kv)}"]
+    for kind in sorted(plugins):
+        prom = getattr(plugins[kind], "prometheus", None)
+        if prom is not None and prom.kv_cache:
+            parts.append(f"{prom.kv_cache} >= {_num(kv)}")
+    out.append(
+        Rule(
+            rules.KV_CACHE,
+            " or ".join(parts),
+            f"{where}: {rules.KV_CACHE.title}: {{{{ $value }}}} used (warning at {_num(kv)})",
+        )
+    )
+    return out
+
+
+def build(fleet: Fleet, plugins: dict[str, EnginePlugin] | None = None) -> dict[str, list[Rule]]:
+    """The rule groups for `fleet`: gpus, engines, models."""
+    plugins = load_plugins() if plugins is None else plugins
+    return {
+        "engineroom-gpus": gpu_rules(fleet),
+        "engineroom-engines": engine_rules(fleet),
+        "engineroom-models": model_rules(fleet, plugins),
+    }
+
+
+def _q(text: str) -> str:
+    """A YAML scalar in double quotes (JSON's escaping is YAML's)."""
+    return json.dumps(text, ensure_ascii=False)
+
+
+def render(fleet: Fleet, plugins: dict[str, EnginePlugin] | None = None) -> str:
+    """The rules file's text (YAML)."""
+    lines = [
+        f"# Alerting rules for fleet {fleet.fleet.name!r}, written by `engineroom rules`",
+        f"# from {fleet.source}. Regenerate after editing the fleet; do not edit by hand.",
+        "# Thresholds and wording: console/core/alertrules.py, shared with the console.",
+        "groups:",
+    ]
+    for group, group_rules in build(fleet, plugins).items():
+        lines += [f"  - name: {_q(group)}", "    rules:"]
+        for rule in group_rules:
+            labels = {"severity": rule.defn.severity, "fleet": fleet.fleet.name, **rule.labels}
+            lines += [
+                f"      - alert: {rule.defn.alert}",
+                f"        expr: {_q(rule.expr)}",
+                "        labels:",
+                *(f"          {k}: {_q(v)}" for k, v in labels.items()),
+                "        annotations:",
+                f"          summary: {_q(rule.summary)}",
+                f"          description: {_q(rule.defn.description)}",
+            ]
+    return "\n".join(lines) + "\n"
+
+
+def run_rules(fleet: Fleet, out: str | None) -> int:
+    """`engineroom rules`: the rules on stdout, or written to `out` (replaced whole)."""
+    text = render(fleet)
+    if out is None:
+        sys.stdout.write(text)
+        return 0
+    path = Path(out)
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        tmp.write_text(text)
+        tmp.replace(path)  # a Prometheus reloading meanwhile reads the old file or the new
+    except OSError as exc:
+        print(f"engineroom rules: cannot write {path}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
+    print(f"engineroom rules: wrote {path} ({text.count('- alert:')} rules)", file=sys.stderr)
+    return 0

@@ -1,0 +1,412 @@
+"""`engineroom rules`: Prometheus alerting rules that fire exactly where the console alerts.
+
+Each case is one node's snapshot. The console's alerts come from it (view.build, as the
+TUI and `check` do); the same snapshot, rendered by the agent's /metrics code, is the input
+of `promtool test rules` over the file `engineroom rules` wrote. Both must raise the
+case's alerts and nothing else: the rules and the console cannot disagree. The cases
+include values just under each threshold, which must stay quiet in both.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from console.agent.exposition import render as render_metrics
+from console.collect.collector import NodeState
+from console.collect.view import build
+from console.core import alertrules
+from console.core.config import parse_fleet
+from console.core.wire import (
+    Engine,
+    Gpu,
+    Host,
+    Latency,
+    ModelStats,
+    NodeInfo,
+    Percentiles,
+    Snapshot,
+    TrtEngine,
+    XidEvent,
+)
+from tests.conftest import run_cli
+from tests.prometheus_proc import promtool
+
+FLEET_TEXT = """
+[fleet]
+name = "rules"
+refresh_s = 1.0
+[agent]
+window_s = 60
+[thresholds]
+gpu_temp_warn_c = 80
+gpu_temp_crit_c = 90
+kv_cache_warn = 0.95
+error_rate = 0.05
+[[nodes]]
+name = "a"
+agent = "http://127.0.0.1:1"
+[[models]]
+name = "tiny"
+slo = { ttft_p95_ms = 500, itl_p95_ms = 50, e2e_p95_ms = 2000, error_rate = 0.02 }
+  [[models.deployments]]
+  id = "tiny-vllm"
+  node = "a"
+  engine = "vllm"
+  endpoint = "http://127.0.0.1:8001"
+  [[models.deployments]]
+  id = "tiny-standby"
+  node = "a"
+  engine = "vllm"
+  endpoint = "http://127.0.0.1:8002"
+  weight = 0
+  [[models.deployments]]
+  id = "tiny-trt"
+  node = "a"
+  engine = "triton"
+  endpoint = "http://127.0.0.1:8000"
+  engine_model = "ens.v1"
+"""
+FLEET = parse_fleet(FLEET_TEXT)
+RULE_NAMES = [d.alert for d in alertrules.ALL if d.in_rules]
+
+
+def vllm(state: str = "ready", **stats: object) -> Engine:
+    return Engine(
+        id="vllm-8001",
+        kind="vllm",
+        endpoint="http://127.0.0.1:8001",
+        version="0.32.0",
+        state=state,  # type: ignore[arg-type]
+        deployment_ids=["tiny-vllm"],
+        models=[ModelStats(name="tiny", **stats)],  # type: ignore[arg-type]
+    )
+
+
+def standby(state: str = "down") -> Engine:
+    return Engine(
+        id="vllm-8002",
+        kind="vllm",
+        endpoint="http://127.0.0.1:8002",
+        state=state,  # type: ignore[arg-type]
+        deployment_ids=["tiny-standby"],
+    )
+
+
+def triton(state: str = "ready", **stats: object) -> Engine:
+    return Engine(
+        id="triton-8000",
+        kind="triton",
+        endpoint="http://127.0.0.1:8000",
+        version="2.51.0",
+        state=state,  # type: ignore[arg-type]
+        deployment_ids=["tiny-trt"],
+        models=[ModelStats(name="ens.v1", **stats)],  # type: ignore[arg-type]
+    )
+
+
+def latency(ttft_p95=None, itl_p95=None, itl_mean=None) -> Latency:
+    return Latency(
+        ttft_s=Percentiles(p95=ttft_p95, mean=ttft_p95),
+        itl_s=Percentiles(p95=itl_p95, mean=itl_mean),
+    )
+
+
+@dataclass
+class Case:
+    """A node's state, and the alerts it must raise: (alert, its labels, its value)."""
+
+    gpus: list[Gpu] = field(default_factory=lambda: [Gpu(index=0, temperature_c=60)])
+    engines: list[Engine] = field(default_factory=lambda: [vllm(), standby(), triton()])
+    trt: list[TrtEngine] = field(default_factory=list)
+    fires: list[tuple[str, dict[str, str], float]] = field(default_factory=list)
+
+
+GPU0 = {"node": "a", "gpu": "0"}
+VLLM = {"node": "a", "engine": "vllm-8001", "kind": "vllm", "model": "tiny"}
+TRT = {"node": "a", "engine": "triton-8000", "kind": "triton", "model": "ens.v1"}
+
+CASES = {
+    "all under their thresholds: quiet": Case(
+        gpus=[
+            Gpu(
+                index=0,
+                temperature_c=79.9,
+                ecc_uncorrected=0,
+                remapped_rows={"failure": False, "pending": True},
+            )
+        ],
+        engines=[
+            vllm(kv_cache_usage=0.94, error_rate=0.02, latency=latency(0.5, 0.05)),
+            standby("down"),  # a standby nobody started is not an outage
+            triton(error_rate=0.0, latency=latency(itl_mean=0.049)),
+        ],
+        trt=[TrtEngine(deployment="tiny-trt", model="tiny", state="current")],
+    ),
+    "a GPU at the critical temperature": Case(
+        gpus=[Gpu(index=0, temperature_c=90)],
+        fires=[("EngineroomGpuTemperatureCritical", GPU0, 90)],
+    ),
+    "a GPU over the warning temperature": Case(
+        gpus=[Gpu(index=0, temperature_c=85)],
+        fires=[("EngineroomGpuTemperatureWarning", GPU0, 85)],
+    ),
+    "uncorrected ECC errors": Case(
+        gpus=[Gpu(index=0, ecc_uncorrected=2)],
+        fires=[("EngineroomGpuEccUncorrected", GPU0, 2)],
+    ),
+    "an XID event": Case(
+        gpus=[Gpu(index=0, xid_events=[XidEvent(time=1.0, xid=79)])],
+        fires=[("EngineroomGpuXid", GPU0, 79)],
+    ),
+    "a row remapping failure": Case(
+        gpus=[Gpu(index=0, remapped_rows={"failure": True, "pending": False})],
+        fires=[("EngineroomGpuRowRemapFailure", GPU0, 1)],
+    ),
+    "REBUILD REQUIRED": Case(
+        trt=[TrtEngine(deployment="tiny-trt", model="tiny", state="stale", reasons=["driver"])],
+        fires=[
+            (
+                "EngineroomRebuildRequired",
+                {"node": "a", "deployment": "tiny-trt", "model": "tiny"},
+                1,
+            )
+        ],
+    ),
+    "an engine down": Case(
+        engines=[vllm("down"), standby(), triton()],
+        fires=[
+            (
+                "EngineroomEngineDown",
+                {
+                    "node": "a",
+                    "deployment": "tiny-vllm",
+                    "engine": "vllm-8001",
+                    "kind": "vllm",
+                    "state": "down",
+                },
+                1,
+            )
+        ],
+    ),
+    "an engine unhealthy": Case(
+        engines=[vllm(), standby(), triton("unhealthy")],
+        fires=[
+            (
+                "EngineroomEngineUnhealthy",
+                {
+                    "node": "a",
+                    "deployment": "tiny-trt",
+                    "engine": "triton-8000",
+                    "kind": "triton",
+                    "state": "unhealthy",
+                },
+                1,
+            )
+        ],
+    ),
+    "p95 TTFT over the SLO": Case(
+        engines=[vllm(latency=latency(0.6, 0.01)), standby(), triton()],
+        fires=[("EngineroomSloTtftP95", {**VLLM, "stat": "p95", "fleet_model": "tiny"}, 0.6)],
+    ),
+    "ITL over the SLO where the engine gives only a mean": Case(
+        engines=[vllm(), standby(), triton(latency=latency(itl_mean=0.08))],
+        fires=[("EngineroomSloItlP95", {**TRT, "stat": "mean", "fleet_model": "tiny"}, 0.08)],
+    ),
+    "an error rate over the model's SLO": Case(
+        engines=[vllm(error_rate=0.1), standby(), triton()],
+        fires=[("EngineroomErrorRate", {**VLLM, "fleet_model": "tiny"}, 0.1)],
+    ),
+    "a KV cache nearly full": Case(
+        engines=[vllm(kv_cache_usage=0.96), standby(), triton()],
+        fires=[("EngineroomKvCacheNearlyFull", VLLM, 0.96)],
+    ),
+}
+
+
+def snapshot(case: Case) -> Snapshot:
+    return Snapshot(
+        node=NodeInfo(name="a", agent_version="0", time=0.0),
+        host=Host(),
+        gpu_status="ok",
+        gpus=case.gpus,
+        engines=case.engines,
+        trt_engines=case.trt,
+    )
+
+
+def console_alerts(snap: Snapshot) -> set[str]:
+    """The console's alerts on this snapshot, by their rule's name."""
+    now = time.monotonic()
+    states = {"a": NodeState("a", "agent", snapshot=snap, last_ok=now)}
+    view = build(FLEET, states, 1.0, now=now)
+    by_title = {(d.title, d.severity): d for d in alertrules.ALL}
+    named = set()
+    for alert in view.alerts:
+        defn = by_title[(alert.message.split(":", 1)[0], alert.severity)]
+        named.add(defn.alert)
+    return named
+
+
+def input_series(snap: Snapshot) -> list[dict[str, str]]:
+    """The agent's /metrics for `snap`, as promtool's input series (steady for 3 minutes)."""
+    out = []
+    for line in render_metrics(snap).splitlines():
+        if line and not line.startswith("#"):
+            series, value = line.rsplit(" ", 1)
+            out.append({"series": series, "values": f"{value}x3"})
+    return out
+
+
+def go_number(value: float) -> str:
+    """A float the way Go's templates print {{ $value }}."""
+    text = repr(float(value))
+    return text[:-2] if text.endswith(".0") else text
+
+
+def rules_by_name(rules_text: str) -> dict[str, dict[str, str]]:
+    """alert name -> its labels, summary and description, read back from the YAML. Where
+    two rules share a name (a model's error rate, then the default for the others), the
+    first: the cases' models are all in the fleet."""
+    rules: dict[str, dict[str, str]] = {}
+    current: dict[str, str] = {}
+    for line in rules_text.splitlines():
+        if m := re.match(r"\s+- alert: (\w+)$", line):
+            current = rules.setdefault(m.group(1), {}) if m.group(1) not in rules else {}
+        elif m := re.match(r"\s+(\w+): (\".*\")$", line):
+            current[m.group(1)] = json.loads(m.group(2))
+    return rules
+
+
+def expected_alert(rule: dict[str, str], labels: dict[str, str], value: float) -> dict:
+    """The alert as promtool reports it: the series' labels, the rule's, and the
+    annotations with their templates filled in."""
+
+    def fill(template: str) -> str:
+        template = template.replace("{{ $value }}", go_number(value))
+        return re.sub(r"\{\{ \$labels\.(\w+) \}\}", lambda m: labels.get(m.group(1), ""), template)
+
+    rule_labels = {k: rule[k] for k in ("severity", "fleet") if k in rule}
+    return {
+        "exp_labels": {**labels, **rule_labels},
+        "exp_annotations": {
+            "summary": fill(rule["summary"]),
+            "description": rule["description"],
+        },
+    }
+
+
+@pytest.fixture(scope="module")
+def rules_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`engineroom rules --fleet F --out FILE`, the real command."""
+    workdir = tmp_path_factory.mktemp("rules")
+    (workdir / "fleet.toml").write_text(FLEET_TEXT)
+    out = workdir / "rules.yml"
+    result = run_cli("rules", "--fleet", str(workdir / "fleet.toml"), "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    assert "rules)" in result.stderr  # how many it wrote
+    return out
+
+
+def test_promtool_accepts_the_rules_and_every_family_is_in_them(rules_file):
+    result = promtool("check", "rules", str(rules_file))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUCCESS" in result.stdout
+    assert set(rules_by_name(rules_file.read_text())) == set(RULE_NAMES)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_the_rules_fire_where_the_console_alerts_and_stay_quiet_where_it_does_not(
+    name, rules_file, tmp_path
+):
+    case = CASES[name]
+    snap = snapshot(case)
+    expected = {alert for alert, _, _ in case.fires}
+    assert console_alerts(snap) == expected
+
+    rules = rules_by_name(rules_file.read_text())
+    tests = [
+        {
+            "eval_time": "2m",
+            "alertname": alert,
+            "exp_alerts": [
+                expected_alert(rules[alert], labels, value)
+                for fired, labels, value in case.fires
+                if fired == alert
+            ],
+        }
+        for alert in RULE_NAMES
+    ]
+    promtool_case(rules_file, tmp_path, input_series(snap), tests)
+
+
+def promtool_case(
+    rules_file: Path, workdir: Path, series: list[dict[str, str]], tests: list
+) -> None:
+    unit = workdir / "test.yml"
+    unit.write_text(
+        json.dumps(
+            {
+                "rule_files": [str(rules_file)],
+                "evaluation_interval": "1m",
+                "tests": [{"interval": "1m", "input_series": series, "alert_rule_test": tests}],
+            },
+            indent=1,
+        )
+    )
+    result = promtool("test", "rules", str(unit))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_dcgm_exporter_and_vllm_histograms_fire_the_same_rules_without_an_agent(
+    rules_file, tmp_path
+):
+    """A fleet that has dcgm-exporter and vLLM's own /metrics but no agent: the GPU
+    temperature and SLO rules read those series too; under the thresholds, quiet."""
+    rules = rules_by_name(rules_file.read_text())
+    hot = {"gpu": "0", "UUID": "GPU-0", "Hostname": "a"}
+    cool = {"gpu": "1", "UUID": "GPU-1", "Hostname": "a"}
+
+    def labels(d: dict[str, str]) -> str:
+        return ",".join(f'{k}="{v}"' for k, v in d.items())
+
+    bucket = "vllm:time_to_first_token_seconds_bucket"
+    series = [
+        {"series": f"DCGM_FI_DEV_GPU_TEMP{{{labels(hot)}}}", "values": "95x3"},
+        {"series": f"DCGM_FI_DEV_GPU_TEMP{{{labels(cool)}}}", "values": "70x3"},
+        # "tiny": every request between 0.5 and 1 s (p95 0.975 s, over its 500 ms SLO);
+        # "ens.v1" is the same fleet model on Triton's name: all under 0.1 s, quiet.
+        *(
+            {"series": f'{bucket}{{model_name="tiny",le="{le}"}}', "values": v}
+            for le, v in (("0.1", "0x3"), ("0.5", "0x3"), ("1", "0+10x3"), ("+Inf", "0+10x3"))
+        ),
+        *(
+            {"series": f'{bucket}{{model_name="ens.v1",le="{le}"}}', "values": "0+10x3"}
+            for le in ("0.1", "0.5", "1", "+Inf")
+        ),
+    ]
+    tests = [
+        {
+            "eval_time": "2m",
+            "alertname": "EngineroomGpuTemperatureCritical",
+            "exp_alerts": [expected_alert(rules["EngineroomGpuTemperatureCritical"], hot, 95)],
+        },
+        {"eval_time": "2m", "alertname": "EngineroomGpuTemperatureWarning", "exp_alerts": []},
+        {
+            "eval_time": "2m",
+            "alertname": "EngineroomSloTtftP95",
+            "exp_alerts": [
+                expected_alert(
+                    rules["EngineroomSloTtftP95"],
+                    {"model_name": "tiny", "fleet_model": "tiny"},
+                    0.975,
+                )
+            ],
+        },
+    ]
+    promtool_case(rules_file, tmp_path, series, tests)
