@@ -1,0 +1,212 @@
+"""The recording file: a real `engineroom record` killed with SIGKILL leaves a file that
+replays; a writer whose disk stops taking writes drops and counts, never blocks; a torn
+tail ends the recording cleanly wherever it was cut."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import signal
+import subprocess
+import sys
+import termios
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from console.collect.recording import (
+    EVENTS,
+    HEADER,
+    KEY,
+    MORE,
+    Cursor,
+    Recording,
+    RecordingError,
+    RecordingWriter,
+    diff,
+    patch,
+)
+from console.collect.replay import ReplayCollector, fleet_of
+from tests.conftest import ROOT, agent_env, run_cli
+from tests.engines.servers import free_port, log_tail, stop, wait_until
+
+FLEET = """\
+[fleet]
+name = "recorded-live"
+refresh_s = 0.5
+
+[agent]
+state_dir = "{state}"
+scrape_interval_s = 0.5
+
+[[nodes]]
+name = "local"
+agent = "http://127.0.0.1:{port}"
+token_env = "ENGINEROOM_TEST_VIEWER"
+"""
+
+
+def _records(path: Path) -> list[dict]:
+    return list(Recording(path).records())
+
+
+def test_a_recorder_killed_with_sigkill_leaves_a_file_that_replays(agent_factory, tmp_path):
+    port = free_port()
+    agent = agent_factory(FLEET.format(state=tmp_path / "state", port=port), "local", port)
+    out = tmp_path / "night.rec"
+    log = tmp_path / "record.log"
+    env = agent_env(ENGINEROOM_TEST_VIEWER="viewer-token-0123")
+    with log.open("wb") as sink:
+        recorder = subprocess.Popen(
+            [sys.executable, "-m", "console.cli", "record", "--fleet", str(agent.fleet),
+             "--out", str(out)],
+            stdout=sink, stderr=subprocess.STDOUT, env=env, cwd=ROOT, start_new_session=True,
+        )  # fmt: skip
+    try:
+
+        def snapshots_written() -> int | None:
+            if recorder.poll() is not None:
+                raise RuntimeError(f"record exited {recorder.returncode}: {log_tail(log)}")
+            if not out.exists() or out.stat().st_size == 0:
+                return None
+            n = sum(1 for r in _records(out) if r["k"] in ("snap", "diff") and not r.get("key"))
+            return n if n >= 6 else None
+
+        wait_until(snapshots_written, 90, interval=0.3, what="six snapshots recorded")
+        killed_at = time.time()
+        os.killpg(recorder.pid, signal.SIGKILL)
+        recorder.wait(10)
+    finally:
+        stop(recorder, grace=1)
+
+    recording = Recording(out)
+    # Flushed each second: what came more than a second (and the agent's half-second
+    # cycle, and a loaded machine's scheduling) before the kill is in the file.
+    assert recording.end >= killed_at - 3.0, (recording.end, killed_at)
+    assert recording.head["by"] == "record"
+    frames = [f.kind for f in recording.frames]
+    assert KEY in frames
+    # The file carries its fleet: the replay needs nothing else, and shows the node as it was.
+    fleet = fleet_of(recording)
+    replay = ReplayCollector(fleet, recording=recording, at=recording.end)
+    snap = replay.states["local"].snapshot
+    assert snap is not None and snap.node.name == "local"
+    assert abs(snap.node.time - recording.end) < 3.0
+    early = ReplayCollector(fleet, recording=recording, at=recording.start + 0.6)
+    late_time = snap.node.time
+    early_snap = early.states["local"].snapshot
+    assert early_snap is not None and early_snap.node.time < late_time
+
+    # A kill in the middle of a frame: cut the file at every byte of its last frame; the
+    # reader keeps every whole frame before the cut and says what it left out.
+    data = out.read_bytes()
+    last = recording.frames[-1]
+    cut_file = tmp_path / "cut.rec"
+    whole = len(recording.frames) - 1
+    begins = last.offset - HEADER.size
+    for cut in range(begins + 1, len(data), max(1, (len(data) - begins) // 40)):
+        cut_file.write_bytes(data[:cut])
+        torn = Recording(cut_file)
+        assert len(torn.frames) == whole, cut
+        assert torn.torn is not None and f"at byte {begins}: {cut - begins} bytes" in torn.torn
+
+
+def test_a_writer_whose_disk_stops_drops_and_counts_and_never_blocks(tmp_path):
+    """A FIFO nobody reads stands for a disk that stopped taking writes: the writer's
+    thread blocks in write(); the console's puts return at once, the queue's limit holds,
+    and the file says how many updates were lost once the writes go through again."""
+    fifo = tmp_path / "stalled.rec"
+    os.mkfifo(fifo)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    writer = RecordingWriter(fifo, fleet_text="", flush_s=0.05, queue_limit=20)
+    big = {"blob": os.urandom(200_000).hex()}  # fills the pipe in one frame
+    assert writer.node("n0", big, "up", None)
+
+    def pipe_full() -> bool:
+        waiting = bytearray(4)
+        fcntl.ioctl(reader, termios.FIONREAD, waiting)
+        return int.from_bytes(waiting, sys.byteorder) > 60_000 and writer._queue.empty()
+
+    wait_until(pipe_full, 30, interval=0.02, what="the writer blocked on a full pipe")
+    accepted = [writer.node(f"n{i}", {"i": i}, "up", None) for i in range(1, 31)]
+    assert accepted == [True] * 20 + [False] * 10
+    assert writer.dropped == 10
+
+    drained = bytearray()
+    done = threading.Event()
+
+    def drain() -> None:
+        os.set_blocking(reader, True)
+        while chunk := os.read(reader, 1 << 20):
+            drained.extend(chunk)
+        done.set()
+
+    threading.Thread(target=drain, daemon=True).start()
+    writer.close(timeout=30)
+    assert done.wait(30)
+    os.close(reader)
+    copy = tmp_path / "copy.rec"
+    copy.write_bytes(bytes(drained))
+    recording = Recording(copy)
+    assert recording.torn is None
+    nodes = {r["n"] for r in recording.records() if r["k"] == "snap"}
+    assert nodes == {f"n{i}" for i in range(21)}  # the first, and the 20 the queue held
+    gaps = [e for e in recording.events if e["kind"] == "gap"]
+    assert [g["message"] for g in gaps] == ["10 updates dropped: the recording queue was full"]
+
+
+def test_seek_anywhere_matches_reading_from_the_start(tmp_path):
+    """Keyframes every 2 s, diffs between: the state at any moment is the same whether
+    the cursor jumps there or plays there from the first frame."""
+    path = tmp_path / "seek.rec"
+    writer = RecordingWriter(path, fleet_text="", keyframe_s=2.0, flush_s=0.05)
+    t0 = 1_700_000_000.0
+    for i in range(100):
+        gpus = [{"index": g, "util": (i * 7 + g) % 100} for g in range(4)]
+        extra = {"extra": 1} if i % 3 else {}
+        writer.node("a", {"gpus": gpus, "i": i, **extra}, t=t0 + i * 0.1)
+        if i % 10 == 0:
+            writer.gateway({"models": {"m": {"d1": {"weight": i}}}}, t=t0 + i * 0.1)
+        if i % 5 == 4:  # let a frame end, so that blocks hold several
+            written = writer.written_bytes
+            wait_until(lambda w=written: writer.written_bytes > w, 10, 0.01, what="a frame")
+    writer.close()
+    recording = Recording(path)
+    assert len(recording.blocks) >= 4
+    player = Cursor(recording, recording.start)
+    for i in range(0, 100, 7):
+        t = t0 + i * 0.1 + 0.01
+        player.advance(t)
+        jumped = recording.fleet_at(t)
+        assert jumped.nodes == player.state.nodes
+        assert jumped.nodes["a"]["i"] == i
+        assert jumped.gateway == {"models": {"m": {"d1": {"weight": i // 10 * 10}}}}
+    kinds = {f.kind for f in recording.frames}
+    assert {KEY, MORE} <= kinds and EVENTS not in kinds
+
+
+def test_diff_and_patch_round_trip():
+    old = {"a": 1, "gpus": [{"u": 1}, {"u": 2}], "gone": {"x": 1}, "list": [1, 2]}
+    new = {"a": 2, "gpus": [{"u": 1}, {"u": 3}], "list": [1, 2, 3], "added": None}
+    change = diff(old, new)
+    assert change is not None and patch(old, change) == new
+    assert json.dumps(change).count("gpus") == 1 and '"u": 1' not in json.dumps(change)
+    assert diff(new, new) is None
+
+
+def test_bad_files_and_arguments_say_what_and_where(tmp_path):
+    foreign = tmp_path / "notes.txt"
+    foreign.write_text("not a recording\n")
+    with pytest.raises(RecordingError, match=r"notes\.txt: not an engineroom recording"):
+        Recording(foreign)
+    result = run_cli("timeline", str(foreign))
+    assert result.returncode == 2
+    assert "engineroom timeline:" in result.stderr and "notes.txt" in result.stderr
+    result = run_cli("record", "--fleet", str(ROOT / "fleet.toml"), "--out", str(foreign))
+    assert result.returncode == 2 and "already exists; record into a new file" in result.stderr
+    assert foreign.read_text() == "not a recording\n"  # nothing lost
+    result = run_cli("record", "--fleet", str(ROOT / "fleet.toml"), "--for", "ten minutes")
+    assert result.returncode == 2 and "--for 'ten minutes'" in result.stderr
