@@ -137,9 +137,18 @@ class ConsoleSession(AppService):
     """One browser session's console process: started from argv (no shell), given a
     deadline to start, its frames and stderr bounded, killed if it will not stop."""
 
-    def __init__(self, argv: list[str], env: dict[str, str], **kwargs: Any) -> None:
+    def __init__(
+        self,
+        argv: list[str],
+        env: dict[str, str],
+        *,
+        start_deadline_s: float = START_DEADLINE_S,
+        stop_grace_s: float = STOP_GRACE_S,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(" ".join(argv), download_manager=DownloadManager(), **kwargs)
         self.argv, self.base_env = argv, env
+        self.start_deadline_s, self.stop_grace_s = start_deadline_s, stop_grace_s
         self.stderr_tail = bytearray()
         self.started = asyncio.Event()  # the console sent its first line
 
@@ -178,7 +187,7 @@ class ConsoleSession(AppService):
         stdout = process.stdout
         stderr_task = asyncio.create_task(self._keep_stderr(process.stderr))
         try:
-            async with asyncio.timeout(START_DEADLINE_S):
+            async with asyncio.timeout(self.start_deadline_s):
                 for _ in range(10):  # the driver's prelude: a few lines, then the marker
                     if await stdout.readline() in (b"__GANGLION__\n", b""):
                         break
@@ -195,7 +204,7 @@ class ConsoleSession(AppService):
                 elif kind == b"M":
                     await self.on_meta(payload)
         except TimeoutError:
-            log.error("a console process did not start in %.0f s", START_DEADLINE_S)
+            log.error("a console process did not start in %.0f s", self.start_deadline_s)
         except (asyncio.IncompleteReadError, ConnectionResetError, ValueError):
             pass  # the process ended, or wrote past readline's limit
         finally:
@@ -220,7 +229,7 @@ class ConsoleSession(AppService):
         if process is None or process.returncode is not None:
             return
         try:
-            async with asyncio.timeout(STOP_GRACE_S):
+            async with asyncio.timeout(self.stop_grace_s):
                 await process.wait()
                 return
         except TimeoutError:
@@ -230,13 +239,13 @@ class ConsoleSession(AppService):
         await process.wait()
 
     async def stop(self) -> None:
-        """Ask the console to quit; past STOP_GRACE_S, kill its process group."""
+        """Ask the console to quit; past the grace, kill its process group."""
         task, self._task = self._task, None
         if task is None:
             return
         await self.send_meta({"type": "quit"})
         try:
-            async with asyncio.timeout(STOP_GRACE_S):
+            async with asyncio.timeout(self.stop_grace_s):
                 await asyncio.shield(task)
                 return
         except TimeoutError:

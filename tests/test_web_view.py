@@ -9,6 +9,9 @@ keys, and checks that the page says "read-only view" and the agents ran nothing.
 from __future__ import annotations
 
 import asyncio
+import logging
+import os
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -19,10 +22,19 @@ import aiohttp
 import httpx
 import psutil
 import pytest
+from aiohttp.test_utils import TestServer
 
 from console.core.config import parse_fleet
 from console.tui.web import WebViewApp
-from console.web import COOKIE, session_environment
+from console.web import (
+    COOKIE,
+    MAX_MESSAGE_BYTES,
+    STDERR_TAIL_BYTES,
+    ConsoleSession,
+    WebSettings,
+    WebView,
+    session_environment,
+)
 from tests.chromium_cdp import TERMINAL_HOOK, Chromium, chromium_binary
 from tests.conftest import OPERATOR, ROOT, VIEWER, agent_env, run_cli, start_agent
 from tests.engines.servers import free_port, free_ports, log_tail, stop, wait_until
@@ -180,6 +192,13 @@ class Session:
     async def close(self) -> None:
         await self.ws.close()
         await self.http.close()
+
+    async def closed_by_server(self, timeout: float) -> None:
+        """Read (and drop) the console's frames until the server closes the socket."""
+        ended = (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED)
+        async with asyncio.timeout(timeout):
+            while (await self.ws.receive()).type not in ended:
+                pass
 
 
 async def open_session(url: str, headers: dict[str, str]) -> Session:
@@ -343,6 +362,15 @@ async def test_sessions_are_capped_and_a_closed_one_frees_its_slot(bridge: Bridg
             wait_until, lambda: not web.children(), timeout=30, what="the console to exit"
         )
         again = await open_session(web.url, headers=bearer())
+        consoles = web.children()
+        # The server going away stops its consoles: none is left behind.
+        stop(web.process, grace=10)
+        await asyncio.to_thread(
+            wait_until,
+            lambda: not any(p.is_running() and p.status() != "zombie" for p in consoles),
+            timeout=15,
+            what="the consoles to exit with the server",
+        )
         await again.close()
     finally:
         stop(web.process, grace=10)
@@ -385,3 +413,111 @@ async def test_chromium_sees_the_fleet_and_no_key_changes_it(
         await page.wait_for_text(["read-only view: restarting an"], 30, "r")
     assert bridge.jobs() == before
     assert SCREENSHOT.stat().st_size > 10_000
+
+
+# -- a console process at its limits -----------------------------------------------------
+# The real console never hangs before its first line, floods a frame or ignores quit:
+# these small processes do, speaking its protocol (doubles of a console gone wrong).
+
+CONSOLE_DOUBLES = {
+    "silent": "import time; time.sleep(600)",
+    "huge_frame": (
+        "import sys, time; out = sys.stdout.buffer; "
+        "out.write(b'__GANGLION__\\n' + b'D' + (1 << 30).to_bytes(4, 'big')); out.flush(); "
+        "time.sleep(600)"
+    ),
+    "deaf": (
+        "import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        "sys.stdout.buffer.write(b'__GANGLION__\\n'); sys.stdout.flush(); time.sleep(600)"
+    ),
+    "noisy": "import sys; sys.stderr.write('x' * 1_000_000 + 'THE END'); sys.exit(1)",
+}
+
+
+async def console_double(kind: str) -> tuple[ConsoleSession, asyncio.Event]:
+    closed = asyncio.Event()
+
+    async def close() -> None:
+        closed.set()
+
+    async def drop(_: object) -> None:
+        return None
+
+    session = ConsoleSession(
+        [sys.executable, "-c", CONSOLE_DOUBLES[kind]],
+        dict(os.environ),
+        start_deadline_s=1.0,
+        stop_grace_s=1.0,
+        write_bytes=drop,
+        write_str=drop,
+        close=close,
+    )
+    await session.start(80, 24)
+    return session, closed
+
+
+async def test_a_console_that_never_starts_is_killed_at_its_deadline() -> None:
+    session, closed = await console_double("silent")
+    async with asyncio.timeout(20):
+        await closed.wait()  # the page says "Session ended"
+    assert session._process is not None and session._process.returncode == -signal.SIGKILL
+    await session.stop()
+
+
+async def test_a_frame_over_the_limit_ends_the_session() -> None:
+    session, closed = await console_double("huge_frame")
+    async with asyncio.timeout(20):
+        await closed.wait()
+    assert session.started.is_set()
+    assert session._process is not None and session._process.returncode is not None
+    await session.stop()
+
+
+async def test_a_console_that_will_not_quit_is_killed_after_the_grace() -> None:
+    session, _ = await console_double("deaf")
+    async with asyncio.timeout(20):
+        await session.started.wait()
+        await session.stop()  # quit is asked, ignored; SIGKILL after 1 s
+    assert session._process is not None and session._process.returncode == -signal.SIGKILL
+
+
+async def test_the_stderr_kept_of_a_console_is_bounded() -> None:
+    session, closed = await console_double("noisy")
+    async with asyncio.timeout(20):
+        await closed.wait()
+    assert len(session.stderr_tail) <= STDERR_TAIL_BYTES
+    assert bytes(session.stderr_tail).endswith(b"THE END")
+    await session.stop()
+
+
+async def test_a_browser_message_over_the_limit_closes_its_session(server: WebServer) -> None:
+    session = await open_session(server.url, bearer())
+    consoles = {p.pid for p in server.children()}
+    await session.ws.send_str("x" * (MAX_MESSAGE_BYTES + 1))
+    await session.closed_by_server(timeout=30)
+    assert session.ws.close_code == aiohttp.WSCloseCode.MESSAGE_TOO_BIG
+    await session.close()
+    await asyncio.to_thread(
+        wait_until,
+        lambda: not consoles & {p.pid for p in server.children()},
+        timeout=30,
+        what="its console to exit",
+    )
+
+
+async def test_a_session_ends_at_its_time_limit(
+    bridge: Bridge, caplog: pytest.LogCaptureFixture
+) -> None:
+    settings = WebSettings(
+        parse_fleet(bridge.text, bridge.fleet),
+        bridge.fleet,
+        WEB_TOKEN.encode(),
+        max_session_s=3.0,
+        environ=agent_env(T_WEB_NODE=VIEWER),
+    )
+    async with TestServer(WebView(settings).app()) as web_server:
+        with caplog.at_level(logging.INFO, logger="engineroom.web"):
+            session = await open_session(str(web_server.make_url("")), bearer())
+            await session.closed_by_server(timeout=30)
+            await session.close()
+    assert "a web session reached its 3 s limit" in caplog.text  # not a failure
