@@ -23,6 +23,7 @@ from textual.screen import Screen
 from console.collect import tune_gc
 from console.collect.alerts import EventLog
 from console.collect.collector import Collector, NodeState
+from console.collect.promsource import PromSource, fleet_source
 from console.collect.recorder import Recorder, open_writer
 from console.collect.view import FleetView, ViewBuilder
 from console.core.config import Fleet
@@ -86,7 +87,7 @@ class EngineroomApp(Workflows):
         self.fleet = fleet
         self.read_only = read_only or fleet.read_only
         self.simulated = "SIMULATED" in fleet.fleet.name.upper()
-        self.collector = collector or Collector(fleet, on_update=None)
+        self.collector = collector or fleet_source(fleet)
         self.recorder: Recorder | None = None
         if record is not None:  # --record FILE: what this console sees goes to a recording
             writer = open_writer(fleet, record, "console")
@@ -160,6 +161,14 @@ class EngineroomApp(Workflows):
     # navigation
     def _open(self, screen: ViewScreen) -> None:
         self.push_screen(screen)
+
+    def source_problem(self) -> str | None:
+        """What the header says when the fleet's source is in trouble (Prometheus slow,
+        down or erring); None when it is fine or the console reads the agents."""
+        health = self.collector.health if isinstance(self.collector, PromSource) else None
+        if health is None or (health.ok is not False and not health.failed):
+            return None
+        return health.line()
 
     def replay_label(self) -> str | None:
         """What the header shows instead of the environment in a replay (the replayed

@@ -68,6 +68,7 @@ class ViewScreen(Screen[None]):
             self.console.read_only,
             self.console.simulated,
             self.console.replay_label(),
+            self.console.source_problem(),
         )
         self.draw(view)
         self.drawn_at = time.monotonic()

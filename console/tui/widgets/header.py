@@ -15,10 +15,17 @@ class FleetHeader(Static):
     """
 
     def show(
-        self, s: Summary, where: str, read_only: bool, simulated: bool, replay: str | None = None
+        self,
+        s: Summary,
+        where: str,
+        read_only: bool,
+        simulated: bool,
+        replay: str | None = None,
+        source_problem: str | None = None,
     ) -> None:
         """`replay`: the replayed time, shown with REPLAY where the environment goes, so
-        nobody takes a recording for the fleet."""
+        nobody takes a recording for the fleet. `source_problem`: why the figures may be
+        old (Prometheus slow, down or erring), said before anything else on the line."""
         self.set_class(s.environment.lower() == "prod" and replay is None, "prod")
         t = Text()
         t.append(f" {s.name} ", style="bold black on yellow" if simulated else "bold reverse")
@@ -28,6 +35,8 @@ class FleetHeader(Static):
         else:
             env_style = "bold white on red" if s.environment.lower() == "prod" else "bold"
             t.append(f" {s.environment.upper()} ", style=env_style)
+        if source_problem is not None:
+            t.append(f" {source_problem} ", style="bold white on red")
         if simulated and "SIMULATED" not in s.name.upper():
             t.append(" SIMULATED ", style="bold black on yellow")
         if read_only and replay is None:
