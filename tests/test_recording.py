@@ -13,6 +13,7 @@ import sys
 import termios
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -171,8 +172,7 @@ def test_seek_anywhere_matches_reading_from_the_start(tmp_path):
         if i % 10 == 0:
             writer.gateway({"models": {"m": {"d1": {"weight": i}}}}, t=t0 + i * 0.1)
         if i % 5 == 4:  # let a frame end, so that blocks hold several
-            written = writer.written_bytes
-            wait_until(lambda w=written: writer.written_bytes > w, 10, 0.01, what="a frame")
+            wait_until(_wrote_more(writer), 10, 0.01, what="a frame")
     writer.close()
     recording = Recording(path)
     assert len(recording.blocks) >= 4
@@ -186,6 +186,11 @@ def test_seek_anywhere_matches_reading_from_the_start(tmp_path):
         assert jumped.gateway == {"models": {"m": {"d1": {"weight": i // 10 * 10}}}}
     kinds = {f.kind for f in recording.frames}
     assert {KEY, MORE} <= kinds and EVENTS not in kinds
+
+
+def _wrote_more(writer: RecordingWriter) -> Callable[[], bool]:
+    written = writer.written_bytes
+    return lambda: writer.written_bytes > written
 
 
 def test_diff_and_patch_round_trip():
