@@ -308,7 +308,7 @@ class WebView:
                 max_age=COOKIE_MAX_AGE_S,
                 httponly=True,
                 samesite="Strict",
-                secure=request.secure,
+                secure=_secure(request),
                 path="/",
             )
             _no_store(found)
@@ -323,7 +323,7 @@ class WebView:
     # -- the routes --------------------------------------------------------------------
 
     async def index(self, request: web.Request) -> web.StreamResponse:
-        scheme = "wss" if request.secure else "ws"
+        scheme = "wss" if _secure(request) else "ws"
         font = _bounded(request.query.get("fontsize"), 16, 8, 32)
         context = {
             "font_size": font,
@@ -410,6 +410,11 @@ def _refused() -> web.Response:
     )
     _no_store(response)
     return response
+
+
+def _secure(request: web.Request) -> bool:
+    # Behind a TLS proxy the page must ask for wss:// (a browser refuses ws:// from https).
+    return request.secure or request.headers.get("X-Forwarded-Proto", "").lower() == "https"
 
 
 def _no_store(response: web.StreamResponse) -> None:

@@ -28,11 +28,14 @@ from console.core.config import parse_fleet
 from console.tui.web import WebViewApp
 from console.web import (
     COOKIE,
+    MAX_COLUMNS,
     MAX_MESSAGE_BYTES,
+    MAX_ROWS,
     STDERR_TAIL_BYTES,
     ConsoleSession,
     WebSettings,
     WebView,
+    _bounded,
     session_environment,
 )
 from tests.chromium_cdp import TERMINAL_HOOK, Chromium, chromium_binary
@@ -252,6 +255,8 @@ def test_the_page_opens_with_the_token_once_then_a_cookie_that_is_not_the_token(
     page = httpx.get(server.url + "/", cookies={COOKIE: cookie}, timeout=10)
     assert page.status_code == 200 and "/ws" in page.text and "read-only" in page.text
     assert page.headers["Cache-Control"] == "no-store"
+    proxied = httpx.get(server.url + "/", headers={**bearer(), "X-Forwarded-Proto": "https"})
+    assert "wss://" in proxied.text  # behind a TLS proxy the page asks for wss://
     static = httpx.get(server.url + "/static/js/textual.js", headers=bearer(), timeout=10)
     assert static.status_code == 200
 
@@ -503,6 +508,13 @@ async def test_a_browser_message_over_the_limit_closes_its_session(server: WebSe
         timeout=30,
         what="its console to exit",
     )
+
+
+def test_a_terminal_size_from_the_browser_is_clamped() -> None:
+    assert _bounded("100000", 80, 1, MAX_COLUMNS) == MAX_COLUMNS
+    assert _bounded(-5, 24, 1, MAX_ROWS) == 1
+    assert _bounded("wide", 80, 1, MAX_COLUMNS) == 80
+    assert _bounded(None, 24, 1, MAX_ROWS) == 24
 
 
 async def test_a_session_ends_at_its_time_limit(
