@@ -171,14 +171,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = sub.add_parser("serve", help="the console as a read-only web page (docs/web.md)")
     _fleet_arg(serve)
-    serve.add_argument("--web", action="store_true", required=True, help="serve it on the web")
+    serve.add_argument("--web", action="store_true", required=True, help="as a web page")
     serve.add_argument(
         "--listen", type=_split_listen, default=None, metavar="HOST:PORT", help="127.0.0.1:9430"
     )
     serve.add_argument(
-        "--token-env", default="ENGINEROOM_WEB_TOKEN", metavar="NAME", help="the bearer token"
+        "--token-env",
+        default="ENGINEROOM_WEB_TOKEN",
+        metavar="NAME",
+        help="the variable that holds the bearer token (default ENGINEROOM_WEB_TOKEN)",
     )
-    serve.add_argument("--max-sessions", type=int, default=8, help="browser sessions at once")
+    serve.add_argument(
+        "--max-sessions", type=int, default=8, metavar="N", help="browser tabs at once (8)"
+    )
     return parser
 
 
