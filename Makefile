@@ -106,6 +106,7 @@ bench: $(VENV)/.test-deps engines router sshd nginx prometheus haproxy
 	$(BIN)/python -m bench.drill_overhead
 	$(BIN)/python -m bench.ssh_refresh
 	$(BIN)/python -m bench.gateway_overhead
+	$(BIN)/python -m bench.dataplanes
 	$(BIN)/python -m bench.gateway_soak
 	$(BIN)/python -m bench.console_scale
 

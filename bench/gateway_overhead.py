@@ -99,9 +99,9 @@ def spawn(argv: list[str], log: Path, env: dict[str, str] | None = None) -> subp
                                 cwd=ROOT, start_new_session=True)  # fmt: skip
 
 
-def ttft_once(client: httpx.Client, url: str) -> float:
+def ttft_once(client: httpx.Client, url: str, body: dict = BODY) -> float:
     started = time.perf_counter()
-    with client.stream("POST", url + "/v1/completions", json=BODY) as resp:
+    with client.stream("POST", url + "/v1/completions", json=body) as resp:
         first = None
         for line in resp.iter_lines():
             if first is None and line.startswith("data: "):
@@ -110,7 +110,7 @@ def ttft_once(client: httpx.Client, url: str) -> float:
     return first
 
 
-async def throughput(url: str, concurrency: int, seconds: float) -> float:
+async def throughput(url: str, concurrency: int, seconds: float, body: dict = BODY) -> float:
     done = 0
     stop = time.monotonic() + seconds
     async with aiohttp.ClientSession(
@@ -120,7 +120,7 @@ async def throughput(url: str, concurrency: int, seconds: float) -> float:
         async def worker() -> None:
             nonlocal done
             while time.monotonic() < stop:
-                async with http.post(url + "/v1/completions", json=BODY) as resp:
+                async with http.post(url + "/v1/completions", json=body) as resp:
                     async for _ in resp.content.iter_any():
                         pass
                     done += resp.status == 200

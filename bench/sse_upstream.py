@@ -29,7 +29,10 @@ async def completions(request: Request) -> Response:
             yield b"data: " + CHUNK + b"\n\n"
         yield b"data: [DONE]\n\n"
 
-    return StreamingResponse(chunks(), media_type="text/event-stream")
+    return StreamingResponse(chunks(), media_type="text/event-stream", headers=NAME)
+
+
+NAME = {"X-Upstream": sys.argv[1] if len(sys.argv) > 1 else "?"}
 
 
 async def health(request: Request) -> Response:
