@@ -57,10 +57,10 @@ class ReplayCollector(Collector):
         self._parsed: dict[str, tuple[int, Snapshot]] = {}  # node -> (id of its JSON, model)
         self._event_times: list[float] = []
         self._events: list[Event] = []
-        for state in self.states.values():
-            # Tokens are for the live fleet: a replay reads none and calls no node.
-            state.no_token, state.error = None, None
         if recording is not None:
+            for state in self.states.values():
+                # Tokens are for the live fleet: a replay reads none and calls no node.
+                state.no_token, state.error = None, None
             start = recording.start if at is None else at
             self.cursor = Cursor(recording, start)
             self._events = [_event(e) for e in recording.events]
@@ -166,6 +166,9 @@ class ReplayCollector(Collector):
             state = self.states.get(name)
             if state is not None and state.snapshot is not None:
                 state.last_ok = now - max(0.0, self.at - seen)
+
+    async def __aenter__(self) -> ReplayCollector:
+        return self  # no session: a replay opens no connection
 
     def start(self) -> None:
         self._keeper = asyncio.create_task(self._keep_aged())

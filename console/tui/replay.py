@@ -147,6 +147,14 @@ class ReplayApp(EngineroomApp):
     def fail_over(self, model: str) -> None:
         self.notify(READ_ONLY, severity="warning")
 
+    def start_vllm(
+        self, node: str | None = None, model: str | None = None, then_fail_over: bool = False
+    ) -> None:
+        self.notify(READ_ONLY, severity="warning")
+
+    def run_drill(self, name: str) -> None:
+        self.notify(READ_ONLY, severity="warning")
+
 
 def run_replay(path: str, at: str | None = None) -> int:
     """Open the console on a recording; its fleet file travels inside it."""

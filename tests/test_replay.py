@@ -1,0 +1,205 @@
+"""`engineroom replay`: the console on a recording, read-only, with a time cursor.
+
+The recording here is written by the real RecordingWriter from snapshots that real agents
+printed (tests/fixtures, docs/evidence), at fixed times, so the screens render the same
+every run. The recording of a live fleet (real agents, a failover, a drill) is replayed
+in tests/test_timeline.py.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rich.text import Text
+
+from console.collect.recording import Recording, RecordingWriter
+from console.collect.replay import ReplayCollector, fleet_of
+from console.tui.replay import ReplayApp
+from console.tui.widgets.table import FleetTable
+from tests.tui_support import CPU, FLEET, H200, keys
+
+T0 = 1_796_083_200.0  # 2026-12-01 00:00:00 UTC
+SIZE = (110, 30)
+
+
+def _gateway(trt: int, vllm: int) -> dict:
+    return {
+        "models": {
+            "tiny": {
+                "tiny-trt": {"weight": trt, "up": True, "ttft_s": {"p95": 0.0921, "count": 40}},
+                "tiny-vllm": {"weight": vllm, "up": True, "ttft_s": {"p95": 0.0547, "count": 40}},
+            }
+        }
+    }
+
+
+def write_incident(path: Path) -> Path:
+    """60 s of the recorded fleet: an alert at +10 s, a failover step (by alice, with her
+    reason) at +20 s that moves tiny's weight to vLLM, the alert cleared at +30 s; the
+    node "gone" never answers."""
+    h200 = json.loads(H200.read_text())
+    cpu = json.loads(CPU.read_text())
+    writer = RecordingWriter(path, fleet_text=FLEET, fleet_source="fleet.toml", keyframe_s=20)
+    for second in range(61):
+        t = T0 + second
+        for name, snap in (("h200", h200), ("cpu-1", cpu)):
+            snap = {**snap, "node": {**snap["node"], "time": t}}
+            writer.node(name, snap, "up", None, t=t)
+        writer.node("gone", None, "down", "connection refused", t=t)
+        writer.gateway(_gateway(100, 0) if second < 20 else _gateway(0, 100), t=t)
+    events = [
+        (10, "raised", "critical", "tiny/tiny-trt", "TTFT p95 900 ms over the SLO 500 ms", {}),
+        (20, "action", "info", "tiny", "gateway: routes set: tiny-trt=0 tiny-vllm=100",
+         {"who": "alice", "why": "failover 1a2b: shift 100% (trt p95 over SLO)"}),
+        (30, "cleared", "critical", "tiny/tiny-trt", "TTFT p95 900 ms over the SLO 500 ms", {}),
+    ]  # fmt: skip
+    for second, kind, severity, subject, message, extra in events:
+        writer.event(
+            {"t": T0 + second, "kind": kind, "severity": severity, "subject": subject,
+             "message": message, **extra}
+        )  # fmt: skip
+    writer.close()
+    return path
+
+
+@pytest.fixture
+def incident(tmp_path: Path) -> Path:
+    return write_incident(tmp_path / "incident.rec")
+
+
+def replay_app(path: Path, at: float | None = None) -> ReplayApp:
+    recording = Recording(path)
+    fleet = fleet_of(recording)
+    app = ReplayApp(fleet, ReplayCollector(fleet, recording=recording, at=at))
+    # Every notification the console gave, kept (Textual drops them after their timeout).
+    said: list[str] = []
+    shown = app.notify
+
+    def notify(message: str, **kw: Any) -> None:
+        said.append(message)
+        shown(message, **kw)
+
+    app.notify = notify  # type: ignore[method-assign]
+    app.said = said  # type: ignore[attr-defined]
+    return app
+
+
+def _cell(app: ReplayApp, key: str, column: int) -> str:
+    row = app.screen.query_one(FleetTable).rows_by_key[key]
+    cells = row.cells() if callable(row.cells) else row.cells
+    cell = cells[column]
+    return cell.plain if isinstance(cell, Text) else str(cell)
+
+
+def _notes(app: ReplayApp) -> list[str]:
+    return list(app.said)  # type: ignore[attr-defined]
+
+
+WEIGHT = 12  # the Models table's weight column
+
+
+async def test_the_cursor_moves_through_the_incident_and_every_screen_shows_that_moment(
+    incident,
+):
+    app = replay_app(incident)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause(0.2)
+        assert app.replay_label() == "2026-12-01 00:00:00 UTC"
+        await pilot.press(*keys(":models\r"))
+        await pilot.pause(0.2)
+        assert _cell(app, "d:tiny:tiny-trt", WEIGHT) == "100"
+
+        await pilot.press("right_square_bracket")  # the alert
+        assert app.replay.at == T0 + 10
+        await pilot.press("right_square_bracket")  # alice's failover step
+        await pilot.pause(0.2)
+        assert app.replay.at == T0 + 20
+        assert app.replay_label() == "2026-12-01 00:00:20 UTC"
+        # The Models screen at the moment of the failover: the weights of that moment.
+        assert _cell(app, "d:tiny:tiny-trt", WEIGHT) == "0"
+        assert _cell(app, "d:tiny:tiny-vllm", WEIGHT) == "100"
+        assert any("by alice: failover 1a2b" in n for n in _notes(app))
+
+        await pilot.press("v")
+        await pilot.pause(0.2)
+        shown = [(e.kind, e.subject) for e in app.events.events]
+        assert shown == [("action", "tiny"), ("raised", "tiny/tiny-trt")]  # not yet cleared
+
+        await pilot.press("left_square_bracket", "left_square_bracket")  # back to the start
+        await pilot.press("left_square_bracket")
+        assert app.replay.at == T0 + 10
+        await pilot.press(*keys(":at 00:00:05\r"))
+        await pilot.pause(0.2)
+        assert app.replay.at == T0 + 5 and list(app.events.events) == []
+        await pilot.press("m")
+        await pilot.pause(0.2)
+        assert _cell(app, "d:tiny:tiny-trt", WEIGHT) == "100"
+
+        await pilot.press(*keys(":at +0:45\r"), "full_stop", "full_stop", "comma")
+        assert app.replay.at == pytest.approx(T0 + 45 + app.refresh_s)
+        await pilot.press(*keys(":at half past\r"))
+        assert any("cannot read 'half past' as a time" in n for n in _notes(app))
+
+        # Every screen draws at the cursor: nodes, GPUs, a node, a model, jobs, drills.
+        for typed in (":nodes\r", ":gpus\r", ":node cpu-1\r", ":model tiny\r", ":jobs\r"):
+            await pilot.press(*keys(typed))
+            await pilot.pause(0.1)
+        await pilot.press("d")
+        await pilot.pause(0.2)
+        assert app.replay.states["gone"].error == "connection refused"
+        assert app.replay.states["cpu-1"].status(app.refresh_s) == "up"
+
+
+async def test_playing_moves_the_cursor_at_the_chosen_speed_and_stops_at_the_end(incident):
+    app = replay_app(incident, at=T0 + 50)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("greater_than_sign", "greater_than_sign")
+        assert app.speed == 60
+        await pilot.press("space")
+        for _ in range(100):  # 10 s of recording at 60x: a fraction of a second
+            if not app.playing:
+                break
+            await pilot.pause(0.05)
+        assert not app.playing and app.replay.at == app.replay.last == T0 + 60
+
+
+async def test_action_keys_say_replay_is_read_only(incident):
+    app = replay_app(incident)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause(0.2)
+        await pilot.press(*keys(":models\r"))
+        await pilot.pause(0.1)
+        await pilot.press("s", "f", "R")
+        await pilot.press(*keys(":node cpu-1\r"))
+        await pilot.pause(0.1)
+        await pilot.press("s", "x", "r")
+        await pilot.press(*keys(":start\r"))
+        await pilot.pause(0.1)
+        said = [n for n in _notes(app) if n.startswith("replay is read-only")]
+        assert len(said) == 7, _notes(app)
+        # No form, plan or confirmation opened: the Node screen is still on top.
+        assert type(app.screen).__name__ == "NodeScreen" and len(app.screen_stack) == 4
+
+
+def test_replay_header_and_time_cursor(snap_compare, incident):
+    """REPLAY and the replayed time where the live console shows its environment; the
+    cursor with the alert, the action and the clearing marked."""
+    app = replay_app(incident, at=T0 + 15)
+
+    async def settle(pilot) -> None:
+        await pilot.pause(0.3)
+
+    assert snap_compare(app, terminal_size=SIZE, run_before=settle)
+
+
+def test_time_cursor_playing_at_ten_times_on_models(snap_compare, incident):
+    app = replay_app(incident, at=T0 + 20)
+
+    async def models(pilot) -> None:
+        await pilot.press(*keys(":models\r"), "greater_than_sign")
+        await pilot.pause(0.3)
+
+    assert snap_compare(app, terminal_size=SIZE, run_before=models)
