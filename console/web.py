@@ -60,7 +60,8 @@ MAX_COLUMNS, MAX_ROWS = 400, 200  # a terminal bigger than this costs the consol
 STDERR_TAIL_BYTES = 16 * 1024
 START_DEADLINE_S = 60.0  # for the console process's first line (a loaded host is slow)
 STOP_GRACE_S = 5.0
-HEARTBEAT_S = 15.0
+HEARTBEAT_S = 15.0  # a browser that stops answering pings loses its session
+KEEPALIVE_S = 15.0  # an idle HTTP connection is closed after this
 
 _SERVE = Path(textual_serve.__file__).parent
 STATIC = _SERVE / "static"
@@ -448,6 +449,7 @@ def run_web(settings: WebSettings) -> int:
             host=settings.host,
             port=settings.port,
             access_log=None,  # a first visit's address holds ?token=
+            keepalive_timeout=KEEPALIVE_S,
             print=None,
             shutdown_timeout=STOP_GRACE_S + 1,
         )

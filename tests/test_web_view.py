@@ -24,6 +24,7 @@ import psutil
 import pytest
 from aiohttp.test_utils import TestServer
 
+from console import web as web_module
 from console.core.config import parse_fleet
 from console.tui.web import WebViewApp
 from console.web import (
@@ -533,3 +534,35 @@ async def test_a_session_ends_at_its_time_limit(
             await session.closed_by_server(timeout=30)
             await session.close()
     assert "a web session reached its 3 s limit" in caplog.text  # not a failure
+
+
+async def test_a_browser_that_stops_answering_pings_loses_its_session(
+    bridge: Bridge, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(web_module, "HEARTBEAT_S", 1.0)
+    settings = WebSettings(
+        parse_fleet(bridge.text, bridge.fleet),
+        bridge.fleet,
+        WEB_TOKEN.encode(),
+        environ=agent_env(T_WEB_NODE=VIEWER),
+    )
+    view = WebView(settings)
+    async with (
+        TestServer(view.app()) as web_server,
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as http,
+    ):
+        url = str(web_server.make_url("/ws"))
+        # autoping off: the pings reach the test, which never answers them.
+        ws = await http.ws_connect(url, headers=bearer(), autoping=False)
+        pings = 0
+        async with asyncio.timeout(60):
+            while (message := await ws.receive()).type not in (
+                aiohttp.WSMsgType.CLOSE,
+                aiohttp.WSMsgType.CLOSED,
+            ):
+                pings += message.type == aiohttp.WSMsgType.PING
+        assert pings >= 1
+        await ws.close()
+        await asyncio.to_thread(
+            wait_until, lambda: not view.sessions, timeout=30, what="the session to end"
+        )
