@@ -170,34 +170,36 @@ def fleet_queries(section: PrometheusSection, engines: dict[str, PromSeries]) ->
     return queries
 
 
+def _quoted(value: str) -> str:
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+
+
 def history_queries(
-    section: PrometheusSection, engines: dict[str, PromSeries]
+    section: PrometheusSection, engines: dict[str, PromSeries], model: str
 ) -> list[tuple[str, str, str]]:
-    """(kind, figure, expr): each engine figure that Model detail plots, fleet-wide, for a
-    range query (p95 where a histogram gives one, else the windowed mean)."""
+    """(kind, figure, expr): what Model detail plots for one model, per deployment, for a
+    range query: the TTFT and ITL p95 where a histogram gives one, else the windowed mean.
+    One model's series only, so the answer stays small at any fleet size."""
     nl = ", ".join([*section.labels.node, "instance"])
     window = f"{section.window_s:g}s"
     out = []
     for kind, ps in sorted(engines.items()):
-        by = f"{nl}, {section.labels.model.get(kind, ps.model_label)}"
-        for figure, name in sorted(ps.histograms.items()):
-            out.append(
-                (
-                    kind,
-                    figure,
-                    f"histogram_quantile(0.95, sum by (le, {by}) (rate({name}_bucket[{window}])))",
+        label = section.labels.model.get(kind, ps.model_label)
+        by = f"{nl}, {label}"
+        only = f"{{{label}={_quoted(model)}}}"
+        for figure in ("ttft", "itl"):
+            if figure in ps.histograms:
+                name = ps.histograms[figure]
+                expr = (
+                    f"histogram_quantile(0.95, sum by (le, {by}) "
+                    f"(rate({name}_bucket{only}[{window}])))"
                 )
-            )
-        for figure, (total, count) in sorted(ps.means.items()):
-            if figure not in ps.histograms:
-                out.append(
-                    (
-                        kind,
-                        figure,
-                        f"sum by ({by}) (rate({total}[{window}])) "
-                        f"/ sum by ({by}) (rate({count}[{window}]))",
-                    )
+                out.append((kind, figure, expr))
+            elif figure in ps.means:
+                total, count = ps.means[figure]
+                expr = (
+                    f"sum by ({by}) (rate({total}{only}[{window}])) "
+                    f"/ sum by ({by}) (rate({count}{only}[{window}]))"
                 )
-        if ps.waiting:
-            out.append((kind, "waiting", f"sum by ({by}) ({ps.waiting})"))
+                out.append((kind, figure, expr))
     return out

@@ -18,51 +18,27 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import math
 import ssl
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
 
 import msgspec
 
 from console.collect import apiclient
 from console.collect.collector import Collector, NodeState
 from console.collect.promql import (
-    AGENT_GPU,
-    AGENT_LATENCY,
-    AGENT_MODEL,
-    AGENT_QUANTILE,
-    AGENT_STATS,
     ANSWER,
-    DCGM_DRIVER,
-    DCGM_MODEL,
-    DCGM_READINGS,
-    DCGM_UUID,
-    TAG,
-    Query,
     Sample,
     fleet_queries,
+    history_queries,
 )
+from console.collect.promread import FleetReader, NodeReadings, number
 from console.core.config import Fleet, MissingSecret, PrometheusSection
 from console.core.plugin import PromSeries, plugin_kinds
-from console.core.wire import (
-    Engine,
-    Gpu,
-    Host,
-    Latency,
-    ModelStats,
-    NodeInfo,
-    Percentiles,
-    Snapshot,
-    XidEvent,
-)
 
-MIB = 2**20
-FIGURES = ("ttft", "itl", "e2e")
-MISSING = ["host", "jobs", "engine processes"]  # what Prometheus does not tell the console
+HISTORY_POINTS = 240  # a range query's points: an hour at 15 s
 
 
 class PromError(Exception):
@@ -115,59 +91,13 @@ class SourceHealth:
 
 
 @dataclass(frozen=True, slots=True)
-class _Address:
-    """What a scrape target's `instance` is, from the fleet file's deployments."""
+class HistoryLine:
+    """One deployment's figure over time: (unix seconds, seconds) points, oldest first."""
 
     node: str
-    kind: str
     engine_id: str
-    endpoint: str
-    deployments: tuple[str, ...]
-
-
-@dataclass
-class _Engine:
-    kind: str
-    endpoint: str | None = None
-    version: str | None = None
-    state: str | None = None
-    reason: str | None = None
-    deployments: tuple[str, ...] = ()
-    models: dict[str, dict[str, float | None]] = field(default_factory=dict)  # direct
-    agent_models: dict[str, dict[str, float | None]] = field(default_factory=dict)
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, _Engine) and self.__dict__ == other.__dict__
-
-
-@dataclass
-class _Node:
-    """One node's raw readings in one refresh; equal readings keep the old snapshot."""
-
-    gpus: dict[str, dict[str, float | None]] = field(default_factory=dict)  # dcgm-exporter
-    gpu_ids: dict[str, tuple[str | None, str | None]] = field(default_factory=dict)
-    agent_gpus: dict[str, dict[str, float | None]] = field(default_factory=dict)
-    driver: str | None = None
-    engines: dict[str, _Engine] = field(default_factory=dict)
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, _Node) and self.__dict__ == other.__dict__
-
-
-def _float(text: str) -> float | None:
-    value = float(text)
-    return None if math.isnan(value) or math.isinf(value) else value
-
-
-def _address(url: str) -> str:
-    parts = urlsplit(url)
-    port = parts.port or (443 if parts.scheme == "https" else 80)
-    return f"{parts.hostname}:{port}"
-
-
-def engine_id(kind: str, address: str) -> str:
-    """The agent's engine id ("vllm-8001"), so Prometheus' engines and the agents' agree."""
-    return f"{kind}-{address.rpartition(':')[2]}"
+    figure: str  # ttft | itl
+    points: list[tuple[float, float]]
 
 
 class PromSource(Collector):
@@ -193,17 +123,8 @@ class PromSource(Collector):
         self.health.queries = len(self.queries)
         for state in self.states.values():
             state.transport = "prometheus"
-        self._node_labels = list(self.section.labels.node)
-        self._addresses: dict[str, _Address] = {}
-        for model in fleet.models:
-            for dep in model.deployments:
-                eid = engine_id(dep.engine, _address(dep.endpoint))
-                for url in {dep.endpoint, dep.metrics_endpoint or dep.endpoint}:
-                    key = _address(url)
-                    known = self._addresses.get(key)
-                    deps = (*known.deployments, dep.id) if known else (dep.id,)
-                    self._addresses[key] = _Address(dep.node, dep.engine, eid, dep.endpoint, deps)
-        self._readings: dict[str, _Node] = {}
+        self.reader = FleetReader(fleet, self.section, self.engines)
+        self._readings: dict[str, NodeReadings] = {}
         self._http: Any = None
         self._headers, self._auth_error = self._auth()
 
@@ -283,14 +204,14 @@ class PromSource(Collector):
         health.error = f"{errors[0][0].family} query: {errors[0][1]}" if errors else None
         prom_s = 0.0
         samples = 0
-        nodes: dict[str, _Node] = {}
+        nodes: dict[str, NodeReadings] = {}
         for query, answer in zip(self.queries, answers, strict=True):
             if isinstance(answer, BaseException):
                 continue
             result, took = answer
             prom_s += took
             samples += len(result)
-            self._read(query, result, nodes)
+            self.reader.read(query, result, nodes)
         health.ok, health.prometheus_s, health.samples = True, prom_s, samples
         health.last_ok = time.monotonic()
         self._apply(nodes)
@@ -332,6 +253,31 @@ class PromSource(Collector):
             raise PromError(str(exc)) from None
         return _result(status, body)[0]
 
+    async def model_history(self, model: str) -> list[HistoryLine]:
+        """The last `history_s` of one model's TTFT and ITL p95 (or mean) per deployment,
+        from range queries, so Model detail shows what happened before the console
+        started. Raises PromError when Prometheus gives no answer."""
+        end = time.time()
+        start = end - self.section.history_s
+        step = max(15.0, self.section.history_s / HISTORY_POINTS)
+        asked = history_queries(self.section, self.engines, model)
+        answers = await asyncio.gather(
+            *(self.range_query(expr, start, end, step) for _, _, expr in asked)
+        )
+        out = []
+        for (kind, figure, _), result in zip(asked, answers, strict=True):
+            ps = self.engines[kind]
+            scale = ps.histogram_scale if figure in ps.histograms else ps.mean_scale
+            for sample in result:
+                node, eid = self.reader.engine_where(sample.metric, kind)
+                points = [
+                    (t, v * scale)
+                    for t, text in sample.values or ()
+                    if (v := number(text)) is not None
+                ]
+                out.append(HistoryLine(node, eid, figure, points))
+        return out
+
     def _all_failed(self, why: str) -> None:
         self.health.ok, self.health.error = False, why
         message = f"Prometheus: {why}"
@@ -343,154 +289,11 @@ class PromSource(Collector):
 
     # -- answers into readings -----------------------------------------------------------
 
-    def _node_of(self, labels: dict[str, str]) -> str | None:
-        for key in self._node_labels:
-            value = labels.get(key)
-            if value:
-                return value
-        instance = labels.get("instance")
-        if instance:
-            found = self._addresses.get(instance)
-            return found.node if found else instance
-        return None
-
-    def _engine_of(self, labels: dict[str, str], kind: str) -> tuple[str, str, _Address | None]:
-        """The node and engine id of one of an engine's own series: a deployment's when
-        its `instance` is one's endpoint, else from the node labels and the port."""
-        instance = labels.get("instance", "")
-        found = self._addresses.get(instance)
-        if found is not None and found.kind == kind:
-            return found.node, found.engine_id, found
-        return self._node_of(labels) or "?", engine_id(kind, instance), None
-
-    def _read(self, query: Query, result: list[Sample], nodes: dict[str, _Node]) -> None:
-        read = {
-            "up": self._read_up,
-            "gpu": self._read_gpu,
-            "gpu_id": self._read_gpu,
-            "agent_gpu": self._read_agent_gpu,
-            "agent_engine": self._read_agent,
-            "agent_model": self._read_agent,
-        }.get(query.family, self._read_engine)
-        for sample in result:
-            value = _float(sample.value[1]) if sample.value else None
-            read(query, sample.metric, value, nodes)
-
-    def _read_up(
-        self, query: Query, labels: dict[str, str], value: float | None, nodes: dict[str, _Node]
-    ) -> None:
-        found = self._addresses.get(labels.get("instance", ""))
-        if found is not None and value == 0:
-            engine = self._engine_at(nodes, found.node, found.engine_id, found.kind, found)
-            engine.state = engine.state or "down"
-            engine.reason = "Prometheus cannot scrape it (up == 0)"
-
-    def _read_gpu(
-        self, query: Query, labels: dict[str, str], value: float | None, nodes: dict[str, _Node]
-    ) -> None:
-        name = self._node_of(labels)
-        index = labels.get(self.section.labels.gpu)
-        if name is None or index is None:
-            return
-        node = nodes.setdefault(name, _Node())
-        if query.family == "gpu":
-            reading = DCGM_READINGS.get(labels.get("__name__", ""))
-            if reading is not None:
-                node.gpus.setdefault(index, {})[reading] = value
-        else:
-            node.gpu_ids[index] = (labels.get(DCGM_UUID), labels.get(DCGM_MODEL))
-            node.driver = labels.get(DCGM_DRIVER) or node.driver
-
-    def _read_agent_gpu(
-        self, query: Query, labels: dict[str, str], value: float | None, nodes: dict[str, _Node]
-    ) -> None:
-        name, index = labels.get("node"), labels.get("gpu")
-        field_name = AGENT_GPU.get(labels.get("__name__", ""))
-        if name and index is not None and field_name:
-            node = nodes.setdefault(name, _Node())
-            node.agent_gpus.setdefault(index, {})[field_name] = value
-            node.gpu_ids.setdefault(index, (labels.get("uuid"), None))
-
-    def _read_agent(
-        self, query: Query, labels: dict[str, str], value: float | None, nodes: dict[str, _Node]
-    ) -> None:
-        """The agent's engine states and model figures (engineroom_*)."""
-        name, eid = labels.get("node"), labels.get("engine")
-        if not name or not eid:
-            return
-        engine = self._engine_at(nodes, name, eid, labels.get("kind", "?"), None)
-        if query.family == "agent_engine":
-            engine.version = labels.get("version")
-            engine.state = labels.get("state")
-            return
-        model = engine.agent_models.setdefault(labels.get("model", "?"), {})
-        metric = labels.get("__name__", "")
-        if metric in AGENT_MODEL:
-            model[AGENT_MODEL[metric]] = value
-        elif metric in AGENT_LATENCY:
-            stat = labels.get("stat") or AGENT_QUANTILE.get(labels.get("quantile", ""))
-            if stat in AGENT_STATS:
-                model[f"{AGENT_LATENCY[metric]}.{stat}"] = value
-
-    def _read_engine(
-        self, query: Query, labels: dict[str, str], value: float | None, nodes: dict[str, _Node]
-    ) -> None:
-        """One of an engine's own series, scraped from the engine by Prometheus."""
-        kind = query.kind or "?"
-        ps = self.engines[kind]
-        instance = labels.get("instance", "")
-        found = self._addresses.get(instance)
-        if found is not None and found.kind == kind:
-            engine = self._engine_at(nodes, found.node, found.engine_id, kind, found)
-        else:  # not in fleet.toml: named by the node labels and the port
-            node = self._node_of(labels) or "?"
-            engine = self._engine_at(nodes, node, engine_id(kind, instance), kind, None)
-            engine.endpoint = engine.endpoint or (f"http://{instance}" if instance else None)
-        model = engine.models.setdefault(
-            labels.get(self.section.labels.model.get(kind, ps.model_label), "?"), {}
-        )
-        tag = labels.get(TAG, "")
-        if query.family == "gauges":
-            metric = labels.get("__name__", "")
-            for key, series in (
-                ("present", ps.present),
-                ("requests_running", ps.running),
-                ("requests_waiting", ps.waiting),
-                ("kv_cache_usage", ps.kv_cache),
-            ):
-                if metric == series:
-                    model[key] = value
-        elif query.family == "hist":
-            scale = 1.0 if tag == "count" else ps.histogram_scale
-            model[f"{query.figure}.{tag}"] = None if value is None else value * scale
-        elif query.family == "counters":
-            scale = ps.mean_scale if tag.startswith("mean:") else 1.0
-            model[tag] = None if value is None else value * scale
-
-    def _engine_at(
-        self, nodes: dict[str, _Node], node: str, eid: str, kind: str, found: _Address | None
-    ) -> _Engine:
-        engines = nodes.setdefault(node, _Node()).engines
-        engine = engines.get(eid)
-        if engine is None:
-            engine = engines[eid] = _Engine(kind)
-            if found is not None:
-                engine.endpoint, engine.deployments = found.endpoint, found.deployments
-            else:
-                engine.deployments = self._deployments_of(node, eid)
-        return engine
-
-    def _deployments_of(self, node: str, eid: str) -> tuple[str, ...]:
-        return tuple(
-            dep.id
-            for _, dep in self.fleet.deployments_on(node)
-            if engine_id(dep.engine, _address(dep.endpoint)) == eid
-        )
-
-    # -- readings into node states -------------------------------------------------------
-
-    def _apply(self, nodes: dict[str, _Node]) -> None:
+    def _apply(self, nodes: dict[str, NodeReadings]) -> None:
         now, wall = time.monotonic(), time.time()
+        # A node is stale when its figures are older than two refreshes; a refresh is as
+        # long as Prometheus takes (the status reads this, as an agent's slower cycle).
+        cycle = max(self.refresh_s, self.health.wall_s or 0.0)
         if self.section.discover:
             for name in sorted(nodes.keys() - self.states.keys()):
                 self.states[name] = NodeState(name, "prometheus")
@@ -498,142 +301,18 @@ class PromSource(Collector):
             reading = nodes.get(name)
             if reading is None:
                 state.failures += 1
-                labels = ", ".join(self._node_labels)
+                labels = ", ".join(self.reader.node_labels)
                 state.error = f"no series in Prometheus names this node (labels {labels}, instance)"
             else:
                 if state.snapshot is None or self._readings.get(name) != reading:
-                    state.snapshot = self._snapshot(name, reading, wall)
+                    state.snapshot = self.reader.snapshot(name, reading, wall)
                     self._readings[name] = reading
                     self.history.record(name, state.snapshot)
+                state.snapshot.cycle["interval_s"] = cycle
                 state.last_ok, state.failures, state.error = now, 0, None
                 state.polls += 1
             if self.on_update is not None:
                 self.on_update(state)
-
-    def _snapshot(self, name: str, node: _Node, wall: float) -> Snapshot:
-        gpus = self._gpus(node, wall)
-        engines = [self._engine(eid, e) for eid, e in sorted(node.engines.items())]
-        return Snapshot.model_construct(
-            node=NodeInfo.model_construct(name=name, agent_version="prometheus", time=wall),
-            host=Host(),
-            gpu_status="ok" if gpus else "no GPU series in Prometheus (dcgm-exporter or agent)",
-            driver_version=node.driver,
-            gpus=gpus,
-            engines=engines,
-            source="prometheus",
-            missing=MISSING,
-        )
-
-    def _gpus(self, node: _Node, wall: float) -> list[Gpu]:
-        out = []
-        if node.gpus:
-            for index, r in node.gpus.items():
-                if not index.isdigit():
-                    continue
-                used, free = r.get("fb_used"), r.get("fb_free")
-                total = (
-                    None
-                    if used is None or free is None
-                    else used + free + (r.get("fb_reserved") or 0.0)
-                )
-                uuid, model = node.gpu_ids.get(index, (None, None))
-                xid, ecc = r.get("xid"), r.get("ecc")
-                out.append(
-                    Gpu.model_construct(
-                        index=int(index),
-                        uuid=uuid,
-                        name=model,
-                        utilization_pct=r.get("util"),
-                        memory_used_bytes=None if used is None else int(used * MIB),
-                        memory_total_bytes=None if total is None else int(total * MIB),
-                        temperature_c=r.get("temp"),
-                        power_w=r.get("power"),
-                        sm_clock_mhz=None if r.get("sm_clock") is None else int(r["sm_clock"] or 0),
-                        ecc_uncorrected=None if ecc is None else int(ecc),
-                        xid_events=[XidEvent(time=wall, xid=int(xid))] if xid else [],
-                    )
-                )
-        else:
-            for index, r in node.agent_gpus.items():
-                if not index.isdigit():
-                    continue
-                fields: dict[str, Any] = dict(r)
-                for key in ("memory_used_bytes", "memory_total_bytes", "sm_clock_mhz"):
-                    if fields.get(key) is not None:
-                        fields[key] = int(fields[key])
-                if fields.get("ecc_uncorrected") is not None:
-                    fields["ecc_uncorrected"] = int(fields["ecc_uncorrected"])
-                uuid = node.gpu_ids.get(index, (None, None))[0]
-                out.append(Gpu.model_construct(index=int(index), uuid=uuid, **fields))
-        out.sort(key=lambda g: g.index)
-        return out
-
-    def _engine(self, eid: str, e: _Engine) -> Engine:
-        if e.models:
-            models = [self._model(name, r, e.kind) for name, r in sorted(e.models.items())]
-        else:
-            models = [_agent_model(name, r) for name, r in sorted(e.agent_models.items())]
-        state = e.state or ("ready" if e.models else "down")
-        return Engine.model_construct(
-            id=eid,
-            kind=e.kind,
-            endpoint=e.endpoint,
-            version=e.version,
-            state=state if state in ("ready", "loading", "unhealthy", "down") else "unhealthy",
-            reason=e.reason,
-            deployment_ids=list(e.deployments),
-            models=models,
-        )
-
-    def _model(self, name: str, r: dict[str, float | None], kind: str) -> ModelStats:
-        ps = self.engines[kind]
-        requests, errors = r.get("requests"), r.get("errors")
-        latency = {}
-        for figure in FIGURES:
-            if figure in ps.histograms and f"{figure}.count" in r:
-                latency[f"{figure}_s"] = Percentiles.model_construct(
-                    p50=r.get(f"{figure}.p50"),
-                    p95=r.get(f"{figure}.p95"),
-                    p99=r.get(f"{figure}.p99"),
-                    mean=r.get(f"{figure}.mean"),
-                    count=r.get(f"{figure}.count"),
-                    source="histogram",
-                )
-            elif f"mean:{figure}" in r or f"count:{figure}" in r:
-                latency[f"{figure}_s"] = Percentiles.model_construct(
-                    mean=r.get(f"mean:{figure}"), count=r.get(f"count:{figure}"), source="mean"
-                )
-        return ModelStats.model_construct(
-            name=name,
-            requests_running=r.get("requests_running"),
-            requests_waiting=r.get("requests_waiting"),
-            kv_cache_usage=r.get("kv_cache_usage"),
-            request_rate=requests,
-            error_rate=(min(1.0, errors / requests) if requests and errors is not None else None),
-            latency=Latency(**latency),
-            window_s=self.section.window_s,
-        )
-
-
-def _agent_model(name: str, r: dict[str, float | None]) -> ModelStats:
-    """A model from the agent's own series (Prometheus scrapes the agent, not the engine)."""
-    latency = {}
-    for figure in FIGURES:
-        stats: dict[str, Any] = {
-            s: r.get(f"{figure}.{s}") for s in AGENT_STATS if f"{figure}.{s}" in r
-        }
-        if stats:
-            source = "histogram" if any(k != "mean" for k in stats) else "mean"
-            latency[f"{figure}_s"] = Percentiles.model_construct(**stats, source=source)
-    return ModelStats.model_construct(
-        name=name,
-        requests_running=r.get("requests_running"),
-        requests_waiting=r.get("requests_waiting"),
-        kv_cache_usage=r.get("kv_cache_usage"),
-        request_rate=r.get("request_rate"),
-        error_rate=r.get("error_rate"),
-        latency=Latency(**latency),
-    )
 
 
 def _result(status: int, body: bytes) -> tuple[list[Sample], float]:

@@ -329,15 +329,18 @@ class Drill(_Strict):
     link_engine_dir: bool = True  # promote re-points the deployment's engine_dir link
 
 
+LabelName = Annotated[str, Field(pattern=r"^[a-zA-Z_][a-zA-Z0-9_]*$")]  # Prometheus' rule
+
+
 class PrometheusLabels(_Strict):
     """Which labels name what, in the series Prometheus holds. The defaults match
     dcgm-exporter (`Hostname`, `gpu`), the agent's own series (`node`, `gpu`) and engines
     scraped directly (their `instance` is matched to a deployment's endpoint)."""
 
-    node: list[str] = Field(default_factory=lambda: ["node", "Hostname"])  # first present wins
-    gpu: str = "gpu"
+    node: list[LabelName] = Field(default_factory=lambda: ["node", "Hostname"])  # first wins
+    gpu: LabelName = "gpu"
     # The label that names the model, by engine kind; a kind not here uses its plugin's.
-    model: dict[str, str] = Field(default_factory=dict)
+    model: dict[str, LabelName] = Field(default_factory=dict)
 
 
 class PrometheusSection(_Strict):

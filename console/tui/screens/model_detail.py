@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+import time
+from typing import Any
+
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Horizontal
 from textual.widgets import Static
 from textual_plotext import PlotextPlot
 
-from console.collect.view import FleetView
+from console.collect.promsource import HistoryLine, PromError, PromSource
+from console.collect.view import DeploymentRow, FleetView
 from console.core.config import Model
+from console.tui.polling import Poll
 from console.tui.screens.base import ViewScreen
 from console.tui.screens.models import slo_text
+
+HISTORY_EVERY_S = 30.0  # range queries again: a new point every 15 s at the most
 
 
 class ModelDetailScreen(ViewScreen):
@@ -19,6 +26,25 @@ class ModelDetailScreen(ViewScreen):
         super().__init__()
         self.model = model
         self.where = f"Model {model}"
+        # From Prometheus' range queries: the last hour, from before the console started.
+        self.history_lines: list[HistoryLine] | None = None
+        self.history_error: str | None = None
+
+    def on_mount(self) -> None:
+        super().on_mount()
+        if isinstance(self.console.collector, PromSource):
+            Poll(self, HISTORY_EVERY_S, self._read_history, "model-history").now()
+
+    async def _read_history(self) -> None:
+        source = self.console.collector
+        assert isinstance(source, PromSource)
+        try:
+            self.history_lines = await source.model_history(self.model)
+            self.history_error = None
+        except PromError as exc:
+            self.history_error = f"history from Prometheus: {exc}"
+        if self.console.view is not None:
+            self.draw(self.console.view)
 
     def compose_body(self) -> ComposeResult:
         yield Static(id="model-info")
@@ -41,6 +67,12 @@ class ModelDetailScreen(ViewScreen):
             (slo_text(model.slo), "dim"),
             f"  {len(rows)} deployments; p95 per poll (mean where the engine has no histogram)",
         )
+        if self.history_lines is not None:
+            section = self.console.fleet.prometheus
+            span = section.history_s / 60 if section else 0
+            t = t.append(f"; the last {span:.0f} min from Prometheus", style="cyan")
+        if self.history_error is not None:
+            t = t.append(f"  {self.history_error}", style="bold red")
         info.update(t)
         history = self.console.collector.history
         for series, plot_id, title, limit in (
@@ -54,7 +86,9 @@ class ModelDetailScreen(ViewScreen):
             plt.title(title)
             plt.xlabel("seconds ago")
             longest = 0
-            for r in rows:
+            if self.history_lines is not None:
+                longest = self._plot_history(plt, rows, series.removesuffix("_p95"))
+            for r in rows if self.history_lines is None else ():
                 if r.engine_id is None or r.stats is None:
                     continue
                 rings = history.deployment(r.node, r.engine_id, r.stats.name)
@@ -76,3 +110,20 @@ class ModelDetailScreen(ViewScreen):
             if longest == 0:
                 plt.title(f"{title}: no data yet")
             widget.refresh()
+
+    def _plot_history(self, plt: Any, rows: list[DeploymentRow], figure: str) -> int:
+        """Each deployment's line from the range queries, x in seconds before now."""
+        now = time.time()
+        names = {(r.node, r.engine_id): r.id or r.engine_id or "?" for r in rows}
+        drawn = 0
+        for line in self.history_lines or ():
+            name = names.get((line.node, line.engine_id))
+            if line.figure != figure or name is None or not line.points:
+                continue
+            plt.plot(
+                [t - now for t, _ in line.points],
+                [v * 1000 for _, v in line.points],
+                label=name[:18],
+            )
+            drawn = max(drawn, len(line.points))
+        return drawn

@@ -1,0 +1,424 @@
+"""Prometheus' answers read into nodes, and nodes into the agents' `Snapshot`s.
+
+Which node and engine a series belongs to: an engine's own series by its `instance`
+when that is a fleet.toml deployment's endpoint (Prometheus scrapes the engine), else
+by the mapping's node labels (`node`, dcgm-exporter's `Hostname`) and the port; the
+agent's series by their `node` and `engine` labels. Engine ids are the agent's
+("vllm-8000"), so both sources name an engine alike. Unknown stays None.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+from console.collect.promql import (
+    AGENT_GPU,
+    AGENT_LATENCY,
+    AGENT_MODEL,
+    AGENT_QUANTILE,
+    AGENT_STATS,
+    DCGM_DRIVER,
+    DCGM_MODEL,
+    DCGM_READINGS,
+    DCGM_UUID,
+    TAG,
+    Query,
+    Sample,
+)
+from console.core.config import Fleet, PrometheusSection
+from console.core.plugin import PromSeries
+from console.core.wire import (
+    Engine,
+    Gpu,
+    Host,
+    Latency,
+    ModelStats,
+    NodeInfo,
+    Percentiles,
+    Snapshot,
+    XidEvent,
+)
+
+MIB = 2**20
+FIGURES = ("ttft", "itl", "e2e")
+MISSING = ["host", "jobs", "engine processes"]  # what Prometheus does not tell the console
+
+
+@dataclass(frozen=True, slots=True)
+class _Address:
+    """What a scrape target's `instance` is, from the fleet file's deployments."""
+
+    node: str
+    kind: str
+    engine_id: str
+    endpoint: str
+    deployments: tuple[str, ...]
+
+
+@dataclass
+class _Engine:
+    kind: str
+    endpoint: str | None = None
+    version: str | None = None
+    state: str | None = None
+    reason: str | None = None
+    deployments: tuple[str, ...] = ()
+    models: dict[str, dict[str, float | None]] = field(default_factory=dict)  # direct
+    agent_models: dict[str, dict[str, float | None]] = field(default_factory=dict)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Engine) and self.__dict__ == other.__dict__
+
+
+@dataclass
+class NodeReadings:
+    """One node's raw readings in one refresh; equal readings keep the old snapshot."""
+
+    gpus: dict[str, dict[str, float | None]] = field(default_factory=dict)  # dcgm-exporter
+    gpu_ids: dict[str, tuple[str | None, str | None]] = field(default_factory=dict)
+    agent_gpus: dict[str, dict[str, float | None]] = field(default_factory=dict)
+    driver: str | None = None
+    engines: dict[str, _Engine] = field(default_factory=dict)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, NodeReadings) and self.__dict__ == other.__dict__
+
+
+def number(text: str) -> float | None:
+    value = float(text)
+    return None if math.isnan(value) or math.isinf(value) else value
+
+
+def _address(url: str) -> str:
+    parts = urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    return f"{parts.hostname}:{port}"
+
+
+def engine_id(kind: str, address: str) -> str:
+    """The agent's engine id ("vllm-8001"), so Prometheus' engines and the agents' agree."""
+    return f"{kind}-{address.rpartition(':')[2]}"
+
+
+Nodes = dict[str, NodeReadings]  # one refresh, by node name
+
+
+class FleetReader:
+    """Reads one refresh's answers into `NodeReadings`s, and a `NodeReadings` into a Snapshot."""
+
+    def __init__(
+        self, fleet: Fleet, section: PrometheusSection, engines: dict[str, PromSeries]
+    ) -> None:
+        self.fleet, self.section, self.engines = fleet, section, engines
+        self.node_labels = list(self.section.labels.node)
+        self._addresses: dict[str, _Address] = {}
+        for model in fleet.models:
+            for dep in model.deployments:
+                eid = engine_id(dep.engine, _address(dep.endpoint))
+                for url in {dep.endpoint, dep.metrics_endpoint or dep.endpoint}:
+                    key = _address(url)
+                    known = self._addresses.get(key)
+                    deps = (*known.deployments, dep.id) if known else (dep.id,)
+                    self._addresses[key] = _Address(dep.node, dep.engine, eid, dep.endpoint, deps)
+
+    def engine_where(self, labels: dict[str, str], kind: str) -> tuple[str, str]:
+        """The node and engine id of one of an engine's own series."""
+        found = self._addresses.get(labels.get("instance", ""))
+        if found is not None and found.kind == kind:
+            return found.node, found.engine_id
+        return self._node_of(labels) or "?", engine_id(kind, labels.get("instance", ""))
+
+    def _node_of(self, labels: dict[str, str]) -> str | None:
+        for key in self.node_labels:
+            value = labels.get(key)
+            if value:
+                return value
+        instance = labels.get("instance")
+        if instance:
+            found = self._addresses.get(instance)
+            return found.node if found else instance
+        return None
+
+    def _engine_of(self, labels: dict[str, str], kind: str) -> tuple[str, str, _Address | None]:
+        """The node and engine id of one of an engine's own series: a deployment's when
+        its `instance` is one's endpoint, else from the node labels and the port."""
+        instance = labels.get("instance", "")
+        found = self._addresses.get(instance)
+        if found is not None and found.kind == kind:
+            return found.node, found.engine_id, found
+        return self._node_of(labels) or "?", engine_id(kind, instance), None
+
+    def read(self, query: Query, result: list[Sample], nodes: Nodes) -> None:
+        read = {
+            "up": self._read_up,
+            "gpu": self._read_gpu,
+            "gpu_id": self._read_gpu,
+            "agent_gpu": self._read_agent_gpu,
+            "agent_engine": self._read_agent,
+            "agent_model": self._read_agent,
+        }.get(query.family, self._read_engine)
+        for sample in result:
+            value = number(sample.value[1]) if sample.value else None
+            read(query, sample.metric, value, nodes)
+
+    def _read_up(
+        self,
+        query: Query,
+        labels: dict[str, str],
+        value: float | None,
+        nodes: Nodes,
+    ) -> None:
+        found = self._addresses.get(labels.get("instance", ""))
+        if found is not None and value == 0:
+            engine = self._engine_at(nodes, found.node, found.engine_id, found.kind, found)
+            engine.state = engine.state or "down"
+            engine.reason = "Prometheus cannot scrape it (up == 0)"
+
+    def _read_gpu(
+        self,
+        query: Query,
+        labels: dict[str, str],
+        value: float | None,
+        nodes: Nodes,
+    ) -> None:
+        name = self._node_of(labels)
+        index = labels.get(self.section.labels.gpu)
+        if name is None or index is None:
+            return
+        node = nodes.setdefault(name, NodeReadings())
+        if query.family == "gpu":
+            reading = DCGM_READINGS.get(labels.get("__name__", ""))
+            if reading is not None:
+                node.gpus.setdefault(index, {})[reading] = value
+        else:
+            node.gpu_ids[index] = (labels.get(DCGM_UUID), labels.get(DCGM_MODEL))
+            node.driver = labels.get(DCGM_DRIVER) or node.driver
+
+    def _read_agent_gpu(
+        self,
+        query: Query,
+        labels: dict[str, str],
+        value: float | None,
+        nodes: Nodes,
+    ) -> None:
+        name, index = labels.get("node"), labels.get("gpu")
+        field_name = AGENT_GPU.get(labels.get("__name__", ""))
+        if name and index is not None and field_name:
+            node = nodes.setdefault(name, NodeReadings())
+            node.agent_gpus.setdefault(index, {})[field_name] = value
+            node.gpu_ids.setdefault(index, (labels.get("uuid"), None))
+
+    def _read_agent(
+        self,
+        query: Query,
+        labels: dict[str, str],
+        value: float | None,
+        nodes: Nodes,
+    ) -> None:
+        """The agent's engine states and model figures (engineroom_*)."""
+        name, eid = labels.get("node"), labels.get("engine")
+        if not name or not eid:
+            return
+        engine = self._engine_at(nodes, name, eid, labels.get("kind", "?"), None)
+        if query.family == "agent_engine":
+            engine.version = labels.get("version")
+            engine.state = labels.get("state")
+            return
+        model = engine.agent_models.setdefault(labels.get("model", "?"), {})
+        metric = labels.get("__name__", "")
+        if metric in AGENT_MODEL:
+            model[AGENT_MODEL[metric]] = value
+        elif metric in AGENT_LATENCY:
+            stat = labels.get("stat") or AGENT_QUANTILE.get(labels.get("quantile", ""))
+            if stat in AGENT_STATS:
+                model[f"{AGENT_LATENCY[metric]}.{stat}"] = value
+
+    def _read_engine(
+        self,
+        query: Query,
+        labels: dict[str, str],
+        value: float | None,
+        nodes: Nodes,
+    ) -> None:
+        """One of an engine's own series, scraped from the engine by Prometheus."""
+        kind = query.kind or "?"
+        ps = self.engines[kind]
+        instance = labels.get("instance", "")
+        found = self._addresses.get(instance)
+        if found is not None and found.kind == kind:
+            engine = self._engine_at(nodes, found.node, found.engine_id, kind, found)
+        else:  # not in fleet.toml: named by the node labels and the port
+            node = self._node_of(labels) or "?"
+            engine = self._engine_at(nodes, node, engine_id(kind, instance), kind, None)
+            engine.endpoint = engine.endpoint or (f"http://{instance}" if instance else None)
+        model = engine.models.setdefault(
+            labels.get(self.section.labels.model.get(kind, ps.model_label), "?"), {}
+        )
+        tag = labels.get(TAG, "")
+        if query.family == "gauges":
+            metric = labels.get("__name__", "")
+            for key, series in (
+                ("present", ps.present),
+                ("requests_running", ps.running),
+                ("requests_waiting", ps.waiting),
+                ("kv_cache_usage", ps.kv_cache),
+            ):
+                if metric == series:
+                    model[key] = value
+        elif query.family == "hist":
+            scale = 1.0 if tag == "count" else ps.histogram_scale
+            model[f"{query.figure}.{tag}"] = None if value is None else value * scale
+        elif query.family == "counters":
+            scale = ps.mean_scale if tag.startswith("mean:") else 1.0
+            model[tag] = None if value is None else value * scale
+
+    def _engine_at(
+        self, nodes: Nodes, node: str, eid: str, kind: str, found: _Address | None
+    ) -> _Engine:
+        engines = nodes.setdefault(node, NodeReadings()).engines
+        engine = engines.get(eid)
+        if engine is None:
+            engine = engines[eid] = _Engine(kind)
+            if found is not None:
+                engine.endpoint, engine.deployments = found.endpoint, found.deployments
+            else:
+                engine.deployments = self._deployments_of(node, eid)
+        return engine
+
+    def _deployments_of(self, node: str, eid: str) -> tuple[str, ...]:
+        return tuple(
+            dep.id
+            for _, dep in self.fleet.deployments_on(node)
+            if engine_id(dep.engine, _address(dep.endpoint)) == eid
+        )
+
+    # -- readings into node states -------------------------------------------------------
+
+    def snapshot(self, name: str, node: NodeReadings, wall: float) -> Snapshot:
+        gpus = self._gpus(node, wall)
+        engines = [self._engine(eid, e) for eid, e in sorted(node.engines.items())]
+        return Snapshot.model_construct(
+            node=NodeInfo.model_construct(name=name, agent_version="prometheus", time=wall),
+            host=Host(),
+            gpu_status="ok" if gpus else "no GPU series in Prometheus (dcgm-exporter or agent)",
+            driver_version=node.driver,
+            gpus=gpus,
+            engines=engines,
+            source="prometheus",
+            missing=MISSING,
+            cycle={},
+        )
+
+    def _gpus(self, node: NodeReadings, wall: float) -> list[Gpu]:
+        out = []
+        if node.gpus:
+            for index, r in node.gpus.items():
+                if not index.isdigit():
+                    continue
+                used, free = r.get("fb_used"), r.get("fb_free")
+                total = (
+                    None
+                    if used is None or free is None
+                    else used + free + (r.get("fb_reserved") or 0.0)
+                )
+                uuid, model = node.gpu_ids.get(index, (None, None))
+                xid, ecc = r.get("xid"), r.get("ecc")
+                out.append(
+                    Gpu.model_construct(
+                        index=int(index),
+                        uuid=uuid,
+                        name=model,
+                        utilization_pct=r.get("util"),
+                        memory_used_bytes=None if used is None else int(used * MIB),
+                        memory_total_bytes=None if total is None else int(total * MIB),
+                        temperature_c=r.get("temp"),
+                        power_w=r.get("power"),
+                        sm_clock_mhz=None if r.get("sm_clock") is None else int(r["sm_clock"] or 0),
+                        ecc_uncorrected=None if ecc is None else int(ecc),
+                        xid_events=[XidEvent(time=wall, xid=int(xid))] if xid else [],
+                    )
+                )
+        else:
+            for index, r in node.agent_gpus.items():
+                if not index.isdigit():
+                    continue
+                fields: dict[str, Any] = dict(r)
+                for key in ("memory_used_bytes", "memory_total_bytes", "sm_clock_mhz"):
+                    if fields.get(key) is not None:
+                        fields[key] = int(fields[key])
+                if fields.get("ecc_uncorrected") is not None:
+                    fields["ecc_uncorrected"] = int(fields["ecc_uncorrected"])
+                uuid = node.gpu_ids.get(index, (None, None))[0]
+                out.append(Gpu.model_construct(index=int(index), uuid=uuid, **fields))
+        out.sort(key=lambda g: g.index)
+        return out
+
+    def _engine(self, eid: str, e: _Engine) -> Engine:
+        if e.models:
+            models = [self._model(name, r, e.kind) for name, r in sorted(e.models.items())]
+        else:
+            models = [_agent_model(name, r) for name, r in sorted(e.agent_models.items())]
+        state = e.state or ("ready" if e.models else "down")
+        return Engine.model_construct(
+            id=eid,
+            kind=e.kind,
+            endpoint=e.endpoint,
+            version=e.version,
+            state=state if state in ("ready", "loading", "unhealthy", "down") else "unhealthy",
+            reason=e.reason,
+            deployment_ids=list(e.deployments),
+            models=models,
+        )
+
+    def _model(self, name: str, r: dict[str, float | None], kind: str) -> ModelStats:
+        ps = self.engines[kind]
+        requests, errors = r.get("requests"), r.get("errors")
+        latency = {}
+        for figure in FIGURES:
+            if figure in ps.histograms and f"{figure}.count" in r:
+                latency[f"{figure}_s"] = Percentiles.model_construct(
+                    p50=r.get(f"{figure}.p50"),
+                    p95=r.get(f"{figure}.p95"),
+                    p99=r.get(f"{figure}.p99"),
+                    mean=r.get(f"{figure}.mean"),
+                    count=r.get(f"{figure}.count"),
+                    source="histogram",
+                )
+            elif f"mean:{figure}" in r or f"count:{figure}" in r:
+                latency[f"{figure}_s"] = Percentiles.model_construct(
+                    mean=r.get(f"mean:{figure}"), count=r.get(f"count:{figure}"), source="mean"
+                )
+        return ModelStats.model_construct(
+            name=name,
+            requests_running=r.get("requests_running"),
+            requests_waiting=r.get("requests_waiting"),
+            kv_cache_usage=r.get("kv_cache_usage"),
+            request_rate=requests,
+            error_rate=(min(1.0, errors / requests) if requests and errors is not None else None),
+            latency=Latency(**latency),
+            window_s=self.section.window_s,
+        )
+
+
+def _agent_model(name: str, r: dict[str, float | None]) -> ModelStats:
+    """A model from the agent's own series (Prometheus scrapes the agent, not the engine)."""
+    latency = {}
+    for figure in FIGURES:
+        stats: dict[str, Any] = {
+            s: r.get(f"{figure}.{s}") for s in AGENT_STATS if f"{figure}.{s}" in r
+        }
+        if stats:
+            source = "histogram" if any(k != "mean" for k in stats) else "mean"
+            latency[f"{figure}_s"] = Percentiles.model_construct(**stats, source=source)
+    return ModelStats.model_construct(
+        name=name,
+        requests_running=r.get("requests_running"),
+        requests_waiting=r.get("requests_waiting"),
+        kv_cache_usage=r.get("kv_cache_usage"),
+        request_rate=r.get("request_rate"),
+        error_rate=r.get("error_rate"),
+        latency=Latency(**latency),
+    )
