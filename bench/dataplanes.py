@@ -175,6 +175,10 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=5.0, help="each requests/s run")
     parser.add_argument("--cutovers", type=int, default=6, help="emergency cutovers per plane")
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument(
+        "--profile", type=int, default=0, metavar="N",
+        help="also: N requests through a second gateway under cProfile, its top functions",
+    )  # fmt: skip
     args = parser.parse_args()
     report = io.StringIO()
 
@@ -276,6 +280,8 @@ def main() -> int:
             return {}
 
         cutovers("nginx", paths["nginx"], "bench", ports, args.cutovers, say, reload_nginx)
+        if args.profile:
+            profile_gateway(work, fleet_text, args.profile, say)
         say(f"\nload average {os.getloadavg()[0]:.2f} at the end")
     finally:
         for proc in procs:
@@ -344,6 +350,84 @@ def cutovers(
         failed = clients.failed
     why = ", ".join(f"{n} {k}" for k, n in failed.most_common()) or "none"
     say(f"  {name:<8} job {_spread(job_ms)}   client {_spread(client_ms)}   failed: {why}")
+
+
+def profile_gateway(work: Path, fleet_text: str, n: int, say: Callable[[str], None]) -> None:
+    """Where the built-in gateway's time goes: a second gateway (own port and state) under
+    cProfile, started and stopped once with no request and once with `n` requests one at a
+    time; the difference, per request, by group and by function."""
+    idle = _profiled_run(work, fleet_text, 0, "idle")
+    busy = _profiled_run(work, fleet_text, n, "busy")
+    delta = {
+        key: (calls - idle.get(key, (0, 0.0, 0.0))[0], own - idle.get(key, (0, 0.0, 0.0))[1],
+              total - idle.get(key, (0, 0.0, 0.0))[2])
+        for key, (calls, own, total) in busy.items()
+    }  # fmt: skip
+    groups: dict[str, float] = {}
+    for (path, _, func), (_, own, _) in delta.items():
+        groups[_group(path, func)] = groups.get(_group(path, func), 0.0) + own
+    say(f"\nthe gateway under cProfile, {n} requests one at a time, less a run with none:")
+    say("  own time by group, ms a request")
+    for group, own in sorted(groups.items(), key=lambda kv: -kv[1]):
+        say(f"  {own / n * 1000:7.3f}  {group}")
+    say("  engineroom's own functions, by own time:")
+    ours = sorted(
+        ((own, total, calls, path, line, func)
+         for (path, line, func), (calls, own, total) in delta.items() if "/console/" in path),
+        reverse=True,
+    )  # fmt: skip
+    for own, total, calls, path, line, func in ours[:12]:
+        where = f"{Path(path).parent.name}/{Path(path).name}:{line} {func}"
+        say(f"  {own / n * 1000:7.3f} own {total / n * 1000:7.3f} cum {calls:>7} calls  {where}")
+
+
+Key = tuple[str, int, str]
+
+
+def _profiled_run(
+    work: Path, fleet_text: str, n: int, tag: str
+) -> dict[Key, tuple[int, float, float]]:
+    import pstats
+
+    port = free_ports(1)[0]
+    fleet = work / f"profile-{tag}.toml"
+    fleet.write_text(fleet_text.replace(f"{work}/gateway-state", f"{work}/profile-{tag}"))
+    out = work / f"gateway-{tag}.prof"
+    env = {**os.environ, "ENGINEROOM_ADMIN_TOKEN": ADMIN}
+    proc = spawn([sys.executable, "-m", "cProfile", "-o", str(out), "-m", "console.cli",
+                  "gateway", "--fleet", str(fleet), "--listen", f"127.0.0.1:{port}"],
+                 work / f"profile-{tag}.log", env)  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until(partial(_up, url), 30, what="the profiled gateway")
+        with httpx.Client(timeout=10, trust_env=False) as client:
+            for _ in range(n):
+                ttft_once(client, url, body("bench"))
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)  # a clean exit: cProfile writes its file
+        proc.wait(30)
+    rows = pstats.Stats(str(out)).stats.items()  # type: ignore[attr-defined]
+    return {key: (calls, own, total) for key, (_, calls, own, total, _) in rows}
+
+
+def _up(url: str) -> bool:
+    try:
+        return httpx.get(url + "/healthz", timeout=2, trust_env=False).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _group(path: str, func: str) -> str:
+    if "/console/" in path:
+        return "engineroom (console/)"
+    if path == "~" and "method" in func and ("send" in func or "recv" in func):
+        return "socket sends and receives"
+    if path.endswith("runners.py") or "run_forever" in func or "_run_once" in func:
+        return "the event loop itself (uvloop in C: polling, callbacks; waiting included)"
+    for lib in ("aiohttp", "httptools", "asyncio", "json", "multidict", "yarl"):
+        if f"/{lib}/" in path or f"{lib}." in func:
+            return lib
+    return "other (startup and imports included)"
 
 
 def _only_from(clients: Clients, port: str, after: float) -> bool:

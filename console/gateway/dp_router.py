@@ -48,8 +48,7 @@ import aiohttp
 from console.core.config import DataPlaneSection, Deployment, Fleet
 from console.core.fetch import FetchError, fetch
 from console.core.promtext import MetricsGarbage, parse
-from console.core.readings import Histogram, ModelReading, values_by
-from console.core.window import quantile
+from console.core.readings import ModelReading, values_by
 from console.gateway.dataplane import (
     Backend,
     DataPlane,
@@ -58,6 +57,7 @@ from console.gateway.dataplane import (
     Figures,
     Health,
 )
+from console.gateway.enginefigures import p95_since
 from plugins import load_plugins
 from plugins.base import EngineTarget, ProbeContext
 
@@ -357,8 +357,8 @@ class RouterPlane(DataPlane):
                 failures = int(engine.counters.get("errors", 0) - old.counters.get("errors", 0))
                 sources.append("engine /metrics (requests, failures)")
             sources.append("engine /metrics (TTFT, ITL)")
-        ttft = _p95(engine, old, "ttft")
-        itl = _p95(engine, old, "itl")
+        ttft = p95_since(engine, old, "ttft")
+        itl = p95_since(engine, old, "itl")
         return Figures(
             requests=requests,
             failures=failures,
@@ -367,6 +367,12 @@ class RouterPlane(DataPlane):
             itl_p95_s=itl,
             source="; ".join(sources) or "nothing readable",
         )
+
+    async def started(self, model: str, deployment: str) -> int | None:
+        """Requests the router has sent to the deployment's worker so far (its per-worker
+        counter of routing decisions); None without the router's metrics."""
+        counts = await self._router_counts(self._deps(model)[deployment])
+        return None if counts is None else int(counts["requests"])
 
     # -- reading counters ---------------------------------------------------------------
 
@@ -399,14 +405,3 @@ class RouterPlane(DataPlane):
         reading = await plugin.probe(target, ProbeContext(self.http, self.timeout_s, MAX_METRICS))
         found = next((m for m in reading.models if m.name == name), None)
         return found, reading.state
-
-
-def _p95(new: ModelReading | None, old: ModelReading | None, key: str) -> float | None:
-    if new is None or old is None:
-        return None
-    a, b = new.histograms.get(key), old.histograms.get(key)
-    if a is None or b is None or a.bounds != b.bounds or a.count < b.count:
-        return None
-    delta = Histogram(a.bounds, tuple(x - y for x, y in zip(a.counts, b.counts, strict=True)),
-                      a.sum - b.sum, a.count - b.count)  # fmt: skip
-    return quantile(0.95, delta.bounds, delta.counts)
