@@ -410,3 +410,22 @@ def test_dcgm_exporter_and_vllm_histograms_fire_the_same_rules_without_an_agent(
         },
     ]
     promtool_case(rules_file, tmp_path, series, tests)
+
+
+def test_rules_that_cannot_be_written_say_where_and_leave_no_file(tmp_path):
+    (tmp_path / "fleet.toml").write_text(FLEET_TEXT)
+    out = tmp_path / "missing-dir" / "rules.yml"
+    result = run_cli("rules", "--fleet", str(tmp_path / "fleet.toml"), "--out", str(out))
+    assert result.returncode == 1
+    assert f"cannot write {out}" in result.stderr and "Traceback" not in result.stderr
+    assert not out.exists()
+
+
+def test_a_bad_fleet_file_gets_its_line_and_no_rules(tmp_path):
+    (tmp_path / "fleet.toml").write_text(
+        FLEET_TEXT.replace("kv_cache_warn = 0.95", "kv_cache_warn = 2")
+    )
+    result = run_cli("rules", "--fleet", str(tmp_path / "fleet.toml"))
+    assert result.returncode == 3
+    assert "fleet.toml:" in result.stderr and "kv_cache_warn" in result.stderr
+    assert result.stdout == ""

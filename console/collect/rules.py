@@ -257,6 +257,7 @@ def run_rules(fleet: Fleet, out: str | None) -> int:
         tmp.write_text(text)
         tmp.replace(path)  # a Prometheus reloading meanwhile reads the old file or the new
     except OSError as exc:
+        tmp.unlink(missing_ok=True)
         print(f"engineroom rules: cannot write {path}: {exc.strerror or exc}", file=sys.stderr)
         return 1
     print(f"engineroom rules: wrote {path} ({text.count('- alert:')} rules)", file=sys.stderr)

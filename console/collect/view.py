@@ -20,6 +20,7 @@ from console.collect.alerts import (
 )
 from console.collect.collector import NodeState, NodeStatus
 from console.collect.history import History
+from console.core import alertrules
 from console.core.config import Deployment, Fleet, Model
 from console.core.wire import Engine, Gpu, ModelStats, Snapshot, TrtEngine
 
@@ -155,10 +156,12 @@ def engine_summary(engines: list[Engine]) -> str:
     return ", ".join(f"{label} x{n}" if n > 1 else label for label, n in counts.items())
 
 
-def _slo_state(value: float | None, limit: float | None) -> SloState:
+def _slo_state(value: float | None, limit: float | None, defn: alertrules.AlertDef) -> SloState:
+    """The SLO column's word; the alert's own comparison, so the column and the alert
+    (and the Prometheus rule) agree."""
     if limit is None or value is None:
         return "unknown"
-    return "ok" if value <= limit else "breach"
+    return "breach" if defn.exceeds(value, limit) else "ok"
 
 
 def slo_states(model: Model, stats: ModelStats | None, error_limit: float) -> dict[str, SloState]:
@@ -170,12 +173,19 @@ def slo_states(model: Model, stats: ModelStats | None, error_limit: float) -> di
         return None if v is None else v * ms
 
     return {
-        "ttft": _slo_state(seconds(lat.ttft_s.p95_or_mean) if lat else None, slo.ttft_p95_ms),
-        "itl": _slo_state(seconds(lat.itl_s.p95_or_mean) if lat else None, slo.itl_p95_ms),
-        "e2e": _slo_state(seconds(lat.e2e_s.p95_or_mean) if lat else None, slo.e2e_p95_ms),
+        "ttft": _slo_state(
+            seconds(lat.ttft_s.p95_or_mean) if lat else None, slo.ttft_p95_ms, alertrules.SLO_TTFT
+        ),
+        "itl": _slo_state(
+            seconds(lat.itl_s.p95_or_mean) if lat else None, slo.itl_p95_ms, alertrules.SLO_ITL
+        ),
+        "e2e": _slo_state(
+            seconds(lat.e2e_s.p95_or_mean) if lat else None, slo.e2e_p95_ms, alertrules.SLO_E2E
+        ),
         "errors": _slo_state(
             stats.error_rate if stats else None,
             slo.error_rate if slo.error_rate is not None else error_limit,
+            alertrules.ERROR_RATE,
         ),
     }
 
