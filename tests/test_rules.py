@@ -110,10 +110,11 @@ def triton(state: str = "ready", **stats: object) -> Engine:
     )
 
 
-def latency(ttft_p95=None, itl_p95=None, itl_mean=None) -> Latency:
+def latency(ttft_p95=None, itl_p95=None, itl_mean=None, e2e_p95=None) -> Latency:
     return Latency(
         ttft_s=Percentiles(p95=ttft_p95, mean=ttft_p95),
         itl_s=Percentiles(p95=itl_p95, mean=itl_mean),
+        e2e_s=Percentiles(p95=e2e_p95),
     )
 
 
@@ -142,7 +143,7 @@ CASES = {
             )
         ],
         engines=[
-            vllm(kv_cache_usage=0.94, error_rate=0.02, latency=latency(0.5, 0.05)),
+            vllm(kv_cache_usage=0.94, error_rate=0.02, latency=latency(0.5, 0.05, e2e_p95=2.0)),
             standby("down"),  # a standby nobody started is not an outage
             triton(error_rate=0.0, latency=latency(itl_mean=0.049)),
         ],
@@ -217,6 +218,10 @@ CASES = {
     "ITL over the SLO where the engine gives only a mean": Case(
         engines=[vllm(), standby(), triton(latency=latency(itl_mean=0.08))],
         fires=[("EngineroomSloItlP95", {**TRT, "stat": "mean", "fleet_model": "tiny"}, 0.08)],
+    ),
+    "p95 request latency over the SLO": Case(
+        engines=[vllm(latency=latency(e2e_p95=2.5)), standby(), triton()],
+        fires=[("EngineroomSloE2eP95", {**VLLM, "stat": "p95", "fleet_model": "tiny"}, 2.5)],
     ),
     "an error rate over the model's SLO": Case(
         engines=[vllm(error_rate=0.1), standby(), triton()],
@@ -311,6 +316,11 @@ def rules_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     assert result.returncode == 0, result.stderr
     assert "rules)" in result.stderr  # how many it wrote
     return out
+
+
+def test_every_rule_has_a_case_that_fires_it():
+    fired = {alert for case in CASES.values() for alert, _, _ in case.fires}
+    assert fired == set(RULE_NAMES)
 
 
 def test_promtool_accepts_the_rules_and_every_family_is_in_them(rules_file):
