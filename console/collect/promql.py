@@ -73,6 +73,18 @@ class Query:
     expr: str
     kind: str | None = None  # the engine kind, for the engine families
     figure: str | None = None  # ttft | itl | e2e, for "hist"
+    # What makes it incremental: the labels a sample of `expr` shares with `newest`, an
+    # expression giving the newest sample's time per such group (one series scraped
+    # with the rest of the family).
+    on: str | None = None
+    newest: str | None = None
+
+    def since(self, t: float) -> str:
+        """Only what was scraped after `t` (unix s): at a 2 s refresh over 30 s scrapes,
+        a fifteenth of the fleet. The whole fleet when the family cannot say."""
+        if self.on is None or self.newest is None:
+            return self.expr
+        return f"({self.expr}) and on ({self.on}) ({self.newest} > {t:.3f})"
 
 
 class Sample(msgspec.Struct):
@@ -112,26 +124,53 @@ def fleet_queries(section: PrometheusSection, engines: dict[str, PromSeries]) ->
     nl = ", ".join(node_labels)
     gpu = section.labels.gpu
     window = f"{section.window_s:g}s"
+    gpu_on = f"{nl}, {gpu}"
+    gpu_newest = f"max by ({gpu_on}) (timestamp(DCGM_FI_DEV_GPU_TEMP))"
+    agent_gpu_newest = "max by (node, gpu) (timestamp(engineroom_gpu_temperature_celsius))"
+    agent_newest = "max by (node, engine) (timestamp(engineroom_engine_state))"
     queries = [
-        Query("up", "up"),
-        Query("gpu", f'max by (__name__, {nl}, {gpu}) ({{__name__=~"{_names(DCGM_READINGS)}"}})'),
+        Query("up", "up == 0"),  # only the targets Prometheus cannot scrape
+        Query(
+            "gpu",
+            f'max by (__name__, {gpu_on}) ({{__name__=~"{_names(DCGM_READINGS)}"}})',
+            on=gpu_on,
+            newest=gpu_newest,
+        ),
         Query(
             "gpu_id",
-            f"max by ({nl}, {gpu}, {DCGM_UUID}, {DCGM_MODEL}, {DCGM_DRIVER}) "
+            f"max by ({gpu_on}, {DCGM_UUID}, {DCGM_MODEL}, {DCGM_DRIVER}) "
             f'({{__name__=~"DCGM_FI_DEV_GPU_TEMP|DCGM_FI_DEV_GPU_UTIL"}})',
+            on=gpu_on,
+            newest=gpu_newest,
         ),
-        Query("agent_gpu", f'{{__name__=~"{_names(AGENT_GPU)}"}}'),
-        Query("agent_engine", "engineroom_engine_state == 1"),
-        Query("agent_model", f'{{__name__=~"{_names([*AGENT_MODEL, *AGENT_LATENCY])}"}}'),
+        Query(
+            "agent_gpu",
+            f'{{__name__=~"{_names(AGENT_GPU)}"}}',
+            on="node, gpu",
+            newest=agent_gpu_newest,
+        ),
+        Query(
+            "agent_engine",
+            "engineroom_engine_state == 1",
+            on="node, engine",
+            newest=agent_newest,
+        ),
+        Query(
+            "agent_model",
+            f'{{__name__=~"{_names([*AGENT_MODEL, *AGENT_LATENCY])}"}}',
+            on="node, engine",
+            newest=agent_newest,
+        ),
     ]
     for kind, ps in sorted(engines.items()):
         model = section.labels.model.get(kind, ps.model_label)
         by = f"{nl}, {model}"
+        newest = f"max by ({by}) (timestamp({ps.present}))"
         summed = [n for n in (ps.present, ps.running, ps.waiting) if n]
         gauges = f'sum by (__name__, {by}) ({{__name__=~"{_names(summed)}"}})'
         if ps.kv_cache:
             gauges += f" or max by (__name__, {by}) ({ps.kv_cache})"
-        queries.append(Query("gauges", gauges, kind))
+        queries.append(Query("gauges", gauges, kind, on=by, newest=newest))
         for figure, name in sorted(ps.histograms.items()):
             terms = [
                 _tag(
@@ -148,7 +187,7 @@ def fleet_queries(section: PrometheusSection, engines: dict[str, PromSeries]) ->
                     "mean",
                 )
             )
-            queries.append(Query("hist", " or ".join(terms), kind, figure))
+            queries.append(Query("hist", " or ".join(terms), kind, figure, by, newest))
         terms = []
         if ps.requests:
             requests = f'{{__name__=~"{_names(ps.requests)}"}}'
@@ -166,7 +205,7 @@ def fleet_queries(section: PrometheusSection, engines: dict[str, PromSeries]) ->
             )
             terms.append(_tag(f"sum by ({by}) (increase({count}[{window}]))", f"count:{figure}"))
         if terms:
-            queries.append(Query("counters", " or ".join(terms), kind))
+            queries.append(Query("counters", " or ".join(terms), kind, on=by, newest=newest))
     return queries
 
 

@@ -34,11 +34,15 @@ from console.collect.promql import (
     fleet_queries,
     history_queries,
 )
-from console.collect.promread import FleetReader, NodeReadings, number
+from console.collect.promread import FleetReader, NodeReadings, merged, number
 from console.core.config import Fleet, MissingSecret, PrometheusSection
 from console.core.plugin import PromSeries, plugin_kinds
 
 HISTORY_POINTS = 240  # a range query's points: an hour at 15 s
+# Between whole-fleet refreshes, a refresh asks only for what was scraped since the last
+# one. The whole fleet again every FULL_EVERY_S finds nodes gone and anything missed.
+FULL_EVERY_S = 30.0
+SCRAPE_LAG_S = 5.0  # a sample is stamped when its scrape starts; it lands up to this later
 
 
 class PromError(Exception):
@@ -58,6 +62,7 @@ class SourceHealth:
     wall_s: float | None = None  # the refresh, from the first query out to the last answer
     samples: int = 0
     nodes: int = 0
+    full: bool | None = None  # the last refresh asked for the whole fleet
     last_ok: float | None = None  # monotonic
 
     def line(self) -> str:
@@ -86,6 +91,7 @@ class SourceHealth:
             "prometheus_s": self.prometheus_s,
             "wall_s": self.wall_s,
             "samples": self.samples,
+            "full": self.full,
             "nodes": self.nodes,
         }
 
@@ -124,7 +130,10 @@ class PromSource(Collector):
         for state in self.states.values():
             state.transport = "prometheus"
         self.reader = FleetReader(fleet, self.section, self.engines)
-        self._readings: dict[str, NodeReadings] = {}
+        self._readings: dict[str, NodeReadings] = {}  # what each snapshot was made from
+        self._current: dict[str, NodeReadings] = {}  # the fleet as of the last refresh
+        self._full_at: float | None = None  # monotonic, the last whole-fleet refresh
+        self._since: float | None = None  # unix, the last refresh's evaluation time
         self._http: Any = None
         self._headers, self._auth_error = self._auth()
 
@@ -180,12 +189,15 @@ class PromSource(Collector):
     async def refresh(self) -> None:
         """Run the queries, then turn the answers into node states. Never raises: a
         Prometheus that is down, slow or erring is said in `health` and on every node."""
-        started = time.monotonic()
+        started, at = time.monotonic(), time.time()
         if self._auth_error is not None:
             self._all_failed(self._auth_error)
             return
+        full = self._full_at is None or started - self._full_at >= FULL_EVERY_S
+        since = (self._since or at) - SCRAPE_LAG_S
         answers = await asyncio.gather(
-            *(self._instant(q.expr) for q in self.queries), return_exceptions=True
+            *(self._instant(q.expr if full else q.since(since), at) for q in self.queries),
+            return_exceptions=True,
         )
         health = self.health
         health.wall_s = time.monotonic() - started
@@ -213,18 +225,25 @@ class PromSource(Collector):
             samples += len(result)
             self.reader.read(query, result, nodes)
         health.ok, health.prometheus_s, health.samples = True, prom_s, samples
+        health.full = full
         health.last_ok = time.monotonic()
-        self._apply(nodes)
-        health.nodes = len(nodes)
+        if full:
+            self._current, self._full_at = nodes, started
+        else:
+            for name, partial in nodes.items():
+                self._current[name] = merged(self._current.get(name), partial)
+        self._since = at
+        self._apply()
+        health.nodes = len(self._current)
 
-    async def _instant(self, expr: str) -> tuple[list[Sample], float]:
+    async def _instant(self, expr: str, at: float) -> tuple[list[Sample], float]:
         assert self._http is not None, "use the source as an async context manager"
         try:
             status, body = await apiclient.request(
                 self._http,
                 "GET",
                 "/api/v1/query",
-                params={"query": expr, "stats": "all"},
+                params={"query": expr, "time": f"{at:.3f}", "stats": "all"},
                 deadline_s=self.timeout_s,
                 max_bytes=self.section.max_response_bytes,
             )
@@ -289,7 +308,10 @@ class PromSource(Collector):
 
     # -- answers into readings -----------------------------------------------------------
 
-    def _apply(self, nodes: dict[str, NodeReadings]) -> None:
+    def _apply(self) -> None:
+        """The current readings into node states; a node whose readings are the same
+        object or equal keeps its snapshot, so the view redoes nothing for it."""
+        nodes = self._current
         now, wall = time.monotonic(), time.time()
         # A node is stale when its figures are older than two refreshes; a refresh is as
         # long as Prometheus takes (the status reads this, as an agent's slower cycle).
@@ -304,10 +326,11 @@ class PromSource(Collector):
                 labels = ", ".join(self.reader.node_labels)
                 state.error = f"no series in Prometheus names this node (labels {labels}, instance)"
             else:
-                if state.snapshot is None or self._readings.get(name) != reading:
+                old = self._readings.get(name)
+                if state.snapshot is None or (old is not reading and old != reading):
                     state.snapshot = self.reader.snapshot(name, reading, wall)
-                    self._readings[name] = reading
                     self.history.record(name, state.snapshot)
+                self._readings[name] = reading
                 state.snapshot.cycle["interval_s"] = cycle
                 state.last_ok, state.failures, state.error = now, 0, None
                 state.polls += 1
