@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Literal
 from console.collect.collector import NodeState, NodeStatus
 from console.collect.history import History
 from console.core.config import Fleet, Model
-from console.core.wire import Snapshot
+from console.core.snapshot import Snapshot
 
 if TYPE_CHECKING:
     from console.collect.view import DeploymentRow
