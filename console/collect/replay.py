@@ -13,7 +13,7 @@ import time
 
 from console.collect.collector import Collector
 from console.core.config import Fleet
-from console.core.snapshot import Snapshot
+from console.core.wire import Snapshot
 
 
 class ReplayCollector(Collector):
