@@ -8,7 +8,7 @@ from console.collect.alerts import Alert, EventLog
 from console.collect.collector import NodeState
 from console.collect.view import build
 from console.core.config import parse_fleet
-from console.core.wire import Gpu, Host, NodeInfo, Snapshot
+from console.core.snapshot import Gpu, Host, NodeInfo, Snapshot
 
 FLEET = parse_fleet("""
 [fleet]

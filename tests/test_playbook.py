@@ -9,7 +9,7 @@ from console.collect import view as fleet_view
 from console.collect.playbook import plan
 from console.collect.replay import ReplayCollector
 from console.core.config import Fleet, parse_fleet
-from console.core.wire import Snapshot
+from console.core.snapshot import decode_snapshot
 from tests.tui_support import FLEET, ROOT
 
 DRILLS = ROOT / "tests" / "fixtures" / "snapshot-cpu-drills.json"
@@ -18,7 +18,7 @@ DRILL_FLEET += 'checkpoint = "/models/tiny"\n'
 
 
 def playbook(fleet: Fleet, gateway: dict | None = None, model: str = "tiny"):
-    recorded = Snapshot.model_validate_json(DRILLS.read_text())
+    recorded = decode_snapshot(DRILLS.read_text())
     collector = ReplayCollector(fleet, {"h200": None, "cpu-1": recorded, "gone": None})
     view = fleet_view.build(fleet, collector.states, fleet.fleet.refresh_s)
     return plan(fleet, model, view, collector.states, gateway)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from console.collect.replay import ReplayCollector
 from console.core.config import parse_fleet
-from console.core.wire import Snapshot
+from console.core.snapshot import decode_snapshot
 from console.tui.app import EngineroomApp
 from console.tui.screens.drills import PlaybookScreen, step_bars
 from console.tui.widgets.table import FleetTable
@@ -34,7 +34,7 @@ def drill_app() -> EngineroomApp:
     fleet = parse_fleet(DRILL_FLEET)
     snapshots = {
         "h200": None,
-        "cpu-1": Snapshot.model_validate_json(DRILLS.read_text()),
+        "cpu-1": decode_snapshot(DRILLS.read_text()),
         "gone": None,
     }
     return EngineroomApp(fleet, collector=ReplayCollector(fleet, snapshots))
@@ -81,7 +81,7 @@ async def test_models_show_rebuild_required_and_the_playbook_says_what_is_next()
 
 
 def test_step_bars_scale_to_the_longest_step() -> None:
-    snap = Snapshot.model_validate_json(DRILLS.read_text())
+    snap = decode_snapshot(DRILLS.read_text())
     job = next(j for j in snap.jobs if j.result.get("cache") == "miss")
     text = step_bars(job.steps, width=20).plain
     lines = {line.split()[0]: line for line in text.splitlines()}

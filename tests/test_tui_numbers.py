@@ -26,8 +26,8 @@ from textual.widgets import Static
 
 from console.collect.replay import ReplayCollector
 from console.core.config import load_fleet, parse_fleet
+from console.core.snapshot import Latency, Percentiles, Snapshot, decode_snapshot
 from console.core.window import quantile
-from console.core.wire import Latency, Percentiles, Snapshot
 from console.sim.fleet import MODELS
 from console.sim.load import SURGE_FOR_S, SURGE_FROM_S, Plan, Workload
 from console.tui import format as fmt
@@ -56,7 +56,7 @@ WIDEST_FLEET = (
 
 def widest_snapshots() -> dict[str, Snapshot | None]:
     """Recorded real snapshots, with each value set to the widest its column can show."""
-    cpu = Snapshot.model_validate_json(CPU.read_text())
+    cpu = decode_snapshot(CPU.read_text())
     triton, vllm = cpu.engines
     vllm.state = "unhealthy"
     vllm.version = "0.11.0rc2.dev123+gabcdef"
@@ -79,7 +79,7 @@ def widest_snapshots() -> dict[str, Snapshot | None]:
         itl_s=Percentiles(mean=0.1504, source="mean"),  # "~150ms" in ITL95 (6 wide)
         e2e_s=Percentiles(mean=999.6, source="mean"),
     )
-    h200 = Snapshot.model_validate_json(H200.read_text())
+    h200 = decode_snapshot(H200.read_text())
     gpu = h200.gpus[0]
     gpu.utilization_pct, gpu.temperature_c, gpu.power_w = 100.0, 100.0, 1000.0
     return {"h200": h200, LONG_NODE: cpu, "gone": None}
@@ -316,6 +316,14 @@ async def test_a_stopped_standby_reads_standby_on_models_and_on_its_node(demo, d
             pilot, lambda: table.rows_by_key[key].fields["state"] != "unknown", timeout=30
         )
         assert cells(table, key)["STATE"] == "standby"
+        # The gateway finds the stopped standby down: its column says standby, not red "down".
+        gw_cell = await until(
+            pilot,
+            lambda: (app.gateway_snapshot or {}).get("models") and table.get_row(key)[3],
+            timeout=30,
+            what="the gateway's figures",
+        )
+        assert str(gw_cell) == "standby" and gw_cell.style == "dim", gw_cell
 
         await pilot.press("escape")
         engines = await open_view(app, pilot, f"node {standby.node}")

@@ -22,7 +22,7 @@ from rich.text import Text
 from textual.widgets import Static
 
 from console.core.config import parse_fleet
-from console.core.wire import Snapshot
+from console.core.snapshot import decode_snapshot, plain
 from console.tui.app import EngineroomApp
 from console.tui.screens.jobs import JobScreen
 from tests.test_tui_snapshots import RECORDED_GATEWAY
@@ -102,9 +102,9 @@ async def test_a_gateway_slower_than_the_refresh_is_shown_once_it_answers(
 
 async def test_a_job_on_an_agent_slower_than_the_job_screen_refresh_is_shown():
     """The Job screen polls every second; this agent takes 1.5 s for each answer."""
-    job = next(j for j in Snapshot.model_validate_json(DRILLS.read_text()).jobs)
+    job = next(j for j in decode_snapshot(DRILLS.read_text()).jobs)
     answers = {
-        f"/v1/jobs/{job.id}": job.model_dump(mode="json"),
+        f"/v1/jobs/{job.id}": plain(job),
         f"/v1/jobs/{job.id}/log": "the drill's last log line\n",
     }
     with SlowServer(1.5, answers) as agent:

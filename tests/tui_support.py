@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 from console.collect.replay import ReplayCollector
 from console.core.config import parse_fleet
-from console.core.wire import Snapshot
+from console.core.snapshot import decode_snapshot
 from console.tui.app import EngineroomApp
 from console.tui.screenshots import key_names
 
@@ -67,8 +67,8 @@ slo = { ttft_p95_ms = 500, itl_p95_ms = 60 }
 def recorded_app(fleet_text: str = FLEET, read_only: bool = False) -> EngineroomApp:
     fleet = parse_fleet(fleet_text)
     snapshots = {
-        "h200": Snapshot.model_validate_json(H200.read_text()),
-        "cpu-1": Snapshot.model_validate_json(CPU.read_text()),
+        "h200": decode_snapshot(H200.read_text()),
+        "cpu-1": decode_snapshot(CPU.read_text()),
         "gone": None,
     }
     return EngineroomApp(fleet, read_only=read_only, collector=ReplayCollector(fleet, snapshots))

@@ -16,7 +16,8 @@ from typing import Any, TextIO
 
 from console.collect import apiclient
 from console.core.config import ConfigError, Fleet, MissingSecret, Node
-from console.core.wire import COLD_START_PHASES, Job
+from console.core.snapshot import Job, job_from, plain
+from console.core.wire import COLD_START_PHASES
 
 FINAL = ("succeeded", "failed", "cancelled")
 FOLLOW_LIMIT_S = 6 * 3600.0  # past every deadline a job of the agent has (drills: hours)
@@ -86,18 +87,14 @@ class AgentActions:
 
     async def start(self, profile: str, overrides: dict[str, Any]) -> Job:
         body = {"kind": "vllm.start", "profile": profile, "overrides": overrides}
-        return Job.model_validate(await self._call("POST", "/v1/jobs", body))
+        return job_from(await self._call("POST", "/v1/jobs", body))
 
     async def stop(self, engine: str, restart: bool = False) -> Job:
         kind = "engine.restart" if restart else "engine.stop"
-        return Job.model_validate(
-            await self._call("POST", "/v1/jobs", {"kind": kind, "engine": engine})
-        )
+        return job_from(await self._call("POST", "/v1/jobs", {"kind": kind, "engine": engine}))
 
     async def drill(self, name: str) -> Job:
-        return Job.model_validate(
-            await self._call("POST", "/v1/jobs", {"kind": "drill.run", "drill": name})
-        )
+        return job_from(await self._call("POST", "/v1/jobs", {"kind": "drill.run", "drill": name}))
 
     async def report(self, job_id: str) -> dict[str, Any]:
         result: dict[str, Any] = await self._call("GET", f"/v1/jobs/{job_id}/report")
@@ -108,13 +105,13 @@ class AgentActions:
         return result
 
     async def cancel(self, job_id: str) -> Job:
-        return Job.model_validate(await self._call("DELETE", f"/v1/jobs/{job_id}"))
+        return job_from(await self._call("DELETE", f"/v1/jobs/{job_id}"))
 
     async def job(self, job_id: str) -> Job:
-        return Job.model_validate(await self._call("GET", f"/v1/jobs/{job_id}"))
+        return job_from(await self._call("GET", f"/v1/jobs/{job_id}"))
 
     async def jobs(self, limit: int = 50) -> list[Job]:
-        return [Job.model_validate(j) for j in await self._call("GET", f"/v1/jobs?limit={limit}")]
+        return [job_from(j) for j in await self._call("GET", f"/v1/jobs?limit={limit}")]
 
     async def log(self, job_id: str, tail: int = 20) -> list[str]:
         try:
@@ -147,7 +144,7 @@ class AgentActions:
                     f"it goes on on the agent (engineroom jobs --node {self.node.name})"
                 )
             job = await self.job(job_id)
-            key = json.dumps([job.state, [s.model_dump() for s in job.steps]], default=str)
+            key = json.dumps([job.state, plain(job.steps)], default=str)
             if key != seen:
                 seen = key
                 on_change(job)
@@ -243,7 +240,7 @@ async def _act(
                 for line in job.result.get("log_tail", [])[-15:]:
                     print(f"  | {line}", file=out)
         if as_json:
-            print(job.model_dump_json(indent=2), file=out)
+            print(json.dumps(plain(job), indent=2), file=out)
         return EXIT_OK if job.state in ("succeeded", "running", "queued") else EXIT_FAILED
     except ActionError as exc:
         print(f"engineroom: {exc}", file=sys.stderr)
@@ -305,7 +302,7 @@ def run_jobs(
         print(
             json.dumps(
                 {
-                    "jobs": [{"node": n, **j.model_dump(mode="json")} for n, j in rows],
+                    "jobs": [{"node": n, **plain(j)} for n, j in rows],
                     "errors": problems,
                 },
                 indent=2,

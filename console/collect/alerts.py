@@ -21,7 +21,7 @@ from console.collect.collector import NodeState, NodeStatus
 from console.collect.history import History
 from console.core import alertrules as rules
 from console.core.config import Fleet, Model
-from console.core.wire import Snapshot
+from console.core.snapshot import Snapshot
 
 if TYPE_CHECKING:
     from console.collect.view import DeploymentRow

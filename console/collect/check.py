@@ -22,9 +22,15 @@ from console.collect.measured import ENGINE, GATEWAY, gateway_measure, ttft_gap_
 from console.collect.promsource import PromSource, SourceHealth, fleet_source
 from console.collect.view import DeploymentRow, FleetView, build
 from console.core.config import Fleet
-from console.core.wire import Percentiles
+from console.core.snapshot import Percentiles, percentiles_from, plain
 
 EXIT = {"healthy": 0, "degraded": 1, "unreachable": 2}
+# The engine fields `check --json` gives (docs/check-json.md).
+_ENGINE_KEYS = ("id", "kind", "endpoint", "version", "state", "reason", "deployment_ids")
+
+
+def _without(d: Any, *keys: str) -> dict[str, Any]:
+    return {k: v for k, v in d.items() if k not in keys}
 
 
 @dataclass
@@ -195,9 +201,9 @@ def _deployment_line(r: DeploymentRow, gw: dict[str, Any] | None) -> str:
     if gw is None:
         at_gateway = "-"
     elif not gw.get("up", True):
-        at_gateway = "down"
+        at_gateway = "standby" if r.standby else "down"
     else:
-        at_gateway = _ms(Percentiles.model_validate(gw.get("ttft_s") or {}))
+        at_gateway = _ms(percentiles_from(gw.get("ttft_s") or {}))
     gap = ttft_gap_s(lat.ttft_s if lat else None, gw)
     gap_text = "-" if gap is None else ("-" if gap < 0 else "+") + _seconds(abs(gap))
     return (
@@ -238,27 +244,12 @@ def to_dict(
                 "missing": snap.missing if snap else [],
                 "error": row.error,
                 "age_s": None if row.age_s is None else round(row.age_s, 3),
-                "host": snap.host.model_dump() if snap else None,
+                "host": plain(snap.host) if snap else None,
                 "gpu_status": snap.gpu_status if snap else None,
-                "gpus": [
-                    g.model_dump(exclude={"processes", "xid_events", "errors"}) for g in snap.gpus
-                ]
+                "gpus": [_without(plain(g), "processes", "xid_events", "errors") for g in snap.gpus]
                 if snap
                 else [],
-                "engines": [
-                    e.model_dump(
-                        include={
-                            "id",
-                            "kind",
-                            "endpoint",
-                            "version",
-                            "state",
-                            "reason",
-                            "deployment_ids",
-                        }
-                    )
-                    for e in snap.engines
-                ]
+                "engines": [{k: getattr(e, k) for k in _ENGINE_KEYS} for e in snap.engines]
                 if snap
                 else [],
             }
@@ -280,7 +271,7 @@ def to_dict(
                         "reason": r.reason,
                         "weight": r.weight,
                         "standby": r.standby,
-                        "latency": r.stats.latency.model_dump() if r.stats else None,
+                        "latency": plain(r.stats.latency) if r.stats else None,
                         "latency_measured_at": ENGINE,
                         "gateway_latency": _gateway_latency(measures[r.id]),
                         "ttft_p95_gap_s": ttft_gap_s(

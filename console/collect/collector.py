@@ -21,13 +21,12 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 import aiohttp
-from pydantic import ValidationError
 
 from console.collect.history import History
 from console.collect.ssh import SshError, SshReader
 from console.core.config import Fleet, MissingSecret, Node
 from console.core.oslimits import raise_open_files
-from console.core.wire import Snapshot
+from console.core.snapshot import Snapshot, SnapshotError, decode_snapshot
 
 # "no token": the node's token variable is not set here, so it is not polled (the rest
 # of the fleet is).
@@ -379,8 +378,6 @@ def _size(n: int) -> str:
 
 def _parse(body: bytes) -> Snapshot:
     try:
-        return Snapshot.model_validate_json(body)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise PollError(f"not a snapshot: {where}: {first['msg']}") from None
+        return decode_snapshot(body)
+    except SnapshotError as exc:
+        raise PollError(str(exc)) from None

@@ -23,7 +23,7 @@ from console.collect.actions import (
 )
 from console.core import drillreport
 from console.core.config import Fleet, MissingSecret
-from console.core.wire import Job
+from console.core.snapshot import Job
 
 
 def drill_node(fleet: Fleet, name: str) -> str | None:

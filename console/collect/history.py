@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from array import array
 
-from console.core.wire import Snapshot
+from console.core.snapshot import Snapshot
 
 NAN = float("nan")
 GPU_SERIES = ("util", "mem_pct", "temp", "power")

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from console.core.wire import Percentiles
+from console.core.snapshot import Percentiles
 
 Place = Literal["engine", "gateway"]
 ENGINE: Place = "engine"

@@ -15,7 +15,7 @@ from typing import Any
 from console.collect.collector import NodeState
 from console.collect.view import FleetView
 from console.core.config import Fleet
-from console.core.wire import Job
+from console.core.snapshot import Job
 
 
 @dataclass

@@ -30,12 +30,19 @@ import time
 from pathlib import Path
 
 import asyncssh
-from pydantic import ValidationError
 
 from console.collect.ssh_hostkeys import HostKeyPolicy
 from console.core.config import Fleet, Node
 from console.core.plugin import plugin_kinds
-from console.core.wire import Gpu, GpuProcess, Host, NodeInfo, Snapshot
+from console.core.snapshot import (
+    Gpu,
+    GpuProcess,
+    Host,
+    NodeInfo,
+    Snapshot,
+    SnapshotError,
+    decode_snapshot,
+)
 
 MAX_OUTPUT = 16 * 1024 * 1024  # per stream and read; a snapshot is far smaller
 STDERR_TAIL = 4096  # of stderr only the end is kept: its last line is the reason
@@ -145,13 +152,11 @@ class SshReader:
 
     def _parse(self, out: bytes) -> Snapshot:
         try:
-            snap = Snapshot.model_validate_json(out)
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            where = ".".join(str(p) for p in first["loc"]) or "output"
+            snap = decode_snapshot(out)
+        except SnapshotError as exc:
             raise SshError(
                 f"ssh {self.host}: `{self.command}` printed no snapshot "
-                f"({where}: {first['msg']}; starts {_text(out[:40])!r})"
+                f"({exc}; starts {_text(out[:40])!r})"
             ) from None
         snap.node.name = self.node.name
         snap.source = "ssh"

@@ -22,7 +22,7 @@ from console.collect.collector import NodeState, NodeStatus
 from console.collect.history import History
 from console.core import alertrules
 from console.core.config import Deployment, Fleet, Model
-from console.core.wire import Engine, Gpu, ModelStats, Snapshot, TrtEngine
+from console.core.snapshot import Engine, Gpu, ModelStats, Snapshot, TrtEngine
 
 SloState = Literal["ok", "breach", "unknown"]
 

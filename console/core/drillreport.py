@@ -10,7 +10,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from console.core.wire import Job
+from console.core import snapshot, wire
+
+Job = wire.Job | snapshot.Job
 
 FINAL = ("succeeded", "failed", "cancelled")
 VERSION_NAMES = (

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from rich.text import Text
 
-from console.core.wire import Percentiles
+from console.core.snapshot import Percentiles
 
 UNKNOWN = Text("?", style="dim")
 BLOCKS = "▁▂▃▄▅▆▇█"

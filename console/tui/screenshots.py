@@ -106,13 +106,13 @@ async def shoot_evidence(out: Path, kind: str = "h200x2") -> list[Path]:
     (docs/evidence/KIND-agent-once.json, recorded on the device machine)."""
     from console.collect.replay import ReplayCollector
     from console.core.config import parse_fleet
-    from console.core.wire import Snapshot
+    from console.core.snapshot import decode_snapshot
 
     fleet = parse_fleet(
         f'[fleet]\nname = "{kind} (recorded on the device machine)"\n'
         f'[[nodes]]\nname = "{kind}"\nagent = "http://127.0.0.1:1"\n'
     )
-    snap = Snapshot.model_validate_json((EVIDENCE / f"{kind}-agent-once.json").read_text())
+    snap = decode_snapshot((EVIDENCE / f"{kind}-agent-once.json").read_text())
     app = EngineroomApp(fleet, collector=ReplayCollector(fleet, {kind: snap}))
     saved = []
     async with app.run_test(size=(120, 30)) as pilot:

@@ -16,7 +16,7 @@ from textual.app import App
 from console.collect.actions import ActionError, AgentActions
 from console.collect.collector import Collector
 from console.core.config import Fleet
-from console.core.wire import Job
+from console.core.snapshot import Job
 from console.tui.screens.failover import FailoverScreen
 from console.tui.screens.jobs import JobScreen, StartVllmScreen
 from console.tui.widgets.confirm import ConfirmScreen

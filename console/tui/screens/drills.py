@@ -28,7 +28,7 @@ from console.collect import playbook
 from console.collect.actions import ActionError, AgentActions
 from console.collect.playbook import Check
 from console.collect.view import FleetView
-from console.core.wire import Job, JobStep, TrtEngine
+from console.core.snapshot import Job, JobStep, TrtEngine
 from console.tui import format as fmt
 from console.tui.polling import Poll
 from console.tui.screens.base import ViewScreen

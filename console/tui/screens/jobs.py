@@ -21,7 +21,8 @@ from textual.widgets import Button, DataTable, Input, Label, Select, Static
 
 from console.collect.actions import ActionError, AgentActions
 from console.collect.view import FleetView
-from console.core.wire import COLD_START_PHASES, Job
+from console.core.snapshot import Job
+from console.core.wire import COLD_START_PHASES
 from console.tui import format as fmt
 from console.tui.polling import Poll
 from console.tui.screens.base import ViewScreen

@@ -23,7 +23,7 @@ from textual.widgets import DataTable
 from console.collect.measured import gateway_measure, gateway_ttft_p95, ttft_gap_s
 from console.collect.view import DeploymentRow, FleetView
 from console.core.config import Fleet, Model, Slo
-from console.core.wire import Percentiles
+from console.core.snapshot import Percentiles
 from console.tui import format as fmt
 from console.tui.screens.base import ViewScreen
 from console.tui.widgets.table import FleetTable, Row
@@ -110,7 +110,7 @@ def deployment_row(
             name,
             fmt.engine_state(r.state, r.standby),
             fmt.latency(lat.ttft_s if lat else None, "p95", slo.ttft_p95_ms),
-            _gateway_ttft(gw, slo.ttft_p95_ms),
+            _gateway_ttft(gw, slo.ttft_p95_ms, r.standby),
             _gap(gap, gw, slo.ttft_p95_ms),
             fmt.latency(lat.itl_s if lat else None, "p95", slo.itl_p95_ms),
             fmt.latency(lat.e2e_s if lat else None, "p95", slo.e2e_p95_ms),
@@ -166,11 +166,12 @@ def _weight(declared: int | None, gw: dict[str, Any] | None) -> Text:
     return Text(shown, style="bold cyan" if live != declared else "")
 
 
-def _gateway_ttft(gw: dict[str, Any] | None, slo_ms: float | None) -> Text:
+def _gateway_ttft(gw: dict[str, Any] | None, slo_ms: float | None, standby: bool) -> Text:
     if gw is None:
         return Text("-", style="dim")
     if not gw.get("up", True):
-        return Text("down", style="bold red")
+        # A stopped standby is not an outage: one word for one state, as STATE says.
+        return Text("standby", style="dim") if standby else Text("down", style="bold red")
     p95 = gateway_ttft_p95(gw)
     if p95 is None:
         return Text("?", style="dim")

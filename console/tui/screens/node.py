@@ -10,6 +10,7 @@ from textual.widgets import DataTable, Static
 
 from console.collect.history import Series
 from console.collect.view import FleetView, engine_summary
+from console.core.snapshot import Snapshot
 from console.tui import format as fmt
 from console.tui.screens.base import ViewScreen
 from console.tui.widgets.table import FleetTable, Row, empty_row
@@ -123,13 +124,11 @@ class NodeScreen(ViewScreen):
         self._draw_gpus(snap)
         self._draw_engines(snap)
 
-    def _draw_gpus(self, snap: object) -> None:
-        from console.core.wire import Snapshot
-
+    def _draw_gpus(self, snap: Snapshot | None) -> None:
         rows: list[Row] = []
         thresholds = self.console.fleet.thresholds
         history = self.console.collector.history
-        if isinstance(snap, Snapshot):
+        if snap is not None:
             models = {e.id: ", ".join(m.name for m in e.models) for e in snap.engines}
             for g in snap.gpus:
                 rings = history.gpu(self.node, g.index)
@@ -171,13 +170,11 @@ class NodeScreen(ViewScreen):
                 rows.append(Row(str(g.index), cells, fields, " ".join(runs)))
         self.query_one("#node-gpus", FleetTable).show(rows, self.filter)
 
-    def _draw_engines(self, snap: object) -> None:
-        from console.core.wire import Snapshot
-
+    def _draw_engines(self, snap: Snapshot | None) -> None:
         rows: list[Row] = []
         weights = {d.id: d.weight for m in self.console.fleet.models for d in m.deployments}
         width = dict(ENGINE_COLUMNS)
-        if isinstance(snap, Snapshot):
+        if snap is not None:
             for e in snap.engines:
                 # The same word as on Models: every deployment it serves has weight 0.
                 standby = bool(e.deployment_ids) and all(
@@ -204,7 +201,7 @@ class NodeScreen(ViewScreen):
         if not rows:
             why = (
                 "no engine process or deployment found on this node"
-                if isinstance(snap, Snapshot)
+                if snap is not None
                 else "no snapshot from this node: nothing is known about its engines"
             )
             rows.append(empty_row(len(ENGINE_COLUMNS), why))
