@@ -9,6 +9,7 @@ Prometheus on loopback with a 1 s scrape interval, never the packaged service).
 from __future__ import annotations
 
 import io
+import json
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -66,6 +67,13 @@ slo = {{ ttft_p95_ms = 5000, itl_p95_ms = 5000, error_rate = 0.5 }}
   metrics_endpoint = "http://127.0.0.1:{triton_metrics}"
   engine_model = "ensemble"
   weight = 0
+[[models]]
+name = "ghost"          # its engine is not running: the console and the rules both say so
+  [[models.deployments]]
+  id = "ghost-vllm"
+  node = "local"
+  engine = "vllm"
+  endpoint = "http://127.0.0.1:{dead_port}"
 """
 
 
@@ -87,6 +95,7 @@ def stack(tmp_path_factory, vllm_server, triton_server) -> Iterator[Stack]:
         agent_port=agent_port,
         state=workdir / "gw-state",
         agent_state=workdir / "agent-state",
+        dead_port=free_port(),
         vllm=vllm_server.base_url,
         triton=triton_server.base_url,
         triton_metrics=triton_server.metrics_port,
@@ -105,7 +114,11 @@ def stack(tmp_path_factory, vllm_server, triton_server) -> Iterator[Stack]:
 
         def measured() -> bool:
             # Only the declared two: the agent also finds other engines on a shared machine.
-            engines = [e for e in agent.snapshot()["engines"] if e["deployment_ids"]]
+            engines = [
+                e
+                for e in agent.snapshot()["engines"]
+                if set(e["deployment_ids"]) & {"tiny-vllm", "tiny-trt"}
+            ]
             return len(engines) == 2 and all(
                 m["latency"]["e2e_s"]["count"] for e in engines for m in e["models"]
             )
@@ -206,8 +219,23 @@ def test_a_real_prometheus_scrapes_the_agent_and_the_gateway_with_the_documented
 
         loaded = wait_until(rules_loaded, 20, interval=0.2, what="the rules evaluated")
         assert {r["name"] for r in loaded} >= {"EngineroomEngineDown", "EngineroomSloTtftP95"}
-        # A healthy fleet under its SLOs: the rules evaluate and nothing fires.
-        assert [r["name"] for r in loaded if r["state"] != "inactive"] == []
+
+        # Under its SLOs, one engine down: that one rule fires, as the console's alert does.
+        def firing() -> list | None:
+            alerts = [a for a in prom.api("alerts")["alerts"] if a["state"] == "firing"]
+            return alerts or None
+
+        alerts = wait_until(firing, 20, interval=0.2, what="an alert firing")
+        assert [(a["labels"]["alertname"], a["labels"]["deployment"]) for a in alerts] == [
+            ("EngineroomEngineDown", "ghost-vllm")
+        ]
+        assert alerts[0]["labels"]["severity"] == "critical"
+        check = run_cli("check", "--json", "--fleet", str(stack.fleet), env=agent_env())
+        console = [
+            (a["severity"], a["subject"], a["message"].split(":")[0])
+            for a in json.loads(check.stdout)["alerts"]
+        ]
+        assert console == [("critical", "ghost-vllm", "engine down")]
     finally:
         stop_prometheus(prom)
 
