@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 from rich.text import Text
 
-from console.collect.recording import Recording, RecordingWriter
+from console.collect.recording import Recording
+from console.collect.recording_writer import RecordingWriter
 from console.collect.replay import ReplayCollector, fleet_of
 from console.tui.replay import ReplayApp
 from console.tui.widgets.table import FleetTable

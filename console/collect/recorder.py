@@ -21,10 +21,10 @@ from typing import Any
 from console.collect.alerts import Event, EventLog
 from console.collect.collector import Collector, NodeState
 from console.collect.gateway_client import GatewayClient, GatewayError
-from console.collect.recording import RecordingWriter
+from console.collect.recording_writer import RecordingWriter
 from console.collect.view import ViewBuilder
 from console.core.config import Fleet
-from console.core.wire import Job
+from console.core.snapshot import Job
 
 AUDIT_EVERY_S = 5.0  # the gateway's audit log: a few rows a minute at most
 MAX_KNOWN_JOBS = 10_000  # job states remembered to tell what changed; oldest forgotten

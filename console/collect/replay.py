@@ -23,7 +23,7 @@ from console.collect.collector import Collector
 from console.collect.history import History
 from console.collect.recording import Cursor, FleetAt, Recording
 from console.core.config import Fleet, parse_fleet
-from console.core.wire import Snapshot
+from console.core.snapshot import Snapshot, snapshot_from
 
 MARKS = ("raised", "cleared", "action")  # what "next event" jumps to
 SPEEDS = (1.0, 10.0, 60.0)
@@ -54,7 +54,7 @@ class ReplayCollector(Collector):
         self.cursor: Cursor | None = None
         self.at = 0.0  # the replayed time (unix seconds)
         self.gateway_snapshot: dict[str, Any] | None = None
-        self._parsed: dict[str, tuple[int, Snapshot]] = {}  # node -> (id of its JSON, model)
+        self._parsed: dict[str, tuple[int, Snapshot]] = {}  # node -> (its version, model)
         self._event_times: list[float] = []
         self._events: list[Event] = []
         if recording is not None:
@@ -131,7 +131,7 @@ class ReplayCollector(Collector):
             if given is not None and name in given:
                 snap = given[name]
             else:
-                snap = self._snapshot(name, moment.nodes.get(name))
+                snap = self._snapshot(name, moment.nodes.get(name), moment.version.get(name, 0))
             status, error = moment.status.get(name, (None, None))
             if snap is None:
                 state.snapshot, state.last_ok = None, None
@@ -149,14 +149,15 @@ class ReplayCollector(Collector):
         self._seen = dict(moment.seen)
         self._age_nodes()
 
-    def _snapshot(self, name: str, data: dict[str, Any] | None) -> Snapshot | None:
+    def _snapshot(self, name: str, data: dict[str, Any] | None, version: int) -> Snapshot | None:
+        """The node's snapshot as the console's model, made again only when it changed."""
         if data is None:
             return None
         known = self._parsed.get(name)
-        if known is not None and known[0] == id(data):
+        if known is not None and known[0] == version:
             return known[1]
-        snap = Snapshot.model_validate(data)
-        self._parsed[name] = (id(data), snap)
+        snap = snapshot_from(data)
+        self._parsed[name] = (version, snap)
         return snap
 
     def _age_nodes(self) -> None:
