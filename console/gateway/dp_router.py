@@ -202,6 +202,18 @@ class RouterPlane(DataPlane):
                 "back with its --worker-urls) or someone changed it; nothing was changed now"
             )
 
+    async def _read_back(self, model: str) -> frozenset[str] | None:
+        """After a change, even one that failed half way, what is registered now becomes
+        what this gateway left, so the next call does not take it for a restart. None
+        (and nothing to compare the next time) when the router cannot be read."""
+        try:
+            after = self._registered(model, await self.workers())
+        except DataPlaneError:
+            self.left.pop(model, None)
+            return None
+        self.left[model] = after
+        return after
+
     @staticmethod
     def _shares(
         registered: frozenset[str] | set[str], deps: dict[str, Deployment]
@@ -241,12 +253,23 @@ class RouterPlane(DataPlane):
             raise DataPlaneError(
                 f"vLLM router {self.url}: these weights leave {model} with no worker; refused"
             )
-        for d in sorted(wanted - now):  # raise before lowering: never a moment with none
-            await self._add(deps[d].endpoint)
-        for d in sorted(now - wanted):
-            await self._remove(deps[d].endpoint)
-        after = self._registered(model, await self.workers())
-        self.left[model] = after
+        try:
+            for d in sorted(wanted - now):  # raise before lowering: never a moment with none
+                await self._add(deps[d].endpoint)
+            for d in sorted(now - wanted):
+                await self._remove(deps[d].endpoint)
+        except DataPlaneError as exc:
+            left = await self._read_back(model)  # what a change that failed half way left
+            self.store.audit(
+                who, "data plane workers: change failed",
+                {"dataplane": self.name, "model": model, "asked": weights, "why": why},
+                {"error": str(exc), "registered": None if left is None else sorted(left)},
+            )  # fmt: skip
+            raise
+        after = await self._read_back(model)
+        if after is None:
+            raise DataPlaneError(f"vLLM router {self.url}: changed {model}'s workers, then "
+                                 "could not read them back")  # fmt: skip
         shares = self._shares(after, deps)
         self.store.audit(
             who, "data plane workers",
@@ -272,12 +295,17 @@ class RouterPlane(DataPlane):
                     f"vLLM router {self.url}: {deployment} is {model}'s only worker; "
                     "draining it would leave none"
                 )
-            await self._remove(deps[deployment].endpoint)
-            after = self._registered(model, await self.workers())
-            self.left[model] = after
-            if deployment in after:
+            try:
+                await self._remove(deps[deployment].endpoint)
+            except DataPlaneError:
+                await self._read_back(model)
+                raise
+            after = await self._read_back(model)
+            if after is None or deployment in after:
                 raise DataPlaneError(
-                    f"vLLM router {self.url}: {deployment} still registered after remove_worker"
+                    f"vLLM router {self.url}: {deployment} "
+                    + ("not seen gone" if after is None else "still registered")
+                    + " after remove_worker"
                 )
         while True:
             reading, state = await self._engine(model, deps[deployment])
