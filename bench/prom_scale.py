@@ -306,8 +306,24 @@ def run(args: argparse.Namespace) -> dict[str, object]:
             }
             for i in range(SHARDS)
         ]
+        rule_files = []
+        section = f'url = "http://127.0.0.1:1"\nwindow_s = {args.window}\n'
+        if args.recorded:  # the latency and rate figures kept by recording rules
+            from console.collect.promql import recording_rules
+            from console.core.config import parse_fleet
+            from console.core.plugin import plugin_kinds
+
+            parsed = parse_fleet(f'[fleet]\nname = "x"\n[prometheus]\n{section}')
+            assert parsed.prometheus is not None
+            engines = {k: c.prometheus for k, c in plugin_kinds().items() if c.prometheus}
+            rules = recording_rules(parsed.prometheus, engines, args.scrape)
+            (work / "rules.yml").write_text(json.dumps(rules))
+            rule_files.append(work / "rules.yml")
         t0 = time.monotonic()
-        prom = start_prometheus(work / "prom", config=config_text(jobs, interval=f"{args.scrape}s"))
+        prom = start_prometheus(
+            work / "prom",
+            config=config_text(jobs, interval=f"{args.scrape}s", rule_files=rule_files),
+        )
         gpus = args.nodes * GPUS_PER_NODE
         deployments = args.nodes * DEPLOYMENTS_PER_NODE
         wait_for(prom, "count(DCGM_FI_DEV_GPU_UTIL)", gpus, 600)
@@ -318,12 +334,20 @@ def run(args: argparse.Namespace) -> dict[str, object]:
             deployments,
             600,
         )
+        if args.recorded:
+            wait_for(
+                prom,
+                f'count(engineroom:vllm:ttft:{args.window}s{{er_figure="count"}})',
+                deployments,
+                600,
+            )
         ingested_s = time.monotonic() - t0
         series = float(prom.api("status/tsdb")["headStats"]["numSeries"])
         fleet_path = work / "fleet.toml"
         fleet_path.write_text(
             f'[fleet]\nname = "prom-scale"\nrefresh_s = {REFRESH_S}\n'
-            f'[prometheus]\nurl = "{prom.url}"\nwindow_s = {args.window}\ntimeout_s = 30\n'
+            f'[prometheus]\nurl = "{prom.url}"\nwindow_s = {args.window}\ntimeout_s = 120\n'
+            f"recorded = {str(args.recorded).lower()}\n"
         )
         console = subprocess.run(
             [sys.executable, "-m", "bench.prom_scale", "--console", str(fleet_path),
@@ -340,6 +364,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
             scrape_s=args.scrape,
             window_s=args.window,
             prometheus_rss_mib=round(prom_rss / 2**20),
+            recorded=args.recorded,
             first_ingest_s=round(ingested_s, 1),
         )
         return result
@@ -357,6 +382,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--scrape", type=int, default=30)
     parser.add_argument("--window", type=int, default=60)
     parser.add_argument("--compare", action="store_true", help="also the 1,000-node agent stream")
+    parser.add_argument("--recorded", action="store_true", help="figures from recording rules")
+    parser.add_argument("--out", default=str(EVIDENCE))
     parser.add_argument("--exporter", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--console", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -395,7 +422,7 @@ def main(argv: list[str]) -> int:
         "targets (issue 16): refresh 2 s at 10,000 nodes, console CPU <= 35 % of one core,",
         "first full screen <= 3 s, key-to-screen median < 100 ms",
     ]
-    EVIDENCE.write_text("\n".join(lines) + "\n")
+    Path(args.out).write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0
 

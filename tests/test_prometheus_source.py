@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -92,6 +93,7 @@ class Fleet:
         self.agent, self.vllm, self.triton, self.prom = agent, vllm, triton, prom
         self.via_agents = parse_fleet(fleet_text(agent.url, vllm, triton))
         self.via_prometheus = parse_fleet(fleet_text(agent.url, vllm, triton, prom.url))
+        self.traffic_at: float | None = None  # when the traffic of the p95 test ended
 
     def views(self) -> tuple[FleetView, FleetView]:
         """Both views, taken one right after the other."""
@@ -229,6 +231,7 @@ def test_p95_figures_through_prometheus_match_the_agents_on_the_same_traffic(fle
     assert send_traffic_vllm(fleet.vllm.base_url, 6, stream=True) == 6
     assert send_traffic_vllm(fleet.vllm.base_url, 4, stream=False) == 4
     assert send_traffic_triton(fleet.triton.base_url, "ensemble", 6, stream=True) == 6
+    fleet.traffic_at = time.time()
 
     def both_counted() -> tuple[FleetView, FleetView] | None:
         by_agent, by_prom = fleet.views()
@@ -278,13 +281,17 @@ def test_p95_figures_through_prometheus_match_the_agents_on_the_same_traffic(fle
 
 async def test_model_detail_opened_after_the_traffic_shows_it_from_prometheus(fleet):
     """Opened mid-incident, Model detail shows what happened before the console started:
-    its plots read range queries. (Runs after the traffic of the test above.)"""
-    import time
-
+    its plots read range queries."""
     from console.tui.app import EngineroomApp
     from console.tui.screens.model_detail import ModelDetailScreen
     from tests.tui_support import until
 
+    if fleet.traffic_at is None:  # run alone: the traffic of the test above
+        assert send_traffic_vllm(fleet.vllm.base_url, 4, stream=True) == 4
+        fleet.traffic_at = time.time()
+    # The history's points are 15 s apart: a console opened more than a step after the
+    # traffic has a point between the two, from before it started.
+    wait_until(lambda: time.time() > fleet.traffic_at + 16, 30, what="a history step")
     started = time.time()
     app = EngineroomApp(fleet.via_prometheus)
     async with app.run_test(size=(160, 40)) as pilot:

@@ -11,6 +11,7 @@ so what comes back is only what the screens show, not every label an exporter ad
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 import msgspec
@@ -188,6 +189,7 @@ def fleet_queries(section: PrometheusSection, engines: dict[str, PromSeries]) ->
                 )
             )
             queries.append(Query("hist", " or ".join(terms), kind, figure, by, newest))
+            queries[-1] = _recorded(queries[-1], section, f"{kind}:{figure}:{window}")
         terms = []
         if ps.requests:
             requests = f'{{__name__=~"{_names(ps.requests)}"}}'
@@ -206,7 +208,39 @@ def fleet_queries(section: PrometheusSection, engines: dict[str, PromSeries]) ->
             terms.append(_tag(f"sum by ({by}) (increase({count}[{window}]))", f"count:{figure}"))
         if terms:
             queries.append(Query("counters", " or ".join(terms), kind, on=by, newest=newest))
+            queries[-1] = _recorded(queries[-1], section, f"{kind}:counters:{window}")
     return queries
+
+
+RECORDED = "engineroom:"  # the prefix of the recording rules' series
+
+
+def _recorded(query: Query, section: PrometheusSection, name: str) -> Query:
+    """With `recorded`, the query reads the series its recording rule keeps."""
+    if not section.recorded:
+        return query
+    record = RECORDED + name
+    newest = f"max by ({query.on}) (timestamp({record}))"
+    return Query(query.family, record, query.kind, query.figure, query.on, newest)
+
+
+def recording_rules(
+    section: PrometheusSection, engines: dict[str, PromSeries], interval_s: float = 30.0
+) -> dict[str, object]:
+    """A Prometheus rules file (as JSON, which is YAML) that keeps each latency and rate
+    figure the console reads, evaluated once an interval by Prometheus itself instead of
+    once a refresh by every console."""
+    plain = section.model_copy(update={"recorded": False})
+    recorded = section.model_copy(update={"recorded": True})
+    rules = [
+        {"record": r.expr, "expr": q.expr}
+        for q, r in zip(
+            fleet_queries(plain, engines), fleet_queries(recorded, engines), strict=True
+        )
+        if r.expr.startswith(RECORDED)
+    ]
+    group = {"name": "engineroom-console", "interval": f"{interval_s:g}s", "rules": rules}
+    return {"groups": [group]}
 
 
 def _quoted(value: str) -> str:
@@ -242,3 +276,32 @@ def history_queries(
                 )
                 out.append((kind, figure, expr))
     return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """python -m console.collect.promql --recording-rules FLEET: the rules file on stdout."""
+    import argparse
+    import json
+
+    from console.core.config import ConfigError, load_fleet
+    from console.core.plugin import plugin_kinds
+
+    parser = argparse.ArgumentParser(prog="python -m console.collect.promql")
+    parser.add_argument("--recording-rules", metavar="FLEET", required=True)
+    parser.add_argument("--interval", type=float, default=30.0, help="seconds")
+    args = parser.parse_args(argv)
+    try:
+        fleet = load_fleet(args.recording_rules)
+    except ConfigError as exc:
+        print(f"engineroom: {exc}", file=sys.stderr)
+        return 3
+    if fleet.prometheus is None:
+        print(f"engineroom: {args.recording_rules}: no [prometheus] section", file=sys.stderr)
+        return 3
+    engines = {k: c.prometheus for k, c in plugin_kinds().items() if c.prometheus}
+    print(json.dumps(recording_rules(fleet.prometheus, engines, args.interval), indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -358,6 +358,10 @@ class PrometheusSection(_Strict):
     max_response_bytes: Annotated[int, Field(ge=1024)] = 256 * 1024 * 1024
     discover: bool = True  # nodes found in the series join those fleet.toml names
     history_s: Annotated[float, Field(ge=60)] = 3600.0  # what Model detail reads back
+    # Read the latency and rate figures from recording rules (console.collect.promql
+    # --recording-rules writes them) instead of evaluating them each refresh: past a few
+    # thousand nodes, Prometheus' time per refresh (docs/scale.md).
+    recorded: bool = False
     labels: PrometheusLabels = PrometheusLabels()
 
     @field_validator("url")
