@@ -22,6 +22,7 @@ from console.collect.collector import NodeState
 from console.collect.view import build
 from console.core import alertrules
 from console.core.config import parse_fleet
+from console.core.snapshot import decode_snapshot
 from console.core.wire import (
     Engine,
     Gpu,
@@ -248,7 +249,9 @@ def snapshot(case: Case) -> Snapshot:
 def console_alerts(snap: Snapshot) -> set[str]:
     """The console's alerts on this snapshot, by their rule's name."""
     now = time.monotonic()
-    states = {"a": NodeState("a", "agent", snapshot=snap, last_ok=now)}
+    # The agent's snapshot as the console reads it: its JSON, decoded as the collector does.
+    console_snap = decode_snapshot(snap.model_dump_json())
+    states = {"a": NodeState("a", "agent", snapshot=console_snap, last_ok=now)}
     view = build(FLEET, states, 1.0, now=now)
     by_title = {(d.title, d.severity): d for d in alertrules.ALL}
     named = set()
