@@ -219,6 +219,9 @@ class HAProxyPlane(DataPlane):
         return Health(True, f"HAProxy (pid {pid}) answers on {self.api.path}")
 
     async def weights(self, model: str) -> dict[str, int]:
+        # A job begins by reading the weights: the HAProxy it then sees is the one the job
+        # checks its later calls against (a restart between two jobs fails neither).
+        self.identity = await self._identity()
         stats = await self._stats(model)
         out = {}
         for dep in self._model(model).deployments:

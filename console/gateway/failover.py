@@ -177,6 +177,7 @@ class Failovers:
                 for s in steps
             ],
             "dataplane": self.table.models[model].dataplane,
+            "dataplane_is": self.planes[self.table.models[model].dataplane].describe(),
             "before": None,  # the data plane's weights, read as the job begins
             "after": None,
             "sources": [],
@@ -275,6 +276,8 @@ class Failovers:
             elif step["state"] == "pending":
                 step["state"] = "skipped"
         job["after"] = await self._weights_after(plane, model)
+        if plane is not None and plane.kind != BUILTIN and job["after"] is not None:
+            self.table.weights[model] = dict(job["after"])
         self._save(job)
         self.running.pop(model, None)
         self.tasks.pop(job["id"], None)
@@ -340,8 +343,8 @@ class Failovers:
         self, job: dict[str, Any], plane: DataPlane, model: str, target: Upstream
     ) -> None:
         weights = {u.id: (100 if u.id == target.id else 0) for u in self.table.upstreams[model]}
-        await plane.set_weights(
-            model, weights, job["who"], f"failover {job['id']}: all to {target.id}"
+        await self._set(
+            plane, model, weights, job["who"], f"failover {job['id']}: all to {target.id}"
         )
 
     async def _planned(self, job: dict[str, Any], model: str, target: Upstream) -> None:
@@ -373,8 +376,8 @@ class Failovers:
         for pct in plan.steps:
             t = time.monotonic()
             step = self._step(job, f"shift {pct}%")
-            await plane.set_weights(
-                model, _split(before, others, target, pct), job["who"],
+            await self._set(
+                plane, model, _split(before, others, target, pct), job["who"],
                 f"failover {job['id']}: {pct}% to {target.id}",
             )  # fmt: skip
             figures = await self._verify(plane, model, target, plan.verify_s, plan.canary_prompt)
@@ -383,7 +386,7 @@ class Failovers:
             if breach:
                 why = f"failover {job['id']}: rolled back ({breach})"
                 try:
-                    await plane.set_weights(model, before, job["who"], why)
+                    await self._set(plane, model, before, job["who"], why)
                 except DataPlaneError as exc:
                     raise self._fail(
                         job, step, f"SLO breached at {pct}%: {breach}; the rollback failed: {exc}"
@@ -410,6 +413,13 @@ class Failovers:
         job["timings"] = {k: round(v, 3) for k, v in timings.items()}
         self._done(job, step, f"{model} now served by {target.id}")
 
+    async def _set(
+        self, plane: DataPlane, model: str, weights: dict[str, int], who: str, why: str
+    ) -> None:
+        await plane.set_weights(model, weights, who, why)
+        if plane.kind != BUILTIN:  # the gateway's routes show what its jobs set elsewhere
+            self.table.weights[model] = {**self.table.weights[model], **weights}
+
     async def _verify(
         self, plane: DataPlane, model: str, target: Upstream, seconds: float, prompt: str
     ) -> dict[str, Any]:
@@ -424,11 +434,17 @@ class Failovers:
         figures = await plane.figures(model, target.id, since)
         if figures.requests:
             return _figures(figures)
+        # The data plane saw none (the canaries went straight to the target): their own
+        # outcomes, and the latencies the data plane's source saw where it has them.
         failed = sum(1 for ok, _, _ in canaries if not ok)
         ttfts = sorted(t for ok, t, _ in canaries if ok and t is not None)
+        ttft = figures.ttft_p95_s
+        if ttft is None and ttfts:
+            ttft = ttfts[-1]
         return _figures(
-            Figures(3, failed, failed / 3, ttfts[-1] if ttfts else None, None,
-                    "3 canaries straight to the target (no traffic in the window)")
+            Figures(3, failed, failed / 3, ttft, figures.itl_p95_s,
+                    f"3 canaries straight to the target (no traffic in the window); "
+                    f"latency: {figures.source}")
         )  # fmt: skip
 
     async def _preflight(
@@ -474,7 +490,7 @@ class Failovers:
         return (
             f"{target.id} healthy and serving; canary TTFT {ttft * 1000:.0f} ms; "
             f"{room[1] if room else 'capacity unknown (no metrics)'}; "
-            f"in flight on the others {now}; via {plane.describe()}"
+            f"in flight on the others {now}; data plane: {plane.describe()}"
         )
 
     async def _room(self, target: Upstream) -> tuple[bool, str] | None:

@@ -115,6 +115,8 @@ class FailoverScreen(ModalScreen[str | None]):
         mark = ("preflight ok: ", "green") if result["ok"] else ("preflight FAILED: ", "bold red")
         text = Text(mark[0], style=mark[1])
         text.append(result["detail"])
+        if result.get("figures_from"):  # where the shifts' verification windows read from
+            text.append(f"\nverification figures: {result['figures_from']}", style="dim")
         box.update(text)
 
     def _live(self) -> dict[str, Any]:
@@ -153,10 +155,24 @@ class FailoverScreen(ModalScreen[str | None]):
                 f"{'?' if kv is None else f'{kv:.0%}':>6}"
                 f"{gw.get('weight', dep.weight):>8}{gw.get('inflight', '?'):>6}\n"
             )
+        t.append(self._data_plane(), style="dim")
         if self.console.gateway_error:
             t.append(f"gateway: {self.console.gateway_error}\n", style="bold red")
         self.query_one("#plan-table", Static).update(t)
         self._draw_steps()
+
+    def _data_plane(self) -> str:
+        """Which data plane carries the model's traffic: the gateway's own columns (TTFT,
+        in flight) mean something only when it is the built-in one."""
+        model = next(m for m in self.console.fleet.models if m.name == self.model)
+        if model.dataplane == "gateway":
+            return "data plane: the built-in gateway (the gateway columns are its own)\n"
+        plane = next((p for p in self.console.fleet.dataplanes if p.name == model.dataplane), None)
+        kind = plane.kind if plane else "?"
+        return (
+            f"data plane {model.dataplane} ({kind}): the gateway drives it and is not in the "
+            "traffic's path; its gateway columns show the weights its jobs set\n"
+        )
 
     def _draw_steps(self) -> None:
         plan = next(m for m in self.console.fleet.models if m.name == self.model).failover
@@ -237,6 +253,8 @@ class FailoverScreen(ModalScreen[str | None]):
         t.append(f"\njob {job['id']} {job['kind']}  ", style="bold")
         t.append(job["state"].upper(), style=STATE_STYLE.get(job["state"], ""))
         t.append(f"  {fmt.seconds(took)}\n")
+        if job.get("dataplane_is"):
+            t.append(f"  data plane: {job['dataplane_is']}\n", style="dim")
         for step in job.get("steps", []):
             t.append(f"  {step['name']:<12}", style="bold")
             t.append(f"{step['state']:<10}", style=STATE_STYLE.get(step["state"], ""))

