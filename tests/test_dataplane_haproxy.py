@@ -457,6 +457,29 @@ def test_weights_written_back_keep_the_rest_of_an_adopted_file():
     assert servers_in(out) == {"be_llama": {"a", "b"}, "other": {"a"}}
 
 
+def test_adopting_a_configuration_names_what_it_lacks(tmp_path: Path):
+    fleet = tmp_path / "fleet.toml"
+    cfg = tmp_path / "haproxy.cfg"
+    text = FLEET.format(
+        gw_port=1, front_port=2, state=tmp_path, sock=tmp_path / "s", cfg=cfg, itl=5000,
+        auto="false", verify_s=2, a="http://127.0.0.1:3", b="http://127.0.0.1:4",
+        weight_a=100, weight_b=0,
+    )  # fmt: skip
+    fleet.write_text(text)
+    cfg.write_text("backend be_tiny\n    server a 127.0.0.1:3 weight 100\n")
+
+    def adopt() -> subprocess.CompletedProcess[str]:
+        argv = [sys.executable, "-m", "console.cli", "haproxy", "adopt", "--fleet", str(fleet)]
+        return subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, timeout=60)
+
+    lacking = adopt()
+    assert lacking.returncode == 1, lacking.stderr
+    assert lacking.stdout == f"{cfg}: deployment b: backend 'be_tiny' has no server 'b'\n"
+    cfg.write_text(cfg.read_text() + "    server b 127.0.0.1:4 weight 0\n")
+    adopted = adopt()
+    assert adopted.returncode == 0, adopted.stdout + adopted.stderr
+
+
 def test_a_model_on_an_unknown_data_plane_is_refused_with_its_line(tmp_path: Path):
     text = FLEET.format(
         gw_port=1, front_port=2, state=tmp_path, sock=tmp_path / "s", cfg=tmp_path / "c",
