@@ -35,7 +35,7 @@ from tests.conftest import ROOT
 from tests.engines import servers
 from tests.engines.fixtures import VLLM_READY_TIMEOUT_S, VLLM_TEST_ARGS
 from tests.engines.servers import VllmServer, free_ports, log_tail, stop, wait_until
-from tests.test_gateway import Gateway, Load, nice_group, start_gateway
+from tests.test_gateway import ADMIN, Gateway, Load, nice_group, start_gateway
 
 # The first test also waits for two vLLM servers to start: on a loaded 2-core machine that
 # alone has taken over 300 s (pyproject's default per-test deadline).
@@ -160,8 +160,8 @@ class Pair:
         return FLEET.format(port=self.router.port, metrics=self.router.metrics_port,
                             a=self.a.base_url, b=self.b.base_url, **values)  # fmt: skip
 
-    def plane(self) -> RouterPlane:
-        fleet = parse_fleet(self.fleet_text())
+    def plane(self, text: str | None = None) -> RouterPlane:
+        fleet = parse_fleet(text or self.fleet_text())
         store = GatewayStore(self.workdir / f"state-{time.monotonic_ns()}" / "gateway.db")
         return RouterPlane(fleet.dataplanes[0], fleet, store)
 
@@ -310,6 +310,27 @@ def test_weights_that_leave_no_worker_are_refused_and_change_nothing(pair: Pair)
     assert pair.router.listed() == [pair.a.base_url]
 
 
+def test_a_worker_that_never_answers_its_health_check_is_a_clear_error_at_the_deadline(
+    pair: Pair,
+):
+    """The router answers add_worker only once the worker's /health passes: for a worker
+    that never comes up, the call ends at its deadline, nothing changes, and the audit
+    says what was asked and what is registered."""
+    settle(pair)
+    dead = f"http://127.0.0.1:{free_ports(1)[0]}"  # nothing listens there
+    plane = pair.plane(pair.fleet_text().replace(pair.b.base_url, dead))
+    started = time.monotonic()
+    with pytest.raises(DataPlaneError, match=r"add_worker\?url=.*no answer within 5 s"):
+        drive(plane, lambda: plane.set_weights("tiny", {"a": 0, "b": 100}, "t", "to dead"))
+    assert time.monotonic() - started < 30  # its deadline, not the router's 30 s
+    assert pair.router.listed() == [pair.a.base_url]  # the source was not removed
+    failed = plane.store.audit_log()[0]
+    assert failed["action"] == "data plane workers: change failed", failed
+    assert failed["result"]["registered"] == ["a"]
+    # What it left is what it read back: the next change is not taken for a restart.
+    drive(plane, lambda: plane.set_weights("tiny", {"a": 100}, "t", "stay"))
+
+
 def test_verification_figures_come_from_the_router_and_the_engine(pair: Pair):
     settle(pair)
     plane = pair.plane()
@@ -412,6 +433,51 @@ def test_the_router_restarted_mid_job_fails_it_clearly_and_the_routes_come_back(
     assert again["state"] == "succeeded", again
     assert pair.router.listed() == [pair.b.base_url]
     complete(pair.router.url, 2)
+
+
+async def test_the_failover_plan_and_progress_screens_name_the_router(
+    pair: Pair, gateway_on: Callable[..., Gateway], monkeypatch: pytest.MonkeyPatch
+):
+    from textual.widgets import Button, Input, Select
+
+    from console.core.config import load_fleet
+    from console.tui.app import EngineroomApp
+    from console.tui.screens.failover import FailoverScreen
+
+    gateway = await asyncio.to_thread(gateway_on, "a")  # it drives the router in a loop of its own
+    monkeypatch.setenv("ENGINEROOM_ADMIN_TOKEN", ADMIN)
+    app = EngineroomApp(load_fleet(gateway.fleet))
+    async with app.run_test(size=(150, 50)) as pilot:
+        for _ in range(100):
+            if app.gateway_snapshot is not None:
+                break
+            await pilot.pause(0.1)
+        app.fail_over("tiny")
+        await pilot.pause(0.5)
+        screen = app.screen
+        assert isinstance(screen, FailoverScreen)
+        plan = str(screen.query_one("#plan-table").render())
+        assert "data plane router (vllm-router)" in plan, plan
+        for _ in range(300):
+            if "preflight ok" in str(screen.query_one("#preflight").render()):
+                break
+            await pilot.pause(0.1)
+        preflight = str(screen.query_one("#preflight").render())
+        assert "preflight ok" in preflight, preflight
+        assert "verification figures: requests and failures from the vLLM router's" in preflight
+        screen.query_one("#mode", Select).value = "emergency"
+        screen.query_one("#confirm", Input).value = "tiny"
+        await pilot.pause(0.2)
+        assert not screen.query_one("#go", Button).disabled
+        await pilot.click("#go")
+        for _ in range(300):
+            if screen.job and screen.job.get("state") == "succeeded":
+                break
+            await pilot.pause(0.1)
+        assert screen.job and screen.job["state"] == "succeeded", screen.job
+        progress = str(screen.query_one("#progress").render())
+        assert "SUCCEEDED" in progress and "data plane: vLLM router at" in progress, progress
+    assert pair.router.listed() == [pair.b.base_url]
 
 
 # Last: it kills "b", the module's own second vLLM.

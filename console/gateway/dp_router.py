@@ -107,8 +107,8 @@ class RouterPlane(DataPlane):
     def describe(self) -> str:
         return (
             f"vLLM router at {self.url}: no weights, workers added and removed; a share "
-            "between 1 and 99 % registers source and target (round robin: 50/50), 100 % "
-            "registers the target alone"
+            "between 1 and 99 % registers source and target (round robin: equal shares, "
+            "50/50 with two), 100 % registers the target alone"
         )
 
     def figures_from(self, model: str) -> str:
