@@ -23,8 +23,10 @@ from pathlib import Path
 import pytest
 
 from console.collect.check import poll_once
+from console.collect.promql import recording_rules
 from console.collect.view import DeploymentRow, FleetView
 from console.core.config import ConfigError, parse_fleet
+from console.core.plugin import plugin_kinds
 from tests.conftest import VIEWER, run_cli, start_agent
 from tests.dcgm_exporter_double import uuid_of
 from tests.engines.servers import (
@@ -35,7 +37,13 @@ from tests.engines.servers import (
     stop,
     wait_until,
 )
-from tests.prometheus_proc import PrometheusProc, start_prometheus, stop_prometheus
+from tests.prometheus_proc import (
+    PrometheusProc,
+    config_text,
+    promtool,
+    start_prometheus,
+    stop_prometheus,
+)
 
 pytestmark = pytest.mark.engines
 
@@ -154,18 +162,28 @@ def fleet(
         def job(name: str, target: str, **extra: object) -> dict[str, object]:
             return {"job_name": name, "static_configs": [{"targets": [target]}], **extra}
 
+        # The recording rules the console can read instead (`recorded = true`), from
+        # `python -m console.collect.promql --recording-rules`, evaluated every second.
+        rules = work / "recording-rules.yml"
+        section = parse_fleet(prometheus_only("http://127.0.0.1:1")).prometheus
+        assert section is not None
+        engines = {k: c.prometheus for k, c in plugin_kinds().items() if c.prometheus}
+        rules.write_text(json.dumps(recording_rules(section, engines, 1.0)))
         prom = start_prometheus(
             work / "prometheus",
-            [
-                job("vllm", vllm_server.base_url.removeprefix("http://")),
-                job("triton", f"127.0.0.1:{triton_server.metrics_port}"),
-                job("dcgm", f"127.0.0.1:{dcgm_double}"),
-                job(
-                    "engineroom-agent",
-                    f"127.0.0.1:{agent_port}",
-                    authorization={"credentials": VIEWER},
-                ),
-            ],
+            config=config_text(
+                [
+                    job("vllm", vllm_server.base_url.removeprefix("http://")),
+                    job("triton", f"127.0.0.1:{triton_server.metrics_port}"),
+                    job("dcgm", f"127.0.0.1:{dcgm_double}"),
+                    job(
+                        "engineroom-agent",
+                        f"127.0.0.1:{agent_port}",
+                        authorization={"credentials": VIEWER},
+                    ),
+                ],
+                rule_files=[rules],
+            ),
         )
         prom.wait_targets_up(4, timeout=60)
         prom.wait_query('engineroom_engine_state{kind="triton"} == 1', timeout=60)
@@ -310,6 +328,39 @@ async def test_model_detail_opened_after_the_traffic_shows_it_from_prometheus(fl
         assert any(t < started for t, _ in ttft.points)  # from before this console
         assert all(v > 0 for _, v in ttft.points)
         assert screen.history_error is None
+
+
+def test_figures_read_from_recording_rules_are_the_figures_evaluated_each_refresh(fleet, tmp_path):
+    """`recorded = true`: Prometheus keeps the latency and rate figures (its rules run
+    every second here), and the console reads them instead of evaluating them."""
+    path = tmp_path / "fleet.toml"
+    path.write_text(fleet_text(fleet.agent.url, fleet.vllm, fleet.triton, fleet.prom.url))
+    made = subprocess.run(
+        [sys.executable, "-m", "console.collect.promql", "--recording-rules", str(path)],
+        capture_output=True, text=True, timeout=60, cwd=Path(__file__).parents[1],
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    (tmp_path / "rules.yml").write_text(made.stdout)
+    checked = promtool("check", "rules", str(tmp_path / "rules.yml"))
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    recorded = parse_fleet(
+        fleet_text(fleet.agent.url, fleet.vllm, fleet.triton, fleet.prom.url) + "recorded = true\n"
+    )
+    if fleet.traffic_at is None:
+        assert send_traffic_vllm(fleet.vllm.base_url, 4, stream=True) == 4
+
+    def same() -> tuple[DeploymentRow, DeploymentRow] | None:
+        evaluated = rows(asyncio.run(poll_once(fleet.via_prometheus))[0])["tiny-vllm"]
+        kept = rows(asyncio.run(poll_once(recorded))[0])["tiny-vllm"]
+        if evaluated.stats is None or kept.stats is None:
+            return None
+        a, b = evaluated.stats.latency.ttft_s, kept.stats.latency.ttft_s
+        if a.p95 is None or b.p95 is None or not math.isclose(a.p95, b.p95, rel_tol=1e-9):
+            return None  # a rule evaluated a second before the query: the next one agrees
+        return evaluated, kept
+
+    evaluated, kept = wait_until(same, 30, what="the recorded p95 equal to the evaluated")
+    assert kept.version == evaluated.version and kept.state == evaluated.state
 
 
 def test_check_through_prometheus_gives_the_same_exit_code_and_json_keys(fleet, tmp_path):
