@@ -110,6 +110,7 @@ bench: $(VENV)/.test-deps engines router sshd nginx prometheus haproxy
 	$(BIN)/python -m bench.gateway_soak
 	$(BIN)/python -m bench.console_scale
 	$(BIN)/python -m bench.prom_scale --recorded --compare
+	$(BIN)/python -m bench.recording
 
 # Every screen on the simulated demo fleet, as SVG and PNG (PNG through Debian's librsvg).
 screenshots: $(VENV)/.test-deps
