@@ -220,3 +220,42 @@ def test_bad_files_and_arguments_say_what_and_where(tmp_path):
     assert foreign.read_text() == "not a recording\n"  # nothing lost
     result = run_cli("record", "--fleet", str(ROOT / "fleet.toml"), "--for", "ten minutes")
     assert result.returncode == 2 and "--for 'ten minutes'" in result.stderr
+
+
+async def test_the_console_records_what_it_sees(agent_factory, tmp_path, monkeypatch):
+    """`engineroom --record FILE`: the console's own snapshots and alerts go to a file a
+    replay opens; leaving the console ends the file cleanly."""
+    from console.core.config import load_fleet
+    from console.tui.app import EngineroomApp
+
+    port = free_port()
+    agent = agent_factory(FLEET.format(state=tmp_path / "state", port=port), "local", port)
+    monkeypatch.setenv("ENGINEROOM_TEST_VIEWER", "viewer-token-0123")
+    # A second node that never answers: its "node down" alert is in the recording.
+    text = agent.fleet.read_text() + '\n[[nodes]]\nname = "gone"\nagent = "http://127.0.0.1:9"\n'
+    fleet_file = tmp_path / "console.toml"
+    fleet_file.write_text(text)
+    out = tmp_path / "console.rec"
+    app = EngineroomApp(load_fleet(fleet_file), record=out)
+    async with app.run_test(size=(100, 30)) as pilot:
+
+        def recorded() -> bool:
+            if not out.exists():
+                return False
+            recording = Recording(out)
+            snaps = [r for r in recording.records() if r["k"] in ("snap", "diff")]
+            return len(snaps) >= 3 and any(
+                "node down" in e["message"] and e["subject"] == "gone" for e in recording.events
+            )
+
+        deadline = time.monotonic() + 60
+        while not recorded():
+            assert time.monotonic() < deadline, "the console recorded nothing within 60 s"
+            await pilot.pause(0.2)
+    recording = Recording(out)
+    assert recording.torn is None and recording.head["by"] == "console"
+    down = next(e for e in recording.events if e["subject"] == "gone")
+    assert down["kind"] == "raised" and "node down" in down["message"]
+    replay = ReplayCollector(fleet_of(recording), recording=recording, at=recording.end)
+    assert replay.states["local"].snapshot is not None
+    assert replay.states["gone"].snapshot is None
