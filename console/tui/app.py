@@ -91,8 +91,15 @@ class EngineroomApp(Workflows):
         self.recorder: Recorder | None = None
         if record is not None:  # --record FILE: what this console sees goes to a recording
             writer = open_writer(fleet, record, "console")
-            self.recorder = Recorder(writer, self.collector.refresh_s)
-            self.collector.on_update = self.recorder.node_updated
+            self.recorder = recorder = Recorder(writer, self.collector.refresh_s)
+            chained = self.collector.on_update
+
+            def recorded(state: NodeState) -> None:
+                recorder.node_updated(state)
+                if chained is not None:
+                    chained(state)
+
+            self.collector.on_update = recorded
         self.events = EventLog()
         self.view: FleetView | None = None
         self.views = ViewBuilder(fleet)  # redoes only the nodes that changed, each tick

@@ -139,6 +139,8 @@ class DrillsScreen(ViewScreen):
         self.history_poll.now()
 
     async def fetch_history(self) -> None:
+        if self.console.offline:  # a replay: the drill jobs are the recorded snapshots'
+            return
         nodes = {n for n in (drill_node(self.console, d) for d in self.console.fleet.drills) if n}
         problems = []
         for node in sorted(nodes):
