@@ -131,6 +131,13 @@ class Stack:
     sock: Path
     workdir: Path
     haproxy: subprocess.Popen[bytes] | None = None
+    log: Path | None = None  # the running HAProxy's
+
+    def alerts(self) -> int:
+        """HAProxy's "backend has no server available": a weight lowered before another
+        was raised leaves it with none for a moment, and HAProxy says so."""
+        assert self.log is not None
+        return self.log.read_text().count("has no server available")
 
     def start_haproxy(self, replacing: bool = False) -> None:
         """Start HAProxy on the configuration file; `replacing`: as a reload does, a new
@@ -140,6 +147,7 @@ class Stack:
         argv = ["haproxy", "-db", "-f", str(self.cfg)]
         if old is not None:
             argv += ["-sf", str(old.pid)]
+        self.log = log
         with log.open("wb") as out:
             self.haproxy = subprocess.Popen(
                 argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
@@ -238,6 +246,7 @@ def test_planned_failover_and_back_through_haproxy_drops_no_stream(stack_factory
     load = Load(hap.front).start()
     try:
         wait_until(lambda: load.ok >= 16, 60, what="traffic through HAProxy")
+        alerts = hap.alerts()  # at startup, before the first health checks pass
         for target, source in (("b", "a"), ("a", "b")):
             job = hap.gateway.wait_job(hap.failover(target)["id"])
             assert job["state"] == "succeeded", job
@@ -258,6 +267,7 @@ def test_planned_failover_and_back_through_haproxy_drops_no_stream(stack_factory
             assert served_by(hap)[source] == before[source]  # drained: nothing new
     finally:
         load.finish()
+    assert hap.alerts() == alerts  # every shift raised the target before lowering the source
     print(f"\nHAProxy planned failover and back: {load.ok} streams ok, {len(load.failed)} failed")
     assert load.failed == [], load.failed[:5]  # failed or truncated
     audit = hap.gateway.admin("GET", "/admin/audit").json()
