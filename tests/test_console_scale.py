@@ -168,6 +168,41 @@ async def test_a_console_that_fell_behind_decodes_only_each_nodes_newest_snapsho
         await runner.cleanup()
 
 
+async def test_a_stream_that_goes_quiet_fails_and_is_opened_again():
+    """An agent that sends one snapshot and then nothing, its connection open: the node
+    fails with "no snapshot within" after the quiet time (the collector's watchdog closes
+    the stream), and the collector connects again."""
+    release = asyncio.Event()
+    opened: list[float] = []
+
+    async def one_then_quiet(request: web.Request) -> web.StreamResponse:
+        opened.append(time.monotonic())
+        resp = web.StreamResponse()
+        await resp.prepare(request)
+        await resp.write(_line(time.time()))
+        await release.wait()
+        return resp
+
+    runner, port = await _serve(one_then_quiet)
+    try:
+        async with Collector(_one_node(port), timeout_s=2.0, refresh_s=0.5) as collector:
+            collector.start()
+            state = collector.states["n"]
+            deadline = time.monotonic() + 20
+            while not state.failures:
+                assert time.monotonic() < deadline, "a quiet stream was never given up"
+                await asyncio.sleep(0.05)
+            quiet_for = time.monotonic() - opened[0]
+            assert state.error == "no snapshot within 2 s"
+            assert quiet_for >= 2.0, f"given up after {quiet_for:.2f} s of a 2 s quiet time"
+            while len(opened) < 2:
+                assert time.monotonic() < deadline, "the collector did not connect again"
+                await asyncio.sleep(0.05)
+    finally:
+        release.set()
+        await runner.cleanup()
+
+
 async def test_a_snapshot_line_over_the_cap_fails_the_stream_and_is_not_kept(monkeypatch):
     """A stream line that never ends is cut at the cap, said so, and dropped; the collector
     holds at most the cap for it."""

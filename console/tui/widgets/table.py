@@ -10,7 +10,10 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from rich.console import RenderableType
+from rich.segment import Segment
+from rich.style import Style
 from rich.text import Text
+from textual.cache import LRUCache
 from textual.widgets import DataTable
 from textual.widgets.data_table import RowKey
 
@@ -63,6 +66,11 @@ class FleetTable(DataTable[RenderableType]):
     DEFAULT_CSS = "FleetTable { height: 1fr; }"
 
     def __init__(self, columns: Sequence[tuple[str, int | None]], **kwargs: Any) -> None:
+        # Rendered cells kept by the cell object they came from (see _render_cell); made
+        # first, since DataTable's __init__ already clears its caches.
+        self._rendered: LRUCache[tuple[Any, ...], tuple[object, list[list[Segment]]]] = LRUCache(
+            4096
+        )
         # No cell padding: widths include one space, which saves a column's worth of
         # characters every few columns at 80x24.
         super().__init__(cursor_type="row", zebra_stripes=False, cell_padding=0, **kwargs)
@@ -114,6 +122,51 @@ class FleetTable(DataTable[RenderableType]):
                         self._order = []
                     self.update_cell(key, labels[i], cell)
             self._shown[key] = cells
+
+    def _render_cell(
+        self,
+        row_index: int,
+        column_index: int,
+        base_style: Style,
+        width: int,
+        cursor: bool = False,
+        hover: bool = False,
+    ) -> list[list[Segment]]:
+        """DataTable renders every cell on screen again once any cell of the table changed
+        (an update counter is part of its cache key): at each refresh, a screen of cells
+        through Rich, most of them unchanged. A cell here keeps its object until its
+        value changes (`_update_on_screen` replaces only cells that differ), so what the
+        object rendered to is kept by the object's identity instead."""
+        row_key = self._row_locations.get_key(row_index)
+        column_key = self._column_locations.get_key(column_index)
+        if row_key is None or column_key is None:  # the header, or a row label
+            return super()._render_cell(row_index, column_index, base_style, width, cursor, hover)
+        cell = self._data[row_key][column_key]
+        key = (
+            row_key,
+            column_key,
+            row_index,
+            base_style,
+            width,
+            cursor,
+            hover,
+            self._show_hover_cursor,
+            self._pseudo_class_state,
+        )
+        kept = self._rendered.get(key)
+        if kept is not None and kept[0] is cell:
+            return kept[1]
+        lines = super()._render_cell(row_index, column_index, base_style, width, cursor, hover)
+        self._rendered[key] = (cell, lines)
+        return lines
+
+    def _clear_caches(self) -> None:
+        super()._clear_caches()
+        self._rendered.clear()
+
+    def notify_style_update(self) -> None:
+        self._rendered.clear()
+        super().notify_style_update()
 
     def _update_dimensions(self, new_rows: Iterable[RowKey]) -> None:
         """Size the table without measuring every new cell.
