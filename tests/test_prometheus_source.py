@@ -464,6 +464,10 @@ async def test_the_console_says_a_silent_prometheus_in_its_header_and_keeps_answ
         await until(pilot, lambda: isinstance(app.screen, GpusScreen), what="the GPUs screen")
         await until(pilot, lambda: said in header(), what="the message on the GPUs screen")
         assert app.collector.states["gpu-a1"].error == "Prometheus: no answer within 1 s"
+        # A node read from Prometheus alone has no agent to act through, and says so.
+        assert app.action_blocked("gpu-a1") == (
+            "gpu-a1 is read from Prometheus: starting and stopping engines needs its agent"
+        )
 
 
 def test_a_prometheus_that_is_down_costs_the_nodes_it_named_with_the_reason(tmp_path):

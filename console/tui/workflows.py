@@ -70,11 +70,14 @@ class Workflows(App[int]):
         if self.read_only:
             return "read-only console: starting and stopping engines is disabled"
         declared = next((n for n in self.fleet.nodes if n.name == node), None)
+        state = self.collector.states.get(node)
+        if declared is None and state is not None:  # found in Prometheus' series
+            return f"{node} is read from Prometheus: actions need its agent in fleet.toml"
         if declared is None:
             return f"no node named {node!r}"
         if declared.agent is None:
-            return f"{node} is read over SSH: starting and stopping engines needs its agent"
-        state = self.collector.states.get(node)
+            how = "over SSH" if declared.ssh else "from Prometheus"
+            return f"{node} is read {how}: starting and stopping engines needs its agent"
         if state is not None and state.no_token:
             return f"no token for {node} ({state.error})"
         if self.roles.get(node) == "viewer":
