@@ -27,6 +27,7 @@ from console.core.snapshot import Snapshot, snapshot_from
 
 MARKS = ("raised", "cleared", "action")  # what "next event" jumps to
 SPEEDS = (1.0, 10.0, 60.0)
+JUMP_S = 60.0
 
 
 def fleet_of(recording: Recording) -> Fleet:
@@ -88,9 +89,11 @@ class ReplayCollector(Collector):
         if self.cursor is None:
             return
         t = min(max(t, self.first), self.last)
-        backward = t < self.cursor.state.t
+        # A jump (back, or over a minute on; 60x play moves 6 s a tick): the plots start
+        # again there rather than join two moments apart.
+        jumped = t < self.cursor.state.t or t - self.cursor.state.t > JUMP_S
         changed = self.cursor.advance(t)
-        if backward:
+        if jumped:
             self.history = History()
             changed = set(self.states) | set(self.cursor.state.nodes)
         self._show(self.cursor.state, changed)
