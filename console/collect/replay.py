@@ -16,6 +16,7 @@ import bisect
 import contextlib
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from console.collect.alerts import Alert, Event, EventLog
@@ -173,6 +174,9 @@ class ReplayCollector(Collector):
 
     async def __aenter__(self) -> ReplayCollector:
         return self  # no session: a replay opens no connection
+
+    async def roles(self, found: Callable[[str, str], None], at_once: int = 16) -> None:
+        """A replay asks no agent what its token may do (it opens no connection)."""
 
     def start(self) -> None:
         self._keeper = asyncio.create_task(self._keep_aged())
