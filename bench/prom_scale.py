@@ -409,7 +409,7 @@ def main(argv: list[str]) -> int:
         "console (headless, its own process, every node discovered from the series):",
     ]
     for key, value in result.items():
-        lines.append(f"  {key:<28}{value}")
+        lines.append(f"  {key:<34}{value}")
     if args.compare:
         compare = subprocess.run(
             [sys.executable, "-m", "bench.console_scale", "1000", "stream"],
