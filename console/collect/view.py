@@ -113,6 +113,8 @@ class FleetView:
     gpus: list[GpuCell]
     models: dict[str, list[DeploymentRow]]
     alerts: list[Alert]
+    # The same cells by node, in fleet order (the Fleet screen's grid draws a row each).
+    gpus_by_node: list[tuple[str, list[GpuCell]]] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -347,6 +349,7 @@ class ViewBuilder:
 
         node_rows: list[NodeRow] = []
         cells: list[GpuCell] = []
+        by_node: list[tuple[str, list[GpuCell]]] = []
         util_sum, util_count = 0.0, 0
         # Every node the source knows: fleet.toml's, in its order, then any it discovered
         # (a Prometheus source finds nodes in the series).
@@ -372,6 +375,8 @@ class ViewBuilder:
                 )
             )
             cells.extend(part.cells)
+            if part.cells:
+                by_node.append((name, part.cells))
             if part.status in ("up", "stale"):
                 util_sum, util_count = util_sum + n.util_sum, util_count + n.util_count
         statuses = [r.status for r in node_rows]
@@ -389,7 +394,7 @@ class ViewBuilder:
             critical=sum(a.severity == "critical" for a in alerts),
             nodes_no_token=statuses.count("no token"),
         )
-        return FleetView(summary, node_rows, cells, models, alerts)
+        return FleetView(summary, node_rows, cells, models, alerts, by_node)
 
     def _part(
         self,

@@ -77,11 +77,11 @@ class FleetScreen(ViewScreen):
         rows = [node_cells(n, t.gpu_temp_warn_c, t.gpu_temp_crit_c) for n in view.nodes]
         self.query_one(FleetTable).show(rows, self.filter)
         self.drawn_nodes = sum(n.status == "up" for n in view.nodes)
-        cells = view.gpus
+        by_node = view.gpus_by_node
         if self.filter is not None:
             shown = set(self.query_one(FleetTable).rows_by_key)
-            cells = [c for c in cells if c.node in shown]
-        self.query_one(GpuGrid).show(cells, t.gpu_temp_crit_c)
+            by_node = [(node, cells) for node, cells in by_node if node in shown]
+        self.query_one(GpuGrid).show(by_node, t.gpu_temp_crit_c)
 
     @on(DataTable.RowSelected, "#nodes")
     def _open_node(self, event: DataTable.RowSelected) -> None:

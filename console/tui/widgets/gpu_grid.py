@@ -44,16 +44,14 @@ class GpuGrid(ScrollView):
         self._temp_crit = 90.0
         self._label_width = 8
 
-    def show(self, cells: list[GpuCell], temp_crit: float) -> None:
+    def show(self, by_node: list[tuple[str, list[GpuCell]]], temp_crit: float) -> None:
+        """`by_node`: each node's cells, in the order the rows go (FleetView.gpus_by_node)."""
         self._temp_crit = temp_crit
-        by_node: dict[str, list[GpuCell]] = {}
-        for cell in cells:
-            by_node.setdefault(cell.node, []).append(cell)
-        self._label_width = min(14, max((len(n) for n in by_node), default=4) + 1)
+        self._label_width = min(14, max((len(n) for n, _ in by_node), default=4) + 1)
         width = max(20, (self.size.width or 80) - 2)
         per_line = max(1, (width - self._label_width) // CELL)
         lines: list[tuple[str, list[GpuCell]]] = []
-        for node, node_cells in by_node.items():
+        for node, node_cells in by_node:
             for start in range(0, len(node_cells), per_line):
                 lines.append((node if start == 0 else "", node_cells[start : start + per_line]))
         if not lines:

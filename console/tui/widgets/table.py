@@ -30,19 +30,19 @@ class Row:
     thousand rows then formats only the rows it draws, and works out the filter's fields
     only when there is a filter (the 2,000 deployments of Models, every refresh)."""
 
-    __slots__ = ("_fields", "cells", "key", "text")
+    __slots__ = ("_fields", "_text", "cells", "key")
 
     def __init__(
         self,
         key: str,
         cells: Cells | Callable[[], Cells],
         fields: Fields | Callable[[], Fields] | None = None,
-        text: str = "",
+        text: str | Callable[[], str] = "",
     ) -> None:
         self.key = key
         self.cells = cells
         self._fields = {} if fields is None else fields
-        self.text = text
+        self._text = text
 
     def made(self) -> Cells:
         if callable(self.cells):
@@ -54,6 +54,12 @@ class Row:
         if callable(self._fields):
             self._fields = self._fields()
         return self._fields
+
+    @property
+    def text(self) -> str:
+        if callable(self._text):
+            self._text = self._text()
+        return self._text
 
 
 def empty_row(columns: int, why: str) -> Row:
