@@ -285,6 +285,9 @@ def test_emergency_failover_through_haproxy(stack_factory):
         assert [s["name"] for s in job["steps"]] == ["readiness", "shift 100%", "done"]
         assert job["first_served_s"] is not None and job["first_served_s"] >= job["cutover_s"]
         assert hap.live_weights() == {"a": 0, "b": 100} == hap.file_weights()
+        # The gateway's routes say what HAProxy does, though it is not in the path.
+        routes = hap.gateway.admin("GET", "/admin/routes").json()["tiny"]["deployments"]
+        assert {d["id"]: d["weight"] for d in routes} == {"a": 0, "b": 100}
     finally:
         load.finish()
     assert load.failed == [], load.failed[:5]
@@ -315,8 +318,9 @@ def test_haproxy_restarted_mid_job_fails_it_clearly_and_keeps_the_routes(stack_f
         step = next(s for s in now["steps"] if s["name"] == "shift 10%")
         return step["state"] == "running"
 
-    wait_until(shifted, 60, what="the first shift's verification window")
-    assert hap.file_weights() == {"a": 90, "b": 10}  # written back as the step began
+    wait_until(shifted, 60, what="the first shift")
+    # Its change made and written back: the 8 s verification window has begun.
+    wait_until(lambda: hap.file_weights() == {"a": 90, "b": 10}, 30, what="10 % written back")
     if how == "stopped and started":
         hap.stop_haproxy()
         hap.start_haproxy()

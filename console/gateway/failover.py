@@ -87,6 +87,11 @@ class Failovers:
             assert self.http is not None
             self._started.add(plane.name)
             await plane.start(self.http)
+            if plane.kind != BUILTIN:  # the gateway's routes show the weights in force there
+                for name, m in self.table.models.items():
+                    if m.dataplane == plane.name:
+                        with contextlib.suppress(DataPlaneError):
+                            self.table.weights[name] = await plane.weights(name)
         return plane
 
     # -- bookkeeping -------------------------------------------------------------------
