@@ -30,6 +30,7 @@ FIELDS = (
     ("temp", "DCGM_FI_DEV_GPU_TEMP", "gauge", "GPU temperature (in C)."),
     ("power", "DCGM_FI_DEV_POWER_USAGE", "gauge", "Power draw (in W)."),
     ("util", "DCGM_FI_DEV_GPU_UTIL", "gauge", "GPU utilization (in %)."),
+    ("throttle", "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "gauge", "Throttling reasons (bitmask)."),
     ("xid", "DCGM_FI_DEV_XID_ERRORS", "gauge", "Value of the last XID error encountered."),
     ("fb_free", "DCGM_FI_DEV_FB_FREE", "gauge", "Framebuffer memory free (in MiB)."),
     ("fb_used", "DCGM_FI_DEV_FB_USED", "gauge", "Framebuffer memory used (in MiB)."),

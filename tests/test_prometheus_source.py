@@ -49,9 +49,9 @@ pytestmark = pytest.mark.engines
 
 GPUS = [
     {"util": 37, "fb_used": 1024, "fb_free": 80000, "temp": 41, "power": 120.5, "xid": 0,
-     "ecc_dbe": 0, "sm_clock": 1980},
+     "ecc_dbe": 0, "sm_clock": 1980, "throttle": 0},
     {"util": 91, "fb_used": 70000, "fb_free": 11024, "temp": 86, "power": 610, "xid": 79,
-     "ecc_dbe": 2, "sm_clock": 1755},
+     "ecc_dbe": 2, "sm_clock": 1755, "throttle": 0x44},
 ]  # fmt: skip
 TOKEN_ENV = "ENGINEROOM_TEST_VIEWER"
 
@@ -235,6 +235,8 @@ def test_gpus_come_from_dcgm_exporter_with_their_units_and_alerts(fleet):
         assert gpu.ecc_uncorrected == served["ecc_dbe"]
         assert gpu.power_limit_w is None  # dcgm-exporter's defaults leave it out: unknown
     assert [e.xid for e in gpus[1].xid_events] == [79] and gpus[0].xid_events == []
+    assert gpus[0].clock_event_reasons == []
+    assert gpus[1].clock_event_reasons == ["software power cap", "hardware thermal slowdown"]
     alerts = {(a.subject, a.message.split(":")[0]) for a in by_prom.alerts}
     assert ("local/gpu1", "XID") in alerts and ("local/gpu1", "ECC") in alerts
 

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any, TypeVar
 
+from console.core.readings import decode_clock_event_reasons
 from console.core.wire import Gpu, XidEvent
 
 T = TypeVar("T")
@@ -24,27 +25,6 @@ T = TypeVar("T")
 # Power limit, memory clock, ECC and remapped rows change rarely: read them every
 # SLOW_EVERY samples (10 s at the default 2 s interval) to keep the per-cycle cost low.
 SLOW_EVERY = 5
-
-# Clock-event ("throttle") reason bits, as NVML defines them, in words an SRE reads.
-CLOCK_EVENT_REASONS = (
-    (0x1, "idle"),
-    (0x2, "applications clocks setting"),
-    (0x4, "software power cap"),
-    (0x8, "hardware slowdown"),
-    (0x10, "sync boost"),
-    (0x20, "software thermal slowdown"),
-    (0x40, "hardware thermal slowdown"),
-    (0x80, "hardware power brake"),
-    (0x100, "display clock setting"),
-)
-
-
-def decode_clock_event_reasons(mask: int) -> list[str]:
-    words = [word for bit, word in CLOCK_EVENT_REASONS if mask & bit]
-    unknown = mask & ~sum(bit for bit, _ in CLOCK_EVENT_REASONS)
-    if unknown:
-        words.append(f"other (0x{unknown:x})")
-    return words
 
 
 def _why_unavailable(nvml: ModuleType, exc: Exception) -> str:

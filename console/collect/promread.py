@@ -30,6 +30,7 @@ from console.collect.promql import (
 )
 from console.core.config import Fleet, PrometheusSection
 from console.core.plugin import PromSeries
+from console.core.readings import decode_clock_event_reasons
 from console.core.snapshot import (
     Engine,
     EngineState,
@@ -366,7 +367,7 @@ class FleetReader:
                     else used + free + (r.get("fb_reserved") or 0.0)
                 )
                 uuid, model = node.gpu_ids.get(index, (None, None))
-                xid, ecc = r.get("xid"), r.get("ecc")
+                xid, ecc, throttle = r.get("xid"), r.get("ecc"), r.get("throttle")
                 out.append(
                     Gpu(
                         index=int(index),
@@ -380,6 +381,9 @@ class FleetReader:
                         sm_clock_mhz=None if r.get("sm_clock") is None else int(r["sm_clock"] or 0),
                         ecc_uncorrected=None if ecc is None else int(ecc),
                         xid_events=[XidEvent(time=wall, xid=int(xid))] if xid else [],
+                        clock_event_reasons=None
+                        if throttle is None
+                        else decode_clock_event_reasons(int(throttle)),
                     )
                 )
         else:

@@ -104,3 +104,26 @@ def values_by(exp: Exposition, name: str, group: str, **match: str) -> dict[str,
             continue
         out[s.labels.get(group, "")] += s.value
     return dict(out)
+
+
+# Clock-event ("throttle") reason bits, as NVML defines them (and dcgm-exporter exports as
+# DCGM_FI_DEV_CLOCK_THROTTLE_REASONS), in words an SRE reads.
+CLOCK_EVENT_REASONS = (
+    (0x1, "idle"),
+    (0x2, "applications clocks setting"),
+    (0x4, "software power cap"),
+    (0x8, "hardware slowdown"),
+    (0x10, "sync boost"),
+    (0x20, "software thermal slowdown"),
+    (0x40, "hardware thermal slowdown"),
+    (0x80, "hardware power brake"),
+    (0x100, "display clock setting"),
+)
+
+
+def decode_clock_event_reasons(mask: int) -> list[str]:
+    words = [word for bit, word in CLOCK_EVENT_REASONS if mask & bit]
+    unknown = mask & ~sum(bit for bit, _ in CLOCK_EVENT_REASONS)
+    if unknown:
+        words.append(f"other (0x{unknown:x})")
+    return words
