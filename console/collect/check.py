@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 from console.collect.collector import NodeState
-from console.collect.measured import ENGINE, GATEWAY, gateway_measure, ttft_gap_s
+from console.collect.measured import ENGINE, GATEWAY, gap_text, gateway_measure, ttft_gap_s
 from console.collect.promsource import PromSource, SourceHealth, fleet_source
 from console.collect.view import DeploymentRow, FleetView, build
 from console.core.config import Fleet
@@ -205,10 +205,10 @@ def _deployment_line(r: DeploymentRow, gw: dict[str, Any] | None) -> str:
     else:
         at_gateway = _ms(percentiles_from(gw.get("ttft_s") or {}))
     gap = ttft_gap_s(lat.ttft_s if lat else None, gw)
-    gap_text = "-" if gap is None else ("-" if gap < 0 else "+") + _seconds(abs(gap))
+    gap_shown = gap_text(gap, lat.ttft_s.p95 if lat else None, _seconds)
     return (
         f"  {name:<24}{engine:<20}{r.node:<10}{state:<10}"
-        f"{_ms(lat.ttft_s if lat else None):>8}{at_gateway:>9}{gap_text:>8}"
+        f"{_ms(lat.ttft_s if lat else None):>8}{at_gateway:>9}{gap_shown:>8}"
         f"{_ms(lat.itl_s if lat else None):>8}{_ms(lat.e2e_s if lat else None):>8}  {slo}"
     )
 

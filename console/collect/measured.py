@@ -36,6 +36,32 @@ def gateway_ttft_p95(measure: dict[str, Any] | None) -> float | None:
     return float(p95) if isinstance(p95, int | float) else None
 
 
+# A gateway p95 under the engine's by no more than this share of the engine's is the two
+# measurements' own error: the engine's p95 is interpolated inside a histogram bucket
+# (vLLM's are 100-250 ms wide around typical TTFTs), the gateway's is exact over fewer
+# requests (only those it passed, in its window).
+GAP_NOISE = 0.25
+GapReading = Literal["slower", "same", "disagree"]
+
+
+def gap_reading(gap: float, engine_p95: float) -> GapReading:
+    """How a TTFT gap reads. "slower": clients wait longer than the engine, as they must;
+    "same": the gateway reads faster, but within the measurements' error (shown "~0");
+    "disagree": faster by more, which no client can be: the two windows do not cover the
+    same requests yet (shown "?", never as a negative gap)."""
+    if gap >= 0:
+        return "slower"
+    return "same" if -gap <= GAP_NOISE * engine_p95 else "disagree"
+
+
+def gap_text(gap: float | None, engine_p95: float | None, seconds: Any) -> str:
+    """The gap as the Models screen and `check` print it; `seconds` formats a duration."""
+    if gap is None or engine_p95 is None:
+        return "-"
+    reading = gap_reading(gap, engine_p95)
+    return {"slower": "+" + seconds(gap), "same": "~0", "disagree": "?"}[reading]
+
+
 def ttft_gap_s(engine: Percentiles | None, measure: dict[str, Any] | None) -> float | None:
     """Gateway TTFT p95 minus the engine's, where both are percentiles (a windowed mean,
     Triton's only figure, is not compared with a p95)."""

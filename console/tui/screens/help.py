@@ -32,7 +32,9 @@ TTFT95 engine     the engine's own histogram: its clock starts when the engine g
 TTFT95 gateway    the gateway's clock: request in to first byte out, as clients feel it
 GAP gw-eng        gateway minus engine p95: the API server, the network and the gateway.
                   A large gap means the time is lost before the engine, not in it;
-                  yellow when the gap is what breaks the SLO
+                  yellow when the gap is what breaks the SLO. ~0: the gateway reads
+                  faster, within the two figures' error; ?: faster by more (the two
+                  windows do not hold the same requests yet). Never negative.
 ITL95 E2E95 TTFT50  the engine's histograms too; ~ marks a windowed mean (no histogram)
 standby           a deployment with weight 0 that is not running: no traffic, no alert
 no token          this console has no token for the node (its token_env is not set)

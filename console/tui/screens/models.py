@@ -20,7 +20,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.widgets import DataTable
 
-from console.collect.measured import gateway_measure, gateway_ttft_p95, ttft_gap_s
+from console.collect.measured import gap_text, gateway_measure, gateway_ttft_p95, ttft_gap_s
 from console.collect.view import DeploymentRow, FleetView
 from console.core.config import Fleet, Model, Slo
 from console.core.snapshot import Percentiles
@@ -186,13 +186,13 @@ def _gateway_ttft(gw: dict[str, Any] | None, slo_ms: float | None, standby: bool
 def _gap(gap: float | None, gw: dict[str, Any] | None, slo_ms: float | None) -> Text:
     """Gateway minus engine TTFT p95. Yellow when the gap is what breaks the SLO: the
     engine is within it and clients are not, so the time goes before the engine."""
-    if gap is None:
+    at_gateway = gateway_ttft_p95(gw)
+    if gap is None or at_gateway is None:
         return Text("-", style="dim")
     if gap < 0:
-        # Not a real difference: the engine's p95 is estimated from histogram buckets and
-        # covers every request it served, the gateway's is exact over those it passed.
-        return Text(fmt.signed_seconds(gap), style="dim")
-    at_gateway = gateway_ttft_p95(gw)
+        # No client is faster than the engine: within the measurements' error it reads
+        # "~0", past it "?" (console/collect/measured.py, docs/gateway.md).
+        return Text(gap_text(gap, at_gateway - gap, fmt.seconds), style="dim")
     breaks = (
         slo_ms is not None
         and at_gateway is not None
