@@ -82,6 +82,12 @@ class Sink:
     async def close_stream(self) -> None:
         raise NotImplementedError
 
+    def write_now(self, chunk: bytes) -> bool:
+        """One chunk of the stream, sent now if the client's socket has room, with no
+        wait; False when it must go through `write` (a full or closed socket, a sink that
+        cannot)."""
+        return False
+
 
 async def send_error(
     sink: Sink, status: int, message: str, kind: str, code: str | None = None
@@ -103,6 +109,9 @@ class FrontDoor(asyncio.Protocol):
         self.stall: asyncio.TimerHandle | None = None  # the full socket's deadline
         self.stalled = False
         self.unsent = 0  # bytes waiting to be sent when the stall deadline was last set
+        # A head read and accepted whose body is not all in yet (a client often sends the
+        # two apart): (where its body starts, its length, chat, close); not parsed again.
+        self.waiting: tuple[int, int, bool, bool] | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
@@ -197,6 +206,8 @@ class FrontDoor(asyncio.Protocol):
 
     def _next(self) -> None:
         """Start on the next request in the buffer, once its head and body are in."""
+        if self.waiting is not None:
+            return self._start(*self.waiting)
         buf = self.buf
         end = buf.find(b"\r\n\r\n")
         if end > MAX_HEAD or (end < 0 and len(buf) > MAX_HEAD):
@@ -235,10 +246,17 @@ class FrontDoor(asyncio.Protocol):
         if not self.gw.client_ok(auth):  # before the body: a stranger's upload is not held
             key = "invalid_api_key"
             return self._answer_and_close(401, "invalid API key", "invalid_request_error", key)
-        total = end + 4 + length
+        self._start(end + 4, length, chat, close)
+
+    def _start(self, start: int, length: int, chat: bool, close: bool) -> None:
+        """Serve the request whose head was read, once its body is in."""
+        buf = self.buf
+        total = start + length
         if len(buf) < total:
+            self.waiting = (start, length, chat, close)
             return
-        body = bytes(buf[end + 4 : total])
+        self.waiting = None
+        body = bytes(buf[start:total])
         del buf[:total]
         if self.idle is not None:
             self.idle.cancel()
@@ -332,6 +350,15 @@ class RawSink(Sink):
         self.head = b""
         if self.door.writable is not None:
             await self.door.drain()
+
+    def write_now(self, chunk: bytes) -> bool:
+        transport = self.door.transport
+        if self.door.writable is not None or transport is None or transport.is_closing():
+            return False
+        if chunk:
+            transport.write(b"%s%x\r\n%s\r\n" % (self.head, len(chunk), chunk))
+            self.head = b""
+        return True
 
     async def close_stream(self) -> None:
         self._send(self.head + b"0\r\n\r\n")

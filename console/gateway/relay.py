@@ -185,39 +185,31 @@ class Relay:
                 content_type = ans.content_type or "application/json"
                 return await sink.reply(ans.status, payload, content_type, up.id)
             await sink.open_stream(up.id)
-            await self._relay(sink, up, ans.chunks(), started, None)
+            timed = Timed(sink, up, started)
+            ans.relay_to = timed.write_now
+            await self._relay(timed, ans.chunks(), None)
         finally:
+            ans.relay_to = None
             up.pool.release(ans)
 
     async def _relay(
-        self,
-        sink: Sink,
-        up: Upstream,
-        chunks: AsyncIterator[bytes],
-        started: float,
-        shaper: tri.Shaper | None,
+        self, timed: Timed, chunks: AsyncIterator[bytes], shaper: tri.Shaper | None
     ) -> bool | None:
         """Copy upstream chunks to the client as they come; measure TTFT and gaps.
 
-        Chunks are passed as read, never parsed (an SSE chunk is usually one token).
+        Chunks are passed as read, never parsed (an SSE chunk is usually one token); while
+        the client's socket has room, the upstream's protocol writes them itself
+        (`Timed.write_now`), and `chunks` yields only what had to wait.
         Returns True when the upstream finished, False when it was cut (the client got an
         error event); ClientGone when the client went away (not the deployment's failure)."""
-        ttft, itl = up.measures.ttft, up.measures.itl
-        last = started
-        first = True
+        sink, up = timed.sink, timed.up
         try:
             async for chunk in chunks:
                 if shaper is not None:
                     chunk = _triton_chunk(shaper, chunk)
                     if not chunk:
                         continue
-                now = time.perf_counter()
-                if first:
-                    ttft.add(now - started)
-                    first = False
-                else:
-                    itl.add(now - last)
-                last = now
+                timed.mark()
                 await sink.write(chunk)
             if shaper is not None:
                 await sink.write(shaper.last())
@@ -234,7 +226,7 @@ class Relay:
                 await sink.write(b"data: " + json.dumps(event).encode() + b"\n\n")
                 await sink.close_stream()
             return False
-        up.measures.e2e.add(time.perf_counter() - started)
+        up.measures.e2e.add(time.perf_counter() - timed.started)
         up.measures.outcomes.add(True)
         with contextlib.suppress(ClientGone):
             await sink.close_stream()
@@ -263,9 +255,41 @@ class Relay:
                 return await sink.reply(200, payload, "application/json", up.id)
             await sink.open_stream(up.id)
             events = sse_events(ans.chunks(), self.settings.max_response_bytes)
-            await self._relay(sink, up, events, started, shaper)
+            await self._relay(Timed(sink, up, started), events, shaper)
         finally:
             up.pool.release(ans)
+
+
+class Timed:
+    """One stream to a client, timed as it is written: TTFT at its first chunk (since
+    `started`, when the request was sent on), the gap since the last chunk after that."""
+
+    __slots__ = ("first", "last", "sink", "started", "up")
+
+    def __init__(self, sink: Sink, up: Upstream, started: float) -> None:
+        self.sink = sink
+        self.up = up
+        self.started = self.last = started
+        self.first = True
+
+    def mark(self) -> None:
+        now = time.perf_counter()
+        if self.first:
+            self.up.measures.ttft.add(now - self.started)
+            self.first = False
+        else:
+            self.up.measures.itl.add(now - self.last)
+        self.last = now
+
+    def write_now(self, chunk: bytes) -> bool:
+        """The upstream's protocol, with a chunk just read: written, and timed, when the
+        client's socket has room; False when the relay's task must write it."""
+        if not chunk:
+            return True
+        if not self.sink.write_now(chunk):
+            return False
+        self.mark()
+        return True
 
 
 async def sse_events(chunks: AsyncIterator[bytes], limit: int) -> AsyncIterator[bytes]:

@@ -215,6 +215,10 @@ class Answer(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
         self._streaming = False  # read by chunks(): the deadline is per gap, past the head
         self._framed = False  # Content-Length or chunked: else the body ends at close
+        # Set by the relay while a stream is passed through: the body read by one
+        # data_received goes to the client from here, with no wake-up of the relay's task;
+        # it returns False when the client's socket is full (the task then takes it).
+        self.relay_to: Callable[[bytes], bool] | None = None
 
     # asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -240,6 +244,11 @@ class Answer(asyncio.Protocol):
                 self._fail(AnswerTooLarge(f"a head over {MAX_HEAD_BYTES} bytes"))
                 if self.transport is not None:
                     self.transport.close()
+        elif self._body and self.relay_to is not None:
+            if self.relay_to(self._joined()):
+                self._clear()
+            else:
+                self._wake()  # the relay's task takes it, and waits for the client
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
@@ -268,7 +277,8 @@ class Answer(asyncio.Protocol):
         if self._held > PAUSE_AT and not self._paused and self.transport is not None:
             self.transport.pause_reading()  # resumed when the relay takes the bytes
             self._paused = True
-        self._wake()
+        if self.relay_to is None:  # else data_received passes it on, or wakes the task
+            self._wake()
 
     def on_message_complete(self) -> None:
         self.done = True
@@ -317,13 +327,22 @@ class Answer(asyncio.Protocol):
                 await self._wait()
 
     def _take(self) -> bytes:
+        chunk = self._joined()
+        self._clear()
+        return chunk
+
+    def _joined(self) -> bytes:
         body = self._body
+        if len(body) > 1:
+            body[:] = [b"".join(body)]
+        return body[0]
+
+    def _clear(self) -> None:
         self._body = []
         self._held = 0
         if self._paused and self.transport is not None:
             self._paused = False
             self.transport.resume_reading()
-        return body[0] if len(body) == 1 else b"".join(body)
 
     async def _wait(self) -> None:
         if self.error is not None:
