@@ -183,6 +183,13 @@ async def test_action_keys_say_replay_is_read_only(incident):
         assert len(said) == 7, _notes(app)
         # No form, plan or confirmation opened: the Node screen is still on top.
         assert type(app.screen).__name__ == "NodeScreen" and len(app.screen_stack) == 4
+        # A job's screen asks no agent (theirs would refuse the connection): the recording.
+        await pilot.press(*keys(":job cpu-1/4f2a\r"))
+        await pilot.pause(0.3)
+        info = app.screen.query_one("#job-info")
+        assert "not in the recording at this moment" in str(info.render())
+        await pilot.press("c")
+        assert _notes(app)[-1].startswith("replay is read-only")
 
 
 def test_replay_header_and_time_cursor(snap_compare, incident):

@@ -319,6 +319,12 @@ class JobScreen(ViewScreen):
 
     async def fetch(self) -> None:
         """The job and its log tail from the agent (the snapshot lags by an interval)."""
+        if self.console.offline:  # a replay: the job as the recorded snapshot has it
+            state = self.console.collector.states.get(self.node)
+            jobs = state.snapshot.jobs if state and state.snapshot else []
+            self.job = next((j for j in jobs if j.id == self.job_id), self.job)
+            self._draw_job()
+            return
         ended = self.job is not None and self.job.state not in ("queued", "running")
         if ended and self.log_lines:
             return  # an ended job does not change
@@ -340,7 +346,8 @@ class JobScreen(ViewScreen):
         job = self.job
         info = self.query_one("#job-info", Static)
         if job is None:
-            info.update(Text("asking the agent ...", style="dim"))
+            waiting = "not in the recording at this moment" if self.console.offline else None
+            info.update(Text(waiting or "asking the agent ...", style="dim"))
             return
         t = Text()
         t.append(f"{job.kind} ", style="bold")
