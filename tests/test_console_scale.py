@@ -340,3 +340,41 @@ def test_models_rows_work_out_their_filter_fields_only_when_a_filter_asks(
     assert asked == []
     assert rows[0].fields["deployment"] == "d1" and rows[0].fields["state"] == "ready"
     assert len(asked) == 1
+
+
+async def test_the_decoder_lets_go_of_the_event_loop_between_slices(monkeypatch):
+    """Lines that pile up (a console behind, 1,000 nodes) are decoded a slice at a time: a
+    key press waits for one slice, not for the whole pile. And a node whose lines came
+    faster than they were decoded costs one decode, of its newest line."""
+    decoded: list[bytes] = []
+
+    def slow_parse(line: bytes) -> Snapshot:
+        time.sleep(0.002)
+        decoded.append(line)
+        return decode_snapshot(line)
+
+    monkeypatch.setattr(collector_module, "_parse", slow_parse)
+    monkeypatch.setattr(collector_module, "DECODE_SLICE_S", 0.005)
+    nodes = "".join(f'[[nodes]]\nname = "n{i}"\nagent = "http://127.0.0.1:9"\n' for i in range(40))
+    fleet = parse_fleet(f'[fleet]\nname = "t"\n{nodes}')
+    collector = Collector(fleet)
+    targets = {t.node.name: t for t in collector._targets}
+    decoder = asyncio.create_task(collector._decode_arrivals())
+    try:
+        collector._arrived["n0"] = (targets["n0"], _line(1.0).strip())
+        collector._arrived["n0"] = (targets["n0"], _line(2.0).strip())  # newer, same node
+        for i in range(1, 40):
+            collector._arrived[f"n{i}"] = (targets[f"n{i}"], _line(float(i)).strip())
+        collector._arrival.set()
+        await asyncio.sleep(0)  # the decoder's first slice
+        await asyncio.sleep(0)
+        seen_between = len(decoded)
+        deadline = time.monotonic() + 10
+        while collector._arrived:
+            assert time.monotonic() < deadline, "the pile was never decoded"
+            await asyncio.sleep(0.01)
+    finally:
+        decoder.cancel()
+    assert 0 < seen_between < 40, f"{seen_between} of 40 decoded before the loop got back"
+    assert len(decoded) == 40  # one decode for n0, of its newest line
+    assert collector.states["n0"].snapshot.node.time == 2.0

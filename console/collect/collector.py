@@ -37,6 +37,7 @@ STALE_AFTER = 2  # refreshes without a good snapshot
 DOWN_AFTER = 5
 MAX_BACKOFF_S = 30.0
 STREAM_WATCH_S = 0.5  # how often the watchdog looks for streams gone quiet
+DECODE_SLICE_S = 0.005  # the longest the decoder holds the event loop at a time
 MAX_SNAPSHOT_BYTES = 16 * 1024 * 1024
 MAX_WHOAMI_BYTES = 64 * 1024  # {"name", "role", "jobs"}: tens of bytes
 
@@ -90,6 +91,7 @@ class _Target:
     # due (the collector's one watchdog closes a stream that misses it).
     reading: LineStream | None = None
     due: float = 0.0
+    quiet: float = 0.0  # how long the stream may go without a line
 
 
 class Collector:
@@ -120,6 +122,9 @@ class Collector:
         ]
         self._session: aiohttp.ClientSession | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        # Stream lines not decoded yet, the newest per node (see _decode_arrivals).
+        self._arrived: dict[str, tuple[_Target, bytes]] = {}
+        self._arrival = asyncio.Event()
 
     def _target(self, index: int, node: Node) -> _Target | None:
         """How to poll the node; None when its token variable is not set (one node without
@@ -162,6 +167,7 @@ class Collector:
             self._tasks.append(asyncio.create_task(self._loop(target), name=target.node.name))
         if any(t.stream for t in self._targets):
             self._tasks.append(asyncio.create_task(self._watch_streams(), name="stream watchdog"))
+            self._tasks.append(asyncio.create_task(self._decode_arrivals(), name="decoder"))
         for reader in self._ssh:
             self._tasks.append(asyncio.create_task(self._ssh_loop(reader), name=reader.node.name))
 
@@ -252,30 +258,61 @@ class Collector:
                 if target.reading is not None and now > target.due:
                     target.reading.close(TimeoutError())
 
+    async def _decode_arrivals(self) -> None:
+        """Decode the lines the streams brought, a few milliseconds at a time.
+
+        A line is only set aside when it arrives (linestream hands it over in the socket's
+        callback); decoding, recording and deriving the view happen here, in slices of
+        DECODE_SLICE_S with the event loop let go in between. A key press then waits
+        for one slice, not for every socket that was ready, and a node whose lines come
+        faster than they are decoded costs one decode, of its newest line.
+        """
+        clock = asyncio.get_running_loop()
+        arrived = self._arrived
+        while True:
+            await self._arrival.wait()
+            self._arrival.clear()
+            while arrived:
+                until = clock.time() + DECODE_SLICE_S
+                while arrived and clock.time() < until:
+                    target, line = arrived.pop(next(iter(arrived)))
+                    self._take(target, line)
+                await asyncio.sleep(0)
+
+    def _take(self, target: _Target, line: bytes) -> None:
+        try:
+            snapshot = _parse(line)
+        except PollError as exc:
+            if target.reading is not None:
+                target.reading.close(exc)  # its _follow says why, and reconnects
+            return
+        state = self._record(target, snapshot)
+        # For a stream, the delay from the agent taking it to us having it.
+        state.poll_ms = max(0.0, (time.time() - snapshot.node.time) * 1000)
+        # An agent that cycles slower than we refresh sends lines less often.
+        target.quiet = max(target.quiet, 2.5 * (snapshot.cycle.get("interval_s") or 0.0))
+        if self.on_update is not None:
+            self.on_update(state)
+
     async def _follow(self, target: _Target) -> None:
         """Read the agent's snapshot stream until it fails; the caller reconnects.
 
-        One connection per node and one line per snapshot: no request per refresh. Each
-        line is decoded and recorded as it arrives (console/collect/linestream.py). A
-        stream that goes quiet for longer than the timeout counts as a failure (within
-        STREAM_WATCH_S more: the watchdog looks that often).
+        One connection per node and one line per snapshot: no request per refresh. Lines
+        are set aside as they arrive (console/collect/linestream.py) and decoded by
+        `_decode_arrivals`. A stream that goes quiet for longer than the timeout counts
+        as a failure (within STREAM_WATCH_S more: the watchdog looks that often).
         """
-        quiet = max(self.timeout_s, 3 * self.refresh_s)
-        state = self.states[target.node.name]
+        name = target.node.name
+        target.quiet = max(self.timeout_s, 3 * self.refresh_s)
+        state = self.states[name]
         state.last_attempt = time.monotonic()
         clock = asyncio.get_running_loop()
+        arrived, arrival = self._arrived, self._arrival
 
         def took(line: bytes) -> None:
-            nonlocal quiet
-            snapshot = _parse(line)
-            state = self._record(target, snapshot)
-            # For a stream, the delay from the agent taking it to us having it.
-            state.poll_ms = max(0.0, (time.time() - snapshot.node.time) * 1000)
-            # An agent that cycles slower than we refresh sends lines less often.
-            quiet = max(quiet, 2.5 * (snapshot.cycle.get("interval_s") or 0.0))
-            target.due = clock.time() + quiet
-            if self.on_update is not None:
-                self.on_update(state)
+            target.due = clock.time() + target.quiet
+            arrived[name] = (target, line)
+            arrival.set()
 
         try:
             try:
@@ -294,16 +331,18 @@ class Collector:
                     return
                 self._check_status(exc.status)
                 raise
-            target.due, target.reading = clock.time() + quiet, stream
+            target.due, target.reading = clock.time() + target.quiet, stream
             try:
                 await stream.ended
             finally:
                 target.reading = None
                 stream.close(StreamError("closed"))
+                if (last := arrived.pop(name, None)) is not None:
+                    self._take(*last)  # what came before the end, before the failure
         except PollError as exc:
             state = self._failed(target, str(exc))
         except TimeoutError:
-            state = self._failed(target, f"no snapshot within {quiet:g} s")
+            state = self._failed(target, f"no snapshot within {target.quiet:g} s")
         except ConnectionRefusedError:
             state = self._failed(target, "connection refused")
         except StreamError as exc:
