@@ -330,6 +330,17 @@ async def test_model_detail_opened_after_the_traffic_shows_it_from_prometheus(fl
         assert any(t < started for t, _ in ttft.points)  # from before this console
         assert all(v > 0 for _, v in ttft.points)
         assert screen.history_error is None
+        # A healthy source's cost ends the header line: queries a refresh, Prometheus' time.
+        from rich.text import Text
+
+        from console.tui.widgets.header import FleetHeader
+
+        def header() -> str:
+            content = app.screen.query_one(FleetHeader).content
+            return content.plain if isinstance(content, Text) else str(content)
+
+        await until(pilot, lambda: "prometheus 14 queries " in header(), what="the note")
+        assert header().rstrip().endswith(" ms")
 
 
 def test_figures_read_from_recording_rules_are_the_figures_evaluated_each_refresh(fleet, tmp_path):

@@ -177,6 +177,15 @@ class EngineroomApp(Workflows):
             return None
         return health.line()
 
+    def source_note(self) -> str | None:
+        """A healthy Prometheus source's cost, for the end of the header: queries a
+        refresh and Prometheus' own time."""
+        health = self.collector.health if isinstance(self.collector, PromSource) else None
+        if health is None or not health.ok or health.failed:
+            return None
+        took = "?" if health.prometheus_s is None else f"{health.prometheus_s * 1000:.0f} ms"
+        return f"prometheus {health.queries} queries {took}"
+
     def replay_label(self) -> str | None:
         """What the header shows instead of the environment in a replay (the replayed
         time); None for the live fleet."""

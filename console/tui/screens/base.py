@@ -69,6 +69,7 @@ class ViewScreen(Screen[None]):
             self.console.simulated,
             self.console.replay_label(),
             self.console.source_problem(),
+            self.console.source_note(),
         )
         self.draw(view)
         self.drawn_at = time.monotonic()

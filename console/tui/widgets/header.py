@@ -22,10 +22,12 @@ class FleetHeader(Static):
         simulated: bool,
         replay: str | None = None,
         source_problem: str | None = None,
+        source_note: str | None = None,
     ) -> None:
         """`replay`: the replayed time, shown with REPLAY where the environment goes, so
         nobody takes a recording for the fleet. `source_problem`: why the figures may be
-        old (Prometheus slow, down or erring), said before anything else on the line."""
+        old (Prometheus slow, down or erring), said before anything else on the line;
+        `source_note`: what a healthy Prometheus source costs, said last."""
         self.set_class(s.environment.lower() == "prod" and replay is None, "prod")
         t = Text()
         t.append(f" {s.name} ", style="bold black on yellow" if simulated else "bold reverse")
@@ -61,4 +63,6 @@ class FleetHeader(Static):
         else:
             t.append("  no alerts", style="green")
         t.append(f"  {where}", style="bold cyan")
+        if source_note is not None:
+            t.append(f"  {source_note}", style="dim")
         self.update(t, layout=False)  # one line, always: no layout pass each refresh
