@@ -5,9 +5,11 @@ finished, so a slow node never piles up requests; failures back off exponentiall
 node. A node is "stale" once its last good snapshot is older than 2 refreshes and
 "down" past 5, and the screen says so. The TUI and `engineroom check` share this code.
 
-Transport: one aiohttp session for the whole fleet. Measured here (reference
-measurements.md and bench/collector_scale.py): aiohttp costs about a fortieth of the CPU
-of one shared httpx client per poll round at 1,000 nodes.
+Transport: the snapshot streams are read straight off their sockets (linestream.py) and
+decoded into msgspec structs (console/core/snapshot.py) by one task, a few milliseconds at
+a time; polls and other requests share one aiohttp session for the whole fleet (about a
+fortieth of the CPU of one shared httpx client per poll round at 1,000 nodes, reference
+measurements.md). bench/console_scale.py measures the whole console at 10 to 1,000 nodes.
 """
 
 from __future__ import annotations
