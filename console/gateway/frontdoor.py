@@ -82,10 +82,15 @@ class Sink:
     async def close_stream(self) -> None:
         raise NotImplementedError
 
-    def write_now(self, chunk: bytes) -> bool:
-        """One chunk of the stream, sent now if the client's socket has room, with no
-        wait; False when it must go through `write` (a full or closed socket, a sink that
-        cannot)."""
+    def open_now(self, served_by: str) -> bool:
+        """`open_stream` with no wait, once (a second call does nothing); False when this
+        sink cannot."""
+        return False
+
+    def write_now(self, chunk: bytes, last: bool) -> bool:
+        """One chunk of the stream (and its end, when `last`), sent now if the client's
+        socket has room, with no wait; False when it must go through `write` (a full or
+        closed socket, a sink that cannot)."""
         return False
 
 
@@ -320,6 +325,7 @@ class RawSink(Sink):
         self.close = close
         self.started = False
         self.head = b""  # a stream's head, sent with its first chunk
+        self.ended = False  # the stream's end was written (with its last chunk)
 
     def _head(self, status: int, fields: str) -> bytes:
         self.started = True
@@ -341,7 +347,12 @@ class RawSink(Sink):
         await self.door.drain()
 
     async def open_stream(self, served_by: str) -> None:
-        self.head = self._head(200, f"{_SSE_FIELDS}{SERVED_BY}: {served_by}\r\n")
+        self.open_now(served_by)
+
+    def open_now(self, served_by: str) -> bool:
+        if not self.started:
+            self.head = self._head(200, f"{_SSE_FIELDS}{SERVED_BY}: {served_by}\r\n")
+        return True
 
     async def write(self, chunk: bytes) -> None:
         if not chunk:
@@ -351,16 +362,21 @@ class RawSink(Sink):
         if self.door.writable is not None:
             await self.door.drain()
 
-    def write_now(self, chunk: bytes) -> bool:
+    def write_now(self, chunk: bytes, last: bool) -> bool:
         transport = self.door.transport
         if self.door.writable is not None or transport is None or transport.is_closing():
             return False
-        if chunk:
-            transport.write(b"%s%x\r\n%s\r\n" % (self.head, len(chunk), chunk))
-            self.head = b""
+        data = b"%s%x\r\n%s\r\n" % (self.head, len(chunk), chunk) if chunk else self.head
+        if last:
+            data += b"0\r\n\r\n"
+            self.ended = True
+        self.head = b""
+        transport.write(data)
         return True
 
     async def close_stream(self) -> None:
+        if self.ended:  # written with the last chunk
+            return
         self._send(self.head + b"0\r\n\r\n")
         self.head = b""
 

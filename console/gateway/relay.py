@@ -135,11 +135,18 @@ class Relay:
         finally:
             up.inflight -= 1
 
-    async def _open(self, up: Upstream, path: str, body: bytes) -> Answer:
+    async def _open(
+        self,
+        up: Upstream,
+        path: str,
+        body: bytes,
+        relay_to: Callable[[bytes, bool], bool] | None = None,
+    ) -> Answer:
         """POST upstream; any failure here is before the client saw a byte."""
+        settings = self.settings
         try:
             return await up.pool.post(
-                path, body, self.settings.connect_timeout_s, self.settings.read_timeout_s
+                path, body, settings.connect_timeout_s, settings.read_timeout_s, relay_to
             )
         except AnswerTooLarge as exc:
             up.measures.outcomes.add(False)
@@ -176,7 +183,9 @@ class Relay:
         self, sink: Sink, up: Upstream, path: str, body: bytes, stream: bool
     ) -> None:
         started = time.perf_counter()
-        ans = await self._open(up, path, body)
+        timed = Timed(sink, up, started)
+        # A stream's first chunks may reach the client before this task hears of the head.
+        ans = await self._open(up, path, body, timed.write_now if stream else None)
         try:
             if not stream or ans.status != 200:
                 payload = await self._read(up, ans)
@@ -185,8 +194,6 @@ class Relay:
                 content_type = ans.content_type or "application/json"
                 return await sink.reply(ans.status, payload, content_type, up.id)
             await sink.open_stream(up.id)
-            timed = Timed(sink, up, started)
-            ans.relay_to = timed.write_now
             await self._relay(timed, ans.chunks(), None)
         finally:
             ans.relay_to = None
@@ -281,14 +288,16 @@ class Timed:
             self.up.measures.itl.add(now - self.last)
         self.last = now
 
-    def write_now(self, chunk: bytes) -> bool:
-        """The upstream's protocol, with a chunk just read: written, and timed, when the
-        client's socket has room; False when the relay's task must write it."""
-        if not chunk:
+    def write_now(self, chunk: bytes, last: bool) -> bool:
+        """The upstream's protocol, with a chunk just read (and whether the answer is
+        complete): written, and timed, when the client's socket has room; False when the
+        relay's task must write it."""
+        if not chunk and not last:
             return True
-        if not self.sink.write_now(chunk):
+        if not self.sink.open_now(self.up.id) or not self.sink.write_now(chunk, last):
             return False
-        self.mark()
+        if chunk:
+            self.mark()
         return True
 
 

@@ -215,10 +215,11 @@ class Answer(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
         self._streaming = False  # read by chunks(): the deadline is per gap, past the head
         self._framed = False  # Content-Length or chunked: else the body ends at close
-        # Set by the relay while a stream is passed through: the body read by one
-        # data_received goes to the client from here, with no wake-up of the relay's task;
-        # it returns False when the client's socket is full (the task then takes it).
-        self.relay_to: Callable[[bytes], bool] | None = None
+        # Set by the relay for a stream: a 200 answer's body read by one data_received
+        # goes to the client from here, with no wake-up of the relay's task, and with the
+        # stream's end when the answer is complete (one write); it returns False when the
+        # client's socket is full (the task then takes it, and waits for the client).
+        self.relay_to: Callable[[bytes, bool], bool] | None = None
 
     # asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -244,9 +245,12 @@ class Answer(asyncio.Protocol):
                 self._fail(AnswerTooLarge(f"a head over {MAX_HEAD_BYTES} bytes"))
                 if self.transport is not None:
                     self.transport.close()
-        elif self._body and self.relay_to is not None:
-            if self.relay_to(self._joined()):
+        elif self._relaying() and (self._body or self.done):
+            assert self.relay_to is not None
+            if self.relay_to(self._joined() if self._body else b"", self.done):
                 self._clear()
+                if self.done:
+                    self.relay_to = None
             else:
                 self._wake()  # the relay's task takes it, and waits for the client
 
@@ -277,8 +281,11 @@ class Answer(asyncio.Protocol):
         if self._held > PAUSE_AT and not self._paused and self.transport is not None:
             self.transport.pause_reading()  # resumed when the relay takes the bytes
             self._paused = True
-        if self.relay_to is None:  # else data_received passes it on, or wakes the task
+        if not self._relaying():  # else data_received passes it on, or wakes the task
             self._wake()
+
+    def _relaying(self) -> bool:
+        return self.relay_to is not None and self.status == 200
 
     def on_message_complete(self) -> None:
         self.done = True
@@ -414,9 +421,15 @@ class Pool:
         self.idle: list[Answer] = []
 
     async def post(
-        self, path: str, body: bytes, connect_timeout: float, read_timeout: float
+        self,
+        path: str,
+        body: bytes,
+        connect_timeout: float,
+        read_timeout: float,
+        relay_to: Callable[[bytes, bool], bool] | None = None,
     ) -> Answer:
-        """Send a JSON POST and wait for the answer's status and headers.
+        """Send a JSON POST and wait for the answer's status and headers; `relay_to` is
+        the answer's `relay_to` (a stream's body, passed on as it is read).
 
         A kept-alive connection that the engine closed meanwhile is retried once on a new
         one; NotConnected and UpstreamError mean the engine got nothing it answered."""
@@ -431,6 +444,7 @@ class Pool:
                 continue
             conn.read_timeout = read_timeout
             conn.send(head, body)
+            conn.relay_to = relay_to
             try:
                 await conn.headers()
                 return conn
@@ -444,6 +458,7 @@ class Pool:
                 raise
         conn = await self._connect(connect_timeout, read_timeout)
         conn.send(head, body)
+        conn.relay_to = relay_to
         try:
             await conn.headers()
         except BaseException:
