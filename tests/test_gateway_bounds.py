@@ -420,6 +420,27 @@ def test_a_slow_head_is_cut_on_fresh_and_handed_over_connections_alike(gateway):
     assert status == 408 and b"head_timeout_s" in body, body
 
 
+def test_a_kept_alive_connection_s_next_head_is_due_head_timeout_s_after_its_last_answer(
+    gateway,
+):
+    """The deadline runs from the last answer, not from the connection's start: a request
+    trickled in over most of the first window is answered, and the connection then stays
+    open head_timeout_s for the next one (the gateway keeps one timer and moves it on)."""
+    gw = gateway(head_timeout_s=2.0)
+    sock = connect(gw)
+    body = b'{"model":"nope","prompt":"x"}'
+    request = b"POST /v1/completions HTTP/1.1\r\nHost: gw\r\nContent-Length: %d\r\n" % len(body)
+    for line in request.split(b"\r\n")[:-1]:  # a line every 0.3 s: ~0.9 s of the 2
+        sock.sendall(line + b"\r\n")
+        readable, _, _ = select.select([sock], [], [], 0.3)
+        assert not readable, "the gateway answered or closed before the head was whole"
+    sock.sendall(b"\r\n" + body)
+    status, _ = read_answer(sock)
+    assert status == 404
+    took = closed_within(sock, 12)
+    assert took is not None and 2.0 - 0.3 < took < 2.0 + 4, took
+
+
 @pytest.mark.parametrize("bad", [b"a\nb", b"a\rb", b"a\x00b"], ids=["LF", "CR", "NUL"])
 def test_a_header_line_with_a_bare_lf_cr_or_nul_gets_400(gateway, bad):
     gw = gateway()

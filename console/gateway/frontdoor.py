@@ -110,7 +110,10 @@ class FrontDoor(asyncio.Protocol):
         self.buf = bytearray()
         self.task: asyncio.Task[None] | None = None
         self.writable: asyncio.Future[None] | None = None  # set while the socket is full
-        self.idle: asyncio.TimerHandle | None = None  # the next request's deadline
+        # The next request's deadline: one timer, moved on only when it fires (a timer
+        # made and cancelled per request costs more than the rest of its head's handling).
+        self.idle: asyncio.TimerHandle | None = None
+        self.idle_since = 0.0  # loop time of the connection's start or its last answer
         self.stall: asyncio.TimerHandle | None = None  # the full socket's deadline
         self.stalled = False
         self.unsent = 0  # bytes waiting to be sent when the stall deadline was last set
@@ -182,9 +185,25 @@ class FrontDoor(asyncio.Protocol):
         return ClientStalled() if self.stalled else ClientGone()
 
     def _wait_idle(self) -> None:
-        if self.transport is not None:
-            loop = asyncio.get_running_loop()
-            self.idle = loop.call_later(self.gw.settings.head_timeout_s, self._close)
+        if self.transport is None:
+            return
+        loop = asyncio.get_running_loop()
+        self.idle_since = loop.time()
+        if self.idle is None:
+            self.idle = loop.call_at(self.idle_since + self.gw.settings.head_timeout_s, self._idle)
+
+    def _idle(self) -> None:
+        """head_timeout_s after the connection's start or last answer, unless a request is
+        being answered: close."""
+        loop = asyncio.get_running_loop()
+        timeout = self.gw.settings.head_timeout_s
+        if self.task is not None:  # no deadline while answering; one after it
+            self.idle = loop.call_at(loop.time() + timeout, self._idle)
+        elif loop.time() < self.idle_since + timeout:
+            self.idle = loop.call_at(self.idle_since + timeout, self._idle)
+        else:
+            self.idle = None
+            self._close()
 
     def _close(self) -> None:
         """Close once what was written is sent; a client that takes none of it within
@@ -263,9 +282,6 @@ class FrontDoor(asyncio.Protocol):
         self.waiting = None
         body = bytes(buf[start:total])
         del buf[:total]
-        if self.idle is not None:
-            self.idle.cancel()
-            self.idle = None
         self.task = asyncio.get_running_loop().create_task(self._serve(body, chat, close))
 
     def _hand_over(self) -> None:

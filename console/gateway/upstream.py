@@ -197,6 +197,9 @@ class Answer(asyncio.Protocol):
         self.busy = False  # a request was sent and its answer not finished
         self._sent = 0.0  # when the request was sent (monotonic)
         self._paused = False  # reading from the engine, paused for a slow client
+        # read_timeout_s: one timer per connection, moved on only when it fires (made and
+        # cancelled per answer, it costs more than the rest of the answer's handling).
+        self._timer: asyncio.TimerHandle | None = None
         self._reset()
 
     def _reset(self) -> None:
@@ -212,7 +215,6 @@ class Answer(asyncio.Protocol):
         self._head_bytes = 0  # bytes read before the headers were complete
         self._waiter: asyncio.Future[None] | None = None
         self._last = 0.0
-        self._timer: asyncio.TimerHandle | None = None
         self._streaming = False  # read by chunks(): the deadline is per gap, past the head
         self._framed = False  # Content-Length or chunked: else the body ends at close
         # Set by the relay for a stream: a 200 answer's body read by one data_received
@@ -256,6 +258,9 @@ class Answer(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         if self.headers_done and not self._framed and not self.done:
             self.on_message_complete()  # a body delimited by the close
         elif not self.done:
@@ -296,7 +301,7 @@ class Answer(asyncio.Protocol):
         assert self.transport is not None
         self._reset()
         self.busy = True
-        self._sent = time.monotonic()
+        self._sent = self._last = time.monotonic()
         self.transport.write(head + body)
         if self._paused:  # a kept-alive connection that ended its last answer paused
             self._paused = False
@@ -356,8 +361,7 @@ class Answer(asyncio.Protocol):
             raise self.error
         loop = asyncio.get_running_loop()
         self._waiter = loop.create_future()
-        if self._timer is None:  # one timer per answer, re-armed only when it fires
-            self._last = time.monotonic()
+        if self._timer is None:
             self._timer = loop.call_at(loop.time() + self.read_timeout, self._check_timeout)
         try:
             await self._waiter
@@ -369,6 +373,9 @@ class Answer(asyncio.Protocol):
     def _check_timeout(self) -> None:
         """read_timeout_s bounds the gap between two reads of a stream; a head, and a whole
         answer, must be complete within it of the request (an engine could trickle)."""
+        if not self.busy:  # between answers: the next one's first wait sets it again
+            self._timer = None
+            return
         if self._paused:  # waiting on the client, not on the engine
             self._last = time.monotonic()
         per_gap = self._streaming and self.headers_done
@@ -398,9 +405,6 @@ class Answer(asyncio.Protocol):
     def finish(self) -> bool:
         """After the answer: True when the connection can serve another request."""
         self.busy = False
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
         reusable = self.done and self.keep_alive and self.transport is not None
         if not reusable and self.transport is not None:
             self.transport.close()  # an answer left unread: closing aborts it at the engine
