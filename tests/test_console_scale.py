@@ -378,3 +378,44 @@ async def test_the_decoder_lets_go_of_the_event_loop_between_slices(monkeypatch)
     assert 0 < seen_between < 40, f"{seen_between} of 40 decoded before the loop got back"
     assert len(decoded) == 40  # one decode for n0, of its newest line
     assert collector.states["n0"].snapshot.node.time == 2.0
+
+
+async def test_a_long_table_shows_its_first_rows_at_once_and_the_rest_after_the_paint():
+    """Opening Models at 1,000 nodes added 2,000 rows before the first paint. The first
+    screenful goes in at once, the rest in chunks after each paint, in order, and the
+    cursor comes back to its row once that row is in."""
+    from textual.app import App, ComposeResult
+
+    from console.tui.widgets import table as table_module
+    from console.tui.widgets.table import FleetTable, Row
+
+    def rows(n: int, tag: str = "") -> list[Row]:
+        return [Row(f"r{i}", (f"row {i}{tag}",)) for i in range(n)]
+
+    class One(App[None]):
+        def compose(self) -> ComposeResult:
+            yield FleetTable([("NAME", 20)])
+
+    app = One()
+    async with app.run_test(size=(60, 20)) as pilot:
+        t = app.query_one(FleetTable)
+        t.show(rows(1000))
+        assert t.row_count == table_module.FIRST_ROWS
+        for _ in range(50):
+            if t.row_count == 1000:
+                break
+            await pilot.pause()
+        assert t.row_count == 1000
+        assert [str(t.get_row_at(i)[0]) for i in (0, 500, 999)] == [
+            " row 0",
+            " row 500",
+            " row 999",
+        ]
+        t.move_cursor(row=700)
+        t.show(rows(1000, "!")[::-1])  # a new order: a rebuild, the cursor's row added late
+        assert t.row_count == table_module.FIRST_ROWS
+        for _ in range(50):
+            if t.row_count == 1000:
+                break
+            await pilot.pause()
+        assert t.selected_key() == "r700"
