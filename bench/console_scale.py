@@ -152,6 +152,7 @@ async def measure(fleet_path: Path, nodes: int, mode: Mode) -> dict[str, float |
         "console_rss_mib": round(rss / 2**20, 1),
         "key_to_screen_median_ms": round(statistics.median(keys), 1),
         "key_to_screen_max_ms": round(max(keys), 1),
+        "key_to_screen_each_ms": [round(k) for k in keys],  # Models, Fleet, Models, ...
         "first_full_screen_s": round(first, 2) if first is not None else -1.0,
         "tick_build_ms_median": round(statistics.median(b for b, _ in ticks), 1),
         "tick_draw_ms_median": round(statistics.median(d for _, d in ticks), 1),
