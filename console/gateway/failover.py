@@ -261,28 +261,34 @@ class Failovers:
                 if u.id != job["params"]["to"] and job["before"].get(u.id, 0) > 0
             ]
             await work
-            job["state"] = "succeeded"
+            state, error = "succeeded", None
         except StepFailed as exc:
-            job["state"], job["error"] = "failed", str(exc)
+            state, error = "failed", str(exc)
         except DataPlaneError as exc:
             where = plane.name if plane is not None else "?"
-            job["state"], job["error"] = "failed", f"data plane {where}: {exc}"
+            state, error = "failed", f"data plane {where}: {exc}"
         except asyncio.CancelledError:
-            job["state"], job["error"] = "cancelled", "cancelled; the routes stay as they are"
+            state, error = "cancelled", "cancelled; the routes stay as they are"
         except Exception as exc:
             log.exception("failover %s", job["id"])
-            job["state"], job["error"] = "failed", f"internal error: {exc!r}"[:300]
+            state, error = "failed", f"internal error: {exc!r}"[:300]
         for step in job["steps"]:
             if step["state"] == "running":
                 step["state"], step["ended"] = (
-                    ("failed" if job["state"] == "failed" else "cancelled"),
+                    ("failed" if state == "failed" else "cancelled"),
                     time.time(),
                 )
             elif step["state"] == "pending":
                 step["state"] = "skipped"
-        job["after"] = await self._weights_after(plane, model)
-        if plane is not None and plane.kind != BUILTIN and job["after"] is not None:
-            self.table.weights[model] = dict(job["after"])
+        after = await self._weights_after(plane, model)
+        if plane is not None and plane.kind != BUILTIN and after is not None:
+            self.table.weights[model] = dict(after)
+        # The job reads as ended only once everything about its end is in it: the admin
+        # API serves this dict while the weights above are read.
+        job["after"] = after
+        if error is not None:
+            job["error"] = error
+        job["state"] = state
         self._save(job)
         self.running.pop(model, None)
         self.tasks.pop(job["id"], None)
