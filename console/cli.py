@@ -299,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from console import web
+    from console.tui import webserve as web
 
     path = Path(args.fleet or _default_fleet()).resolve()
     try:

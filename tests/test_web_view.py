@@ -24,10 +24,10 @@ import psutil
 import pytest
 from aiohttp.test_utils import TestServer
 
-from console import web as web_module
 from console.core.config import parse_fleet
+from console.tui import webserve as web_module
 from console.tui.web import WebViewApp
-from console.web import (
+from console.tui.webserve import (
     COOKIE,
     MAX_COLUMNS,
     MAX_MESSAGE_BYTES,

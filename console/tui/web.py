@@ -4,9 +4,9 @@ It is the ordinary console, read-only, with one difference an incident bridge ne
 an action key does not stay silent, it answers "read-only view" so whoever pressed it
 knows why nothing happened. Every move that changes the fleet (start, stop, restart,
 fail over, drill, the playbook, cancel a job) is refused here before any client is made;
-console/web.py also hands this process no token that could act (docs/web.md).
+console/tui/webserve.py also hands this process no token that could act (docs/web.md).
 
-    python -m console.tui.web --fleet PATH     (console/web.py starts it; not for people)
+    python -m console.tui.web --fleet PATH     (console/tui/webserve.py starts it; not for people)
 """
 
 from __future__ import annotations
