@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 
 import aiohttp
 import httpx
+import psutil
 import pytest
 
 from console.core.config import parse_fleet
@@ -211,6 +212,23 @@ def running(server: VllmServer) -> float | None:
     return next(m for m in read_metrics(text, ["tiny"]) if m.name == "tiny").requests_running
 
 
+def hold_streams(server: VllmServer) -> psutil.Process:
+    """Stop `server`'s engine core while its /metrics counts a stream running on it."""
+    cores = [
+        p
+        for p in psutil.Process(server.process.pid).children(recursive=True)
+        if "EngineCore" in " ".join(p.cmdline()) + p.name()
+    ]
+    assert len(cores) == 1, [(p.pid, p.name()) for p in cores]
+    for _ in range(50):
+        cores[0].suspend()
+        if (running(server) or 0) >= 1:
+            return cores[0]
+        cores[0].resume()  # stopped between two streams: let it take the next one
+        wait_until(lambda: (running(server) or 0) >= 1, 60, what="a stream on the engine")
+    raise AssertionError("no stopped moment with a stream running on the engine")
+
+
 def complete(url: str, n: int, max_tokens: int = 2) -> None:
     body = {"model": "tiny", "prompt": "count", "max_tokens": max_tokens, "stream": True}
     with httpx.Client(timeout=60) as client:
@@ -287,15 +305,25 @@ def test_a_removed_workers_streams_run_to_their_end_and_a_late_drain_says_what_i
     plane = pair.plane()
     drive(plane, lambda: plane.set_weights("tiny", {"a": 100, "b": 100}, "t", "both"))
     load = Load(pair.router.url, clients=8, max_tokens=120).start()
+    core: psutil.Process | None = None
     try:
         wait_until(lambda: (running(pair.a) or 0) >= 2, 120, what="long streams on a")
+        # a's engine core is stopped (SIGSTOP) so its streams stay in flight for as long
+        # as the test needs: on an idle machine they ended within the drain's deadline
+        # and this test flaked so (CI, stop 20). Its API server still answers /metrics
+        # with the count the core last reported.
+        core = hold_streams(pair.a)
         with pytest.raises(DrainTimeout) as err:
             drive(plane, lambda: plane.drain("tiny", "a", 0.2))
         assert err.value.left["a"] and err.value.left["a"] > 0, err.value.left
         assert "still running on the engine after 0.2 s" in str(err.value)
         assert pair.router.listed() == [pair.b.base_url]  # removed: no new request to a
+        core.resume()
+        core = None
         drive(plane, lambda: plane.drain("tiny", "a", 120))  # ...and its streams end
     finally:
+        if core is not None:
+            core.resume()
         load.finish()
     assert load.failed == [], load.failed[:5]
 
