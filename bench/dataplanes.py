@@ -13,6 +13,8 @@ the machine's noise hits all alike:
   haproxy   Debian's HAProxy 2.6 with the configuration `engineroom haproxy render` writes
             (routing by the JSON body's model: the request is buffered)
   router    the vLLM router 0.1.17 (PyPI vllm-router), round robin
+  pipe      bench/pipe_floor.py: a TCP pipe in Python on uvloop, no HTTP parsed; not a
+            data plane, the floor that no Python proxy on this loop can go under
 
 1. TTFT at the client (request sent to the first SSE line), one request at a time: p50,
    p99, and what each proxy adds over direct; the built-in gateway's added time as a
@@ -48,6 +50,7 @@ from pathlib import Path
 
 import aiohttp
 import httpx
+import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -187,7 +190,7 @@ def main() -> int:
         report.write(line + "\n")
 
     work = Path(tempfile.mkdtemp(prefix="engineroom-dp-bench-"))
-    a, b, gw, ngx, hap, rtr, rtr_metrics = free_ports(7)
+    a, b, gw, ngx, hap, rtr, rtr_metrics, pipe = free_ports(8)
     ports = {"a": str(a), "b": str(b)}
     models = "".join(
         MODEL.format(name=name, plane=plane, a=a, b=b, prefix=PREFIX[name])
@@ -216,6 +219,7 @@ def main() -> int:
         "nginx": f"http://127.0.0.1:{ngx}",
         "haproxy": f"http://127.0.0.1:{hap}",
         "router": f"http://127.0.0.1:{rtr}",
+        "pipe": f"http://127.0.0.1:{pipe}",
     }
     try:
         wait_until(lambda: _answers(paths["direct"], "bench"), 30, what="upstream a")
@@ -253,13 +257,16 @@ def main() -> int:
             str(work / "fleet.toml"),
         ]
         procs.append(spawn(gw_argv, work / "gateway.log", env))
+        pipe_argv = [sys.executable, "bench/pipe_floor.py", str(pipe), str(a)]
+        procs.append(spawn(pipe_argv, work / "pipe.log"))
         for name, url in paths.items():
             model = MODELS.get(name, "bench")
             wait_until(partial(_answers, url, model), 30, what=name)
         say(f"bench.dataplanes, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
             f"load average {os.getloadavg()[0]:.2f} at start ({os.cpu_count()} CPUs)")  # fmt: skip
         say(f"  {_versions()}")
-        ttft(paths, args.requests, say)
+        pids = {"gateway": procs[-2].pid, "pipe": procs[-1].pid}
+        ttft(paths, args.requests, say, pids)
         say(f"\nrequests/s at 64 concurrent streams ({args.seconds:g} s each):")
         for name, url in paths.items():
             rps = asyncio.run(throughput(url, 64, args.seconds, body(MODELS.get(name, "bench"))))
@@ -296,15 +303,26 @@ def main() -> int:
     return 0
 
 
-def ttft(paths: dict[str, str], n: int, say: Callable[[str], None]) -> None:
+def ttft(paths: dict[str, str], n: int, say: Callable[[str], None], pids: dict[str, int]) -> None:
+    """`pids`: processes whose CPU per request is reported (each serves only its path)."""
     samples: dict[str, list[float]] = {name: [] for name in paths}
+    procs = {name: psutil.Process(pid) for name, pid in pids.items()}
     with httpx.Client(timeout=10, trust_env=False) as client:
         for name, url in paths.items():  # warm each path's connections
             for _ in range(50):
                 ttft_once(client, url, body(MODELS.get(name, "bench")))
+        # What each process spends with no request (the gateway's health checks), to take
+        # off: CPU over an idle second, before the loop.
+        idle_from = {name: _cpu(p) for name, p in procs.items()}
+        time.sleep(IDLE_S)
+        idle = {name: (_cpu(p) - idle_from[name]) / IDLE_S for name, p in procs.items()}
+        cpu_before = {name: p.cpu_times() for name, p in procs.items()}
+        loop_started = time.monotonic()
         for _ in range(n):
             for name, url in paths.items():  # interleaved: noise hits all alike
                 samples[name].append(ttft_once(client, url, body(MODELS.get(name, "bench"))))
+        cpu_after = {name: p.cpu_times() for name, p in procs.items()}
+        loop_s = time.monotonic() - loop_started
     say(f"\nTTFT at the client, {n} requests per path, interleaved (ms):")
     base50, base99 = pct(samples["direct"], 0.5), pct(samples["direct"], 0.99)
     added: dict[str, tuple[float, float]] = {}
@@ -325,6 +343,25 @@ def ttft(paths: dict[str, str], n: int, say: Callable[[str], None]) -> None:
     verdict = "met" if added["nginx"][0] > 0 and g50 <= added["nginx"][0] else "MISSED"
     ahead = "ahead of" if g50 < added["router"][0] else "NOT ahead of"
     say(f"  target (no more than nginx at p50): {verdict}; the gateway is {ahead} the vLLM router")
+    floor = added["pipe"][0]
+    say(f"  the Python floor (pipe, no HTTP) adds p50 {floor * 1000:+.3f}: "
+        f"{floor / added['nginx'][0]:.2f}x nginx; the gateway's own work is "
+        f"{(g50 - floor) * 1000:+.3f} over it")  # fmt: skip
+    for name in procs:
+        user = (cpu_after[name].user - cpu_before[name].user) / n * 1e6
+        system = (cpu_after[name].system - cpu_before[name].system) / n * 1e6
+        background = idle[name] * loop_s / n * 1e6
+        say(f"  {name} process CPU a request: user {user:.0f} us, system {system:.0f} us, "
+            f"less {background:.0f} us it spends idle (health checks): "
+            f"{user + system - background:.0f} us")  # fmt: skip
+
+
+IDLE_S = 2.0
+
+
+def _cpu(proc: psutil.Process) -> float:
+    times = proc.cpu_times()
+    return times.user + times.system
 
 
 def cutovers(
