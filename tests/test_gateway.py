@@ -27,6 +27,7 @@ from tests.engines.servers import free_port, log_tail, stop, wait_until
 
 pytestmark = pytest.mark.engines
 ADMIN = "admin-token-0123456789"
+GATEWAY_VIEWER = "gateway-viewer-0123456789"  # its viewer token: reads, cannot act
 
 FLEET = """\
 # the gateway test fleet: comments must survive a write-back
@@ -90,7 +91,7 @@ def start_gateway(workdir: Path, text: str, port: int) -> Gateway:
     if not fleet.exists():
         fleet.write_text(text)
     log = workdir / f"gateway-{time.monotonic_ns()}.log"
-    env = {**agent_env(), "ENGINEROOM_ADMIN_TOKEN": ADMIN}
+    env = agent_env(ENGINEROOM_ADMIN_TOKEN=ADMIN, ENGINEROOM_GATEWAY_VIEWER_TOKEN=GATEWAY_VIEWER)
     with log.open("wb") as out:
         process = subprocess.Popen(
             [sys.executable, "-m", "console.cli", "gateway", "--fleet", str(fleet)],
@@ -403,6 +404,60 @@ def test_api_keys_and_the_admin_token_are_checked(gateway_factory):
     bad = httpx.get(gw.url + "/admin/routes", headers={"Authorization": "Bearer key-one-0123"})
     assert bad.status_code == 401  # a client key is not the admin token
     assert ADMIN not in gw.log.read_text() and "key-two-4567" not in gw.log.read_text()
+
+
+def test_the_viewer_token_reads_everything_and_acts_on_nothing(gateway_factory):
+    gw = gateway_factory()  # with GATEWAY_VIEWER in ENGINEROOM_GATEWAY_VIEWER_TOKEN
+    viewer = GATEWAY_VIEWER
+    headers = {"Authorization": f"Bearer {viewer}"}
+
+    def as_viewer(method: str, path: str, **kw: object) -> httpx.Response:
+        return httpx.request(method, gw.url + path, headers=headers, timeout=30, **kw)  # type: ignore[arg-type]
+
+    assert as_viewer("GET", "/admin/whoami").json() == {"role": "viewer"}
+    assert gw.admin("GET", "/admin/whoami").json() == {"role": "admin"}
+    for path in ("/admin/routes", "/admin/snapshot", "/admin/jobs", "/admin/audit", "/metrics"):
+        answer = as_viewer("GET", path)
+        assert answer.status_code == 200, (path, answer.text)
+    move = {"model": "tiny", "to": "tiny-vllm"}
+    plan = as_viewer("POST", "/admin/failover/plan", json=move)
+    assert plan.status_code == 200, plan.text  # a plan changes nothing
+    routes = gw.admin("GET", "/admin/routes").json()
+    audit = gw.admin("GET", "/admin/audit").json()
+    for method, path, body in (
+        ("PUT", "/admin/routes/tiny", {"weights": {"tiny-vllm": 100}}),
+        ("POST", "/admin/routes/save", None),
+        ("POST", "/admin/failover", move),
+        ("DELETE", "/admin/jobs/any", None),
+    ):
+        refused = as_viewer(method, path, json=body)
+        assert refused.status_code == 403, (path, refused.text)
+        assert refused.json()["error"] == (
+            f"this is the gateway's viewer token: {method} {path} acts and needs the admin token"
+        )
+    # Nothing moved, nothing started, nothing written.
+    assert gw.admin("GET", "/admin/routes").json() == routes
+    assert gw.admin("GET", "/admin/jobs").json() == []
+    assert gw.admin("GET", "/admin/audit").json() == audit
+    wrong = httpx.get(gw.url + "/admin/routes", headers={"Authorization": f"Bearer {viewer}x"})
+    assert wrong.status_code == 401
+    assert viewer not in gw.log.read_text()
+
+
+def test_a_viewer_token_equal_to_the_admin_token_is_refused_at_start(tmp_path: Path):
+    fleet = tmp_path / "fleet.toml"
+    fleet.write_text(
+        '[fleet]\nname = "t"\n[gateway]\nurl = "http://127.0.0.1:9"\n'
+        f'state_dir = "{tmp_path}/state"\n'
+    )
+    run = subprocess.run(
+        [sys.executable, "-m", "console.cli", "gateway", "--fleet", str(fleet)],
+        env=agent_env(ENGINEROOM_ADMIN_TOKEN=ADMIN, ENGINEROOM_GATEWAY_VIEWER_TOKEN=ADMIN),
+        capture_output=True, text=True, timeout=60, cwd=ROOT,
+    )  # fmt: skip
+    assert run.returncode != 0
+    assert "ENGINEROOM_GATEWAY_VIEWER_TOKEN holds the admin token" in run.stderr, run.stderr
+    assert ADMIN not in run.stderr + run.stdout
 
 
 async def test_the_console_fails_over_after_the_model_name_is_typed(gateway_factory):

@@ -31,7 +31,7 @@ from tests.prometheus_proc import (
     start_prometheus,
     stop_prometheus,
 )
-from tests.test_gateway import ADMIN, Gateway, start_gateway
+from tests.test_gateway import GATEWAY_VIEWER, Gateway, start_gateway
 
 pytestmark = pytest.mark.engines
 
@@ -178,8 +178,8 @@ def test_a_real_prometheus_scrapes_the_agent_and_the_gateway_with_the_documented
 ):
     """The fragment, with only the addresses, token files and the interval changed, and
     the rules `engineroom rules` writes: targets up, engineroom_* answers, rules loaded."""
-    viewer, admin = tmp_path / "viewer.token", tmp_path / "admin.token"
-    for path, token in ((viewer, VIEWER), (admin, ADMIN)):
+    viewer, gateway_viewer = tmp_path / "viewer.token", tmp_path / "gateway-viewer.token"
+    for path, token in ((viewer, VIEWER), (gateway_viewer, GATEWAY_VIEWER)):
         path.write_text(token + "\n")
         path.chmod(0o600)
     rules = tmp_path / "rules.yml"
@@ -192,11 +192,11 @@ def test_a_real_prometheus_scrapes_the_agent_and_the_gateway_with_the_documented
         .replace('"gpu-a1:9410", "gpu-a2:9410"', f'"{agent_target}"')
         .replace('"gateway:9400"', f'"{gateway_target}"')
         .replace("/etc/prometheus/engineroom-viewer.token", str(viewer))
-        .replace("/etc/prometheus/engineroom-admin.token", str(admin))
+        .replace("/etc/prometheus/engineroom-gateway-viewer.token", str(gateway_viewer))
         .replace("/etc/prometheus/engineroom-rules.yml", str(rules))
         .replace("scrape_interval: 15s", "scrape_interval: 1s")
     )
-    assert VIEWER not in fragment and ADMIN not in fragment  # tokens stay in their files
+    assert VIEWER not in fragment and GATEWAY_VIEWER not in fragment  # in their files
     config = "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n" + fragment
     prom = start_prometheus(tmp_path / "prometheus", config=config)
     try:

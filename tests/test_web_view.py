@@ -305,9 +305,17 @@ def test_a_web_session_holds_only_the_agents_viewer_token(bridge: Bridge) -> Non
     )
     env, how = session_environment(fleet, environ, "ENGINEROOM_WEB_TOKEN")
     assert "viewer token" in how
+    assert "ENGINEROOM_GATEWAY_VIEWER_TOKEN is not set" in how
     assert env["T_WEB_NODE"] == VIEWER
     for gone in ("ENGINEROOM_WEB_TOKEN", "ENGINEROOM_ADMIN_TOKEN", "ENGINEROOM_OPERATOR_TOKEN"):
         assert gone not in env
+    # The gateway's viewer token, where set, takes the admin token's place: the session
+    # reads routes and the gateway's figures, and the gateway refuses its actions
+    # (tests/test_gateway.py::test_the_viewer_token_reads_everything_and_acts_on_nothing).
+    with_gateway = {**environ, "ENGINEROOM_GATEWAY_VIEWER_TOKEN": "gateway-viewer-0123456789"}
+    env, how = session_environment(fleet, with_gateway, "ENGINEROOM_WEB_TOKEN")
+    assert env["ENGINEROOM_ADMIN_TOKEN"] == "gateway-viewer-0123456789"
+    assert "the gateway's viewer token (ENGINEROOM_GATEWAY_VIEWER_TOKEN)" in how
     # What the real agent makes of the two: the session's token may only look.
     url = bridge.agents["web-a"] + "/v1/whoami"
     for token, role in ((environ["T_WEB_NODE"], "operator"), (env["T_WEB_NODE"], "viewer")):

@@ -26,6 +26,7 @@ from typing import Literal
 
 from console.core.config import (
     DEFAULT_ADMIN_ENV,
+    DEFAULT_GATEWAY_VIEWER_ENV,
     DEFAULT_OPERATOR_ENV,
     DEFAULT_VIEWER_ENV,
     Fleet,
@@ -128,12 +129,14 @@ def secret_env_names(fleet: Fleet) -> set[str]:
         DEFAULT_VIEWER_ENV,
         DEFAULT_OPERATOR_ENV,
         DEFAULT_ADMIN_ENV,
+        DEFAULT_GATEWAY_VIEWER_ENV,
         fleet.agent.viewer_token_env,
         fleet.agent.operator_token_env,
     }
     names |= {n.token_env for n in fleet.nodes if n.token_env}
     if fleet.gateway is not None:
         names.add(fleet.gateway.token_env)
+        names.add(fleet.gateway.viewer_token_env)
         if fleet.gateway.api_keys_env:
             names.add(fleet.gateway.api_keys_env)
     return names

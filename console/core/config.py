@@ -23,6 +23,7 @@ from console.core.tomlpos import format_path, key_lines, line_of
 DEFAULT_VIEWER_ENV = "ENGINEROOM_VIEWER_TOKEN"
 DEFAULT_OPERATOR_ENV = "ENGINEROOM_OPERATOR_TOKEN"
 DEFAULT_ADMIN_ENV = "ENGINEROOM_ADMIN_TOKEN"
+DEFAULT_GATEWAY_VIEWER_ENV = "ENGINEROOM_GATEWAY_VIEWER_TOKEN"
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -125,6 +126,9 @@ class GatewaySection(_Strict):
 
     url: str  # where consoles and the CLI reach it
     token_env: EnvName = DEFAULT_ADMIN_ENV  # the admin token (routes, failovers)
+    # A token that reads the admin API and /metrics and cannot act (web views, Prometheus);
+    # optional: unset in the gateway's environment, there is none.
+    viewer_token_env: EnvName = DEFAULT_GATEWAY_VIEWER_ENV
     listen: str | None = None  # HOST:PORT; default the host and port of `url`
     api_keys_env: EnvName | None = None  # client keys (comma-separated) for the front door
     state_dir: str = "~/.local/state/engineroom/gateway"  # routes, jobs and audit (SQLite)

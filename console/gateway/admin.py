@@ -1,6 +1,11 @@
-"""The gateway's admin API (admin token): routes, weights, failover jobs, the measurement
-snapshot, the audit log and Prometheus `/metrics`. Bodies and answers are the models of
+"""The gateway's admin API: routes, weights, failover jobs, the measurement snapshot, the
+audit log and Prometheus `/metrics`. Bodies and answers are the models of
 console.core.gateway_wire; every refusal is `{"error": "what, where"}` (`refuse`).
+
+Two tokens, both compared in constant time on every call: the admin token
+(`[gateway] token_env`) may do everything; the viewer token (`viewer_token_env`, optional)
+reads (routes, jobs, plans, the snapshot, the audit, /metrics) and gets a 403 on every
+route that acts (`acting=True`: weights, saving them, failovers, cancelling a job).
 """
 
 from __future__ import annotations
@@ -67,28 +72,47 @@ class Admin:
 
     def add_routes(self, app: web.Application) -> None:
         guard = self.guard
+        app.router.add_get("/admin/whoami", guard(self.whoami))
         app.router.add_get("/admin/routes", guard(self.get_routes))
-        app.router.add_put("/admin/routes/{model}", guard(self.put_routes))
-        app.router.add_post("/admin/routes/save", guard(self.save_routes))
-        app.router.add_post("/admin/failover", guard(self.post_failover))
+        app.router.add_put("/admin/routes/{model}", guard(self.put_routes, acting=True))
+        app.router.add_post("/admin/routes/save", guard(self.save_routes, acting=True))
+        app.router.add_post("/admin/failover", guard(self.post_failover, acting=True))
         app.router.add_post("/admin/failover/plan", guard(self.plan_failover))
         app.router.add_get("/admin/jobs", guard(self.list_jobs))
         app.router.add_get("/admin/jobs/{id}", guard(self.get_job))
-        app.router.add_delete("/admin/jobs/{id}", guard(self.cancel_job))
+        app.router.add_delete("/admin/jobs/{id}", guard(self.cancel_job, acting=True))
         app.router.add_get("/admin/snapshot", guard(self.snapshot))
         app.router.add_get("/admin/audit", guard(self.audit))
         app.router.add_get("/metrics", guard(self.metrics))
 
-    def guard(self, handler: Handler) -> Handler:
-        """The admin token, compared in constant time; a body that does not fit its route
-        answered with its refusal."""
+    def role(self, header: str) -> str | None:
+        """ "admin", "viewer" or None for an Authorization header; both tokens are compared
+        every time, so the answer's timing does not say which one came close."""
+        if not header.startswith("Bearer "):
+            return None
+        given = header[7:].strip().encode()
+        admin = hmac.compare_digest(given, self.gw.admin_token)
+        viewer = self.gw.viewer_token
+        is_viewer = hmac.compare_digest(given, viewer if viewer is not None else b"\0")
+        return "admin" if admin else "viewer" if is_viewer and viewer is not None else None
+
+    def guard(self, handler: Handler, acting: bool = False) -> Handler:
+        """A known token (an acting route: the admin token), then the handler; a body that
+        does not fit its route answered with its refusal."""
 
         async def guarded(request: web.Request) -> web.StreamResponse:
             header = request.headers.get("Authorization", "")
-            if not header.startswith("Bearer "):
-                return refuse(401, "missing bearer token")
-            if not hmac.compare_digest(header[7:].strip().encode(), self.gw.admin_token):
-                return refuse(401, "invalid token")
+            role = self.role(header)
+            if role is None:
+                missing = not header.startswith("Bearer ")
+                return refuse(401, "missing bearer token" if missing else "invalid token")
+            if acting and role != "admin":
+                return refuse(
+                    403,
+                    f"this is the gateway's viewer token: {request.method} "
+                    f"{request.path} acts and needs the admin token",
+                )
+            request["role"] = role
             try:
                 return await handler(request)
             except BadBody as bad:
@@ -97,6 +121,10 @@ class Admin:
                 return refuse(exc.status, str(exc))
 
         return guarded
+
+    async def whoami(self, request: web.Request) -> web.Response:
+        """The caller's role, so a console can say up front what its token may not do."""
+        return web.json_response({"role": request["role"]})
 
     # -- routes --------------------------------------------------------------------------
 

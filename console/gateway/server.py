@@ -12,7 +12,7 @@ One job per module:
   routes itself and hands anything else, with its connection, to
 - fallback: the aiohttp application (also the whole gateway where it runs alone, as in
   the simulator), with
-- admin: the admin API and `/metrics` (admin token);
+- admin: the admin API and `/metrics` (the admin token; a viewer token reads);
 - relay: one completion forwarded to a deployment (Triton translated, SSE relayed), over
   the pools of kept-alive connections of upstream;
 - routetable: models, deployments, live weights, the pick; routes: their SQLite store;
@@ -31,6 +31,7 @@ import asyncio
 import contextlib
 import hmac
 import logging
+import os
 import resource
 import signal
 import time
@@ -41,7 +42,7 @@ import aiohttp
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
-from console.core.config import Fleet, load_fleet
+from console.core.config import ConfigError, Fleet, load_fleet
 from console.gateway.failover import Failovers
 from console.gateway.fallback import build_app
 from console.gateway.frontdoor import SHUTDOWN_GRACE_S, FrontDoor
@@ -61,12 +62,15 @@ class Gateway:
         fleet: Fleet,
         *,
         admin_token: str,
+        viewer_token: str | None = None,
         api_keys: list[str] | None = None,
         state_dir: Path | None = None,
     ) -> None:
         assert fleet.gateway is not None, "the fleet file has no [gateway] section"
         self.settings = fleet.gateway
         self.admin_token = admin_token.encode()
+        # Reads the admin API and /metrics, acts on nothing (console.gateway.admin).
+        self.viewer_token = viewer_token.encode() if viewer_token else None
         self.api_keys = [k.encode() for k in api_keys or []]
         root = state_dir or Path(self.settings.state_dir).expanduser()
         self.store = GatewayStore(root / "gateway.sqlite")
@@ -170,11 +174,15 @@ def run_gateway(fleet_path: str, listen: tuple[str, int] | None) -> int:
     """`engineroom gateway`: serve until SIGINT/SIGTERM; SIGHUP reloads fleet.toml."""
     fleet = load_fleet(fleet_path)
     if fleet.gateway is None:
-        from console.core.config import ConfigError
-
         raise ConfigError(f"{fleet.source}: no [gateway] section (url, token_env, ...)")
     settings = fleet.gateway
     admin = fleet.secret(settings.token_env, ("gateway", "token_env"))
+    viewer = os.environ.get(settings.viewer_token_env, "").strip() or None
+    if viewer is not None and viewer == admin.strip():
+        raise ConfigError(
+            f"{fleet.source}: [gateway] viewer_token_env: {settings.viewer_token_env} holds "
+            f"the admin token ({settings.token_env}); a viewer token must differ from it"
+        )
     keys = None
     if settings.api_keys_env:
         raw = fleet.secret(settings.api_keys_env, ("gateway", "api_keys_env"))
@@ -189,7 +197,7 @@ def run_gateway(fleet_path: str, listen: tuple[str, int] | None) -> int:
     logging.getLogger("aiohttp.server").addFilter(_malformed_in_one_line)
 
     async def serve() -> None:
-        gateway = Gateway(fleet, admin_token=admin, api_keys=keys)
+        gateway = Gateway(fleet, admin_token=admin, viewer_token=viewer, api_keys=keys)
         runner = web.AppRunner(
             gateway.app(), access_log=None, handle_signals=False,
             keepalive_timeout=settings.head_timeout_s,  # the next head's deadline, as FrontDoor's

@@ -10,8 +10,9 @@ module puts a guard in front of it and bounds it:
   action key answers "read-only view"), started from an argv list with no shell, at most
   `max_sessions` at once, each for at most `max_session_s`;
 - that process gets no token that can act: the agents' viewer token replaces each node's
-  token where the fleet's viewer variable is set, and the gateway's admin token, the
-  agents' operator variable and the web token itself are taken out of its environment;
+  token where the fleet's viewer variable is set, the gateway's viewer token its admin
+  token (which is taken out either way), and the agents' operator variable and the web
+  token itself are taken out of its environment;
 - what a browser or a console process sends is bounded: websocket messages, terminal
   size, protocol packets, the stderr kept, the time to start and to stop.
 
@@ -98,24 +99,34 @@ def viewer_token(value: str) -> str | None:
 def session_environment(
     fleet: Fleet, environ: Mapping[str, str], token_env: str
 ) -> tuple[dict[str, str], str]:
-    """The environment a web session's console runs with, and how it reads the agents.
+    """The environment a web session's console runs with, and what it reads with.
 
     Defence in depth under the console's read-only mode: no token that can act goes in."""
     env = {k: v for k, v in environ.items() if k != token_env}
+    env.pop(fleet.agent.operator_token_env, None)
+    gateway = ""
     if fleet.gateway is not None:
         env.pop(fleet.gateway.token_env, None)  # the admin token moves traffic
-    env.pop(fleet.agent.operator_token_env, None)
+        gateway_viewer = environ.get(fleet.gateway.viewer_token_env, "").strip()
+        if gateway_viewer:  # the gateway answers its reads and refuses its actions (403)
+            env[fleet.gateway.token_env] = gateway_viewer
+            gateway = f"; the gateway's viewer token ({fleet.gateway.viewer_token_env})"
+        else:
+            gateway = (
+                f"; no gateway token ({fleet.gateway.viewer_token_env} is not set: the "
+                "gateway's columns read -)"
+            )
     viewer_env = fleet.agent.viewer_token_env
     viewer = viewer_token(environ.get(viewer_env, ""))
     if viewer is None:
         return env, (
             f"each node's own token ({viewer_env} is not set: only the console's read-only "
-            "mode stops actions; set it and the agents refuse them too)"
+            f"mode stops actions; set it and the agents refuse them too){gateway}"
         )
     for node in fleet.nodes:
         if node.token_env:
             env[node.token_env] = viewer
-    return env, f"the agents' viewer token ({viewer_env}): the agents refuse every action"
+    return env, f"the agents' viewer token ({viewer_env}): the agents refuse every action{gateway}"
 
 
 @dataclass
@@ -263,7 +274,7 @@ class WebView:
 
     def __init__(self, settings: WebSettings) -> None:
         self.settings = settings
-        self.env, self.agent_tokens = session_environment(
+        self.env, self.reads_with = session_environment(
             settings.fleet, settings.environ, settings.token_env
         )
         # The browser's cookie is an HMAC of the token: a copied cookie is not the token.
@@ -439,7 +450,7 @@ def run_web(settings: WebSettings) -> int:
     print(
         f"engineroom web: the read-only console of {settings.fleet.fleet.name!r} on "
         f"http://{settings.host}:{settings.port}/ (token: {settings.token_env}; at most "
-        f"{settings.max_sessions} sessions; agents read with {view.agent_tokens})",
+        f"{settings.max_sessions} sessions; it reads with {view.reads_with})",
         file=sys.stderr,
         flush=True,
     )
