@@ -17,23 +17,15 @@ from console.collect.recording import Recording
 from console.collect.replay import SPEEDS, RecordedEvents, ReplayCollector, fleet_of
 from console.collect.timeline import parse_time
 from console.core.config import Fleet
-from console.tui.app import EngineroomApp
+from console.tui.readonly import RefusingApp
 from console.tui.widgets.time_cursor import TimeCursor, clock
 
 READ_ONLY = "replay is read-only: this is a recording, not the fleet"
-# The keys that act on the fleet, by binding id (the screens' own, remappable the same way).
-ACTION_KEYS = {
-    "start_vllm": "s",
-    "stop_engine": "x",
-    "restart_engine": "r",
-    "fail_over": "f",
-    "run_drill": "R",
-    "playbook": "p",
-    "cancel_job": "c",
-}
 
 
-class ReplayApp(EngineroomApp):
+class ReplayApp(RefusingApp):
+    REFUSAL = "replay is read-only: {what} is disabled; this is a recording, not the fleet"
+
     offline = True
     BINDINGS = [
         Binding("space", "play", "play/pause", id="replay_play"),
@@ -47,15 +39,12 @@ class ReplayApp(EngineroomApp):
     ]
 
     def __init__(self, fleet: Fleet, replay: ReplayCollector) -> None:
-        super().__init__(fleet, read_only=True, collector=replay)
+        super().__init__(fleet, collector=replay)
         self.replay = replay
         self.events = RecordedEvents(replay)
         self.playing = False
         self.speed = SPEEDS[0]
         self._played_at = time.monotonic()
-        for binding_id, key in ACTION_KEYS.items():
-            key = fleet.keys.get(binding_id, key)
-            self._bindings.bind(key, "read_only", show=False)
 
     async def on_mount(self) -> None:
         await super().on_mount()
@@ -137,23 +126,9 @@ class ReplayApp(EngineroomApp):
         else:
             super().run_command(text)
 
-    # nothing acts on the fleet from a recording
-    def action_read_only(self) -> None:
-        self.notify(READ_ONLY, severity="warning")
-
+    # nothing acts on the fleet from a recording (RefusingApp); screens say why up front
     def action_blocked(self, node: str) -> str | None:
         return READ_ONLY
-
-    def fail_over(self, model: str) -> None:
-        self.notify(READ_ONLY, severity="warning")
-
-    def start_vllm(
-        self, node: str | None = None, model: str | None = None, then_fail_over: bool = False
-    ) -> None:
-        self.notify(READ_ONLY, severity="warning")
-
-    def run_drill(self, name: str) -> None:
-        self.notify(READ_ONLY, severity="warning")
 
 
 def run_replay(path: str, at: str | None = None) -> int:

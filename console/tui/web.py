@@ -13,86 +13,25 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Awaitable, Callable, Iterable
-from typing import TypeVar
+from collections.abc import Iterable
 
-from textual.actions import ActionParseResult, parse
 from textual.app import SystemCommand
-from textual.dom import DOMNode
 from textual.screen import Screen
 
-from console.collect.actions import AgentActions
 from console.core.config import ConfigError, Fleet, load_fleet
-from console.tui.app import EngineroomApp
-
-T = TypeVar("T")
+from console.tui.readonly import RefusingApp
 
 READ_ONLY = "read-only view"
 
-# The actions behind the keys that change the fleet, and what the refusal calls them.
-ACTING = {
-    "start_vllm": "starting vLLM",
-    "start": "starting vLLM",
-    "stop_engine": "stopping an engine",
-    "restart_engine": "restarting an engine",
-    "fail_over": "failing over",
-    "run_drill": "running a drill",
-    "playbook": "the incident playbook",
-    "next_step": "the incident playbook",
-    "cancel_job": "cancelling a job",
-}
 
+class WebViewApp(RefusingApp):
+    """The console, read-only, where every acting key and command answers READ_ONLY."""
 
-class WebViewApp(EngineroomApp):
-    """EngineroomApp, read-only, where every acting key and command answers READ_ONLY."""
+    REFUSAL = READ_ONLY + ": {what} is disabled here; act from the console over SSH"
+    REFUSAL_TITLE = READ_ONLY
 
     def __init__(self, fleet: Fleet) -> None:
-        super().__init__(fleet, read_only=True)
-        self.refused: list[str] = []  # what was asked of this view and refused (tests read it)
-
-    def refuse(self, what: str) -> None:
-        self.refused.append(what)
-        self.notify(
-            f"{READ_ONLY}: {what} is disabled here; act from the console over SSH",
-            title=READ_ONLY,
-            severity="warning",
-        )
-
-    async def run_action(
-        self,
-        action: str | ActionParseResult,
-        default_namespace: DOMNode | None = None,
-        namespaces: object = None,
-    ) -> bool:
-        # Before Textual's check_action: a disabled binding would otherwise swallow the key.
-        name = (parse(action) if isinstance(action, str) else action)[1]
-        if name in ACTING:
-            self.refuse(ACTING[name])
-            return True
-        return await super().run_action(action, default_namespace, namespaces)  # type: ignore[arg-type]
-
-    # The workflows, whatever reaches them (the command line's :start, a screen's method).
-    def start_vllm(self, *args: object, **kwargs: object) -> None:
-        self.refuse(ACTING["start_vllm"])
-
-    def stop_engine(self, node: str, engine_id: str, restart: bool = False) -> None:
-        self.refuse(ACTING["restart_engine" if restart else "stop_engine"])
-
-    def fail_over(self, model: str) -> None:
-        self.refuse(ACTING["fail_over"])
-
-    def run_drill(self, name: str) -> None:
-        self.refuse(ACTING["run_drill"])
-
-    def open_playbook(self, model: str) -> None:
-        self.refuse(ACTING["playbook"])
-
-    async def agent_call(
-        self, node: str, call: Callable[[AgentActions], Awaitable[T]], title: str = "refused"
-    ) -> T | None:
-        # The one way the console's workflows reach an agent: closed here.
-        self.refuse(f"a call to {node}'s agent ({title})")
-        return None
+        super().__init__(fleet)
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         # Textual's screenshot delivers a file through a download route this server lacks.
