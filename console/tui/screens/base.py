@@ -11,11 +11,11 @@ from typing import TYPE_CHECKING, cast
 
 from textual.app import ComposeResult
 from textual.screen import Screen
-from textual.widgets import Footer
 
 from console.collect.view import FleetView
 from console.tui.filtering import Filter
 from console.tui.widgets.command_line import CommandLine
+from console.tui.widgets.footer import StableFooter
 from console.tui.widgets.header import FleetHeader
 from console.tui.widgets.time_cursor import TimeCursor
 
@@ -41,7 +41,7 @@ class ViewScreen(Screen[None]):
             yield TimeCursor()
         yield from self.compose_body()
         yield CommandLine()
-        yield Footer()
+        yield StableFooter()
 
     def compose_body(self) -> ComposeResult:
         return iter(())

@@ -1,11 +1,13 @@
 """One cell per GPU, coloured by utilization, a row per node (as all-smi's LED grid).
 
 A thousand nodes make eight thousand cells, so the grid draws only the lines on screen
-(Textual's line API): each refresh stores the cells, and render_line builds the few
-visible lines.
+(Textual's line API): each refresh stores the cells and where each node's first line
+is, and render_line finds and builds the few visible lines.
 """
 
 from __future__ import annotations
+
+from bisect import bisect_right
 
 from rich.segment import Segment
 from rich.style import Style
@@ -40,7 +42,10 @@ class GpuGrid(ScrollView):
 
     def __init__(self, **kwargs: object) -> None:
         super().__init__(**kwargs)  # type: ignore[arg-type]
-        self._lines: list[tuple[str, list[GpuCell]]] = []
+        self._by_node: list[tuple[str, list[GpuCell]]] = []
+        self._starts: list[int] = []  # each node's first line
+        self._lines = 0
+        self._per_line = 1
         self._temp_crit = 90.0
         self._label_width = 8
 
@@ -50,25 +55,32 @@ class GpuGrid(ScrollView):
         self._label_width = min(14, max((len(n) for n, _ in by_node), default=4) + 1)
         width = max(20, (self.size.width or 80) - 2)
         per_line = max(1, (width - self._label_width) // CELL)
-        lines: list[tuple[str, list[GpuCell]]] = []
-        for node, node_cells in by_node:
-            for start in range(0, len(node_cells), per_line):
-                lines.append((node if start == 0 else "", node_cells[start : start + per_line]))
-        if not lines:
-            lines = [("", [])]
-        self._lines = lines
-        size = Size(width, len(lines))
+        starts: list[int] = []
+        line = 0
+        for _, node_cells in by_node:
+            starts.append(line)
+            line += -(-len(node_cells) // per_line)  # a node with no GPU takes no line
+        self._by_node, self._starts, self._lines, self._per_line = by_node, starts, line, per_line
+        size = Size(width, max(1, line))
         if size != self.virtual_size:  # a new size means a layout pass; most refreshes don't
             self.virtual_size = size
         self.refresh()
 
+    def _line(self, index: int) -> tuple[str, list[GpuCell]]:
+        """The label (on a node's first line) and the cells of line `index`."""
+        at = bisect_right(self._starts, index) - 1  # the last node starting at or before it
+        node, cells = self._by_node[at]
+        part = index - self._starts[at]
+        first = part * self._per_line
+        return (node if part == 0 else "", cells[first : first + self._per_line])
+
     def render_line(self, y: int) -> Strip:
         index = y + self.scroll_offset.y
-        if index >= len(self._lines):
-            return Strip.blank(self.size.width)
-        label, cells = self._lines[index]
-        if not cells and not label and len(self._lines) == 1:
+        if not self._lines and index == 0:
             return Strip([Segment("no GPUs reported", Style(dim=True))])
+        if index >= self._lines:
+            return Strip.blank(self.size.width)
+        label, cells = self._line(index)
         segments = [Segment(f"{label[: self._label_width - 1]:<{self._label_width}}", _LABEL)]
         for cell in cells:
             gpu = cell.gpu
