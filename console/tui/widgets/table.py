@@ -91,6 +91,7 @@ class FleetTable(DataTable[RenderableType]):
         self._cursor_wanted: str | None = None  # the row the cursor goes back to once added
 
     def on_mount(self) -> None:
+        self.app.theme_changed_signal.subscribe(self, self._on_theme)
         for i, (label, width) in enumerate(self._columns_spec):
             # A one-character margin before the first column, on the header and every row.
             shown = f" {label}" if i == 0 else label
@@ -174,9 +175,14 @@ class FleetTable(DataTable[RenderableType]):
         super()._clear_caches()
         self._rendered.clear()
 
-    def notify_style_update(self) -> None:
+    def _on_theme(self, theme: object) -> None:
+        """The kept cells go with the theme, which changes the component classes' styles
+        (cursor, header...); the rest of what a cell's rendering depends on is in its key.
+        They are not dropped on Textual's style updates: it sends one on every screen
+        switch and focus change, and a screen of cells went through Rich again on each
+        key press that switched screens."""
         self._rendered.clear()
-        super().notify_style_update()
+        self.refresh()
 
     def _update_dimensions(self, new_rows: Iterable[RowKey]) -> None:
         """Size the table without measuring every new cell.
