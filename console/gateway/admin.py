@@ -86,8 +86,8 @@ class Admin:
         app.router.add_get("/metrics", guard(self.metrics))
 
     def role(self, header: str) -> str | None:
-        """ "admin", "viewer" or None for an Authorization header; both tokens are compared
-        every time, so the answer's timing does not say which one came close."""
+        """The role an Authorization header's token has: "admin", "viewer" or None. Both
+        tokens are compared every time, so the timing does not say which one came close."""
         if not header.startswith("Bearer "):
             return None
         given = header[7:].strip().encode()

@@ -36,8 +36,8 @@ ACTING = {
 
 
 class RefusingApp(EngineroomApp):
-    """EngineroomApp, read-only, where every acting key, command and workflow answers
-    `refusal(what)`. `refused` lists what was asked and refused (tests read it)."""
+    """EngineroomApp, read-only, where every acting key, command and workflow is refused
+    with REFUSAL (naming what was asked); `refused` lists what was (tests read it)."""
 
     REFUSAL = "read-only: {what} is disabled"  # subclasses say why, and where to act
     REFUSAL_TITLE: str | None = None
