@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from textual.app import SystemCommand
 from textual.screen import Screen
 
-from console.core.config import ConfigError, Fleet, load_fleet
+from console.core.config import ConfigError, load_fleet
 from console.tui.readonly import RefusingApp
 
 READ_ONLY = "read-only view"
@@ -29,9 +29,6 @@ class WebViewApp(RefusingApp):
 
     REFUSAL = READ_ONLY + ": {what} is disabled here; act from the console over SSH"
     REFUSAL_TITLE = READ_ONLY
-
-    def __init__(self, fleet: Fleet) -> None:
-        super().__init__(fleet)
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         # Textual's screenshot delivers a file through a download route this server lacks.
