@@ -30,7 +30,13 @@ import pytest
 
 from console.core.config import ConfigError, load_fleet, parse_fleet
 from console.gateway.dataplane import DataPlaneError, DrainTimeout
-from console.gateway.dp_haproxy import MAX_ANSWER_BYTES, HAProxyPlane, RuntimeAPI
+from console.gateway.dp_haproxy import (
+    MAX_ANSWER_BYTES,
+    HAProxyPlane,
+    RuntimeAPI,
+    ServerStat,
+    _failures_detail,
+)
 from console.gateway.haproxy_config import servers_in, with_weights
 from console.gateway.routes import GatewayStore
 from tests.conftest import ROOT, agent_env
@@ -267,8 +273,13 @@ def test_planned_failover_and_back_through_haproxy_drops_no_stream(stack_factory
 
             wait_until(more, 60, what="traffic on the target")
             assert served_by(hap)[source] == before[source]  # drained: nothing new
+        rows = hap.stat()
     finally:
         load.finish()
+    # No request met an engine closing an idle kept-alive connection (option
+    # http-server-close): such a race counted as a response error and rolled a job back.
+    errors = {s: {k: rows[s][k] for k in ("eresp", "econ", "wredis")} for s in ("a", "b")}
+    assert all(v == "0" for e in errors.values() for v in e.values()), errors
     assert hap.alerts() == alerts  # every shift raised the target before lowering the source
     print(f"\nHAProxy planned failover and back: {load.ok} streams ok, {len(load.failed)} failed")
     assert load.failed == [], load.failed[:5]  # failed or truncated
@@ -450,6 +461,20 @@ def hostile_socket(path: Path, answer: bytes | None) -> socket.socket:
 
     threading.Thread(target=serve, daemon=True).start()
     return server
+
+
+def test_a_breach_on_errors_names_haproxys_counters():
+    def stat(eresp: int, wredis: int, econ: int | None = 0) -> ServerStat:
+        counts = {"hrsp_5xx": 0, "eresp": eresp, "econ": econ, "wredis": wredis}
+        return ServerStat("UP", 10, 0, 100, eresp + (econ or 0), False, counts)
+
+    assert _failures_detail([stat(2, 2)], [stat(0, 0)]) == (
+        "HAProxy: 2 response errors (eresp), 2 redispatches (wredis)"
+    )
+    # A counter HAProxy left empty is unknown, not 0.
+    assert _failures_detail([stat(1, 0, econ=None)], [stat(0, 0)]) == (
+        "HAProxy: 1 response error (eresp), connection errors (econ) ?"
+    )
 
 
 def test_the_admin_socket_has_a_deadline_and_a_bounded_read(tmp_path: Path):

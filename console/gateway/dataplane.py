@@ -74,11 +74,15 @@ class Figures:
     ttft_p95_s: float | None
     itl_p95_s: float | None
     source: str  # where these figures come from, e.g. "HAProxy show stat; engine metrics"
+    # What the failures were, in the data plane's words ("2 response errors (eresp), 2
+    # redispatched"); None where it gives only a count.
+    failures_detail: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "requests": self.requests,
             "failures": self.failures,
+            "failures_detail": self.failures_detail,
             "error_rate": self.error_rate,
             "ttft_p95_s": self.ttft_p95_s,
             "itl_p95_s": self.itl_p95_s,

@@ -8,7 +8,9 @@
 - drain: `set server ... state drain`, then `show stat` until the server's current
   sessions (`scur`) are 0.
 - figures: requests (`stot`) and failures (`hrsp_5xx`, `eresp`, `econ`) from `show stat`
-  deltas; TTFT and ITL p95 from the engine's own metrics (HAProxy measures neither).
+  deltas, with which counter each came from and how many requests HAProxy redispatched to
+  another server (`wredis`; such a client may have seen no error); TTFT and ITL p95 from
+  the engine's own metrics (HAProxy measures neither).
 - restarts: the process id and start time from `show info` are checked on every change and
   window; a different HAProxy than the one the job began with fails the job, saying so.
 
@@ -93,6 +95,15 @@ class RuntimeAPI:
             raise DataPlaneError(f"HAProxy refused {command!r}: {answer.splitlines()[0]}")
 
 
+# show stat's failure counters, and what each counts, in a job's words.
+FAILURE_COUNTERS = {
+    "hrsp_5xx": ("5xx answer", "5xx answers"),
+    "eresp": ("response error", "response errors"),
+    "econ": ("connection error", "connection errors"),
+}
+REDISPATCHES = ("redispatch", "redispatches")  # wredis: sent on to another server
+
+
 @dataclass(slots=True)
 class ServerStat:
     status: str  # UP, DOWN, DRAIN, MAINT, no check, ...
@@ -101,6 +112,7 @@ class ServerStat:
     stot: int | None
     failures: int | None
     backup: bool
+    counts: dict[str, int | None]  # FAILURE_COUNTERS and wredis, as HAProxy gives them
 
 
 @dataclass(slots=True)
@@ -185,7 +197,8 @@ class HAProxyPlane(DataPlane):
         for row in rows:
             if row.get("pxname") != backend or not row.get("svname"):
                 continue
-            failures = [_int(row.get(k)) for k in ("hrsp_5xx", "eresp", "econ")]
+            counts = {k: _int(row.get(k)) for k in (*FAILURE_COUNTERS, "wredis")}
+            failures = [counts[k] for k in FAILURE_COUNTERS]
             out[row["svname"]] = ServerStat(
                 status=row.get("status") or "?",
                 weight=_int(row.get("weight")),
@@ -195,6 +208,7 @@ class HAProxyPlane(DataPlane):
                 if any(f is None for f in failures)
                 else sum(f or 0 for f in failures),
                 backup=row.get("bck") == "1",
+                counts=counts,
             )
         if not out:
             raise DataPlaneError(
@@ -360,6 +374,11 @@ class HAProxyPlane(DataPlane):
             enginefigures.p95_since(engine, since.engine, "ttft"),
             enginefigures.p95_since(engine, since.engine, "itl"),
             FIGURES_FROM,
+            _failures_detail(
+                self._rows(now, model, deployment), self._rows(since.stats, model, deployment)
+            )
+            if failures
+            else None,
         )
 
     async def started(self, model: str, deployment: str) -> int | None:
@@ -373,6 +392,20 @@ def _int(value: str | None) -> int | None:
         return int(value) if value not in (None, "") else None
     except ValueError:
         return None
+
+
+def _failures_detail(now: list[ServerStat], then: list[ServerStat]) -> str:
+    """Which of HAProxy's counters the window's failures came from: "2 response errors
+    (eresp), 2 redispatches (wredis)"."""
+    parts = []
+    for key, (one, many) in (*FAILURE_COUNTERS.items(), ("wredis", REDISPATCHES)):
+        a = [r.counts.get(key) for r in now]
+        b = [r.counts.get(key) for r in then]
+        if any(v is None for v in a + b) or len(a) != len(b):
+            parts.append(f"{many} ({key}) ?")
+        elif n := sum(a) - sum(b):  # type: ignore[arg-type]
+            parts.append(f"{n} {one if n == 1 else many} ({key})")
+    return "HAProxy: " + ", ".join(parts)
 
 
 def _delta(now: list[ServerStat], then: list[ServerStat], field: str) -> int | None:

@@ -584,7 +584,10 @@ def _figures(figures: Figures) -> dict[str, Any]:
 def _breach(figures: dict[str, Any], slo: Any, default_error_rate: float) -> str | None:
     limit = slo.error_rate if slo.error_rate is not None else default_error_rate
     if figures["error_rate"] is not None and figures["error_rate"] > limit:
-        return f"error rate {figures['error_rate']:.1%} over {limit:.1%}"
+        detail = figures.get("failures_detail")
+        return f"error rate {figures['error_rate']:.1%} over {limit:.1%}" + (
+            f" ({detail})" if detail else ""
+        )
     ttft, itl = figures["ttft_p95_s"], figures["itl_p95_s"]
     if slo.ttft_p95_ms is not None and ttft is not None and ttft * 1000 > slo.ttft_p95_ms:
         return f"TTFT p95 {ttft * 1000:.0f} ms over {slo.ttft_p95_ms:g} ms"

@@ -5,10 +5,11 @@ Rendered (`engineroom haproxy render`): one front end that reads the JSON body's
 (`option http-buffer-request`, `json_query('$.model')`) and picks the model's backend; one
 backend per model, one server per deployment with its weight, active health checks, a
 connection failure marking the server down at once (`observe layer4`) and the request
-retried on another server. A model with `auto_failover` also gets each deployment as a
-`backup` server, used only when no weighted server is up: HAProxy's own stand-in for the
-gateway's "any healthy one" until the automatic failover moves the weights. The stats
-socket is opened at level admin for the runtime API.
+retried on another server; the server side of each connection closed after its answer,
+so no request meets an engine closing an idle one. A model with `auto_failover` also gets
+each deployment as a `backup` server, used only when no weighted server is up: HAProxy's
+own stand-in for the gateway's "any healthy one" until the automatic failover moves the
+weights. The stats socket is opened at level admin for the runtime API.
 
 Adopted: an existing file whose backends and servers fleet.toml names (`[[models]]
 backend`, `[[models.deployments]] server`); engineroom edits only those servers' weights.
@@ -78,6 +79,10 @@ def render(fleet: Fleet, plane: DataPlaneSection) -> str:
         "    retries 3",
         "    retry-on conn-failure empty-response",
         "    option redispatch 1",
+        "    # The engines close kept-alive connections left idle (uvicorn: after 5 s). A",
+        "    # request sent on one as it closes fails (eresp) and marks the server down",
+        "    # (observe layer4): closing the server side after each answer leaves none idle.",
+        "    option http-server-close",
         "",
         f"frontend {NAME_OK.sub('_', plane.name)}",
         f"    bind {plane.listen}",
