@@ -26,6 +26,13 @@ first full screen <= 3 s, key-to-screen median < 100 ms. `load1` says how busy t
 machine was: on a shared 2-core machine, latencies mean little above 2.
 
 Writes docs/evidence/bench-prom-scale.txt.
+
+With --probe, no console: after the ingest, the Prometheus' and the exporter's CPU over
+60 s with no query at all (the floor a console's queries stand on), then each of the
+console's queries alone, one after another (3 runs each: Prometheus' own time, the wall
+time, samples, bytes, and the console's decoding of the answer), then candidate queries
+for a cheaper refresh (one GPU index of 8; per-node GPU aggregates; p95 only). Writes
+docs/evidence/bench-prom-queries.txt.
 """
 
 from __future__ import annotations
@@ -57,6 +64,8 @@ from tests.prometheus_proc import (  # noqa: E402
 )
 
 EVIDENCE = ROOT / "docs" / "evidence" / "bench-prom-scale.txt"
+PROBE_EVIDENCE = ROOT / "docs" / "evidence" / "bench-prom-queries.txt"
+PROBE_RUNS = 3
 GPUS_PER_NODE = 8
 DEPLOYMENTS_PER_NODE = 2
 SHARDS = 20
@@ -283,6 +292,110 @@ def wait_for(prom: PrometheusProc, expr: str, want: float, timeout: float) -> fl
     raise TimeoutError(f"{expr}: {got:g} of {want:g} after {timeout:g} s")
 
 
+def probe(
+    prom: PrometheusProc, exporter: subprocess.Popen[str], args: argparse.Namespace
+) -> dict[str, object]:
+    """The ingest floor, then each query alone (see the module's docstring)."""
+    import httpx
+
+    from console.collect.promql import ANSWER, DCGM_READINGS, _tag, fleet_queries
+    from console.collect.promsource import SCRAPE_LAG_S
+    from console.core.config import parse_fleet
+    from console.core.plugin import plugin_kinds
+
+    procs = {
+        "prometheus": psutil.Process(prom.process.pid),
+        "exporter": psutil.Process(exporter.pid),
+    }
+    before = {k: p.cpu_times() for k, p in procs.items()}
+    time.sleep(args.idle)
+    idle = {
+        f"{k}_idle_cpu_pct": round(
+            100
+            * ((p.cpu_times().user + p.cpu_times().system) - (before[k].user + before[k].system))
+            / args.idle,
+            1,
+        )
+        for k, p in procs.items()
+    }
+    parsed = parse_fleet(
+        f'[fleet]\nname = "x"\n[prometheus]\nurl = "{prom.url}"\nwindow_s = {args.window}\n'
+        f"recorded = {str(args.recorded).lower()}\n"
+    )
+    assert parsed.prometheus is not None
+    engines = {k: c.prometheus for k, c in plugin_kinds().items() if c.prometheus}
+    fleet = fleet_queries(parsed.prometheus, engines)
+    gpu = next(q for q in fleet if q.family == "gpu")
+    queries = [
+        (f"{q.family}{':' + q.kind if q.kind else ''}{':' + q.figure if q.figure else ''}", q.expr)
+        for q in fleet
+    ]
+    dcgm = "|".join(sorted({n for n in DCGM_READINGS}))
+    on = "node, Hostname, instance, gpu"
+    per_node = "node, Hostname, instance"
+    window = f"{args.window}s"
+    maxed = "DCGM_FI_DEV_GPU_TEMP|DCGM_FI_DEV_XID_ERRORS"
+    summed = "DCGM_FI_DEV_FB_USED|DCGM_FI_DEV_FB_FREE|DCGM_FI_DEV_POWER_USAGE|DCGM_FI_DEV_GPU_UTIL"
+    ttft = f"engineroom:vllm:ttft:{window}" if args.recorded else None
+    candidates = [
+        ("cand: gpu, scraped in the last 2 s", gpu.since(time.time() - 2 - SCRAPE_LAG_S)),
+        ("cand: gpu, one index of 8", f'max by (__name__, {on}) ({{__name__=~"{dcgm}", gpu="0"}})'),
+        (
+            "cand: gpu per node (max, sum)",  # `or` matches without __name__: tag each side
+            _tag(f'max by (__name__, {per_node}) ({{__name__=~"{maxed}"}})', "max")
+            + " or "
+            + _tag(f'sum by (__name__, {per_node}) ({{__name__=~"{summed}"}})', "sum"),
+        ),
+    ]
+    if ttft:
+        candidates.append(("cand: ttft p95 only (recorded)", f'{ttft}{{er_figure="p95"}}'))
+    rows = []
+    with httpx.Client(timeout=300) as http:
+        for name, expr in queries + candidates:
+            runs = []
+            for _ in range(PROBE_RUNS):
+                t0 = time.monotonic()
+                resp = http.post(f"{prom.url}/api/v1/query", data={"query": expr, "stats": "all"})
+                wall = time.monotonic() - t0
+                t1 = time.perf_counter()
+                answer = ANSWER.decode(resp.content)
+                decode = time.perf_counter() - t1
+                if answer.status != "success" or answer.data is None:
+                    raise RuntimeError(f"{name}: {answer.error}")
+                stats = answer.data.stats or {}
+                timings = stats.get("timings") if isinstance(stats, dict) else None
+                if not isinstance(timings, dict):
+                    timings = {}
+                runs.append(
+                    (
+                        float(timings.get("execTotalTime", 0.0)),
+                        wall,
+                        decode,
+                        len(answer.data.result),
+                        len(resp.content),
+                    )
+                )
+            rows.append(
+                {
+                    "query": name,
+                    "prometheus_s": round(statistics.median(r[0] for r in runs), 3),
+                    "wall_s": round(statistics.median(r[1] for r in runs), 3),
+                    "decode_s": round(statistics.median(r[2] for r in runs), 3),
+                    "samples": runs[-1][3],
+                    "mib": round(runs[-1][4] / 2**20, 1),
+                }
+            )
+            print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+    prom_rss = psutil.Process(prom.process.pid).memory_info().rss
+    return {
+        **idle,
+        "prometheus_rss_mib": round(prom_rss / 2**20),
+        "recorded": args.recorded,
+        "queries": rows,
+        "load1": round(os.getloadavg()[0], 2),
+    }
+
+
 def run(args: argparse.Namespace) -> dict[str, object]:
     work = Path(tempfile.mkdtemp(prefix="prom-scale-"))
     port = free_port()
@@ -343,6 +456,10 @@ def run(args: argparse.Namespace) -> dict[str, object]:
             )
         ingested_s = time.monotonic() - t0
         series = float(prom.api("status/tsdb")["headStats"]["numSeries"])
+        if args.probe:
+            probed = probe(prom, exporter, args)
+            probed.update(head_series=int(series), first_ingest_s=round(ingested_s, 1))
+            return probed
         fleet_path = work / "fleet.toml"
         fleet_path.write_text(
             f'[fleet]\nname = "prom-scale"\nrefresh_s = {REFRESH_S}\n'
@@ -383,7 +500,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--window", type=int, default=60)
     parser.add_argument("--compare", action="store_true", help="also the 1,000-node agent stream")
     parser.add_argument("--recorded", action="store_true", help="figures from recording rules")
-    parser.add_argument("--out", default=str(EVIDENCE))
+    parser.add_argument("--probe", action="store_true", help="each query alone; no console")
+    parser.add_argument("--idle", type=float, default=60.0, help="--probe: the idle window, s")
+    parser.add_argument("--out", default=None)
     parser.add_argument("--exporter", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--console", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -395,6 +514,8 @@ def main(argv: list[str]) -> int:
         return 0
     result = run(args)
     print(json.dumps(result), flush=True)
+    if args.probe:
+        return write_probe(result, args, argv)
     lines = [
         f"bench.prom_scale  {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}  "
         f"({os.cpu_count()} cores, shared)",
@@ -422,7 +543,45 @@ def main(argv: list[str]) -> int:
         "targets (issue 16): refresh 2 s at 10,000 nodes, console CPU <= 35 % of one core,",
         "first full screen <= 3 s, key-to-screen median < 100 ms",
     ]
-    Path(args.out).write_text("\n".join(lines) + "\n")
+    Path(args.out or EVIDENCE).write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+def write_probe(result: dict, args: argparse.Namespace, argv: list[str]) -> int:
+    lines = [
+        f"bench.prom_scale --probe  {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}  "
+        f"({os.cpu_count()} cores, shared)",
+        f"command: .venv/bin/python -m bench.prom_scale {' '.join(argv)}".rstrip(),
+        "",
+        f"fleet (SIMULATED exporter, scraped by a real Prometheus every {args.scrape} s):",
+        f"  {args.nodes} nodes x {GPUS_PER_NODE} GPUs, {args.nodes * DEPLOYMENTS_PER_NODE} vLLM "
+        f"deployments; {result['head_series']:,} series in the head, Prometheus RSS "
+        f"{result['prometheus_rss_mib']} MiB, first ingest {result['first_ingest_s']} s, "
+        f"recording rules {'on' if result['recorded'] else 'off'}",
+        "",
+        f"with no query at all, over {args.idle:g} s (% of one core): Prometheus "
+        f"{result['prometheus_idle_cpu_pct']}, the exporter {result['exporter_idle_cpu_pct']}",
+        "",
+        f"each query alone, one after another, median of {PROBE_RUNS} "
+        "(prometheus: its execTotalTime; decode: the console's msgspec decoder):",
+        f"  {'query':<40}{'prometheus s':>13}{'wall s':>9}{'decode s':>10}"
+        f"{'samples':>10}{'MiB':>8}",
+    ]
+    for row in result["queries"]:
+        lines.append(
+            f"  {row['query']:<40}{row['prometheus_s']:>13.3f}{row['wall_s']:>9.3f}"
+            f"{row['decode_s']:>10.3f}{row['samples']:>10}{row['mib']:>8}"
+        )
+    console = [r for r in result["queries"] if not r["query"].startswith("cand:")]
+    lines += [
+        f"  {'the console refresh, summed':<40}{sum(r['prometheus_s'] for r in console):>13.3f}"
+        f"{sum(r['wall_s'] for r in console):>9.3f}{sum(r['decode_s'] for r in console):>10.3f}"
+        f"{sum(r['samples'] for r in console):>10}{round(sum(r['mib'] for r in console), 1):>8}",
+        "",
+        f"load1 at the end: {result['load1']}",
+    ]
+    Path(args.out or PROBE_EVIDENCE).write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0
 
