@@ -46,6 +46,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
@@ -337,8 +338,9 @@ def probe(
     maxed = "DCGM_FI_DEV_GPU_TEMP|DCGM_FI_DEV_XID_ERRORS"
     summed = "DCGM_FI_DEV_FB_USED|DCGM_FI_DEV_FB_FREE|DCGM_FI_DEV_POWER_USAGE|DCGM_FI_DEV_GPU_UTIL"
     ttft = f"engineroom:vllm:ttft:{window}" if args.recorded else None
-    candidates = [
-        ("cand: gpu, scraped in the last 2 s", gpu.since(time.time() - 2 - SCRAPE_LAG_S)),
+    candidates: list[tuple[str, str | Callable[[], str]]] = [
+        # built as it is sent, as a console's refresh 2 s after the last one would
+        ("cand: gpu, scraped in the last 2 s", lambda: gpu.since(time.time() - 2 - SCRAPE_LAG_S)),
         ("cand: gpu, one index of 8", f'max by (__name__, {on}) ({{__name__=~"{dcgm}", gpu="0"}})'),
         (
             "cand: gpu per node (max, sum)",  # `or` matches without __name__: tag each side
@@ -351,9 +353,10 @@ def probe(
         candidates.append(("cand: ttft p95 only (recorded)", f'{ttft}{{er_figure="p95"}}'))
     rows = []
     with httpx.Client(timeout=300) as http:
-        for name, expr in queries + candidates:
+        for name, expr_or_fn in queries + candidates:
             runs = []
             for _ in range(PROBE_RUNS):
+                expr = expr_or_fn if isinstance(expr_or_fn, str) else expr_or_fn()
                 t0 = time.monotonic()
                 resp = http.post(f"{prom.url}/api/v1/query", data={"query": expr, "stats": "all"})
                 wall = time.monotonic() - t0
