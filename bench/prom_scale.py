@@ -332,8 +332,8 @@ def probe(
         for q in fleet
     ]
     dcgm = "|".join(sorted({n for n in DCGM_READINGS}))
-    on = "node, Hostname, instance, gpu"
-    per_node = "node, Hostname, instance"
+    per_node = ", ".join([*parsed.prometheus.labels.node, "instance"])  # as fleet_queries
+    on = f"{per_node}, {parsed.prometheus.labels.gpu}"
     window = f"{args.window}s"
     maxed = "DCGM_FI_DEV_GPU_TEMP|DCGM_FI_DEV_XID_ERRORS"
     summed = "DCGM_FI_DEV_FB_USED|DCGM_FI_DEV_FB_FREE|DCGM_FI_DEV_POWER_USAGE|DCGM_FI_DEV_GPU_UTIL"
@@ -369,19 +369,23 @@ def probe(
                 timings = stats.get("timings") if isinstance(stats, dict) else None
                 if not isinstance(timings, dict):
                     timings = {}
+                took = timings.get("execTotalTime")  # None: Prometheus did not say
                 runs.append(
                     (
-                        float(timings.get("execTotalTime", 0.0)),
+                        None if took is None else float(took),
                         wall,
                         decode,
                         len(answer.data.result),
                         len(resp.content),
                     )
                 )
+            took = [r[0] for r in runs]
             rows.append(
                 {
                     "query": name,
-                    "prometheus_s": round(statistics.median(r[0] for r in runs), 3),
+                    "prometheus_s": None
+                    if None in took
+                    else round(statistics.median(t for t in took if t is not None), 3),
                     "wall_s": round(statistics.median(r[1] for r in runs), 3),
                     "decode_s": round(statistics.median(r[2] for r in runs), 3),
                     "samples": runs[-1][3],
@@ -571,14 +575,21 @@ def write_probe(result: dict, args: argparse.Namespace, argv: list[str]) -> int:
         f"  {'query':<40}{'prometheus s':>13}{'wall s':>9}{'decode s':>10}"
         f"{'samples':>10}{'MiB':>8}",
     ]
+
+    def secs(v: float | None) -> str:
+        return "?" if v is None else f"{v:.3f}"
+
     for row in result["queries"]:
         lines.append(
-            f"  {row['query']:<40}{row['prometheus_s']:>13.3f}{row['wall_s']:>9.3f}"
+            f"  {row['query']:<40}{secs(row['prometheus_s']):>13}{row['wall_s']:>9.3f}"
             f"{row['decode_s']:>10.3f}{row['samples']:>10}{row['mib']:>8}"
         )
     console = [r for r in result["queries"] if not r["query"].startswith("cand:")]
+    took = [r["prometheus_s"] for r in console]
+    summed_prometheus = None if None in took else sum(took)
     lines += [
-        f"  {'the console refresh, summed':<40}{sum(r['prometheus_s'] for r in console):>13.3f}"
+        f"  {'the console refresh, summed':<40}"
+        f"{secs(summed_prometheus):>13}"
         f"{sum(r['wall_s'] for r in console):>9.3f}{sum(r['decode_s'] for r in console):>10.3f}"
         f"{sum(r['samples'] for r in console):>10}{round(sum(r['mib'] for r in console), 1):>8}",
         "",

@@ -75,7 +75,7 @@ class Figures:
     itl_p95_s: float | None
     source: str  # where these figures come from, e.g. "HAProxy show stat; engine metrics"
     # What the failures were, in the data plane's words ("2 response errors (eresp), 2
-    # redispatched"); None where it gives only a count.
+    # redispatches (wredis)"); None where it gives only a count.
     failures_detail: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
