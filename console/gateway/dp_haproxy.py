@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import csv
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -110,9 +111,13 @@ class ServerStat:
     weight: int | None
     scur: int | None
     stot: int | None
-    failures: int | None
     backup: bool
     counts: dict[str, int | None]  # FAILURE_COUNTERS and wredis, as HAProxy gives them
+
+    @property
+    def failures(self) -> int | None:
+        found = [self.counts.get(k) for k in FAILURE_COUNTERS]
+        return None if None in found else sum(n or 0 for n in found)
 
 
 @dataclass(slots=True)
@@ -197,18 +202,13 @@ class HAProxyPlane(DataPlane):
         for row in rows:
             if row.get("pxname") != backend or not row.get("svname"):
                 continue
-            counts = {k: _int(row.get(k)) for k in (*FAILURE_COUNTERS, "wredis")}
-            failures = [counts[k] for k in FAILURE_COUNTERS]
             out[row["svname"]] = ServerStat(
                 status=row.get("status") or "?",
                 weight=_int(row.get("weight")),
                 scur=_int(row.get("scur")),
                 stot=_int(row.get("stot")),
-                failures=None
-                if any(f is None for f in failures)
-                else sum(f or 0 for f in failures),
                 backup=row.get("bck") == "1",
-                counts=counts,
+                counts={k: _int(row.get(k)) for k in (*FAILURE_COUNTERS, "wredis")},
             )
         if not out:
             raise DataPlaneError(
@@ -359,14 +359,12 @@ class HAProxyPlane(DataPlane):
         await self._same_haproxy()
         now = await self._stats(model)
         engine = await self._engine(model, deployment)
-        requests = _delta(
-            self._rows(now, model, deployment), self._rows(since.stats, model, deployment), "stot"
-        )
-        failures = _delta(
+        rows, before = (
             self._rows(now, model, deployment),
             self._rows(since.stats, model, deployment),
-            "failures",
         )
+        requests = _delta(rows, before, lambda r: r.stot)
+        failures = _delta(rows, before, lambda r: r.failures)
         return Figures(
             requests,
             failures,
@@ -374,11 +372,7 @@ class HAProxyPlane(DataPlane):
             enginefigures.p95_since(engine, since.engine, "ttft"),
             enginefigures.p95_since(engine, since.engine, "itl"),
             FIGURES_FROM,
-            _failures_detail(
-                self._rows(now, model, deployment), self._rows(since.stats, model, deployment)
-            )
-            if failures
-            else None,
+            _failures_detail(rows, before) if failures else None,
         )
 
     async def started(self, model: str, deployment: str) -> int | None:
@@ -399,18 +393,20 @@ def _failures_detail(now: list[ServerStat], then: list[ServerStat]) -> str:
     (eresp), 2 redispatches (wredis)"."""
     parts = []
     for key, (one, many) in (*FAILURE_COUNTERS.items(), ("wredis", REDISPATCHES)):
-        a = [r.counts.get(key) for r in now]
-        b = [r.counts.get(key) for r in then]
-        if any(v is None for v in a + b) or len(a) != len(b):
+        n = _delta(now, then, lambda r, k=key: r.counts.get(k))  # type: ignore[misc]
+        if n is None:
             parts.append(f"{many} ({key}) ?")
-        elif n := sum(a) - sum(b):  # type: ignore[arg-type]
+        elif n:
             parts.append(f"{n} {one if n == 1 else many} ({key})")
     return "HAProxy: " + ", ".join(parts)
 
 
-def _delta(now: list[ServerStat], then: list[ServerStat], field: str) -> int | None:
-    a = [getattr(r, field) for r in now]
-    b = [getattr(r, field) for r in then]
-    if any(v is None for v in a + b) or len(a) != len(b):
+def _delta(
+    now: list[ServerStat], then: list[ServerStat], value: Callable[[ServerStat], int | None]
+) -> int | None:
+    """The change in `value` summed over the rows; None if any row cannot say."""
+    a = [value(r) for r in now]
+    b = [value(r) for r in then]
+    if None in a or None in b or len(a) != len(b):
         return None
-    return sum(a) - sum(b)
+    return sum(a) - sum(b)  # type: ignore[arg-type]
