@@ -72,6 +72,10 @@ def render(fleet: Fleet, plane: DataPlaneSection) -> str:
         "defaults",
         "    mode http",
         f"    timeout connect {timeout}",
+        # A busy engine answers /health late (vLLM on a loaded host: over 0.5 s, seen in
+        # this repository's CI); without this the check's deadline is `inter` and two late
+        # answers take a serving engine down. A refused connection still does at once.
+        f"    timeout check {timeout}",
         "    timeout client 600s",
         "    timeout server 600s",
         "    timeout http-request 30s",
