@@ -70,7 +70,7 @@ PROBE_RUNS = 3
 GPUS_PER_NODE = 8
 DEPLOYMENTS_PER_NODE = 2
 SHARDS = 20
-WINDOW_S = 60.0  # two whole-fleet refreshes and the incremental ones between
+WINDOW_S = 60.0  # refreshes in slices; the whole read before it is reported apart
 REFRESH_S = 2.0
 # vLLM's TTFT, ITL and e2e bucket bounds, cut to `--buckets` (their first ones).
 TTFT_BOUNDS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
@@ -184,12 +184,27 @@ async def measure_console(fleet_path: Path, nodes: int) -> dict[str, object]:
     ] = []  # prom s, wall s, queries, full, samples
     seen = [0.0]
 
+    def note_refresh() -> None:
+        health = source.health
+        if health.last_ok is not None and health.last_ok != seen[0]:
+            seen[0] = health.last_ok
+            refreshes.append(
+                (
+                    health.prometheus_s or 0.0,
+                    health.wall_s or 0.0,
+                    health.queries,
+                    bool(health.full),
+                    health.samples,
+                )
+            )
+
     app = EngineroomApp(fleet, collector=source)
     me = psutil.Process()
     started = time.monotonic()
     first = None
     async with app.run_test(size=(160, 50)) as pilot:
         while time.monotonic() - started < 120:
+            note_refresh()
             view, screen = app.view, app.screen
             if (
                 view is not None
@@ -205,18 +220,7 @@ async def measure_console(fleet_path: Path, nodes: int) -> dict[str, object]:
         keys: dict[str, list[float]] = {"fleet": [], "models": []}
         next_key = wall0 + 1.0
         while time.monotonic() - wall0 < WINDOW_S:
-            health = source.health
-            if health.last_ok is not None and health.last_ok != seen[0]:
-                seen[0] = health.last_ok
-                refreshes.append(
-                    (
-                        health.prometheus_s or 0.0,
-                        health.wall_s or 0.0,
-                        health.queries,
-                        bool(health.full),
-                        health.samples,
-                    )
-                )
+            note_refresh()
             if time.monotonic() >= next_key and sum(map(len, keys.values())) < 20:
                 to_models = isinstance(app.screen, FleetScreen)
                 target = ModelsScreen if to_models else FleetScreen
@@ -261,8 +265,9 @@ async def measure_console(fleet_path: Path, nodes: int) -> dict[str, object]:
 def _refresh_figures(
     refreshes: list[tuple[float, float, int, bool, int]], full: bool
 ) -> dict[str, object]:
-    """Medians of the whole-fleet refreshes, or of the incremental ones between them."""
-    kind = "full" if full else "incremental"
+    """Medians of the whole-fleet refreshes (the first included), or of the sliced ones
+    between them."""
+    kind = "whole" if full else "sliced"
     picked = [r for r in refreshes if r[3] == full]
     if not picked:
         return {f"{kind}_refreshes": 0}
@@ -299,8 +304,8 @@ def probe(
     """The ingest floor, then each query alone (see the module's docstring)."""
     import httpx
 
-    from console.collect.promql import ANSWER, DCGM_READINGS, _tag, fleet_queries
-    from console.collect.promsource import SCRAPE_LAG_S
+    from console.collect.promql import ANSWER, DCGM_READINGS, _tag, fleet_queries, matcher
+    from console.collect.promsource import SLICE_CYCLE_S
     from console.core.config import parse_fleet
     from console.core.plugin import plugin_kinds
 
@@ -327,6 +332,15 @@ def probe(
     engines = {k: c.prometheus for k, c in plugin_kinds().items() if c.prometheus}
     fleet = fleet_queries(parsed.prometheus, engines)
     gpu = next(q for q in fleet if q.family == "gpu")
+    ttft_q = next(q for q in fleet if q.figure == "ttft" and q.kind == "vllm")
+    slices = max(2, round(SLICE_CYCLE_S / REFRESH_S))  # as PromSource cuts them
+    picked = range(0, args.nodes, slices)  # the first slice: every `slices`-th, sorted
+    hosts = [f"node-{n:05d}" for n in picked]
+    ips = sorted(
+        f"10.{n >> 16 & 255}.{n >> 8 & 255}.{n & 255}:{8000 + d}"
+        for n in range(args.nodes)
+        for d in range(DEPLOYMENTS_PER_NODE)
+    )[::slices]
     queries = [
         (f"{q.family}{':' + q.kind if q.kind else ''}{':' + q.figure if q.figure else ''}", q.expr)
         for q in fleet
@@ -340,7 +354,9 @@ def probe(
     ttft = f"engineroom:vllm:ttft:{window}" if args.recorded else None
     candidates: list[tuple[str, str | Callable[[], str]]] = [
         # built as it is sent, as a console's refresh 2 s after the last one would
-        ("cand: gpu, scraped in the last 2 s", lambda: gpu.since(time.time() - 2 - SCRAPE_LAG_S)),
+        # one slice as the console reads it between whole reads (node names as the exporter's)
+        (f"cand: gpu, 1 slice of {slices} (Hostname)", gpu.sliced(matcher("Hostname", hosts))),
+        (f"cand: ttft, 1 slice of {slices} (instance)", ttft_q.sliced(matcher("instance", ips))),
         ("cand: gpu, one index of 8", f'max by (__name__, {on}) ({{__name__=~"{dcgm}", gpu="0"}})'),
         (
             "cand: gpu per node (max, sum)",  # `or` matches without __name__: tag each side

@@ -4,8 +4,9 @@ dcgm-exporter's text format, for a Prometheus to scrape.
 dcgm-exporter itself cannot run here (it needs a GPU and DCGM). This serves what its
 default counters file exports, with its labels (`gpu`, `UUID`, `device`, `modelName`,
 `Hostname`, `DCGM_FI_DRIVER_VERSION`, `pci_bus_id`) and units (framebuffer in MiB,
-power in W, temperature in C, `DCGM_FI_DEV_XID_ERRORS` the last XID seen). The values are
-fixed at start, from a JSON file, so a test knows exactly what Prometheus holds.
+power in W, temperature in C, `DCGM_FI_DEV_XID_ERRORS` the last XID seen). The values come
+from a JSON file, read at each scrape, so a test knows exactly what Prometheus holds and
+can change it.
 
     python -m tests.dcgm_exporter_double --port P --gpus gpus.json --hostname local
 
@@ -72,14 +73,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hostname", required=True)
     parser.add_argument("--gpus", required=True, help="a JSON file: one object per GPU")
     args = parser.parse_args(argv)
-    with open(args.gpus, encoding="utf-8") as f:
-        body = render(args.hostname, json.load(f)).encode()
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # http.server's name
             if self.path.split("?")[0] != "/metrics":
                 self.send_error(404)
                 return
+            with open(args.gpus, encoding="utf-8") as f:
+                body = render(args.hostname, json.load(f)).encode()
             self.send_response(200)
             self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
             self.send_header("Content-Length", str(len(body)))

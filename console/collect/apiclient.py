@@ -72,13 +72,15 @@ async def request(
     *,
     json: object = None,
     params: dict[str, str | int] | None = None,
+    form: dict[str, str] | None = None,
     deadline_s: float,
     max_bytes: int = MAX_ANSWER_BYTES,
 ) -> tuple[int, bytes]:
-    """One call, answered in full within `deadline_s` and `max_bytes`: (status, body)."""
+    """One call, answered in full within `deadline_s` and `max_bytes`: (status, body).
+    `form` is sent as the body, form-encoded."""
     try:
         async with asyncio.timeout(deadline_s):
-            async with http.stream(method, path, json=json, params=params) as resp:
+            async with http.stream(method, path, json=json, params=params, data=form) as resp:
                 return resp.status_code, await _body(resp, max_bytes)
     except TimeoutError:
         raise NoAnswer(f"no answer within {deadline_s:g} s") from None

@@ -64,6 +64,9 @@ QUANTILES = (("p50", "0.5"), ("p95", "0.95"), ("p99", "0.99"))
 TAG = "er_figure"  # the label our queries add to say which figure a sample is
 
 
+SLICE = "<slice>"  # where a query's template takes a slice's label matcher
+
+
 @dataclass(frozen=True, slots=True)
 class Query:
     """One instant query: `family` says how its answer is read (`kind` for engines)."""
@@ -71,21 +74,32 @@ class Query:
     family: (
         str  # up | gpu | gpu_id | agent_gpu | agent_engine | agent_model | gauges | hist | counters
     )
-    expr: str
+    expr: str  # the whole fleet
     kind: str | None = None  # the engine kind, for the engine families
     figure: str | None = None  # ttft | itl | e2e, for "hist"
-    # What makes it incremental: the labels a sample of `expr` shares with `newest`, an
-    # expression giving the newest sample's time per such group (one series scraped
-    # with the rest of the family).
-    on: str | None = None
-    newest: str | None = None
+    # `expr` with a SLICE in every selector (None: never sliced). A slice puts a label
+    # matcher there, so Prometheus reads only the series it selects; a filter on the
+    # answer (`and on (...) timestamp(...) > t`) would make it read all, then drop most.
+    template: str | None = None
 
-    def since(self, t: float) -> str:
-        """Only what was scraped after `t` (unix s): at a 2 s refresh over 30 s scrapes,
-        a fifteenth of the fleet. The whole fleet when the family cannot say."""
-        if self.on is None or self.newest is None:
-            return self.expr
-        return f"({self.expr}) and on ({self.on}) ({self.newest} > {t:.3f})"
+    def sliced(self, matcher: str) -> str:
+        """Only the series `matcher` (`label=~"a|b"`) selects, in every selector."""
+        assert self.template is not None, f"the {self.family} query is never sliced"
+        return self.template.replace(SLICE, matcher)
+
+
+def _sliceable(
+    family: str, template: str, kind: str | None = None, figure: str | None = None
+) -> Query:
+    whole = template.replace("{" + SLICE + "}", "").replace("," + SLICE, "")
+    return Query(family, whole, kind, figure, template)
+
+
+def _sel(selector: str) -> str:
+    """A series selector (`name`, `name{a="b"}` or `{__name__=~"..."}`) with a SLICE."""
+    if selector.endswith("}"):
+        return f"{selector[:-1]},{SLICE}}}"
+    return f"{selector}{{{SLICE}}}"
 
 
 class Sample(msgspec.Struct):
@@ -115,6 +129,10 @@ def _names(names: object) -> str:
     return "|".join(sorted(set(names)))  # type: ignore[call-overload]
 
 
+def _any(names: object) -> str:
+    return f'{{__name__=~"{_names(names)}"}}'
+
+
 def _tag(expr: str, value: str) -> str:
     return f'label_replace({expr}, "{TAG}", "{value}", "", "")'
 
@@ -126,78 +144,57 @@ def fleet_queries(section: PrometheusSection, engines: dict[str, PromSeries]) ->
     gpu = section.labels.gpu
     window = f"{section.window_s:g}s"
     gpu_on = f"{nl}, {gpu}"
-    gpu_newest = f"max by ({gpu_on}) (timestamp(DCGM_FI_DEV_GPU_TEMP))"
-    agent_gpu_newest = "max by (node, gpu) (timestamp(engineroom_gpu_temperature_celsius))"
-    agent_newest = "max by (node, engine) (timestamp(engineroom_engine_state))"
     queries = [
         Query("up", "up == 0"),  # only the targets Prometheus cannot scrape
-        Query(
+        _sliceable(
             "gpu",
-            f'max by (__name__, {gpu_on}) ({{__name__=~"{_names(DCGM_READINGS)}"}})',
-            on=gpu_on,
-            newest=gpu_newest,
+            f"max by (__name__, {gpu_on}) ({_sel(_any(DCGM_READINGS))})",
         ),
-        Query(
+        _sliceable(
             "gpu_id",
             f"max by ({gpu_on}, {DCGM_UUID}, {DCGM_MODEL}, {DCGM_DRIVER}) "
-            f'({{__name__=~"DCGM_FI_DEV_GPU_TEMP|DCGM_FI_DEV_GPU_UTIL"}})',
-            on=gpu_on,
-            newest=gpu_newest,
+            f"({_sel(_any(['DCGM_FI_DEV_GPU_TEMP', 'DCGM_FI_DEV_GPU_UTIL']))})",
         ),
-        Query(
-            "agent_gpu",
-            f'{{__name__=~"{_names(AGENT_GPU)}"}}',
-            on="node, gpu",
-            newest=agent_gpu_newest,
-        ),
-        Query(
-            "agent_engine",
-            "engineroom_engine_state == 1",
-            on="node, engine",
-            newest=agent_newest,
-        ),
-        Query(
-            "agent_model",
-            f'{{__name__=~"{_names([*AGENT_MODEL, *AGENT_LATENCY])}"}}',
-            on="node, engine",
-            newest=agent_newest,
-        ),
+        _sliceable("agent_gpu", _sel(_any(AGENT_GPU))),
+        _sliceable("agent_engine", f"{_sel('engineroom_engine_state')} == 1"),
+        _sliceable("agent_model", _sel(_any([*AGENT_MODEL, *AGENT_LATENCY]))),
     ]
     for kind, ps in sorted(engines.items()):
         model = section.labels.model.get(kind, ps.model_label)
         by = f"{nl}, {model}"
-        newest = f"max by ({by}) (timestamp({ps.present}))"
         summed = [n for n in (ps.present, ps.running, ps.waiting) if n]
-        gauges = f'sum by (__name__, {by}) ({{__name__=~"{_names(summed)}"}})'
+        gauges = f"sum by (__name__, {by}) ({_sel(_any(summed))})"
         if ps.kv_cache:
-            gauges += f" or max by (__name__, {by}) ({ps.kv_cache})"
-        queries.append(Query("gauges", gauges, kind, on=by, newest=newest))
+            gauges += f" or max by (__name__, {by}) ({_sel(ps.kv_cache)})"
+        queries.append(_sliceable("gauges", gauges, kind))
         for figure, name in sorted(ps.histograms.items()):
+            bucket, count, total = (_sel(f"{name}_{s}") for s in ("bucket", "count", "sum"))
             terms = [
                 _tag(
-                    f"histogram_quantile({q}, sum by (le, {by}) (rate({name}_bucket[{window}])))",
+                    f"histogram_quantile({q}, sum by (le, {by}) (rate({bucket}[{window}])))",
                     key,
                 )
                 for key, q in QUANTILES
             ]
-            terms.append(_tag(f"sum by ({by}) (increase({name}_count[{window}]))", "count"))
+            terms.append(_tag(f"sum by ({by}) (increase({count}[{window}]))", "count"))
             terms.append(
                 _tag(
-                    f"sum by ({by}) (rate({name}_sum[{window}])) "
-                    f"/ sum by ({by}) (rate({name}_count[{window}]))",
+                    f"sum by ({by}) (rate({total}[{window}])) "
+                    f"/ sum by ({by}) (rate({count}[{window}]))",
                     "mean",
                 )
             )
-            queries.append(Query("hist", " or ".join(terms), kind, figure, by, newest))
+            queries.append(_sliceable("hist", " or ".join(terms), kind, figure))
             queries[-1] = _recorded(queries[-1], section, f"{kind}:{figure}:{window}")
         terms = []
         if ps.requests:
-            requests = f'{{__name__=~"{_names(ps.requests)}"}}'
+            requests = _sel(_any(ps.requests))
             terms.append(_tag(f"sum by ({by}) (rate({requests}[{window}]))", "requests"))
         if ps.errors:
-            errors = " + ".join(f"sum by ({by}) (rate({e}[{window}]))" for e in ps.errors)
+            errors = " + ".join(f"sum by ({by}) (rate({_sel(e)}[{window}]))" for e in ps.errors)
             terms.append(_tag(errors, "errors"))
         for figure, (total, count) in sorted(ps.means.items()):
+            total, count = _sel(total), _sel(count)
             terms.append(
                 _tag(
                     f"sum by ({by}) (rate({total}[{window}])) "
@@ -207,7 +204,7 @@ def fleet_queries(section: PrometheusSection, engines: dict[str, PromSeries]) ->
             )
             terms.append(_tag(f"sum by ({by}) (increase({count}[{window}]))", f"count:{figure}"))
         if terms:
-            queries.append(Query("counters", " or ".join(terms), kind, on=by, newest=newest))
+            queries.append(_sliceable("counters", " or ".join(terms), kind))
             queries[-1] = _recorded(queries[-1], section, f"{kind}:counters:{window}")
     return queries
 
@@ -219,9 +216,7 @@ def _recorded(query: Query, section: PrometheusSection, name: str) -> Query:
     """With `recorded`, the query reads the series its recording rule keeps."""
     if not section.recorded:
         return query
-    record = RECORDED + name
-    newest = f"max by ({query.on}) (timestamp({record}))"
-    return Query(query.family, record, query.kind, query.figure, query.on, newest)
+    return _sliceable(query.family, _sel(RECORDED + name), query.kind, query.figure)
 
 
 def recording_rules(
@@ -245,6 +240,16 @@ def recording_rules(
 
 def _quoted(value: str) -> str:
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+
+
+RE2_SPECIAL = frozenset("\\.+*?()|[]{}^$")
+
+
+def matcher(label: str, values: list[str]) -> str:
+    """`label=~"a|b|..."`: the series whose `label` is one of `values`, exactly (Prometheus
+    looks a set of literals up in its index rather than testing each value)."""
+    literal = ("".join("\\" + c if c in RE2_SPECIAL else c for c in v) for v in values)
+    return f"{label}=~{_quoted('|'.join(literal))}"
 
 
 def history_queries(

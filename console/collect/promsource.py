@@ -9,6 +9,13 @@ node, so every screen and `engineroom check` work unchanged. A node whose readin
 not change since the last refresh keeps its snapshot object, so the view redoes nothing
 for it (Prometheus' figures change once a scrape, typically every 15-30 s).
 
+A large fleet is read in slices. A whole read learns, for each query with a large
+answer, the label that names its nodes (the one on every sample with the most values)
+and splits those values into slices; each refresh in between reads the next slice of
+each such query, selected by a label matcher (`node=~"a|b|..."`), so Prometheus touches
+only those series (docs/scale.md measured why a timestamp filter does not do this). The
+whole fleet again, to find nodes that came or went, at most a tenth of the time.
+
 Nodes come from fleet.toml, from the series (`[prometheus] discover`), or both. A node
 with an agent keeps its actions: `PromSource` is a `Collector` whose agents are asked only
 what our token may do (`roles`), never for snapshots.
@@ -33,18 +40,24 @@ from console.collect.promql import (
     Sample,
     fleet_queries,
     history_queries,
+    matcher,
 )
 from console.collect.promread import FleetReader, NodeReadings, merged, number
 from console.core.config import Fleet, MissingSecret, PrometheusSection
 from console.core.plugin import PromSeries, plugin_kinds
 
 HISTORY_POINTS = 240  # a range query's points: an hour at 15 s
-# Between whole-fleet refreshes, a refresh asks only for what was scraped since the last
-# one. The whole fleet again every FULL_EVERY_S finds nodes gone and anything missed.
+# The whole fleet is read again FULL_EVERY_S after the last whole read ended, or WHOLE_SHARE
+# times as long as that read took if longer (at 10,000 nodes here: 30 s a whole read).
 FULL_EVERY_S = 30.0
+WHOLE_SHARE = 10
+# A query whose whole answer has this many samples is read in slices in between, each
+# slice once in about SLICE_CYCLE_S (under a typical scrape interval). Smaller ones, and
+# every query of a small fleet, are read whole each refresh.
+SLICE_MIN_SAMPLES = 5_000
+SLICE_CYCLE_S = 20.0
 READ_SLICE = 20_000  # samples read before the console may answer a key
 APPLY_SLICE = 1_000  # nodes made into snapshots before it may
-SCRAPE_LAG_S = 5.0  # a sample is stamped when its scrape starts; it lands up to this later
 
 
 class PromError(Exception):
@@ -64,7 +77,7 @@ class SourceHealth:
     wall_s: float | None = None  # the refresh, from the first query out to the last answer
     samples: int = 0
     nodes: int = 0
-    full: bool | None = None  # the last refresh asked for the whole fleet
+    full: bool | None = None  # the last refresh asked for the whole fleet (else slices)
     last_ok: float | None = None  # monotonic
 
     def line(self) -> str:
@@ -79,6 +92,8 @@ class SourceHealth:
         )
         wall = f"{self.wall_s or 0:.2f} s a refresh"
         text = f"prometheus {self.url}: {self.queries} queries{took}, {wall}"
+        if self.full is False:
+            text += " (a slice of the fleet)"
         if self.error:
             text += f"; {self.failed} failed: {self.error}"
         return text
@@ -134,8 +149,12 @@ class PromSource(Collector):
         self.reader = FleetReader(fleet, self.section, self.engines)
         self._readings: dict[str, NodeReadings] = {}  # what each snapshot was made from
         self._current: dict[str, NodeReadings] = {}  # the fleet as of the last refresh
-        self._full_at: float | None = None  # monotonic, the last whole-fleet refresh
-        self._since: float | None = None  # unix, the last refresh's evaluation time
+        self._whole_end: float | None = None  # monotonic, when the last whole read ended
+        self._whole_took = 0.0  # how long it took
+        # Per query (by index), the label matchers of its slices, from the last whole read.
+        self._slices: dict[int, list[str]] = {}
+        self._turn = 0  # the refreshes in slices since then: which slice is next
+        self.slice_min_samples = SLICE_MIN_SAMPLES
         self._http: Any = None
         self._headers, self._auth_error = self._auth()
 
@@ -195,11 +214,14 @@ class PromSource(Collector):
         if self._auth_error is not None:
             self._all_failed(self._auth_error)
             return
-        full = self._full_at is None or started - self._full_at >= FULL_EVERY_S
-        since = (self._since or at) - SCRAPE_LAG_S
+        slices = {} if self._whole_due(started) else self._slices
+        full = not slices  # every query reads the whole fleet
+        exprs = [
+            q.expr if i not in slices else q.sliced(slices[i][self._turn % len(slices[i])])
+            for i, q in enumerate(self.queries)
+        ]
         answers = await asyncio.gather(
-            *(self._instant(q.expr if full else q.since(since), at) for q in self.queries),
-            return_exceptions=True,
+            *(self._instant(expr, at) for expr in exprs), return_exceptions=True
         )
         health = self.health
         health.wall_s = time.monotonic() - started
@@ -219,37 +241,59 @@ class PromSource(Collector):
         prom_s = 0.0
         samples = 0
         nodes: dict[str, NodeReadings] = {}
-        for query, answer in zip(self.queries, answers, strict=True):
+        learnt: dict[int, _Slicer] = {}
+        for i, (query, answer) in enumerate(zip(self.queries, answers, strict=True)):
             if isinstance(answer, BaseException):
                 continue
             result, took = answer
             prom_s += took
             samples += len(result)
+            slicer = None
+            if full and query.template is not None and len(result) >= self.slice_min_samples:
+                slicer = learnt[i] = _Slicer([*self.reader.node_labels, "instance"])
             # In slices, letting the console answer keys in between: 900,000 samples at
             # 10,000 nodes are a second or two of reading.
             for first in range(0, len(result), READ_SLICE):
-                self.reader.read(query, result[first : first + READ_SLICE], nodes)
+                chunk = result[first : first + READ_SLICE]
+                self.reader.read(query, chunk, nodes)
+                if slicer is not None:
+                    slicer.feed(chunk)
                 await asyncio.sleep(0)
         health.ok, health.prometheus_s, health.samples = True, prom_s, samples
         health.full = full
         health.last_ok = time.monotonic()
         if full:
-            self._current, self._full_at = nodes, started
+            self._current = nodes
+            count = max(2, round(SLICE_CYCLE_S / self.refresh_s))
+            self._slices = {
+                i: matchers
+                for i, slicer in learnt.items()
+                if (matchers := slicer.matchers(count)) is not None
+            }
+            self._turn = 0
         else:
             for name, partial in nodes.items():
                 self._current[name] = merged(self._current.get(name), partial)
-        self._since = at
+            self._turn += 1
         await self._apply()
         health.nodes = len(self._current)
+        if full:
+            self._whole_end = time.monotonic()
+            self._whole_took = self._whole_end - started
+
+    def _whole_due(self, now: float) -> bool:
+        if self._whole_end is None:
+            return True
+        return now - self._whole_end >= max(FULL_EVERY_S, WHOLE_SHARE * self._whole_took)
 
     async def _instant(self, expr: str, at: float) -> tuple[list[Sample], float]:
         assert self._http is not None, "use the source as an async context manager"
         try:
             status, body = await apiclient.request(
                 self._http,
-                "GET",
+                "POST",  # a slice's matcher can be longer than a proxy takes in a URL
                 "/api/v1/query",
-                params={"query": expr, "time": f"{at:.3f}", "stats": "all"},
+                form={"query": expr, "time": f"{at:.3f}", "stats": "all"},
                 deadline_s=self.timeout_s,
                 max_bytes=self.section.max_response_bytes,
             )
@@ -344,6 +388,36 @@ class PromSource(Collector):
                 state.polls += 1
             if self.on_update is not None:
                 self.on_update(state)
+
+
+class _Slicer:
+    """Learns, from a whole answer, the label that splits a query into slices: one on
+    every sample (a slice must not miss any), with the most values."""
+
+    def __init__(self, labels: list[str]) -> None:
+        self.values: dict[str, set[str]] = {label: set() for label in labels}
+
+    def feed(self, samples: list[Sample]) -> None:
+        labels = list(self.values)
+        for sample in samples:
+            for label in labels:
+                value = sample.metric.get(label)
+                if value is None:
+                    self.values.pop(label, None)
+                else:
+                    self.values[label].add(value)
+            if len(self.values) < len(labels):
+                labels = [label for label in labels if label in self.values]
+
+    def matchers(self, count: int) -> list[str] | None:
+        """`count` label matchers (fewer when there are fewer values) that together
+        select every sample; None when no label splits the answer."""
+        label, values = max(self.values.items(), key=lambda kv: len(kv[1]), default=("", set()))
+        if len(values) < 2:
+            return None
+        ordered = sorted(values)
+        count = min(count, len(ordered))
+        return [matcher(label, ordered[k::count]) for k in range(count)]
 
 
 def _result(status: int, body: bytes) -> tuple[list[Sample], float]:

@@ -1,0 +1,171 @@
+"""A large fleet is read from Prometheus in slices (issue 16's 10,000 nodes).
+
+A real Prometheus on loopback scrapes three dcgm-exporter TEST DOUBLEs (dcgm-exporter
+needs a GPU and DCGM), one per host, every second. The console is told to slice even
+this small fleet, and must then read one host a refresh, selected by a label matcher,
+and still see every host's new readings within one turn of the slices.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from functools import partial
+from pathlib import Path
+
+import pytest
+
+from console.collect.promql import SLICE, fleet_queries, matcher
+from console.collect.promsource import PromSource
+from console.core.config import parse_fleet
+from console.core.plugin import plugin_kinds
+from tests.engines.servers import free_port, stop, wait_until
+from tests.prometheus_proc import PrometheusProc, promtool, start_prometheus, stop_prometheus
+
+pytestmark = pytest.mark.engines
+
+# Sorted, one a slice. A matcher that forgot to escape "." would take gpuX1 with gpu.1.
+HOSTS = ("gpu-2", "gpu.1", "gpuX1")
+GPUS_PER_HOST = 2
+
+
+def prometheus_only(url: str, **extra: str) -> str:
+    settings = "".join(f"{k} = {v}\n" for k, v in extra.items())
+    return f'[fleet]\nname = "p"\n[prometheus]\nurl = "{url}"\n{settings}'
+
+
+def listening(port: int, process: subprocess.Popen[bytes]) -> bool:
+    if process.poll() is not None:
+        raise RuntimeError(f"a dcgm-exporter double exited with {process.returncode}")
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def write_gpus(path: Path, temp: int) -> None:
+    """The double's readings, replaced whole (it reads the file at each scrape)."""
+    gpus = [{"util": 50, "fb_used": 1000, "fb_free": 9000, "temp": temp + i, "power": 100}
+            for i in range(GPUS_PER_HOST)]  # fmt: skip
+    path.with_suffix(".tmp").write_text(json.dumps(gpus))
+    os.replace(path.with_suffix(".tmp"), path)
+
+
+@pytest.fixture(scope="module")
+def three_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[PrometheusProc, dict]]:
+    work = tmp_path_factory.mktemp("slices")
+    files = {host: work / f"{host}.json" for host in HOSTS}
+    doubles: list[subprocess.Popen[bytes]] = []
+    prom = None
+    try:
+        jobs = []
+        for host, path in files.items():
+            write_gpus(path, 40)
+            port = free_port()
+            log = work / f"{host}.log"
+            argv = [sys.executable, "-m", "tests.dcgm_exporter_double", "--port", str(port),
+                    "--hostname", host, "--gpus", str(path)]  # fmt: skip
+            with log.open("wb") as out:
+                double = subprocess.Popen(
+                    argv,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    cwd=Path(__file__).parents[1],
+                    start_new_session=True,
+                )
+            doubles.append(double)
+            wait_until(partial(listening, port, double), 30, what=f"the double of {host}")
+            jobs.append({"job_name": host, "static_configs": [{"targets": [f"127.0.0.1:{port}"]}]})
+        prom = start_prometheus(work / "prometheus", jobs)
+        prom.wait_targets_up(len(HOSTS), timeout=60)
+        yield prom, files
+    finally:
+        if prom is not None:
+            stop_prometheus(prom)
+        for process in doubles:
+            stop(process, grace=5)
+
+
+def temps(source: PromSource) -> dict[str, list[float | None]]:
+    return {
+        name: [g.temperature_c for g in state.snapshot.gpus]
+        for name, state in source.states.items()
+        if state.snapshot is not None
+    }
+
+
+def test_a_large_fleet_is_read_one_slice_a_refresh_and_every_slice_in_turn(three_hosts):
+    prom, files = three_hosts
+    fleet = parse_fleet(prometheus_only(prom.url))
+
+    async def go() -> None:
+        async with PromSource(fleet, refresh_s=2.0) as source:
+            source.slice_min_samples = 1  # slice this small fleet as a large one
+            await source.refresh()
+            health = source.health
+            assert health.ok and health.full and not health.failed, health.line()
+            whole = health.samples
+            assert temps(source) == {h: [40.0, 41.0] for h in HOSTS}
+
+            for _ in range(len(HOSTS)):  # one host a refresh; the others are kept
+                await source.refresh()
+                assert source.health.full is False, source.health.line()
+                assert source.health.samples * len(HOSTS) == whole
+                assert temps(source) == {h: [40.0, 41.0] for h in HOSTS}
+
+            for path in files.values():
+                write_gpus(path, 70)
+            prom.wait_query(
+                "DCGM_FI_DEV_GPU_TEMP >= 70",
+                accept=lambda r: len(r) == len(HOSTS) * GPUS_PER_HOST,
+            )
+            for turn in range(1, len(HOSTS) + 1):
+                await source.refresh()
+                assert source.health.full is False
+                now = temps(source)
+                fresh = [h for h in HOSTS if now[h] == [70.0, 71.0]]
+                assert len(fresh) == turn, now  # exactly one more host each refresh
+                assert all(now[h] == [40.0, 41.0] for h in HOSTS if h not in fresh), now
+
+    asyncio.run(go())
+
+
+def test_a_small_fleet_is_read_whole_every_refresh(three_hosts):
+    prom, _ = three_hosts
+    fleet = parse_fleet(prometheus_only(prom.url))
+
+    async def go() -> None:
+        async with PromSource(fleet, refresh_s=2.0) as source:
+            for _ in range(3):
+                await source.refresh()
+                assert source.health.full is True, source.health.line()
+                assert sorted(source.states) == sorted(HOSTS)
+
+    asyncio.run(go())
+
+
+@pytest.mark.parametrize("recorded", [False, True])
+def test_every_sliced_query_is_promql_that_promtool_accepts(recorded, tmp_path):
+    """Each query the console slices, with a matcher in every selector, as promtool
+    parses it; the whole query is the same text without it."""
+    fleet = parse_fleet(prometheus_only("http://127.0.0.1:1", recorded=str(recorded).lower()))
+    assert fleet.prometheus is not None
+    engines = {k: c.prometheus for k, c in plugin_kinds().items() if c.prometheus}
+    queries = fleet_queries(fleet.prometheus, engines)
+    sliced = [q for q in queries if q.template is not None]
+    assert len(sliced) == len(queries) - 1  # all but `up == 0`
+    values = ["10.0.0.1:8000", 'a"b\\c', "x|y"]
+    rules = []
+    for n, q in enumerate(sliced):
+        assert SLICE not in q.expr
+        text = q.sliced(matcher("instance", values))
+        assert text.count('instance=~"') == q.template.count(SLICE) >= 1
+        rules.append({"record": f"t:{n}", "expr": text})
+    path = tmp_path / "rules.yml"
+    path.write_text(json.dumps({"groups": [{"name": "t", "rules": rules}]}))
+    result = promtool("check", "rules", str(path))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"SUCCESS: {len(rules)} rules found" in result.stdout
