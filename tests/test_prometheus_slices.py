@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -20,8 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from console.collect.promql import SLICE, fleet_queries, matcher
-from console.collect.promsource import PromSource
+from console.collect.promql import SLICE, Sample, fleet_queries, matcher
+from console.collect.promread import FleetReader
+from console.collect.promsource import PromSource, _Slicer
 from console.core.config import parse_fleet
 from console.core.plugin import plugin_kinds
 from tests.engines.servers import free_port, stop, wait_until
@@ -169,3 +171,44 @@ def test_every_sliced_query_is_promql_that_promtool_accepts(recorded, tmp_path):
     result = promtool("check", "rules", str(path))
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"SUCCESS: {len(rules)} rules found" in result.stdout
+
+
+def test_slice_k_of_every_query_holds_the_same_nodes():
+    """The GPU series name a node by `Hostname`, vLLM's by `instance` (two a node): each
+    query's slice k selects the same nodes, so a refresh rebuilds a k-th of the fleet's
+    snapshots, not a k-th for each query."""
+    fleet = parse_fleet(prometheus_only("http://127.0.0.1:1"))
+    assert fleet.prometheus is not None
+    engines = {k: c.prometheus for k, c in plugin_kinds().items() if c.prometheus}
+    reader = FleetReader(fleet, fleet.prometheus, engines)
+    queries = fleet_queries(fleet.prometheus, engines)
+    gpu = next(q for q in queries if q.family == "gpu")
+    ttft = next(q for q in queries if q.family == "hist" and q.figure == "ttft")
+    nodes = [f"gpu-{i}.dc1" for i in range(7)]
+    gpu_samples = [
+        Sample({"__name__": "DCGM_FI_DEV_GPU_TEMP", "Hostname": n, "gpu": str(g),
+                "instance": f"10.0.0.{i}:9400"}, (0.0, "40"))
+        for i, n in enumerate(nodes) for g in range(2)
+    ]  # fmt: skip
+    vllm_samples = [
+        Sample({"node": n, "instance": f"10.0.1.{6 - i}:{8000 + d}", "model_name": "m",
+                "er_figure": "p95"}, (0.0, "0.1"))
+        for i, n in enumerate(nodes) for d in range(2)
+    ]  # fmt: skip
+    slice_of = {n: k % 3 for k, n in enumerate(sorted(nodes))}
+    picked = []
+    for query, samples in ((gpu, gpu_samples), (ttft, vllm_samples)):
+        slicer = _Slicer(["node", "Hostname", "instance"], partial(reader.node_of, query))
+        slicer.feed(samples)
+        matchers = slicer.matchers(slice_of, 3)
+        assert matchers is not None and None not in matchers
+        chosen = []
+        for m in matchers:
+            label, _, quoted = m.partition("=~")
+            pattern = json.loads(quoted)
+            chosen.append({reader.node_of(query, s.metric) for s in samples
+                           if re.fullmatch(pattern, s.metric[label])})  # fmt: skip
+        assert set().union(*chosen) == set(nodes)
+        picked.append(chosen)
+    assert picked[0] == picked[1]
+    assert picked[0] == [{n for n in nodes if slice_of[n] == k} for k in range(3)]

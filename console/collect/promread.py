@@ -193,6 +193,17 @@ class FleetReader:
             return found.node, found.engine_id, found
         return self._node_of(labels) or "?", engine_id(kind, instance), None
 
+    def node_of(self, query: Query, labels: dict[str, str]) -> str | None:
+        """The node a sample of `query` is read into (None: none)."""
+        if query.family in ("gpu", "gpu_id"):
+            return self._node_of(labels)
+        if query.family.startswith("agent_"):
+            return labels.get("node")
+        if query.family == "up":
+            found = self._addresses.get(labels.get("instance", ""))
+            return found.node if found else None
+        return self._engine_of(labels, query.kind or "?")[0]
+
     def read(self, query: Query, result: list[Sample], nodes: Nodes) -> None:
         read = {
             "up": self._read_up,

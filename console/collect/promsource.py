@@ -29,6 +29,7 @@ import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import msgspec
@@ -37,6 +38,7 @@ from console.collect import apiclient
 from console.collect.collector import Collector, NodeState
 from console.collect.promql import (
     ANSWER,
+    Query,
     Sample,
     fleet_queries,
     history_queries,
@@ -56,8 +58,8 @@ WHOLE_SHARE = 10
 # every query of a small fleet, are read whole each refresh.
 SLICE_MIN_SAMPLES = 5_000
 SLICE_CYCLE_S = 20.0
-READ_SLICE = 20_000  # samples read before the console may answer a key
-APPLY_SLICE = 1_000  # nodes made into snapshots before it may
+READ_SLICE = 5_000  # samples read before the console may answer a key (about 20 ms)
+APPLY_SLICE = 250  # nodes made into snapshots before it may (up to about 30 ms)
 
 
 class PromError(Exception):
@@ -152,7 +154,7 @@ class PromSource(Collector):
         self._whole_end: float | None = None  # monotonic, when the last whole read ended
         self._whole_took = 0.0  # how long it took
         # Per query (by index), the label matchers of its slices, from the last whole read.
-        self._slices: dict[int, list[str]] = {}
+        self._slices: dict[int, list[str | None]] = {}
         self._turn = 0  # the refreshes in slices since then: which slice is next
         self.slice_min_samples = SLICE_MIN_SAMPLES
         self._http: Any = None
@@ -216,12 +218,9 @@ class PromSource(Collector):
             return
         slices = {} if self._whole_due(started) else self._slices
         full = not slices  # every query reads the whole fleet
-        exprs = [
-            q.expr if i not in slices else q.sliced(slices[i][self._turn % len(slices[i])])
-            for i, q in enumerate(self.queries)
-        ]
         answers = await asyncio.gather(
-            *(self._instant(expr, at) for expr in exprs), return_exceptions=True
+            *(self._instant(self._expr(i, q, slices), at) for i, q in enumerate(self.queries)),
+            return_exceptions=True,
         )
         health = self.health
         health.wall_s = time.monotonic() - started
@@ -250,7 +249,9 @@ class PromSource(Collector):
             samples += len(result)
             slicer = None
             if full and query.template is not None and len(result) >= self.slice_min_samples:
-                slicer = learnt[i] = _Slicer([*self.reader.node_labels, "instance"])
+                slicer = learnt[i] = _Slicer(
+                    [*self.reader.node_labels, "instance"], partial(self.reader.node_of, query)
+                )
             # In slices, letting the console answer keys in between: 900,000 samples at
             # 10,000 nodes are a second or two of reading.
             for first in range(0, len(result), READ_SLICE):
@@ -264,16 +265,18 @@ class PromSource(Collector):
         health.last_ok = time.monotonic()
         if full:
             self._current = nodes
-            count = max(2, round(SLICE_CYCLE_S / self.refresh_s))
+            # Node n (by name) is in slice n % count, in every query.
+            count = min(len(nodes), max(2, round(SLICE_CYCLE_S / self.refresh_s)))
+            slice_of = {name: n % count for n, name in enumerate(sorted(nodes))}
             self._slices = {
                 i: matchers
                 for i, slicer in learnt.items()
-                if (matchers := slicer.matchers(count)) is not None
+                if count >= 2 and (matchers := slicer.matchers(slice_of, count)) is not None
             }
             self._turn = 0
         else:
-            for name, partial in nodes.items():
-                self._current[name] = merged(self._current.get(name), partial)
+            for name, readings in nodes.items():
+                self._current[name] = merged(self._current.get(name), readings)
             self._turn += 1
         await self._apply()
         health.nodes = len(self._current)
@@ -281,13 +284,24 @@ class PromSource(Collector):
             self._whole_end = time.monotonic()
             self._whole_took = self._whole_end - started
 
+    def _expr(self, index: int, query: Query, slices: dict[int, list[str | None]]) -> str | None:
+        """What `query` asks this refresh: the whole fleet, this turn's slice of it, or
+        nothing (None) when it has no series in this turn's slice."""
+        if index not in slices:
+            return query.expr
+        turn = slices[index]
+        matcher = turn[self._turn % len(turn)]
+        return None if matcher is None else query.sliced(matcher)
+
     def _whole_due(self, now: float) -> bool:
         if self._whole_end is None:
             return True
         return now - self._whole_end >= max(FULL_EVERY_S, WHOLE_SHARE * self._whole_took)
 
-    async def _instant(self, expr: str, at: float) -> tuple[list[Sample], float]:
+    async def _instant(self, expr: str | None, at: float) -> tuple[list[Sample], float]:
         assert self._http is not None, "use the source as an async context manager"
+        if expr is None:  # nothing to ask
+            return [], 0.0
         try:
             status, body = await apiclient.request(
                 self._http,
@@ -392,32 +406,36 @@ class PromSource(Collector):
 
 class _Slicer:
     """Learns, from a whole answer, the label that splits a query into slices: one on
-    every sample (a slice must not miss any), with the most values."""
+    every sample (a slice must not miss any), with the most values, and which node each
+    value belongs to, so that every query's slice k holds the same nodes."""
 
-    def __init__(self, labels: list[str]) -> None:
-        self.values: dict[str, set[str]] = {label: set() for label in labels}
+    def __init__(self, labels: list[str], node_of: Callable[[dict[str, str]], str | None]):
+        self.values: dict[str, dict[str, str]] = {label: {} for label in labels}
+        self.node_of = node_of
 
     def feed(self, samples: list[Sample]) -> None:
         labels = list(self.values)
         for sample in samples:
+            node = self.node_of(sample.metric) or "?"
             for label in labels:
                 value = sample.metric.get(label)
                 if value is None:
                     self.values.pop(label, None)
                 else:
-                    self.values[label].add(value)
+                    self.values[label].setdefault(value, node)
             if len(self.values) < len(labels):
                 labels = [label for label in labels if label in self.values]
 
-    def matchers(self, count: int) -> list[str] | None:
-        """`count` label matchers (fewer when there are fewer values) that together
-        select every sample; None when no label splits the answer."""
-        label, values = max(self.values.items(), key=lambda kv: len(kv[1]), default=("", set()))
+    def matchers(self, slice_of: dict[str, int], count: int) -> list[str | None] | None:
+        """A label matcher per slice (None: nothing of this query there), the nodes'
+        slices as `slice_of` says; None when no label splits the answer."""
+        label, values = max(self.values.items(), key=lambda kv: len(kv[1]), default=("", {}))
         if len(values) < 2:
             return None
-        ordered = sorted(values)
-        count = min(count, len(ordered))
-        return [matcher(label, ordered[k::count]) for k in range(count)]
+        groups: list[list[str]] = [[] for _ in range(count)]
+        for value, node in values.items():
+            groups[slice_of.get(node, 0)].append(value)
+        return [matcher(label, sorted(group)) if group else None for group in groups]
 
 
 def _result(status: int, body: bytes) -> tuple[list[Sample], float]:

@@ -25,6 +25,7 @@ from console.core.config import Deployment, Fleet, Model
 from console.core.snapshot import Engine, Gpu, ModelStats, Snapshot, TrtEngine
 
 SloState = Literal["ok", "breach", "unknown"]
+UNDECLARED_KEPT = 10_000  # models served but not in fleet.toml, each made once
 
 
 @dataclass
@@ -277,6 +278,7 @@ class ViewBuilder:
     def __init__(self, fleet: Fleet) -> None:
         self.fleet = fleet
         self._models = {m.name: m for m in fleet.models}
+        self._undeclared: dict[str, Model] = {}  # models seen served, not in fleet.toml
         self._declared: dict[str, list[tuple[Model, Deployment]]] = {}
         for model in fleet.models:
             for dep in model.deployments:
@@ -396,6 +398,16 @@ class ViewBuilder:
         )
         return FleetView(summary, node_rows, cells, models, alerts, by_node)
 
+    def _model(self, name: str) -> Model:
+        """fleet.toml's model, or one it does not declare (no SLO), made once: 20,000
+        deployments at 10,000 nodes made a pydantic model each, with its defaults copied."""
+        model = self._models.get(name) or self._undeclared.get(name)
+        if model is None:
+            model = Model(name=name)
+            if len(self._undeclared) < UNDECLARED_KEPT:  # names an engine made up: bounded
+                self._undeclared[name] = model
+        return model
+
     def _part(
         self,
         name: str,
@@ -426,9 +438,7 @@ class ViewBuilder:
                 reason=engine.reason,
                 weight=None,
                 stats=stats,
-                slo=slo_states(
-                    self._models.get(stats.name) or Model(name=stats.name), stats, error_limit
-                ),
+                slo=slo_states(self._model(stats.name), stats, error_limit),
             )
             for engine in (shown.engines if shown else ())
             if engine.id not in declared
