@@ -212,3 +212,52 @@ def test_slice_k_of_every_query_holds_the_same_nodes():
         picked.append(chosen)
     assert picked[0] == picked[1]
     assert picked[0] == [{n for n in nodes if slice_of[n] == k} for k in range(3)]
+
+
+def test_the_first_read_shows_what_came_then_the_rest_with_nothing_lost(three_hosts):
+    """The GPU readings are held back (at 10,000 nodes they take 15-30 s here): the
+    nodes show at once with their GPUs known and the readings unknown, not 0; then the
+    readings land on top and the result is what a whole read gives."""
+    prom, files = three_hosts
+    for path in files.values():
+        write_gpus(path, 40)
+    prom.wait_query(
+        "DCGM_FI_DEV_GPU_TEMP < 70", accept=lambda r: len(r) == len(HOSTS) * GPUS_PER_HOST
+    )
+    fleet = parse_fleet(prometheus_only(prom.url))
+
+    async def go() -> None:
+        async with PromSource(fleet, refresh_s=2.0) as source:
+            readings = next(q for q in source.queries if q.family == "gpu")
+            gate = asyncio.Event()
+            asked = source._instant
+
+            async def held(expr: str | None, at: float):  # the real query, answered later
+                if expr == readings.expr:
+                    await gate.wait()
+                return await asked(expr, at)
+
+            source._instant = held  # type: ignore[method-assign]
+            source.first_look_s = 0.0
+            first = asyncio.create_task(source.refresh())
+            await asyncio.wait_for(_until(lambda: len(temps(source)) == len(HOSTS)), 30)
+            assert source.health.ok is None  # still reading
+            assert "first read under way" in source.health.line()
+            for state in source.states.values():
+                assert state.snapshot is not None
+                assert [g.uuid is not None for g in state.snapshot.gpus] == [True, True]
+                assert [g.temperature_c for g in state.snapshot.gpus] == [None, None]
+            gate.set()
+            await asyncio.wait_for(first, 30)
+            assert source.health.ok and source.health.full
+            assert temps(source) == {h: [40.0, 41.0] for h in HOSTS}
+            for state in source.states.values():  # and what came first is still there
+                assert state.snapshot is not None
+                assert all(g.uuid is not None for g in state.snapshot.gpus)
+
+    asyncio.run(go())
+
+
+async def _until(ready) -> None:
+    while not ready():
+        await asyncio.sleep(0.01)

@@ -367,10 +367,13 @@ class FleetReader:
 
     def _gpus(self, node: NodeReadings, wall: float) -> list[Gpu]:
         out = []
-        if node.gpus:
-            for index, r in node.gpus.items():
+        if node.gpus or not node.agent_gpus:
+            # A GPU known by its identity alone (its readings not read yet, or refused)
+            # is listed with its readings unknown.
+            for index in node.gpus.keys() | node.gpu_ids.keys():
                 if not index.isdigit():
                     continue
+                r = node.gpus.get(index, {})
                 used, free = r.get("fb_used"), r.get("fb_free")
                 total = (
                     None

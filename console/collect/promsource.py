@@ -58,8 +58,12 @@ WHOLE_SHARE = 10
 # every query of a small fleet, are read whole each refresh.
 SLICE_MIN_SAMPLES = 5_000
 SLICE_CYCLE_S = 20.0
+FIRST_LOOK_S = 2.0  # the first read shows what has come by then; the rest as it lands
 READ_SLICE = 5_000  # samples read before the console may answer a key (about 20 ms)
 APPLY_SLICE = 250  # nodes made into snapshots before it may (up to about 30 ms)
+
+
+Answered = tuple[list[Sample], float]  # an instant query's samples, Prometheus' time
 
 
 class PromError(Exception):
@@ -80,11 +84,13 @@ class SourceHealth:
     samples: int = 0
     nodes: int = 0
     full: bool | None = None  # the last refresh asked for the whole fleet (else slices)
+    answered: int = 0  # queries answered so far in the first read
     last_ok: float | None = None  # monotonic
 
     def line(self) -> str:
         if self.ok is None:
-            return f"prometheus {self.url}: first refresh under way"
+            answered = f"{self.answered} of {self.queries} queries in"
+            return f"prometheus {self.url}: first read under way, {answered}"
         if not self.ok:
             return f"prometheus {self.url}: {self.error}"
         took = (
@@ -157,6 +163,7 @@ class PromSource(Collector):
         self._slices: dict[int, list[str | None]] = {}
         self._turn = 0  # the refreshes in slices since then: which slice is next
         self.slice_min_samples = SLICE_MIN_SAMPLES
+        self.first_look_s = FIRST_LOOK_S
         self._http: Any = None
         self._headers, self._auth_error = self._auth()
 
@@ -218,11 +225,44 @@ class PromSource(Collector):
             return
         slices = {} if self._whole_due(started) else self._slices
         full = not slices  # every query reads the whole fleet
-        answers = await asyncio.gather(
-            *(self._instant(self._expr(i, q, slices), at) for i, q in enumerate(self.queries)),
-            return_exceptions=True,
-        )
+        tasks = [
+            asyncio.ensure_future(self._instant(self._expr(i, q, slices), at))
+            for i, q in enumerate(self.queries)
+        ]
+        try:
+            await self._read_all(tasks, started, full)
+        finally:
+            for task in tasks:
+                task.cancel()  # those still asking, when the refresh itself is cancelled
+
+    async def _read_all(
+        self, tasks: list[asyncio.Task[Answered]], started: float, full: bool
+    ) -> None:
         health = self.health
+        learnt: dict[int, _Slicer] = {}
+        nodes: dict[str, NodeReadings] = {}
+        read: set[int] = set()
+        shown = False
+        if full and self._whole_end is None:
+            # The first read shows the nodes and what has come after FIRST_LOOK_S, then
+            # the rest as it lands: at 10,000 nodes the GPU readings alone take 15-30 s.
+            deadline, pending = started + self.first_look_s, set(tasks)
+            while pending and not (nodes and time.monotonic() >= deadline):
+                wait = None if nodes else max(0.0, deadline - time.monotonic())
+                done, pending = await asyncio.wait(
+                    pending, timeout=wait, return_when=asyncio.FIRST_COMPLETED
+                )
+                for task in done:
+                    health.answered += 1
+                    if task.exception() is None:
+                        i = tasks.index(task)
+                        await self._read(i, task.result()[0], nodes, learnt)
+                        read.add(i)
+            if pending and nodes:
+                self._current, shown = nodes, True
+                await self._apply()
+                nodes = {}
+        answers = await asyncio.gather(*tasks, return_exceptions=True)
         health.wall_s = time.monotonic() - started
         errors = [
             (q, a)
@@ -239,35 +279,26 @@ class PromSource(Collector):
         health.error = f"{errors[0][0].family} query: {errors[0][1]}" if errors else None
         prom_s = 0.0
         samples = 0
-        nodes: dict[str, NodeReadings] = {}
-        learnt: dict[int, _Slicer] = {}
-        for i, (query, answer) in enumerate(zip(self.queries, answers, strict=True)):
+        for i, answer in enumerate(answers):
             if isinstance(answer, BaseException):
                 continue
             result, took = answer
             prom_s += took
             samples += len(result)
-            slicer = None
-            if full and query.template is not None and len(result) >= self.slice_min_samples:
-                slicer = learnt[i] = _Slicer(
-                    [*self.reader.node_labels, "instance"], partial(self.reader.node_of, query)
-                )
-            # In slices, letting the console answer keys in between: 900,000 samples at
-            # 10,000 nodes are a second or two of reading.
-            for first in range(0, len(result), READ_SLICE):
-                chunk = result[first : first + READ_SLICE]
-                self.reader.read(query, chunk, nodes)
-                if slicer is not None:
-                    slicer.feed(chunk)
-                await asyncio.sleep(0)
+            if i not in read:
+                await self._read(i, result, nodes, learnt if full else None)
         health.ok, health.prometheus_s, health.samples = True, prom_s, samples
         health.full = full
         health.last_ok = time.monotonic()
-        if full:
+        if full and not shown:
             self._current = nodes
+        else:  # a slice, or the rest of the first read: on top of what is shown
+            for name, readings in nodes.items():
+                self._current[name] = merged(self._current.get(name), readings)
+        if full:
             # Node n (by name) is in slice n % count, in every query.
-            count = min(len(nodes), max(2, round(SLICE_CYCLE_S / self.refresh_s)))
-            slice_of = {name: n % count for n, name in enumerate(sorted(nodes))}
+            count = min(len(self._current), max(2, round(SLICE_CYCLE_S / self.refresh_s)))
+            slice_of = {name: n % count for n, name in enumerate(sorted(self._current))}
             self._slices = {
                 i: matchers
                 for i, slicer in learnt.items()
@@ -275,14 +306,35 @@ class PromSource(Collector):
             }
             self._turn = 0
         else:
-            for name, readings in nodes.items():
-                self._current[name] = merged(self._current.get(name), readings)
             self._turn += 1
         await self._apply()
         health.nodes = len(self._current)
         if full:
             self._whole_end = time.monotonic()
             self._whole_took = self._whole_end - started
+
+    async def _read(
+        self,
+        index: int,
+        result: list[Sample],
+        nodes: dict[str, NodeReadings],
+        learnt: dict[int, _Slicer] | None,
+    ) -> None:
+        """One answer into `nodes`; with `learnt` (a whole read), what slices it."""
+        query = self.queries[index]
+        slicer = None
+        if learnt is not None and query.template and len(result) >= self.slice_min_samples:
+            slicer = learnt[index] = _Slicer(
+                [*self.reader.node_labels, "instance"], partial(self.reader.node_of, query)
+            )
+        # In slices, letting the console answer keys in between: 900,000 samples at
+        # 10,000 nodes are a second or two of reading.
+        for first in range(0, len(result), READ_SLICE):
+            chunk = result[first : first + READ_SLICE]
+            self.reader.read(query, chunk, nodes)
+            if slicer is not None:
+                slicer.feed(chunk)
+            await asyncio.sleep(0)
 
     def _expr(self, index: int, query: Query, slices: dict[int, list[str | None]]) -> str | None:
         """What `query` asks this refresh: the whole fleet, this turn's slice of it, or
@@ -298,7 +350,7 @@ class PromSource(Collector):
             return True
         return now - self._whole_end >= max(FULL_EVERY_S, WHOLE_SHARE * self._whole_took)
 
-    async def _instant(self, expr: str | None, at: float) -> tuple[list[Sample], float]:
+    async def _instant(self, expr: str | None, at: float) -> Answered:
         assert self._http is not None, "use the source as an async context manager"
         if expr is None:  # nothing to ask
             return [], 0.0

@@ -181,6 +181,8 @@ class EngineroomApp(Workflows):
         """A healthy Prometheus source's cost, for the end of the header: queries a
         refresh and Prometheus' own time."""
         health = self.collector.health if isinstance(self.collector, PromSource) else None
+        if health is not None and health.ok is None:  # what has come is shown meanwhile
+            return f"prometheus first read: {health.answered} of {health.queries} queries in"
         if health is None or not health.ok or health.failed:
             return None
         took = "?" if health.prometheus_s is None else f"{health.prometheus_s * 1000:.0f} ms"
