@@ -18,7 +18,9 @@ fleet file that names no node: every node is discovered from the series. Reporte
 - queries per refresh and Prometheus' own time per refresh (execTotalTime, summed over
   the queries; they run concurrently, so the refresh's wall time is the other figure);
 - console CPU (% of one core) and RSS over a 30 s window of steady refreshing;
-- first full screen: app start until every node is up on the Fleet screen;
+- first full screen: app start until every node is up on the Fleet screen (the first
+  read shows nodes before all its answers are in: then the GPU readings may still be
+  unknown), and first read whole: until every answer of the first read was read;
 - key-to-screen on Fleet and Models (median and worst of 10), as bench.console_scale;
 - with --compare, bench.console_scale's agent-stream console at 1,000 nodes, same run.
 Targets (issue 16): a 2 s refresh at 10,000 nodes with console CPU <= 35 % of one core,
@@ -203,9 +205,15 @@ async def measure_console(fleet_path: Path, nodes: int) -> dict[str, object]:
     started = time.monotonic()
     first = None
     async with app.run_test(size=(160, 50)) as pilot:
+        shown: float | None = None  # when the first node showed up
+        answered: list[tuple[float, int]] = []  # (s, answers in) through the first read
         while time.monotonic() - started < 120:
             note_refresh()
             view, screen = app.view, app.screen
+            if shown is None and view is not None and view.summary.nodes_up:
+                shown = time.monotonic() - started
+            if not answered or answered[-1][1] != source.health.answered:
+                answered.append((round(time.monotonic() - started, 2), source.health.answered))
             if (
                 view is not None
                 and view.summary.nodes_up >= nodes
@@ -215,6 +223,12 @@ async def measure_console(fleet_path: Path, nodes: int) -> dict[str, object]:
                 first = time.monotonic() - started
                 break
             await asyncio.sleep(0.02)
+        # The first screen may show the nodes before every answer of the first read is in
+        # (PromSource.first_look_s): how long until all of it was read.
+        while source.health.ok is None and time.monotonic() - started < 180:
+            await asyncio.sleep(0.02)
+        whole = time.monotonic() - started if source.health.ok is not None else None
+        note_refresh()
         await pilot.pause(2)
         cpu0, wall0 = me.cpu_times(), time.monotonic()
         keys: dict[str, list[float]] = {"fleet": [], "models": []}
@@ -247,6 +261,9 @@ async def measure_console(fleet_path: Path, nodes: int) -> dict[str, object]:
         "console_cpu_pct": round(100 * cpu_s / (wall1 - wall0), 1),
         "console_rss_mib": round(rss / 2**20, 1),
         "first_full_screen_s": round(first, 2) if first is not None else None,
+        "first_read_whole_s": round(whole, 2) if whole is not None else None,
+        "first_node_shown_s": round(shown, 2) if shown is not None else None,
+        "first_read_answers": answered,
         "key_to_fleet_median_ms": round(statistics.median(keys["fleet"]), 1)
         if keys["fleet"]
         else None,

@@ -248,7 +248,8 @@ class PromSource(Collector):
             # the rest as it lands: at 10,000 nodes the GPU readings alone take 15-30 s.
             deadline, pending = started + self.first_look_s, set(tasks)
             while pending and not (nodes and time.monotonic() >= deadline):
-                wait = None if nodes else max(0.0, deadline - time.monotonic())
+                # Nothing to show yet: wait for an answer; else no later than the deadline.
+                wait = max(0.0, deadline - time.monotonic()) if nodes else None
                 done, pending = await asyncio.wait(
                     pending, timeout=wait, return_when=asyncio.FIRST_COMPLETED
                 )
