@@ -247,6 +247,16 @@ def test_the_first_read_shows_what_came_then_the_rest_with_nothing_lost(three_ho
                 assert state.snapshot is not None
                 assert [g.uuid is not None for g in state.snapshot.gpus] == [True, True]
                 assert [g.temperature_c for g in state.snapshot.gpus] == [None, None]
+            # While the rest is read, what is shown stays up, not stale (at 10,000 nodes
+            # the rest took 20-30 s, ten refreshes).
+            stamped = {name: state.last_ok or 0.0 for name, state in source.states.items()}
+            await asyncio.wait_for(
+                _until(
+                    lambda: all((s.last_ok or 0) > stamped[s.name] for s in source.states.values())
+                ),
+                30,
+            )
+            assert {s.status(source.refresh_s) for s in source.states.values()} == {"up"}
             gate.set()
             await asyncio.wait_for(first, 30)
             assert source.health.ok and source.health.full

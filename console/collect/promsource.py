@@ -263,6 +263,10 @@ class PromSource(Collector):
                 self._current, shown = nodes, True
                 await self._apply()
                 nodes = {}
+                while pending:  # what is shown is the newest there is until the rest lands
+                    _, pending = await asyncio.wait(pending, timeout=self.refresh_s)
+                    if pending:
+                        self._still_reading()
         answers = await asyncio.gather(*tasks, return_exceptions=True)
         health.wall_s = time.monotonic() - started
         errors = [
@@ -414,6 +418,16 @@ class PromSource(Collector):
                 out.append(HistoryLine(node, eid, figure, points))
         return out
 
+    def _still_reading(self) -> None:
+        """The first read is under way: the nodes it has shown are as fresh as can be."""
+        now = time.monotonic()
+        for name in self._current:
+            state = self.states.get(name)
+            if state is not None and state.snapshot is not None:
+                state.last_ok = now
+                if self.on_update is not None:
+                    self.on_update(state)
+
     def _all_failed(self, why: str) -> None:
         self.health.ok, self.health.error = False, why
         message = f"Prometheus: {why}"
@@ -431,8 +445,9 @@ class PromSource(Collector):
         nodes = self._current
         now, wall = time.monotonic(), time.time()
         # A node is stale when its figures are older than two refreshes; a refresh is as
-        # long as Prometheus takes (the status reads this, as an agent's slower cycle).
-        cycle = max(self.refresh_s, self.health.wall_s or 0.0)
+        # long as Prometheus takes (the status reads this, as an agent's slower cycle),
+        # and a whole read, every few minutes at 10,000 nodes, can take 30 s on its own.
+        cycle = max(self.refresh_s, self.health.wall_s or 0.0, self._whole_took)
         if self.section.discover:
             for name in sorted(nodes.keys() - self.states.keys()):
                 self.states[name] = NodeState(name, "prometheus")
