@@ -115,6 +115,7 @@ def test_a_large_fleet_is_read_one_slice_a_refresh_and_every_slice_in_turn(three
             for _ in range(len(HOSTS)):  # one host a refresh; the others are kept
                 await source.refresh()
                 assert source.health.full is False, source.health.line()
+                assert source.health.line().endswith("(a slice of the fleet)")
                 assert source.health.samples * len(HOSTS) == whole
                 assert temps(source) == {h: [40.0, 41.0] for h in HOSTS}
 

@@ -186,7 +186,8 @@ class EngineroomApp(Workflows):
         if health is None or not health.ok or health.failed:
             return None
         took = "?" if health.prometheus_s is None else f"{health.prometheus_s * 1000:.0f} ms"
-        return f"prometheus {health.queries} queries {took}"
+        sliced = ", a slice of the fleet" if health.full is False else ""
+        return f"prometheus {health.queries} queries {took}{sliced}"
 
     def replay_label(self) -> str | None:
         """What the header shows instead of the environment in a replay (the replayed
