@@ -186,10 +186,15 @@ async def measure_console(fleet_path: Path, nodes: int) -> dict[str, object]:
     ] = []  # prom s, wall s, queries, full, samples
     seen = [0.0]
 
+    failed: list[str] = []  # what a failing query said (the first 5), with the refresh kind
+
     def note_refresh() -> None:
         health = source.health
         if health.last_ok is not None and health.last_ok != seen[0]:
             seen[0] = health.last_ok
+            if health.error and len(failed) < 5:
+                kind = "whole" if health.full else "sliced"
+                failed.append(f"{kind}: {health.failed} failed: {health.error[:160]}")
             refreshes.append(
                 (
                     health.prometheus_s or 0.0,
@@ -263,6 +268,7 @@ async def measure_console(fleet_path: Path, nodes: int) -> dict[str, object]:
         "first_full_screen_s": round(first, 2) if first is not None else None,
         "first_read_whole_s": round(whole, 2) if whole is not None else None,
         "first_node_shown_s": round(shown, 2) if shown is not None else None,
+        "query_failures": failed,
         "first_read_answers": answered,
         "key_to_fleet_median_ms": round(statistics.median(keys["fleet"]), 1)
         if keys["fleet"]
