@@ -100,8 +100,9 @@ def _merged_models(
 
 
 def merged(old: NodeReadings | None, new: NodeReadings) -> NodeReadings:
-    """A node's readings with an incremental refresh's on top: what was scraped again
-    replaces what was; the rest stays (new containers, so the old compare unequal)."""
+    """A node's readings with a slice's (or the rest of the first read's) on top: what
+    was read again replaces what was; the rest stays (new containers, so the old compare
+    unequal)."""
     if old is None:
         return new
     engines = dict(old.engines)
