@@ -398,9 +398,10 @@ class ViewBuilder:
         )
         return FleetView(summary, node_rows, cells, models, alerts, by_node)
 
-    def _model(self, name: str) -> Model:
+    def model(self, name: str) -> Model:
         """fleet.toml's model, or one it does not declare (no SLO), made once: 20,000
-        deployments at 10,000 nodes made a pydantic model each, with its defaults copied."""
+        deployments at 10,000 nodes made a pydantic model each, with its defaults copied
+        (the view's rows and Models' both ask here)."""
         model = self._models.get(name) or self._undeclared.get(name)
         if model is None:
             model = Model(name=name)
@@ -438,7 +439,7 @@ class ViewBuilder:
                 reason=engine.reason,
                 weight=None,
                 stats=stats,
-                slo=slo_states(self._model(stats.name), stats, error_limit),
+                slo=slo_states(self.model(stats.name), stats, error_limit),
             )
             for engine in (shown.engines if shown else ())
             if engine.id not in declared

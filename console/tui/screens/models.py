@@ -52,7 +52,6 @@ NAME, ENGINE, NODE = 0, 7, 13
 
 
 BADGE = " REBUILD REQUIRED"
-UNDECLARED_KEPT = 10_000  # models served but not in fleet.toml, kept made between draws
 
 
 def name_width(fleet: Fleet) -> int:
@@ -250,19 +249,13 @@ class ModelsScreen(ViewScreen):
         # of a node whose snapshot did not change, so a draw makes rows only for those
         # that did (20,000 deployments at 10,000 nodes, on the key that opens Models).
         self._made: dict[int, tuple[DeploymentRow, dict[str, Any] | None, Row]] = {}
-        self._undeclared: dict[str, Model] = {}
 
     def draw(self, view: FleetView) -> None:
         fleet = self.console.fleet
-        models = {m.name: m for m in fleet.models}
         rows: list[Row] = []
         made, kept = {}, self._made
         for name, deployments in view.models.items():
-            model = models.get(name) or self._undeclared.get(name)
-            if model is None:
-                model = Model(name=name)
-                if len(self._undeclared) < UNDECLARED_KEPT:
-                    self._undeclared[name] = model
+            model = self.console.views.model(name)
             shown = []
             for r in deployments:
                 gw = gateway_measure(self.console.gateway_snapshot, name, r.id)
