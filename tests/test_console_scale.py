@@ -305,6 +305,34 @@ def test_a_nodes_part_of_the_view_is_made_as_its_snapshot_arrives_not_at_the_ref
     again = views.build(states, 1.0)
     assert made == ["n"], "the refresh derived the node again"
     assert first.gpus[0] is again.gpus[0] and first.summary.util_avg == 50.0
+    # The Fleet table's row too: the screen keeps what it made of it (FleetScreen._made).
+    assert first.nodes[0] is again.nodes[0]
+
+
+def test_a_nodes_fleet_row_is_new_when_its_error_or_alerts_change():
+    """The kept row must not hide a change: an error, or a GPU that turned hot."""
+    from console.collect.collector import NodeState
+    from console.collect.view import ViewBuilder
+    from console.core.snapshot import Gpu
+
+    def snap(temp: float) -> Snapshot:
+        return Snapshot(
+            node=NodeInfo(name="n", agent_version="0", time=time.time()),
+            host=Host(),
+            gpu_status="ok",
+            gpus=[Gpu(index=0, utilization_pct=50.0, temperature_c=temp)],
+        )
+
+    state = NodeState("n", "agent", snapshot=snap(40.0), last_ok=time.monotonic())
+    views = ViewBuilder(_one_node(1))
+    first = views.build({"n": state}, 1.0).nodes[0]
+    assert (first.alerts, first.error) == (0, None)
+    state.error = "stream reset"  # up still, with what went wrong last
+    second = views.build({"n": state}, 1.0).nodes[0]
+    assert second is not first and second.error == "stream reset"
+    state.snapshot = snap(99.0)
+    third = views.build({"n": state}, 1.0).nodes[0]
+    assert third.alerts == 1 and third.temp_max == 99.0
 
 
 def test_models_rows_work_out_their_filter_fields_only_when_a_filter_asks(

@@ -272,3 +272,25 @@ def test_the_first_read_shows_what_came_then_the_rest_with_nothing_lost(three_ho
 async def _until(ready) -> None:
     while not ready():
         await asyncio.sleep(0.01)
+
+
+def test_the_console_draws_a_refresh_as_it_lands_not_at_its_next_tick(three_hosts):
+    """The console's timer ticks once a refresh; a read that lands just after a tick
+    waited up to a whole refresh to be drawn (at 10,000 nodes, the first screen). Here
+    the refresh is 60 s: only a draw on landing shows the hosts within the wait."""
+    from console.tui.app import EngineroomApp
+
+    prom, _ = three_hosts
+    fleet = parse_fleet(f'[fleet]\nname = "p"\nrefresh_s = 60\n[prometheus]\nurl = "{prom.url}"\n')
+
+    async def go() -> None:
+        app = EngineroomApp(fleet)
+        async with app.run_test(size=(120, 40)):
+            assert isinstance(app.collector, PromSource)
+            await asyncio.wait_for(
+                _until(lambda: app.view is not None and app.view.summary.nodes_up == len(HOSTS)),
+                30,
+            )
+            assert app.screen.query_one("#nodes").row_count == len(HOSTS)
+
+    asyncio.run(go())

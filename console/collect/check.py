@@ -90,7 +90,7 @@ def run_check(
     if watch is None:
         view, states, gateway, source = asyncio.run(poll_once(fleet))
         if prometheus:
-            out.write(to_prometheus(fleet, view))
+            out.write(to_prometheus(fleet, view, states))
         elif as_json:
             out.write(to_json(view, states, gateway, source) + "\n")
         else:
@@ -243,7 +243,7 @@ def to_dict(
                 "source": snap.source if snap else None,
                 "missing": snap.missing if snap else [],
                 "error": row.error,
-                "age_s": None if row.age_s is None else round(row.age_s, 3),
+                "age_s": None if (age := states[row.name].age()) is None else round(age, 3),
                 "host": plain(snap.host) if snap else None,
                 "gpu_status": snap.gpu_status if snap else None,
                 "gpus": [_without(plain(g), "processes", "xid_events", "errors") for g in snap.gpus]
@@ -326,7 +326,7 @@ def _label(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
-def to_prometheus(fleet: Fleet, view: FleetView) -> str:
+def to_prometheus(fleet: Fleet, view: FleetView, states: dict[str, NodeState]) -> str:
     """The check as Prometheus text (for node_exporter's textfile collector, say)."""
     name = _label(fleet.fleet.name)
     lines = [
@@ -344,9 +344,9 @@ def to_prometheus(fleet: Fleet, view: FleetView) -> str:
         "# TYPE engineroom_node_snapshot_age_seconds gauge",
     ]
     for row in view.nodes:
-        if row.age_s is not None:
+        if (age := states[row.name].age()) is not None:
             lines.append(
-                f'engineroom_node_snapshot_age_seconds{{node="{_label(row.name)}"}} {row.age_s:.3f}'
+                f'engineroom_node_snapshot_age_seconds{{node="{_label(row.name)}"}} {age:.3f}'
             )
     lines += [
         "# HELP engineroom_alerts Alerts raised now, by severity.",

@@ -113,6 +113,9 @@ class Collector:
         self.refresh_s = refresh_s or fleet.fleet.refresh_s
         self.timeout_s = timeout_s or max(1.0, min(5.0, 2 * self.refresh_s))
         self.on_update = on_update
+        # Called once a refresh's readings are all in the node states (a source that reads
+        # the fleet in refreshes, as Prometheus): the console draws them then.
+        self.on_refreshed: Callable[[], None] | None = None
         self.states = {n.name: NodeState(n.name, n.transport) for n in fleet.nodes}
         self.history = History()
         self._targets = [

@@ -470,6 +470,8 @@ class PromSource(Collector):
                 state.polls += 1
             if self.on_update is not None:
                 self.on_update(state)
+        if self.on_refreshed is not None:
+            self.on_refreshed()
 
 
 class _Slicer:

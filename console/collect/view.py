@@ -30,10 +30,13 @@ UNDECLARED_KEPT = 10_000  # models served but not in fleet.toml, each made once
 
 @dataclass
 class NodeRow:
+    """A node's line in the Fleet table. It is the same object from one view to the next
+    while nothing in it changed, so a screen can keep what it made of it; its snapshot's
+    age is the node state's (NodeState.age)."""
+
     name: str
     status: NodeStatus
     transport: str
-    age_s: float | None
     error: str | None
     gpus: int | None
     util_avg: float | None
@@ -264,6 +267,7 @@ class _NodePart:
     alerts: list[Alert]  # from the snapshot: GPUs, NVML, rebuilds
     row_alerts: dict[int, list[Alert]]  # by id() of a row above
     made: float  # monotonic time
+    line: NodeRow | None = None  # the Fleet table's, kept while it holds
 
 
 class ViewBuilder:
@@ -316,12 +320,14 @@ class ViewBuilder:
         now = time.monotonic() if now is None else now
         fleet = self.fleet
         parts: dict[str, _NodePart] = {}
+        row_alerts = False  # any deployment's (most builds have none)
         for name, state in states.items():
             status = state.status(refresh_s, now)
             part = self._parts.get(name)
             if part is None or part.snapshot is not state.snapshot or part.status != status:
                 part = self._part(name, state, status, refresh_s, now, history)
             parts[name] = part
+            row_alerts = row_alerts or bool(part.row_alerts)
         for name in self._declared.keys() - parts.keys():  # declared on no known node
             parts[name] = self._part(name, None, "unknown", refresh_s, now, history)
         self._parts = parts  # nodes no longer in `states` are dropped
@@ -341,7 +347,7 @@ class ViewBuilder:
             if (alert := status_alert(name, state, part.status, now)) is not None:
                 alerts.append(alert)
             alerts.extend(part.alerts)
-        for rows in models.values():
+        for rows in models.values() if row_alerts else ():
             for row in rows:
                 alerts.extend(parts[row.node].row_alerts.get(id(row), ()))
         per_node: dict[str, int] = {}
@@ -358,12 +364,17 @@ class ViewBuilder:
         for name, state in states.items():
             part = parts[name]
             n = part.numbers
-            node_rows.append(
-                NodeRow(
+            line, count = part.line, per_node.get(name, 0)
+            if (
+                line is None
+                or line.alerts != count
+                or line.error != state.error
+                or line.transport != state.transport
+            ):
+                line = part.line = NodeRow(
                     name=name,
                     status=part.status,
                     transport=state.transport,
-                    age_s=state.age(now),
                     error=state.error,
                     gpus=n.gpus,
                     util_avg=n.util_sum / n.util_count if n.util_count else None,
@@ -372,10 +383,10 @@ class ViewBuilder:
                     mem_total=n.mem_total,
                     temp_max=n.temp_max,
                     engines=part.engines,
-                    alerts=per_node.get(name, 0),
-                    gpu_status=state.snapshot.gpu_status if state.snapshot else None,
+                    alerts=count,
+                    gpu_status=part.snapshot.gpu_status if part.snapshot else None,
                 )
-            )
+            node_rows.append(line)
             cells.extend(part.cells)
             if part.cells:
                 by_node.append((name, part.cells))

@@ -248,31 +248,33 @@ class ModelsScreen(ViewScreen):
         # Each deployment's table row, by its view row's identity: a view keeps the rows
         # of a node whose snapshot did not change, so a draw makes rows only for those
         # that did (20,000 deployments at 10,000 nodes, on the key that opens Models).
-        self._made: dict[int, tuple[DeploymentRow, dict[str, Any] | None, Row]] = {}
+        # With it, whether the row breaks its SLO.
+        self._made: dict[int, tuple[DeploymentRow, dict[str, Any] | None, Row, bool]] = {}
 
     def draw(self, view: FleetView) -> None:
         fleet = self.console.fleet
+        gateway = self.console.gateway_snapshot
         rows: list[Row] = []
         made, kept = {}, self._made
         for name, deployments in view.models.items():
             model = self.console.views.model(name)
             shown = []
+            breach = False
             for r in deployments:
-                gw = gateway_measure(self.console.gateway_snapshot, name, r.id)
+                gw = gateway_measure(gateway, name, r.id) if gateway else None
                 old = kept.get(id(r))
-                if old is not None and old[0] is r and old[1] is gw:
-                    row = old[2]
-                else:
+                if old is None or old[0] is not r or old[1] is not gw:
                     row = deployment_row(
                         r, model, fleet.thresholds.kv_cache_warn, fleet.thresholds.error_rate, gw
                     )
-                made[id(r)] = (r, gw, row)
-                shown.append(row)
+                    old = (r, gw, row, r.slo_ok is False)
+                made[id(r)] = old
+                shown.append(old[2])
+                breach = breach or old[3]
             if self.filter is not None:
                 shown = [r for r in shown if self.filter.matches(r.fields, r.text)]
                 if not shown:
                     continue
-            breach = any(r.slo_ok is False for r in deployments)
             head = model_head(name, model, breach, fleet.thresholds.error_rate)
             rows.append(Row(f"m:{name}", head, {"model": name}, name))
             rows.extend(shown)

@@ -74,7 +74,7 @@ class NodeScreen(ViewScreen):
             t.append("  set it and restart the console to watch this node", style="dim")
         else:
             t.append(f"  via {row.transport}  snapshot age ")
-            t.append_text(fmt.age(row.age_s))
+            t.append_text(fmt.age(state.age()))
         if state.error and row.status not in ("up", "no token"):
             t.append(f"  last error: {state.error}", style="red")
         if snap is not None:
