@@ -150,6 +150,45 @@ def test_a_small_fleet_is_read_whole_every_refresh(three_hosts):
     asyncio.run(go())
 
 
+def test_a_query_that_failed_at_the_whole_read_is_sliced_once_it_answers(three_hosts):
+    """Until the next whole read (4-5 minutes at 10,000 nodes), a query that failed or
+    was empty then is read whole every refresh: it must learn its slices from the first
+    whole answer it gives, not go on costing the whole fleet each refresh."""
+    from console.collect.promsource import PromError
+
+    prom, _ = three_hosts
+    fleet = parse_fleet(prometheus_only(prom.url))
+
+    async def go() -> None:
+        async with PromSource(fleet, refresh_s=2.0) as source:
+            source.slice_min_samples = 1
+            readings = next(q for q in source.queries if q.family == "gpu")
+            asked: list[str | None] = []
+            real = source._instant
+            fail = [True]
+
+            async def ask(expr: str | None, at: float):
+                if expr is not None and expr.startswith(readings.expr[:40]):
+                    asked.append(expr)
+                    if fail[0]:
+                        raise PromError("HTTP 503: unavailable: overloaded (from the test)")
+                return await real(expr, at)
+
+            source._instant = ask  # type: ignore[method-assign]
+            await source.refresh()
+            assert source.health.full and source.health.failed == 1
+            fail[0] = False
+            await source.refresh()  # sliced: the readings still whole, and learnt
+            assert source.health.full is False
+            assert asked[-1] == readings.expr
+            read = temps(source)  # every host's readings, from the whole answer
+            assert sorted(read) == sorted(HOSTS) and all(None not in t for t in read.values())
+            await source.refresh()
+            assert asked[-1] != readings.expr and "Hostname=~" in asked[-1], asked[-1]
+
+    asyncio.run(go())
+
+
 @pytest.mark.parametrize("recorded", [False, True])
 def test_every_sliced_query_is_promql_that_promtool_accepts(recorded, tmp_path):
     """Each query the console slices, with a matcher in every selector, as promtool

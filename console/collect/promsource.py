@@ -162,6 +162,8 @@ class PromSource(Collector):
         # Per query (by index), the label matchers of its slices, from the last whole read.
         self._slices: dict[int, list[str | None]] = {}
         self._turn = 0  # the refreshes in slices since then: which slice is next
+        self._slice_of: dict[str, int] = {}  # each node's slice, from the last whole read
+        self._count = 0  # slices in a turn
         self.slice_min_samples = SLICE_MIN_SAMPLES
         self.first_look_s = FIRST_LOOK_S
         self._http: Any = None
@@ -290,8 +292,9 @@ class PromSource(Collector):
             result, took = answer
             prom_s += took
             samples += len(result)
-            if i not in read:
-                await self._read(i, result, nodes, learnt if full else None)
+            if i not in read:  # a query still read whole learns how to slice
+                whole = full or i not in self._slices
+                await self._read(i, result, nodes, learnt if whole else None)
         health.ok, health.prometheus_s, health.samples = True, prom_s, samples
         health.full = full
         health.last_ok = time.monotonic()
@@ -303,15 +306,18 @@ class PromSource(Collector):
         if full:
             # Node n (by name) is in slice n % count, in every query.
             count = min(len(self._current), max(2, round(SLICE_CYCLE_S / self.refresh_s)))
-            slice_of = {name: n % count for n, name in enumerate(sorted(self._current))}
-            self._slices = {
-                i: matchers
-                for i, slicer in learnt.items()
-                if count >= 2 and (matchers := slicer.matchers(slice_of, count)) is not None
-            }
+            self._slice_of = {name: n % count for n, name in enumerate(sorted(self._current))}
+            self._count, self._slices = count, {}
             self._turn = 0
         else:
             self._turn += 1
+        # A query that failed or was small at the whole read is read whole each refresh
+        # until it is large, then sliced as the others. Before, one whose recorded series
+        # were not there yet was read whole, 40,000 samples, every refresh for 4-5 minutes.
+        for i, slicer in learnt.items():
+            matchers = slicer.matchers(self._slice_of, self._count) if self._count >= 2 else None
+            if matchers is not None:
+                self._slices[i] = matchers
         await self._apply()
         health.nodes = len(self._current)
         if full:
