@@ -447,3 +447,43 @@ async def test_a_long_table_shows_its_first_rows_at_once_and_the_rest_after_the_
                 break
             await pilot.pause()
         assert t.selected_key() == "r700"
+
+
+async def test_a_long_tables_rows_are_made_when_first_drawn_or_read():
+    """Models at 10,000 nodes has 20,000 deployment rows; opening it made the cells of
+    every one as it was added (a second of formatting). Rows past the first screenful
+    go in blank, and are made when drawn, read, or wider than their column."""
+    from textual.app import App, ComposeResult
+
+    from console.tui.widgets import table as table_module
+    from console.tui.widgets.table import FleetTable, Row
+
+    made: list[int] = []
+
+    def row(i: int) -> Row:
+        def cells() -> tuple[str, str]:
+            made.append(i)
+            return (f"row {i}", "x" * (30 if i == 900 else 5))  # row 900: wider ENGINES
+
+        return Row(f"r{i}", cells)
+
+    class One(App[None]):
+        def compose(self) -> ComposeResult:
+            yield FleetTable([("NAME", 12), ("ENGINES", None)])
+
+    app = One()
+    async with app.run_test(size=(60, 20)) as pilot:
+        t = app.query_one(FleetTable)
+        t.show([row(i) for i in range(1000)])
+        while t.row_count < 1000:
+            await pilot.pause()
+        await pilot.pause()
+        assert sorted(made) == list(range(table_module.FIRST_ROWS)), "rows made unseen"
+        assert [str(c) for c in t.get_row_at(500)] == [" row 500", "xxxxx"]  # read: made
+        assert 500 in made and 501 not in made
+        t.move_cursor(row=900)  # scrolled to and drawn: made, and its column widened
+        await pilot.pause()
+        await pilot.pause()
+        assert 900 in made and 899 in made
+        assert t.ordered_columns[1].content_width >= 30
+        assert len(made) < 250

@@ -278,7 +278,7 @@ def test_the_first_read_shows_what_came_then_the_rest_with_nothing_lost(three_ho
                 return await asked(expr, at)
 
             source._instant = held  # type: ignore[method-assign]
-            assert source.first_look_s == 2.0  # the default: shown 2 s in, the rest held
+            assert source.first_look_s == 1.0  # the default: shown 1 s in, the rest held
             first = asyncio.create_task(source.refresh())
             await asyncio.wait_for(_until(lambda: len(temps(source)) == len(HOSTS)), 30)
             assert source.health.ok is None  # still reading

@@ -99,6 +99,8 @@ class _Target:
 class Collector:
     """Polls the fleet in the background; `states` always holds the latest view."""
 
+    refreshes = False  # a source that reads in refreshes says so (on_refreshed)
+
     def __init__(
         self,
         fleet: Fleet,

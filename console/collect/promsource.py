@@ -58,9 +58,9 @@ WHOLE_SHARE = 10
 # every query of a small fleet, are read whole each refresh.
 SLICE_MIN_SAMPLES = 5_000
 SLICE_CYCLE_S = 20.0
-FIRST_LOOK_S = 2.0  # the first read shows what has come by then; the rest as it lands
-READ_SLICE = 5_000  # samples read before the console may answer a key (about 20 ms)
-APPLY_SLICE = 250  # nodes made into snapshots before it may (up to about 30 ms)
+FIRST_LOOK_S = 1.0  # the first read shows what has come by then; the rest as it lands
+READ_SLICE = 2_500  # samples read before the console may answer a key (about 5 ms)
+APPLY_SLICE = 100  # nodes made into snapshots before it may (about 20 ms)
 
 
 Answered = tuple[list[Sample], float]  # an instant query's samples, Prometheus' time
@@ -133,6 +133,8 @@ class HistoryLine:
 
 class PromSource(Collector):
     """The fleet from Prometheus; `states`, `history` and `roles` as the Collector's."""
+
+    refreshes = True  # calls on_refreshed once a refresh is in the node states
 
     def __init__(
         self,

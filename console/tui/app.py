@@ -129,9 +129,12 @@ class EngineroomApp(Workflows):
             # The next poll starts once this one answered: a slow gateway is still shown.
             self.gateway_poll = Poll(self, self.refresh_s, self._gateway_once, "gateway")
             self.gateway_poll.now()
-        self._ticker = self.set_interval(self.refresh_s, self.tick)
         # A source that reads in refreshes is drawn as each lands, not up to a refresh
         # later (at 10,000 nodes the first read lands ~2 s in; the timer could add 2 s).
+        # Its timer is then only for ages and staleness when refreshes stop landing: at
+        # the refresh, it drew most refreshes twice (its tick and the landing's).
+        every = self.refresh_s * (2 if self.collector.refreshes else 1)
+        self._ticker = self.set_interval(every, self.tick)
         self.collector.on_refreshed = lambda: self.call_later(self._refreshed)
 
     async def on_unmount(self) -> None:
@@ -153,7 +156,7 @@ class EngineroomApp(Workflows):
 
     def _refreshed(self) -> None:
         self.tick()
-        self._ticker.reset()  # the next tick a refresh later, unless another lands first
+        self._ticker.reset()  # the timer's next tick counts from here
 
     def tick(self) -> None:
         """Build the fleet view once and redraw only the screen the operator sees."""

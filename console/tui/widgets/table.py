@@ -14,14 +14,15 @@ from rich.segment import Segment
 from rich.style import Style
 from rich.text import Text
 from textual.cache import LRUCache
+from textual.coordinate import Coordinate
 from textual.widgets import DataTable
-from textual.widgets.data_table import RowKey
+from textual.widgets.data_table import ColumnKey, RowKey
 
 from console.tui.filtering import Filter
 
 Cells = tuple[RenderableType, ...]
-FIRST_ROWS = 120  # added at once on a rebuild: more than a screen of rows
-LATER_ROWS = 400  # then this many after each paint
+FIRST_ROWS = 120  # added at once on a rebuild, made: more than a screen of rows
+LATER_ROWS = 1000  # then this many after each paint, blank until first drawn
 
 
 Fields = dict[str, Any]
@@ -84,7 +85,12 @@ class FleetTable(DataTable[RenderableType]):
         super().__init__(cursor_type="row", zebra_stripes=False, cell_padding=0, **kwargs)
         self._columns_spec = columns
         self._order: list[str] = []
-        self._shown: dict[str, tuple[RenderableType, ...]] = {}
+        # Each row's cells as added or last updated; None for a row added blank, whose
+        # cells are made when it is first drawn (or read): a rebuild of the 20,000
+        # deployments of Models at 10,000 nodes made every one before.
+        self._shown: dict[str, tuple[RenderableType, ...] | None] = {}
+        self._blank: Cells = tuple(Text("") for _ in columns)
+        self._column_keys: list[ColumnKey] = []
         self._widest: dict[int, int] = {}  # auto-width columns: the widest cell drawn
         self.rows_by_key: dict[str, Row] = {}
         self._waiting: list[Row] = []  # rows still to add after a rebuild
@@ -96,6 +102,7 @@ class FleetTable(DataTable[RenderableType]):
             # A one-character margin before the first column, on the header and every row.
             shown = f" {label}" if i == 0 else label
             self.add_column(shown, key=label, width=None if width is None else width + (i == 0))
+        self._column_keys = [column.key for column in self.ordered_columns]
 
     def show(self, rows: list[Row], flt: Filter | None = None) -> None:
         visible = [r for r in rows if flt is None or flt.matches(r.fields, r.text)]
@@ -117,7 +124,6 @@ class FleetTable(DataTable[RenderableType]):
         top = int(self.scroll_offset.y)
         height = max(1, self.size.height or 50)
         labels = [label for label, _ in self._columns_spec]
-        auto = [width is None for _, width in self._columns_spec]
         for key in self._order[max(0, top - 2) : top + height + 2]:
             row = self.rows_by_key.get(key)
             if row is None or key not in self._shown:  # not added yet (see _rebuild)
@@ -126,13 +132,55 @@ class FleetTable(DataTable[RenderableType]):
             before = self._shown.get(key)
             for i, cell in enumerate(cells):
                 if before is None or _differs(before[i], cell):
-                    # DataTable re-measures a whole column when asked to fit a cell: with a
-                    # thousand rows that is costly, so a cell that outgrows its auto-width
-                    # column makes the next refresh rebuild the table instead (rare).
-                    if auto[i] and _width(cell) > self._widest.get(i, 0):
-                        self._order = []
                     self.update_cell(key, labels[i], cell)
             self._shown[key] = cells
+            self._fit(cells)
+
+    def _fit(self, cells: Cells) -> bool:
+        """Widen an auto-width column that a cell outgrew; True when one was.
+
+        DataTable re-measures a whole column when asked to fit a cell (thousands of
+        cells through Rich); the widest cell made so far is known here, and
+        `_update_dimensions` sizes the column from it."""
+        widened = False
+        for i, (_, width) in enumerate(self._columns_spec):
+            if width is None and (w := _width(cells[i])) > self._widest.get(i, 0):
+                self._widest[i], widened = w, True
+        if widened:
+            self._require_update_dimensions = True
+        return widened
+
+    def _make(self, row_key: RowKey) -> None:
+        """A row added blank gets its cells, from the newest Row of its key."""
+        row = self.rows_by_key.get(row_key.value or "")
+        cells = _with_margin(row.made()) if row is not None else self._blank
+        data = self._data[row_key]
+        for column_key, cell in zip(self._column_keys, cells, strict=True):
+            data[column_key] = cell
+        self._shown[row_key.value or ""] = cells
+        if self._fit(cells):
+            # Drawn at the old width so far: everything is drawn again at the new one.
+            self.call_later(self._widen)
+
+    def _widen(self) -> None:
+        self._update_count += 1  # DataTable's render caches are keyed by it
+        self.refresh()
+
+    def _ensure_made(self, row_key: RowKey | None) -> None:
+        if row_key is not None and self._shown.get(row_key.value or "", ()) is None:
+            self._make(row_key)
+
+    def get_row(self, row_key: RowKey | str) -> list[RenderableType]:
+        self._ensure_made(RowKey(row_key) if isinstance(row_key, str) else row_key)
+        return super().get_row(row_key)
+
+    def get_row_at(self, row_index: int) -> list[RenderableType]:
+        self._ensure_made(self._row_locations.get_key(row_index))
+        return super().get_row_at(row_index)
+
+    def get_cell_at(self, coordinate: Coordinate) -> RenderableType:
+        self._ensure_made(self._row_locations.get_key(coordinate.row))
+        return super().get_cell_at(coordinate)
 
     def _render_cell(
         self,
@@ -152,6 +200,7 @@ class FleetTable(DataTable[RenderableType]):
         column_key = self._column_locations.get_key(column_index)
         if row_key is None or column_key is None:  # the header, or a row label
             return super()._render_cell(row_index, column_index, base_style, width, cursor, hover)
+        self._ensure_made(row_key)  # a row added blank, drawn for the first time
         cell = self._data[row_key][column_key]
         key = (
             row_key,
@@ -214,22 +263,21 @@ class FleetTable(DataTable[RenderableType]):
         self._cursor_wanted = current
         self._add_rows(FIRST_ROWS)
 
-    def _add_rows(self, count: int) -> None:
+    def _add_rows(self, count: int, made: bool = True) -> None:
+        """Add the next `count` rows waiting; `made`: with their cells, else blank."""
         rows, self._waiting = self._waiting[:count], self._waiting[count:]
-        made = [_with_margin(r.made()) for r in rows]
-        for row, cells in zip(rows, made, strict=True):
-            self.add_row(*cells, key=row.key)
+        for row in rows:
+            cells = _with_margin(row.made()) if made else None
+            self.add_row(*(cells or self._blank), key=row.key)
             self._shown[row.key] = cells
-        for i, (_, width) in enumerate(self._columns_spec):
-            if width is None:
-                widest = max((_width(cells[i]) for cells in made), default=0)
-                self._widest[i] = max(self._widest.get(i, 0), widest)
+            if cells is not None:
+                self._fit(cells)
         wanted = self._cursor_wanted
         if wanted is not None and wanted in self._shown:
             self.move_cursor(row=self._order.index(wanted))
             self._cursor_wanted = None
         if self._waiting:
-            self.call_after_refresh(self._add_rows, LATER_ROWS)
+            self.call_after_refresh(self._add_rows, LATER_ROWS, False)
         else:
             self._cursor_wanted = None
 
