@@ -494,12 +494,16 @@ def run(args: argparse.Namespace) -> dict[str, object]:
             600,
         )
         if args.recorded:
-            wait_for(
-                prom,
-                f'count(engineroom:vllm:ttft:{args.window}s{{er_figure="count"}})',
-                deployments,
-                600,
-            )
+            # Every recorded family, through the last rule of the group: waiting for TTFT
+            # alone let the first read start while the counters were still being recorded
+            # for the first time (an empty answer, and Prometheus busy with the rest).
+            for figure in ("e2e", "itl", "ttft", "counters"):
+                wait_for(
+                    prom,
+                    f"count(count by (instance) (engineroom:vllm:{figure}:{args.window}s))",
+                    deployments,
+                    600,
+                )
         ingested_s = time.monotonic() - t0
         series = float(prom.api("status/tsdb")["headStats"]["numSeries"])
         if args.probe:
