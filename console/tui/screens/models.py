@@ -250,12 +250,15 @@ class ModelsScreen(ViewScreen):
         # that did (20,000 deployments at 10,000 nodes, on the key that opens Models).
         # With it, whether the row breaks its SLO.
         self._made: dict[int, tuple[DeploymentRow, dict[str, Any] | None, Row, bool]] = {}
+        # Each model's own row, by its name and whether it breaks its SLO (500 models).
+        self._heads: dict[tuple[str, bool], Row] = {}
 
     def draw(self, view: FleetView) -> None:
         fleet = self.console.fleet
         gateway = self.console.gateway_snapshot
         rows: list[Row] = []
         made, kept = {}, self._made
+        heads: dict[tuple[str, bool], Row] = {}
         for name, deployments in view.models.items():
             model = self.console.views.model(name)
             shown = []
@@ -275,10 +278,14 @@ class ModelsScreen(ViewScreen):
                 shown = [r for r in shown if self.filter.matches(r.fields, r.text)]
                 if not shown:
                     continue
-            head = model_head(name, model, breach, fleet.thresholds.error_rate)
-            rows.append(Row(f"m:{name}", head, {"model": name}, name))
+            head = self._heads.get((name, breach))
+            if head is None:
+                cells = model_head(name, model, breach, fleet.thresholds.error_rate)
+                head = Row(f"m:{name}", cells, {"model": name}, name)
+            heads[(name, breach)] = head
+            rows.append(head)
             rows.extend(shown)
-        self._made = made
+        self._made, self._heads = made, heads
         self.query_one(FleetTable).show(rows)
 
     @on(DataTable.RowSelected, "#models")

@@ -8,6 +8,7 @@ is, and render_line finds and builds the few visible lines.
 from __future__ import annotations
 
 from bisect import bisect_right
+from itertools import accumulate
 
 from rich.segment import Segment
 from rich.style import Style
@@ -55,11 +56,9 @@ class GpuGrid(ScrollView):
         self._label_width = min(14, max((len(n) for n, _ in by_node), default=4) + 1)
         width = max(20, (self.size.width or 80) - 2)
         per_line = max(1, (width - self._label_width) // CELL)
-        starts: list[int] = []
-        line = 0
-        for _, node_cells in by_node:
-            starts.append(line)
-            line += -(-len(node_cells) // per_line)  # a node with no GPU takes no line
+        # Each node's first line; a node with no GPU takes no line.
+        starts = list(accumulate((-(-len(cells) // per_line) for _, cells in by_node), initial=0))
+        line = starts.pop()
         self._by_node, self._starts, self._lines, self._per_line = by_node, starts, line, per_line
         size = Size(width, max(1, line))
         if size != self.virtual_size:  # a new size means a layout pass; most refreshes don't

@@ -6,7 +6,7 @@ free-text filtering. The cursor stays on the same row key across refreshes.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from rich.console import RenderableType
@@ -65,6 +65,27 @@ class Row:
         return self._text
 
 
+class RowsByKey(Mapping[str, Row]):
+    """The table's rows by key, read-only: the rows in order, and where each key is."""
+
+    __slots__ = ("at", "rows")
+
+    def __init__(self, rows: list[Row], at: dict[str, int]) -> None:
+        self.rows, self.at = rows, at
+
+    def __getitem__(self, key: str) -> Row:
+        return self.rows[self.at[key]]
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.at
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.at)
+
+    def __len__(self) -> int:
+        return len(self.at)
+
+
 def empty_row(columns: int, why: str) -> Row:
     """The one row of an empty table: "none", and why, in the last column (key "-")."""
     cells = (Text("none", style="dim"), *[Text("")] * (columns - 2), Text(why, style="dim"))
@@ -92,7 +113,7 @@ class FleetTable(DataTable[RenderableType]):
         self._blank: Cells = tuple(Text("") for _ in columns)
         self._column_keys: list[ColumnKey] = []
         self._widest: dict[int, int] = {}  # auto-width columns: the widest cell drawn
-        self.rows_by_key: dict[str, Row] = {}
+        self.rows_by_key = RowsByKey([], {})
         self._waiting: list[Row] = []  # rows still to add after a rebuild
         self._cursor_wanted: str | None = None  # the row the cursor goes back to once added
 
@@ -105,12 +126,15 @@ class FleetTable(DataTable[RenderableType]):
         self._column_keys = [column.key for column in self.ordered_columns]
 
     def show(self, rows: list[Row], flt: Filter | None = None) -> None:
-        visible = [r for r in rows if flt is None or flt.matches(r.fields, r.text)]
-        self.rows_by_key = {r.key: r for r in visible}
+        visible = rows if flt is None else [r for r in rows if flt.matches(r.fields, r.text)]
         keys = [r.key for r in visible]
         if keys != self._order:
+            self.rows_by_key = RowsByKey(visible, {key: i for i, key in enumerate(keys)})
             self._rebuild(visible)
             return
+        # The same keys in the same order: where each row is did not change (a dict of
+        # 20,000 rows made again each draw was a tenth of opening Models at 10,000 nodes).
+        self.rows_by_key = RowsByKey(visible, self.rows_by_key.at)
         self._update_on_screen()
 
     def _update_on_screen(self) -> None:
