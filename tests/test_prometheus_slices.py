@@ -308,45 +308,6 @@ def test_the_first_read_shows_what_came_then_the_rest_with_nothing_lost(three_ho
     asyncio.run(go())
 
 
-def test_the_first_read_asks_for_the_gpu_readings_after_the_rest(three_hosts):
-    """At 10,000 nodes the GPU readings are most of Prometheus' time: asked with the rest,
-    the answers that name the nodes came 2-4 s later. The first read asks for them once
-    the rest is in (or the nodes are shown); later reads ask for everything at once."""
-    from console.collect.promsource import HELD_FIRST
-
-    prom, _ = three_hosts
-    fleet = parse_fleet(prometheus_only(prom.url))
-
-    async def go() -> None:
-        async with PromSource(fleet, refresh_s=2.0) as source:
-            real = source._instant
-            log: list[tuple[str, str]] = []  # (event, family), in order
-
-            async def ask(expr: str | None, at: float):
-                family = next(q.family for q in source.queries if expr == q.expr)
-                log.append(("asked", family))
-                try:
-                    return await real(expr, at)
-                finally:
-                    log.append(("answered", family))
-
-            source._instant = ask  # type: ignore[method-assign]
-            await source.refresh()
-            assert source.health.ok and not source.health.failed
-            readings = log.index(("asked", HELD_FIRST))
-            others = [i for i, (event, f) in enumerate(log) if f != HELD_FIRST]
-            assert len(others) == 2 * (len(source.queries) - 1)
-            assert max(others) < readings, log  # every other query answered before
-            assert all(None not in t for t in temps(source).values())
-            log.clear()
-            await source.refresh()  # not the first: all asked before any answer
-            assert [event for event, _ in log[: len(source.queries)]] == ["asked"] * len(
-                source.queries
-            ), log
-
-    asyncio.run(go())
-
-
 async def _until(ready) -> None:
     while not ready():
         await asyncio.sleep(0.01)

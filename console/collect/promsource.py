@@ -60,7 +60,6 @@ SLICE_MIN_SAMPLES = 5_000
 SLICE_CYCLE_S = 20.0
 FIRST_LOOK_S = 1.0  # the first read shows what has come by then; the rest as it lands
 READ_SLICE = 2_500  # samples read before the console may answer a key (about 5 ms)
-HELD_FIRST = "gpu"  # the query family the first read asks once it has shown the nodes
 APPLY_SLICE = 100  # nodes made into snapshots before it may (about 20 ms)
 
 
@@ -230,27 +229,18 @@ class PromSource(Collector):
             return
         slices = {} if self._whole_due(started) else self._slices
         full = not slices  # every query reads the whole fleet
-        # The first read asks for the GPU readings once it has shown the nodes: at 10,000
-        # nodes they are half the samples and most of Prometheus' time, and asked with
-        # the rest they held back the answers that name the nodes by 2-4 s.
-        held = asyncio.Event()
-        if not (full and self._whole_end is None):
-            held.set()
-
-        async def ask(i: int, query: Query) -> Answered:
-            if query.family == HELD_FIRST:
-                await held.wait()
-            return await self._instant(self._expr(i, query, slices), at)
-
-        tasks = [asyncio.ensure_future(ask(i, q)) for i, q in enumerate(self.queries)]
+        tasks = [
+            asyncio.ensure_future(self._instant(self._expr(i, q, slices), at))
+            for i, q in enumerate(self.queries)
+        ]
         try:
-            await self._read_all(tasks, started, full, held)
+            await self._read_all(tasks, started, full)
         finally:
             for task in tasks:
                 task.cancel()  # those still asking, when the refresh itself is cancelled
 
     async def _read_all(
-        self, tasks: list[asyncio.Task[Answered]], started: float, full: bool, held: asyncio.Event
+        self, tasks: list[asyncio.Task[Answered]], started: float, full: bool
     ) -> None:
         health = self.health
         learnt: dict[int, _Slicer] = {}
@@ -273,14 +263,7 @@ class PromSource(Collector):
                         i = tasks.index(task)
                         await self._read(i, task.result()[0], nodes, learnt)
                         read.add(i)
-                if all(
-                    t.done()
-                    for t, q in zip(tasks, self.queries, strict=True)
-                    if q.family != HELD_FIRST
-                ):
-                    held.set()  # the rest is in (a small fleet): no need to wait
             if pending and nodes:
-                held.set()  # while the nodes are made, Prometheus reads the readings
                 self._current, shown = nodes, True
                 await self._apply()
                 nodes = {}
