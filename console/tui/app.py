@@ -135,7 +135,7 @@ class EngineroomApp(Workflows):
         # the refresh, it drew most refreshes twice (its tick and the landing's).
         every = self.refresh_s * (2 if self.collector.refreshes else 1)
         self._ticker = self.set_interval(every, self.tick)
-        self.collector.on_refreshed = lambda: self.call_later(self._refreshed)
+        self.collector.on_refreshed = self._refresh_landed
 
     async def on_unmount(self) -> None:
         await self.collector.__aexit__(None, None, None)
@@ -153,6 +153,9 @@ class EngineroomApp(Workflows):
                 chained(state)
 
         self.collector.on_update = updated
+
+    def _refresh_landed(self) -> None:
+        self.call_later(self._refreshed)  # drawn from the app's own queue
 
     def _refreshed(self) -> None:
         self.tick()
