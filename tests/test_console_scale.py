@@ -487,3 +487,88 @@ async def test_a_long_tables_rows_are_made_when_first_drawn_or_read():
         assert 900 in made and 899 in made
         assert t.ordered_columns[1].content_width >= 30
         assert len(made) < 250
+
+
+def test_a_patched_view_is_the_view_built_whole(monkeypatch: pytest.MonkeyPatch):
+    """The console patches the last view where nodes changed (a tenth of 10,000 a refresh
+    from Prometheus); whatever changed, the patched view must be the one a fresh builder
+    makes of the same states: lines, deployment rows, GPU cells, alerts and summary. The
+    steps change a GPU's heat, an error, a status as time passes, an engine that comes
+    and goes, a GPU that goes: the last two no longer fit the last view's places."""
+    from console.collect.collector import NodeState
+    from console.collect.view import ViewBuilder
+    from console.core.snapshot import Engine, Gpu, ModelStats
+
+    fleet = parse_fleet(
+        '[fleet]\nname = "t"\nrefresh_s = 1.0\n'
+        + "".join(f'[[nodes]]\nname = "{n}"\nagent = "http://127.0.0.1:{p}"\n' for n, p in
+                  (("a", 1), ("b", 2), ("c", 3)))
+        + '[[models]]\nname = "m1"\n'
+        + "".join(f'[[models.deployments]]\nid = "m1-{n}"\nnode = "{n}"\nengine = "vllm"\n'
+                  f'endpoint = "http://127.0.0.1:{8000 + i}"\n' for i, n in enumerate("abc"))
+    )  # fmt: skip
+
+    def snap(node: str, temps: list[float], extra: int = 1) -> Snapshot:
+        declared = Engine(id="vllm-8000", kind="vllm", state="ready",
+                          deployment_ids=[f"m1-{node}"], models=[ModelStats(name="m1")])  # fmt: skip
+        undeclared = [
+            Engine(id=f"vllm-{9100 + i}", kind="vllm", state="ready",
+                   models=[ModelStats(name=f"x{i}", error_rate=0.5 if node == "b" else 0.0,
+                                      request_rate=1.0)])  # fmt: skip
+            for i in range(extra)
+        ]
+        return Snapshot(
+            node=NodeInfo(name=node, agent_version="0", time=time.time()),
+            host=Host(),
+            gpu_status="ok",
+            gpus=[Gpu(index=i, utilization_pct=10.0 * i, temperature_c=t)
+                  for i, t in enumerate(temps)],  # fmt: skip
+            engines=[declared, *undeclared],
+        )
+
+    t = 1000.0
+    states = {n: NodeState(n, "agent", snapshot=snap(n, [40.0, 50.0]), last_ok=t) for n in "abc"}
+    views = ViewBuilder(fleet)
+    wholes: list[ViewBuilder] = []  # builds of `views` made whole, not patched
+    whole = ViewBuilder._whole
+
+    def counted(self: ViewBuilder, *args: Any) -> Any:
+        if self is views:
+            wholes.append(self)
+        return whole(self, *args)
+
+    monkeypatch.setattr(ViewBuilder, "_whole", counted)
+
+    def step(now: float, patches: bool) -> None:
+        wholes.clear()
+        view = views.build(states, 1.0, now)
+        fresh = ViewBuilder(fleet).build(states, 1.0, now)
+        assert len(wholes) == (0 if patches else 1)
+        assert view.summary == fresh.summary
+        assert view.nodes == fresh.nodes
+        assert view.models == fresh.models
+        assert view.alerts == fresh.alerts
+        assert view.gpus == fresh.gpus
+        assert view.gpus_by_node == fresh.gpus_by_node
+
+    step(t, patches=False)
+    states["b"].snapshot = snap("b", [40.0, 99.0])  # hot: an alert, a new line
+    step(t + 0.5, patches=True)
+    states["c"].error = "stream reset"
+    step(t + 0.6, patches=True)
+    states["b"].snapshot = snap("b", [40.0, 50.0])  # cool again: its alert goes
+    step(t + 0.7, patches=True)
+    step(t + 2.5, patches=True)  # no snapshot for 2.5 s: every node stale, with its age
+    step(t + 3.5, patches=True)
+    for n in "abc":
+        states[n].last_ok = t + 4.0
+    states["a"].snapshot = snap("a", [40.0, 50.0], extra=2)  # an engine came: new places
+    step(t + 4.0, patches=False)
+    states["b"].snapshot = snap("b", [40.0])  # a GPU went
+    step(t + 4.1, patches=False)
+    states["c"].failures, states["c"].last_ok = 3, t - 10  # down: its undeclared row goes
+    step(t + 4.2, patches=False)
+    states["b"].snapshot = snap("b", [40.0, 30.0])  # cooler again, a GPU back
+    step(t + 4.3, patches=False)
+    states["b"].error = "slow"
+    step(t + 4.4, patches=True)

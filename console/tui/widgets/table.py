@@ -17,6 +17,7 @@ from textual.cache import LRUCache
 from textual.coordinate import Coordinate
 from textual.widgets import DataTable
 from textual.widgets.data_table import ColumnKey, RowKey
+from textual.widgets.data_table import Row as TableRow
 
 from console.tui.filtering import Filter
 
@@ -100,6 +101,12 @@ class FleetTable(DataTable[RenderableType]):
         # first, since DataTable's __init__ already clears its caches.
         self._rendered: LRUCache[tuple[Any, ...], tuple[object, list[list[Segment]]]] = LRUCache(
             4096
+        )
+        # The rows in order and where each line is, kept until rows are added, removed or
+        # sorted (see ordered_rows).
+        self._rows_serial = 0
+        self._in_order: tuple[tuple[int, int], list[TableRow], list[tuple[RowKey, int]]] | None = (
+            None
         )
         # No cell padding: widths include one space, which saves a column's worth of
         # characters every few columns at 80x24.
@@ -247,6 +254,50 @@ class FleetTable(DataTable[RenderableType]):
     def _clear_caches(self) -> None:
         super()._clear_caches()
         self._rendered.clear()
+        self._in_order = None
+
+    # DataTable keeps the rows in order, and the line each is on, only until any cell
+    # changes (its update counter): each refresh that changed one cell on screen walked
+    # every row twice at the next paint, the 21,000 of Models at 10,000 nodes (about 20 ms
+    # a paint). Here they are kept until the rows themselves change.
+    @property
+    def ordered_rows(self) -> list[TableRow]:
+        return self._rows_in_order()[1]
+
+    @property
+    def _y_offsets(self) -> list[tuple[RowKey, int]]:
+        return self._rows_in_order()[2]
+
+    def _rows_in_order(self) -> tuple[tuple[int, int], list[TableRow], list[tuple[RowKey, int]]]:
+        key = (self.row_count, self._rows_serial)
+        kept = self._in_order
+        if kept is None or kept[0] != key:
+            rows = self.rows
+            keys = map(self._row_locations.get_key, range(key[0]))
+            ordered = [rows[k] for k in keys if k is not None]
+            lines = [(row.key, y) for row in ordered for y in range(row.height)]
+            kept = self._in_order = (key, ordered, lines)
+        return kept
+
+    def add_row(self, *cells: RenderableType, **kwargs: Any) -> RowKey:
+        self._rows_serial += 1
+        return super().add_row(*cells, **kwargs)
+
+    def remove_row(self, row_key: RowKey | str) -> None:
+        self._rows_serial += 1
+        super().remove_row(row_key)
+
+    def sort(self, *columns: ColumnKey | str, **kwargs: Any) -> FleetTable:
+        self._rows_serial += 1
+        super().sort(*columns, **kwargs)
+        self._rows_serial += 1
+        return self
+
+    def clear(self, columns: bool = False) -> FleetTable:
+        self._rows_serial += 1
+        super().clear(columns)
+        self._rows_serial += 1
+        return self
 
     def _on_theme(self, theme: object) -> None:
         """The kept cells go with the theme, which changes the component classes' styles
