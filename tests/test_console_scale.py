@@ -497,34 +497,9 @@ def test_a_patched_view_is_the_view_built_whole(monkeypatch: pytest.MonkeyPatch)
     and goes, a GPU that goes: the last two no longer fit the last view's places."""
     from console.collect.collector import NodeState
     from console.collect.view import ViewBuilder
-    from console.core.snapshot import Engine, Gpu, ModelStats
 
-    fleet = parse_fleet(
-        '[fleet]\nname = "t"\nrefresh_s = 1.0\n'
-        + "".join(f'[[nodes]]\nname = "{n}"\nagent = "http://127.0.0.1:{p}"\n' for n, p in
-                  (("a", 1), ("b", 2), ("c", 3)))
-        + '[[models]]\nname = "m1"\n'
-        + "".join(f'[[models.deployments]]\nid = "m1-{n}"\nnode = "{n}"\nengine = "vllm"\n'
-                  f'endpoint = "http://127.0.0.1:{8000 + i}"\n' for i, n in enumerate("abc"))
-    )  # fmt: skip
-
-    def snap(node: str, temps: list[float], extra: int = 1) -> Snapshot:
-        declared = Engine(id="vllm-8000", kind="vllm", state="ready",
-                          deployment_ids=[f"m1-{node}"], models=[ModelStats(name="m1")])  # fmt: skip
-        undeclared = [
-            Engine(id=f"vllm-{9100 + i}", kind="vllm", state="ready",
-                   models=[ModelStats(name=f"x{i}", error_rate=0.5 if node == "b" else 0.0,
-                                      request_rate=1.0)])  # fmt: skip
-            for i in range(extra)
-        ]
-        return Snapshot(
-            node=NodeInfo(name=node, agent_version="0", time=time.time()),
-            host=Host(),
-            gpu_status="ok",
-            gpus=[Gpu(index=i, utilization_pct=10.0 * i, temperature_c=t)
-                  for i, t in enumerate(temps)],  # fmt: skip
-            engines=[declared, *undeclared],
-        )
+    fleet = _three_nodes()
+    snap = _node_snapshot
 
     t = 1000.0
     states = {n: NodeState(n, "agent", snapshot=snap(n, [40.0, 50.0]), last_ok=t) for n in "abc"}
@@ -572,3 +547,126 @@ def test_a_patched_view_is_the_view_built_whole(monkeypatch: pytest.MonkeyPatch)
     step(t + 4.3, patches=False)
     states["b"].error = "slow"
     step(t + 4.4, patches=True)
+
+
+def _three_nodes() -> Fleet:
+    """Nodes a, b and c, each with a deployment of m1."""
+    return parse_fleet(
+        '[fleet]\nname = "t"\nrefresh_s = 1.0\n'
+        + "".join(f'[[nodes]]\nname = "{n}"\nagent = "http://127.0.0.1:{p}"\n' for n, p in
+                  (("a", 1), ("b", 2), ("c", 3)))
+        + '[[models]]\nname = "m1"\n'
+        + "".join(f'[[models.deployments]]\nid = "m1-{n}"\nnode = "{n}"\nengine = "vllm"\n'
+                  f'endpoint = "http://127.0.0.1:{8000 + i}"\n' for i, n in enumerate("abc"))
+    )  # fmt: skip
+
+
+def _node_snapshot(
+    node: str, temps: list[float], extra: int = 1, rate: float = 1.0, errors: float | None = None
+) -> Snapshot:
+    """m1's engine, `extra` engines no deployment names (by default node b's with errors
+    past the SLO), and a GPU at each temperature."""
+    from console.core.snapshot import Engine, Gpu, ModelStats
+
+    declared = Engine(id="vllm-8000", kind="vllm", state="ready",
+                      deployment_ids=[f"m1-{node}"], models=[ModelStats(name="m1")])  # fmt: skip
+    undeclared = [
+        Engine(id=f"vllm-{9100 + i}", kind="vllm", state="ready",
+               models=[ModelStats(name=f"x{i}", request_rate=rate,
+                                  error_rate=(0.5 if node == "b" else 0.0) if errors is None
+                                  else errors)])  # fmt: skip
+        for i in range(extra)
+    ]
+    return Snapshot(
+        node=NodeInfo(name=node, agent_version="0", time=time.time()),
+        host=Host(),
+        gpu_status="ok",
+        gpus=[Gpu(index=i, utilization_pct=10.0 * i, temperature_c=t)
+              for i, t in enumerate(temps)],  # fmt: skip
+        engines=[declared, *undeclared],
+    )
+
+
+async def test_fleet_and_models_patched_rows_are_the_rows_drawn_whole(
+    monkeypatch: pytest.MonkeyPatch,
+):
+    """Fleet and Models patch their last rows where nodes changed since they drew
+    (ViewBuilder.changed_since), Models across the views it did not draw while hidden;
+    the rows must be those a whole draw makes of the same view: cells, colours and keys.
+    The node states are set by the test (nothing is polled)."""
+    from rich.text import Text
+
+    from console.collect.collector import NodeState
+    from console.tui.screens.models import ModelsScreen
+    from console.tui.widgets.table import Row
+
+    class Held(Collector):
+        def start(self) -> None:  # the test sets the states
+            pass
+
+    fleet = _three_nodes()
+    collector = Held(fleet)
+    now = time.monotonic()
+    for n in "abc":
+        collector.states[n] = NodeState(n, "agent", snapshot=_node_snapshot(n, [40.0]), last_ok=now)
+    whole: list[str] = []
+    draw_all = ModelsScreen._draw_all
+
+    def counted(self: ModelsScreen, *args: Any) -> None:
+        whole.append("models")
+        draw_all(self, *args)
+
+    monkeypatch.setattr(ModelsScreen, "_draw_all", counted)
+
+    def seen(rows: list[Row]) -> list[tuple[str, list[tuple[str, str, str]]]]:
+        def cell(c: Any) -> tuple[str, str, str]:
+            text = c if isinstance(c, Text) else Text(str(c))
+            return (text.plain, str(text.style), repr(text.spans))
+
+        return [(r.key, [cell(c) for c in r.made()]) for r in rows]
+
+    def drawn_whole(screen: Any) -> list[tuple[str, list[tuple[str, str, str]]]]:
+        patched = seen(screen._drawn.rows if isinstance(screen, ModelsScreen) else screen._drawn[2])
+        screen._drawn = None  # the next draw walks it all
+        screen.draw(app.view)
+        return patched
+
+    def step(change: Callable[[], None]) -> None:
+        change()
+        app.tick()
+
+    app = EngineroomApp(fleet, collector=collector)
+    async with app.run_test(size=(160, 40)) as pilot:
+        await pilot.pause()
+        fleet_screen = app.screen
+        assert isinstance(fleet_screen, FleetScreen)
+        await pilot.press("m")
+        await pilot.pause()
+        models = app.screen
+        assert isinstance(models, ModelsScreen)
+        whole.clear()
+        b = collector.states["b"]
+        step(lambda: setattr(b, "snapshot", _node_snapshot("b", [95.0], rate=5.0)))
+        step(lambda: setattr(collector.states["c"], "error", "stream reset"))
+        assert whole == [], "Models walked every row"
+        before = drawn_whole(models)
+        assert before == seen(models._drawn.rows)
+        assert ("m:x0", "bold red") in [(key, cells[0][1]) for key, cells in before]
+        rates = [cells[8][0] for key, cells in before if key.startswith("d:x0")]
+        assert rates == ["1.0/s", "5.0/s", "1.0/s"]
+        await pilot.press("n")  # Fleet, while Models misses two views
+        await pilot.pause()
+        step(lambda: setattr(collector.states["a"], "snapshot", _node_snapshot("a", [50.0])))
+        assert fleet_screen._drawn is not None and fleet_screen._drawn[0] == app.view.serial
+        patched = drawn_whole(fleet_screen)
+        assert patched == seen(fleet_screen._drawn[2])
+        assert [k for k, _ in patched] == ["a", "b", "c"]
+        step(lambda: setattr(b, "snapshot", _node_snapshot("b", [40.0], errors=0.0)))
+        whole.clear()
+        await pilot.press("m")
+        await pilot.pause()
+        assert whole == [] and models._drawn is not None
+        assert models._drawn.serial == app.view.serial
+        after = drawn_whole(models)
+        assert after == seen(models._drawn.rows)
+        assert ("m:x0", "bold") in [(key, cells[0][1]) for key, cells in after]  # none breaks

@@ -74,6 +74,9 @@ class FleetScreen(ViewScreen):
         # node that did not change, so a draw makes rows only for those that did (a
         # tenth of 10,000 nodes a refresh, read from Prometheus in slices).
         self._made: dict[int, tuple[NodeRow, Row]] = {}
+        # The last draw unfiltered: the view's number, its lines and the rows made of them.
+        # The next patches the nodes that changed since (ViewBuilder.changed_since).
+        self._drawn: tuple[int, list[NodeRow], list[Row]] | None = None
 
     def compose_body(self) -> ComposeResult:
         yield FleetTable(COLUMNS, id="nodes")
@@ -81,6 +84,23 @@ class FleetScreen(ViewScreen):
 
     def draw(self, view: FleetView) -> None:
         t = self.console.fleet.thresholds
+        table = self.query_one(FleetTable)
+        changed = None
+        if self.filter is None and self._drawn is not None:
+            changed = self.console.views.changed_since(self._drawn[0], view)
+        if changed is not None and self._drawn is not None:
+            _, lines, rows = self._drawn
+            rows = rows.copy()
+            for name in changed:
+                i = view.at[name]
+                n = view.nodes[i]
+                if lines[i] is not n:
+                    rows[i] = node_cells(n, t.gpu_temp_warn_c, t.gpu_temp_crit_c)
+            self._drawn = (view.serial, view.nodes, rows)
+            table.show(rows, same_keys=True)
+            self.drawn_nodes = view.summary.nodes_up
+            self.query_one(GpuGrid).show(view.gpus_by_node, t.gpu_temp_crit_c, same_nodes=True)
+            return
         made, kept = {}, self._made
         rows, up = [], 0
         for n in view.nodes:
@@ -94,11 +114,12 @@ class FleetScreen(ViewScreen):
             rows.append(row)
             up += n.status == "up"
         self._made = made
-        self.query_one(FleetTable).show(rows, self.filter)
+        table.show(rows, self.filter)
+        self._drawn = (view.serial, view.nodes, rows) if self.filter is None else None
         self.drawn_nodes = up
         by_node = view.gpus_by_node
         if self.filter is not None:
-            shown = set(self.query_one(FleetTable).rows_by_key)
+            shown = set(table.rows_by_key)
             by_node = [(node, cells) for node, cells in by_node if node in shown]
         self.query_one(GpuGrid).show(by_node, t.gpu_temp_crit_c)
 

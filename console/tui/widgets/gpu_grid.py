@@ -49,10 +49,20 @@ class GpuGrid(ScrollView):
         self._per_line = 1
         self._temp_crit = 90.0
         self._label_width = 8
+        self._sized = -1  # the width the lines were laid out for
 
-    def show(self, by_node: list[tuple[str, list[GpuCell]]], temp_crit: float) -> None:
-        """`by_node`: each node's cells, in the order the rows go (FleetView.gpus_by_node)."""
+    def show(
+        self, by_node: list[tuple[str, list[GpuCell]]], temp_crit: float, same_nodes: bool = False
+    ) -> None:
+        """`by_node`: each node's cells, in the order the rows go (FleetView.gpus_by_node).
+        `same_nodes`: the same nodes with as many GPUs each as last time (a patched view):
+        where each node's line starts is kept, not worked out again for 10,000 nodes."""
         self._temp_crit = temp_crit
+        if same_nodes and len(by_node) == len(self._by_node) and self._sized == self.size.width:
+            self._by_node = by_node
+            self.refresh()
+            return
+        self._sized = self.size.width
         self._label_width = min(14, max((len(n) for n, _ in by_node), default=4) + 1)
         width = max(20, (self.size.width or 80) - 2)
         per_line = max(1, (width - self._label_width) // CELL)

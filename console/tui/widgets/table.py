@@ -132,8 +132,14 @@ class FleetTable(DataTable[RenderableType]):
             self.add_column(shown, key=label, width=None if width is None else width + (i == 0))
         self._column_keys = [column.key for column in self.ordered_columns]
 
-    def show(self, rows: list[Row], flt: Filter | None = None) -> None:
+    def show(self, rows: list[Row], flt: Filter | None = None, same_keys: bool = False) -> None:
+        """`same_keys`: the caller knows the rows have the keys of the last show, in order
+        (a screen that patched its last rows): they are not compared."""
         visible = rows if flt is None else [r for r in rows if flt.matches(r.fields, r.text)]
+        if same_keys and flt is None and len(visible) == len(self._order):
+            self.rows_by_key = RowsByKey(visible, self.rows_by_key.at)
+            self._update_on_screen()
+            return
         keys = [r.key for r in visible]
         if keys != self._order:
             self.rows_by_key = RowsByKey(visible, {key: i for i, key in enumerate(keys)})
