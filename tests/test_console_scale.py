@@ -570,19 +570,22 @@ def _node_snapshot(
 
     declared = Engine(id="vllm-8000", kind="vllm", state="ready",
                       deployment_ids=[f"m1-{node}"], models=[ModelStats(name="m1")])  # fmt: skip
+    if errors is None:
+        errors = 0.5 if node == "b" else 0.0
     undeclared = [
-        Engine(id=f"vllm-{9100 + i}", kind="vllm", state="ready",
-               models=[ModelStats(name=f"x{i}", request_rate=rate,
-                                  error_rate=(0.5 if node == "b" else 0.0) if errors is None
-                                  else errors)])  # fmt: skip
+        Engine(
+            id=f"vllm-{9100 + i}",
+            kind="vllm",
+            state="ready",
+            models=[ModelStats(name=f"x{i}", request_rate=rate, error_rate=errors)],
+        )
         for i in range(extra)
     ]
     return Snapshot(
         node=NodeInfo(name=node, agent_version="0", time=time.time()),
         host=Host(),
         gpu_status="ok",
-        gpus=[Gpu(index=i, utilization_pct=10.0 * i, temperature_c=t)
-              for i, t in enumerate(temps)],  # fmt: skip
+        gpus=[Gpu(index=i, utilization_pct=10.0 * i, temperature_c=t) for i, t in enumerate(temps)],
         engines=[declared, *undeclared],
     )
 
