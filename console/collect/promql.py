@@ -102,9 +102,19 @@ def _sel(selector: str) -> str:
     return f"{selector}{{{SLICE}}}"
 
 
-class Sample(msgspec.Struct):
+class Point(msgspec.Struct, array_like=True, gc=False):
+    """An instant query's `[time, "value"]`."""
+
+    time: float
+    text: str
+
+
+# Neither is tracked by the garbage collector (msgspec's gc=False: they hold no cycle). A
+# sliced refresh at 10,000 nodes decodes 94,000 samples; as a struct and a tuple each, the
+# young generation filled with 190,000 objects a refresh, each collection walking them.
+class Sample(msgspec.Struct, gc=False):
     metric: dict[str, str]
-    value: tuple[float, str] | None = None  # instant
+    value: Point | None = None  # instant
     values: list[tuple[float, str]] | None = None  # range
 
 

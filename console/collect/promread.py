@@ -222,9 +222,12 @@ class FleetReader:
             "agent_gpu": self._read_agent_gpu,
             "agent_engine": self._read_agent,
             "agent_model": self._read_agent,
-        }.get(query.family, self._read_engine)
+        }.get(query.family)
+        if read is None:
+            self._read_engine(query, result, nodes)
+            return
         for sample in result:
-            value = number(sample.value[1]) if sample.value else None
+            value = number(sample.value.text) if sample.value else None
             read(query, sample.metric, value, nodes)
 
     def _read_up(
@@ -299,16 +302,52 @@ class FleetReader:
             if stat in AGENT_STATS:
                 model[f"{AGENT_LATENCY[metric]}.{stat}"] = value
 
-    def _read_engine(
-        self,
-        query: Query,
-        labels: dict[str, str],
-        value: float | None,
-        nodes: Nodes,
-    ) -> None:
-        """One of an engine's own series, scraped from the engine by Prometheus."""
+    def _read_engine(self, query: Query, result: list[Sample], nodes: Nodes) -> None:
+        """An engine's own series, scraped from the engine by Prometheus. A deployment's
+        figures come as several samples with the same labels but one (the figure, or its
+        name): where they go is worked out once per deployment, not per sample (a sliced
+        refresh at 10,000 nodes reads 40,000 of them)."""
         kind = query.kind or "?"
         ps = self.engines[kind]
+        model_label = self.section.labels.model.get(kind, ps.model_label)
+        node_labels = self.node_labels
+        family = query.family
+        gauges = {
+            series: key
+            for key, series in (
+                ("present", ps.present),
+                ("requests_running", ps.running),
+                ("requests_waiting", ps.waiting),
+                ("kv_cache_usage", ps.kv_cache),
+            )
+            if series
+        }
+        keys: dict[str, str] = {}  # a hist query's tag -> its figure's key ("ttft.p95")
+        where: dict[tuple[str | None, ...], dict[str, float | None]] = {}
+        for sample in result:
+            labels = sample.metric
+            value = number(sample.value.text) if sample.value else None
+            at = (labels.get("instance"), labels.get(model_label), *map(labels.get, node_labels))
+            model = where.get(at)
+            if model is None:
+                model = where[at] = self._engine_model(kind, labels, model_label, nodes)
+            tag = labels.get(TAG, "")
+            if family == "gauges":
+                key = gauges.get(labels.get("__name__", ""))
+                if key is not None:
+                    model[key] = value
+            elif family == "hist":
+                key = keys.get(tag) or keys.setdefault(tag, f"{query.figure}.{tag}")
+                scale = 1.0 if tag == "count" else ps.histogram_scale
+                model[key] = None if value is None else value * scale
+            elif family == "counters":
+                scale = ps.mean_scale if tag.startswith("mean:") else 1.0
+                model[tag] = None if value is None else value * scale
+
+    def _engine_model(
+        self, kind: str, labels: dict[str, str], model_label: str, nodes: Nodes
+    ) -> dict[str, float | None]:
+        """The figures of the model an engine's series is about, in its node's readings."""
         instance = labels.get("instance", "")
         found = self._addresses.get(instance)
         if found is not None and found.kind == kind:
@@ -317,26 +356,7 @@ class FleetReader:
             node = self._node_of(labels) or "?"
             engine = self._engine_at(nodes, node, engine_id(kind, instance), kind, None)
             engine.endpoint = engine.endpoint or (f"http://{instance}" if instance else None)
-        model = engine.models.setdefault(
-            labels.get(self.section.labels.model.get(kind, ps.model_label), "?"), {}
-        )
-        tag = labels.get(TAG, "")
-        if query.family == "gauges":
-            metric = labels.get("__name__", "")
-            for key, series in (
-                ("present", ps.present),
-                ("requests_running", ps.running),
-                ("requests_waiting", ps.waiting),
-                ("kv_cache_usage", ps.kv_cache),
-            ):
-                if metric == series:
-                    model[key] = value
-        elif query.family == "hist":
-            scale = 1.0 if tag == "count" else ps.histogram_scale
-            model[f"{query.figure}.{tag}"] = None if value is None else value * scale
-        elif query.family == "counters":
-            scale = ps.mean_scale if tag.startswith("mean:") else 1.0
-            model[tag] = None if value is None else value * scale
+        return engine.models.setdefault(labels.get(model_label, "?"), {})
 
     def _engine_at(
         self, nodes: Nodes, node: str, eid: str, kind: str, found: _Address | None
