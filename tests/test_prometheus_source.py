@@ -376,6 +376,66 @@ def test_figures_read_from_recording_rules_are_the_figures_evaluated_each_refres
     assert kept.version == evaluated.version and kept.state == evaluated.state
 
 
+def test_the_first_read_asks_for_gpus_and_latencies_once_the_nodes_show(fleet):
+    """At 10,000 nodes the GPU readings and the latency histograms are most of a whole
+    read; asked with the rest, they held back every answer naming a node (1.7-4 s). The
+    first read asks them once the other answers have shown the nodes, and what they bring
+    lands on top: the read ends whole. Later reads ask everything at once."""
+    from console.collect.promsource import FIRST_HELD, PromSource
+
+    async def go() -> None:
+        async with PromSource(fleet.via_prometheus, refresh_s=1.0) as source:
+            held = {q.expr for q in source.queries if q.family in FIRST_HELD}
+            assert held
+            asked: list[tuple[str, bool]] = []  # each query, and whether nodes showed
+            instant = source._instant
+
+            async def watched(expr: str | None, at: float):
+                asked.append((expr or "", any(s.snapshot for s in source.states.values())))
+                return await instant(expr, at)
+
+            source._instant = watched  # type: ignore[method-assign]
+            await source.refresh()
+            lead = len(source.queries) - len(held)
+            assert [expr in held for expr, _ in asked] == [False] * lead + [True] * len(held)
+            assert all(shown for expr, shown in asked if expr in held)
+            assert source.health.ok and not source.health.failed
+            snap = source.states["local"].snapshot
+            assert snap is not None and snap.gpu_status == "ok" and snap.gpus
+            asked.clear()
+            await source.refresh()
+            assert len(asked) == len(source.queries)
+            assert not any(shown is False for _, shown in asked)
+
+    asyncio.run(go())
+
+
+def test_gpus_not_read_yet_are_unknown_not_none():
+    """Shown before the GPU queries answer, a node's GPUs are "not read yet" and their
+    count unknown (?), not "no GPU series" and 0."""
+    from console.collect.promread import NodeReadings
+    from console.collect.promsource import PromSource
+    from console.collect.view import ViewBuilder
+    from console.tui.screens.fleet import node_cells
+
+    parsed = parse_fleet(prometheus_only("http://127.0.0.1:1") + '[[nodes]]\nname = "n"\n')
+    reader = PromSource(parsed).reader
+    early = reader.snapshot("n", NodeReadings(), time.time(), gpus_read=False)
+    assert early.gpu_status == "GPUs not read yet (first read under way)"
+    late = reader.snapshot("n", NodeReadings(), time.time())
+    assert late.gpu_status.startswith("no GPU series in Prometheus")
+    from console.collect.collector import NodeState
+
+    state = NodeState("n", "prometheus", snapshot=early, last_ok=time.monotonic())
+    (line,) = ViewBuilder(parsed).build({"n": state}, 1.0).nodes
+    assert line.gpus is None
+    cells = node_cells(line, 80.0, 90.0).made()
+    assert (cells[2].plain, cells[-1].plain) == (
+        "?",
+        "-  (GPUs not read yet (first read under way))",
+    )
+
+
 def test_check_through_prometheus_gives_the_same_exit_code_and_json_keys(fleet, tmp_path):
     via_agents = tmp_path / "agents.toml"
     via_prom = tmp_path / "prom.toml"

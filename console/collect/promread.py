@@ -380,13 +380,22 @@ class FleetReader:
 
     # -- readings into node states -------------------------------------------------------
 
-    def snapshot(self, name: str, node: NodeReadings, wall: float) -> Snapshot:
+    def snapshot(
+        self, name: str, node: NodeReadings, wall: float, gpus_read: bool = True
+    ) -> Snapshot:
+        """`gpus_read`: the GPU queries have answered (else the GPUs are not known yet)."""
         gpus = self._gpus(node, wall)
         engines = [self._engine(eid, e) for eid, e in sorted(node.engines.items())]
+        if gpus:
+            gpu_status = "ok"
+        elif gpus_read:
+            gpu_status = "no GPU series in Prometheus (dcgm-exporter or agent)"
+        else:
+            gpu_status = "GPUs not read yet (first read under way)"
         return Snapshot(
             node=NodeInfo(name=name, agent_version="prometheus", time=wall),
             host=Host(),
-            gpu_status="ok" if gpus else "no GPU series in Prometheus (dcgm-exporter or agent)",
+            gpu_status=gpu_status,
             driver_version=node.driver,
             gpus=gpus,
             engines=engines,

@@ -59,6 +59,12 @@ WHOLE_SHARE = 10
 SLICE_MIN_SAMPLES = 5_000
 SLICE_CYCLE_S = 20.0
 FIRST_LOOK_S = 1.0  # the first read shows what has come by then; the rest as it lands
+# The first read asks these after the rest has shown the nodes: the GPU readings and the
+# latency histograms are 80-90 % of a whole read's samples and of Prometheus' time (docs/
+# evidence/bench-prom-queries.txt), and asked at once they held back every answer naming
+# a node (1.7-4 s at 10,000 nodes, with half a core left to Prometheus).
+FIRST_HELD = frozenset({"gpu", "gpu_id", "hist"})
+GPU_FAMILIES = frozenset({"gpu", "gpu_id", "agent_gpu"})
 READ_SLICE = 2_500  # samples read before the console may answer a key (about 5 ms)
 APPLY_SLICE = 100  # nodes made into snapshots before it may (about 20 ms)
 
@@ -229,19 +235,37 @@ class PromSource(Collector):
             return
         slices = {} if self._whole_due(started) else self._slices
         full = not slices  # every query reads the whole fleet
-        tasks = [
-            asyncio.ensure_future(self._instant(self._expr(i, q, slices), at))
-            for i, q in enumerate(self.queries)
-        ]
+        first = full and self._whole_end is None
+        tasks: list[asyncio.Future[Answered] | None] = [None] * len(self.queries)
+
+        def ask(held: bool) -> list[asyncio.Future[Answered]]:
+            """Ask the queries the first read holds back (`held`), or the others."""
+            asked: list[asyncio.Future[Answered]] = []
+            for i, q in enumerate(self.queries):
+                if tasks[i] is None and (first and q.family in FIRST_HELD) == held:
+                    task = tasks[i] = asyncio.ensure_future(
+                        self._instant(self._expr(i, q, slices), at)
+                    )
+                    asked.append(task)
+            return asked
+
+        ask(held=False)
         try:
-            await self._read_all(tasks, started, full)
+            await self._read_all(tasks, started, full, partial(ask, True))
         finally:
             for task in tasks:
-                task.cancel()  # those still asking, when the refresh itself is cancelled
+                if task is not None:
+                    task.cancel()  # those still asking, when the refresh itself is cancelled
 
     async def _read_all(
-        self, tasks: list[asyncio.Task[Answered]], started: float, full: bool
+        self,
+        tasks: list[asyncio.Future[Answered] | None],
+        started: float,
+        full: bool,
+        ask_held: Callable[[], list[asyncio.Future[Answered]]],
     ) -> None:
+        """`tasks`: each query's answer to come, None for those the first read holds
+        back until `ask_held` asks them."""
         health = self.health
         learnt: dict[int, _Slicer] = {}
         nodes: dict[str, NodeReadings] = {}
@@ -250,8 +274,14 @@ class PromSource(Collector):
         if full and self._whole_end is None:
             # The first read shows the nodes and what has come after FIRST_LOOK_S, then
             # the rest as it lands: at 10,000 nodes the GPU readings alone take 15-30 s.
-            deadline, pending = started + self.first_look_s, set(tasks)
-            while pending and not (nodes and time.monotonic() >= deadline):
+            deadline = started + self.first_look_s
+            pending = {task for task in tasks if task is not None}
+            held = True
+            while True:
+                if held and not pending and not nodes:  # all in, none named a node
+                    pending, held = set(ask_held()), False
+                if not pending or (nodes and time.monotonic() >= deadline):
+                    break
                 # Nothing to show yet: wait for an answer; else no later than the deadline.
                 wait = max(0.0, deadline - time.monotonic()) if nodes else None
                 done, pending = await asyncio.wait(
@@ -263,15 +293,16 @@ class PromSource(Collector):
                         i = tasks.index(task)
                         await self._read(i, task.result()[0], nodes, learnt)
                         read.add(i)
-            if pending and nodes:
+            if nodes and (pending or held):  # shown now; the rest as it lands
                 self._current, shown = nodes, True
-                await self._apply()
+                await self._apply(gpus_read=False)
                 nodes = {}
-                while pending:  # what is shown is the newest there is until the rest lands
-                    _, pending = await asyncio.wait(pending, timeout=self.refresh_s)
-                    if pending:
-                        self._still_reading()
-        answers = await asyncio.gather(*tasks, return_exceptions=True)
+            pending |= set(ask_held())
+            while shown and pending:  # what is shown is the newest there is until the rest lands
+                _, pending = await asyncio.wait(pending, timeout=self.refresh_s)
+                if pending:
+                    self._still_reading()
+        answers = await asyncio.gather(*(t for t in tasks if t is not None), return_exceptions=True)
         health.wall_s = time.monotonic() - started
         errors = [
             (q, a)
@@ -447,9 +478,10 @@ class PromSource(Collector):
 
     # -- answers into readings -----------------------------------------------------------
 
-    async def _apply(self) -> None:
+    async def _apply(self, gpus_read: bool = True) -> None:
         """The current readings into node states; a node whose readings are the same
-        object or equal keeps its snapshot, so the view redoes nothing for it."""
+        object or equal keeps its snapshot, so the view redoes nothing for it.
+        `gpus_read`: False for the first read's first look, before the GPU queries."""
         nodes = self._current
         now, wall = time.monotonic(), time.time()
         # A node is stale when its figures are older than two refreshes; a refresh is as
@@ -470,7 +502,7 @@ class PromSource(Collector):
             else:
                 old = self._readings.get(name)
                 if state.snapshot is None or (old is not reading and old != reading):
-                    state.snapshot = self.reader.snapshot(name, reading, wall)
+                    state.snapshot = self.reader.snapshot(name, reading, wall, gpus_read)
                     self.history.record(name, state.snapshot)
                 self._readings[name] = reading
                 state.snapshot.cycle["interval_s"] = cycle

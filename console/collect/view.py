@@ -146,7 +146,8 @@ class _GpuNumbers:
         out = cls()
         if snap is None:
             return out
-        out.gpus = len(snap.gpus)
+        # No GPU listed and the GPUs not "ok" (NVML down, not read yet): how many is unknown.
+        out.gpus = len(snap.gpus) if snap.gpus or snap.gpu_status == "ok" else None
         for g in snap.gpus:
             if (util := g.utilization_pct) is not None:
                 out.util_sum += util

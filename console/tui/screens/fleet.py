@@ -34,7 +34,7 @@ def node_cells(n: NodeRow, warn: float, crit: float) -> Row:
             detail = Text(f"no token ({n.error})", style="yellow")
         elif n.status != "up" and n.error:
             detail = Text(n.error, style="red")
-        elif n.gpu_status and n.gpu_status != "ok" and n.gpus == 0:
+        elif n.gpu_status and n.gpu_status != "ok" and not n.gpus:
             detail = Text(f"{n.engines or '-'}  ({n.gpu_status})", style="dim")
         alerts = Text(str(n.alerts), style="bold red") if n.alerts else Text("0", style="dim")
         return (
