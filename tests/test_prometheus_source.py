@@ -554,7 +554,7 @@ def test_a_prometheus_that_is_down_costs_the_nodes_it_named_with_the_reason(tmp_
     assert result.returncode == 2, result.stderr
     answer = json.loads(result.stdout)
     assert answer["prometheus"]["ok"] is False
-    assert answer["prometheus"]["error"].startswith("ConnectError")
+    assert answer["prometheus"]["error"].startswith("cannot connect: ")
     (node,) = answer["nodes"]
     assert node["name"] == "gpu-a1" and node["status"] == "down"
     assert node["error"] == f"Prometheus: {answer['prometheus']['error']}"

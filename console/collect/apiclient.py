@@ -29,7 +29,7 @@ class NoAnswer(Exception):
 
 
 @functools.cache
-def _tls() -> ssl.SSLContext:
+def tls_context() -> ssl.SSLContext:
     """One TLS context for every client: each new one loads the whole certificate store
     (28 ms and 0.8 MiB), which `engineroom jobs` across 1,000 nodes paid 1,000 times."""
     return httpx.create_ssl_context(trust_env=False)
@@ -48,7 +48,7 @@ def _settings(
         "headers": {**_HEADERS, **headers},
         "timeout": timeout,
         "trust_env": False,
-        "verify": _tls() if verify is None or verify is True else verify,
+        "verify": tls_context() if verify is None or verify is True else verify,
     }
 
 
@@ -107,7 +107,7 @@ def call(
             for chunk in resp.iter_raw():
                 body += chunk
                 if len(body) > max_bytes:
-                    raise NoAnswer(f"answered with over {_size(max_bytes)}")
+                    raise NoAnswer(f"answered with over {size_text(max_bytes)}")
                 if time.monotonic() > end:
                     raise NoAnswer(f"no answer within {deadline_s:g} s")
             return resp.status_code, bytes(body)
@@ -131,7 +131,7 @@ async def _body(resp: httpx.Response, max_bytes: int) -> bytes:
     async for chunk in resp.aiter_raw():
         body += chunk
         if len(body) > max_bytes:
-            raise NoAnswer(f"answered with over {_size(max_bytes)}")
+            raise NoAnswer(f"answered with over {size_text(max_bytes)}")
     return bytes(body)
 
 
@@ -142,5 +142,5 @@ def _check_encoding(resp: httpx.Response) -> None:
         raise NoAnswer(f"answered compressed ({encoding}) though asked not to")
 
 
-def _size(n: int) -> str:
+def size_text(n: int) -> str:
     return f"{n // 2**20} MiB" if n % 2**20 == 0 else f"{n} bytes"

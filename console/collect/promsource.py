@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+import aiohttp
 import msgspec
 
 from console.collect import apiclient
@@ -174,7 +175,8 @@ class PromSource(Collector):
         self._count = 0  # slices in a turn
         self.slice_min_samples = SLICE_MIN_SAMPLES
         self.first_look_s = FIRST_LOOK_S
-        self._http: Any = None
+        self._http: aiohttp.ClientSession | None = None
+        self._tls = self._verify()
         self._headers, self._auth_error = self._auth()
 
     def _auth(self) -> tuple[dict[str, str], str | None]:
@@ -192,24 +194,57 @@ class PromSource(Collector):
             return {}, f"no credentials ({exc.short})"
         return {}, None
 
-    def _verify(self) -> ssl.SSLContext | bool | None:
+    def _verify(self) -> ssl.SSLContext | bool:
         if not self.section.verify_tls:
             return False
         if self.section.ca_file:
             return ssl.create_default_context(cafile=self.section.ca_file)
-        return None
+        return apiclient.tls_context()
+
+    async def _ask(self, method: str, path: str, fields: dict[str, str]) -> tuple[int, bytes]:
+        """One call, answered in full within the deadline and the size cap: (status,
+        body). A POST sends `fields` form-encoded, a GET as the query string."""
+        assert self._http is not None, "use the source as an async context manager"
+        url = self.section.url.rstrip("/") + path
+        cap = self.section.max_response_bytes
+        form, query = (fields, None) if method == "POST" else (None, fields)
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                asked = self._http.request(method, url, data=form, params=query, ssl=self._tls)
+                async with asked as resp:
+                    encoding = resp.headers.get("Content-Encoding", "identity").strip().lower()
+                    if encoding != "identity":
+                        raise PromError(f"answered compressed ({encoding}) though asked not to")
+                    body = bytearray()
+                    async for chunk in resp.content.iter_chunked(256 * 1024):
+                        body += chunk
+                        if len(body) > cap:
+                            raise PromError(f"answered with over {apiclient.size_text(cap)}")
+                    return resp.status, bytes(body)
+        except TimeoutError:
+            raise PromError(f"no answer within {self.timeout_s:g} s") from None
+        except aiohttp.ClientConnectorError as exc:
+            raise PromError(f"cannot connect: {exc.os_error.strerror or exc}"[:200]) from None
+        except aiohttp.ClientError as exc:
+            raise PromError(f"{exc.__class__.__name__}: {exc}".rstrip(": ")[:200]) from None
 
     async def __aenter__(self) -> PromSource:
         await super().__aenter__()
-        self._http = apiclient.async_client(
-            self.section.url, self._headers, self.timeout_s, verify=self._verify()
+        # aiohttp, as the agents' streams: a sliced refresh at 10,000 nodes reads 13 MiB
+        # of answers, and reading them through httpx cost 3-4 times the CPU (17-20 ms
+        # against 3-5 ms for 6.3 MiB, measured here). Nothing from the environment (no
+        # proxy), and no decompression: asked for identity, anything else is refused.
+        self._http = aiohttp.ClientSession(
+            headers={"Accept-Encoding": "identity", **self._headers},
+            auto_decompress=False,
+            timeout=aiohttp.ClientTimeout(total=None),
         )
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         await super().__aexit__(*exc)
         if self._http is not None:
-            await self._http.aclose()
+            await self._http.close()
 
     def start(self) -> None:
         self._tasks.append(asyncio.create_task(self._refresh_loop(), name="prometheus"))
@@ -395,41 +430,19 @@ class PromSource(Collector):
         return now - self._whole_end >= max(FULL_EVERY_S, WHOLE_SHARE * self._whole_took)
 
     async def _instant(self, expr: str | None, at: float) -> Answered:
-        assert self._http is not None, "use the source as an async context manager"
         if expr is None:  # nothing to ask
             return [], 0.0
-        try:
-            status, body = await apiclient.request(
-                self._http,
-                "POST",  # a slice's matcher can be longer than a proxy takes in a URL
-                "/api/v1/query",
-                form={"query": expr, "time": f"{at:.3f}", "stats": "all"},
-                deadline_s=self.timeout_s,
-                max_bytes=self.section.max_response_bytes,
-            )
-        except apiclient.NoAnswer as exc:
-            raise PromError(str(exc)) from None
+        status, body = await self._ask(
+            "POST",  # a slice's matcher can be longer than a proxy takes in a URL
+            "/api/v1/query",
+            {"query": expr, "time": f"{at:.3f}", "stats": "all"},
+        )
         return _result(status, body)
 
     async def range_query(self, expr: str, start: float, end: float, step: float) -> list[Sample]:
         """GET /api/v1/query_range within the deadline and size cap (Model detail's history)."""
-        assert self._http is not None, "use the source as an async context manager"
-        try:
-            status, body = await apiclient.request(
-                self._http,
-                "GET",
-                "/api/v1/query_range",
-                params={
-                    "query": expr,
-                    "start": f"{start:.3f}",
-                    "end": f"{end:.3f}",
-                    "step": f"{step:g}",
-                },
-                deadline_s=self.timeout_s,
-                max_bytes=self.section.max_response_bytes,
-            )
-        except apiclient.NoAnswer as exc:
-            raise PromError(str(exc)) from None
+        fields = {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}"}
+        status, body = await self._ask("GET", "/api/v1/query_range", fields)
         return _result(status, body)[0]
 
     async def model_history(self, model: str) -> list[HistoryLine]:
