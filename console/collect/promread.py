@@ -32,6 +32,7 @@ from console.core.config import Fleet, PrometheusSection
 from console.core.plugin import PromSeries
 from console.core.readings import decode_clock_event_reasons
 from console.core.snapshot import (
+    GPUS_NOT_READ,
     Engine,
     EngineState,
     Gpu,
@@ -312,16 +313,17 @@ class FleetReader:
         model_label = self.section.labels.model.get(kind, ps.model_label)
         node_labels = self.node_labels
         family = query.family
-        gauges = {
-            series: key
-            for key, series in (
-                ("present", ps.present),
-                ("requests_running", ps.running),
-                ("requests_waiting", ps.waiting),
-                ("kv_cache_usage", ps.kv_cache),
-            )
-            if series
-        }
+        # A gauge series -> the figures it gives (vLLM's running requests also say that
+        # the model is served).
+        gauges: dict[str, list[str]] = {}
+        for key, series in (
+            ("present", ps.present),
+            ("requests_running", ps.running),
+            ("requests_waiting", ps.waiting),
+            ("kv_cache_usage", ps.kv_cache),
+        ):
+            if series:
+                gauges.setdefault(series, []).append(key)
         keys: dict[str, str] = {}  # a hist query's tag -> its figure's key ("ttft.p95")
         where: dict[tuple[str | None, ...], dict[str, float | None]] = {}
         for sample in result:
@@ -333,8 +335,7 @@ class FleetReader:
                 model = where[at] = self._engine_model(kind, labels, model_label, nodes)
             tag = labels.get(TAG, "")
             if family == "gauges":
-                key = gauges.get(labels.get("__name__", ""))
-                if key is not None:
+                for key in gauges.get(labels.get("__name__", ""), ()):
                     model[key] = value
             elif family == "hist":
                 key = keys.get(tag) or keys.setdefault(tag, f"{query.figure}.{tag}")
@@ -391,7 +392,7 @@ class FleetReader:
         elif gpus_read:
             gpu_status = "no GPU series in Prometheus (dcgm-exporter or agent)"
         else:
-            gpu_status = "GPUs not read yet (first read under way)"
+            gpu_status = GPUS_NOT_READ
         return Snapshot(
             node=NodeInfo(name=name, agent_version="prometheus", time=wall),
             host=Host(),

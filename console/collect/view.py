@@ -23,7 +23,15 @@ from console.collect.collector import STALE_AFTER, NodeState, NodeStatus
 from console.collect.history import History
 from console.core import alertrules
 from console.core.config import Deployment, Fleet, Model
-from console.core.snapshot import Engine, Gpu, ModelStats, Percentiles, Snapshot, TrtEngine
+from console.core.snapshot import (
+    GPUS_NOT_READ,
+    Engine,
+    Gpu,
+    ModelStats,
+    Percentiles,
+    Snapshot,
+    TrtEngine,
+)
 
 SloState = Literal["ok", "breach", "unknown"]
 UNDECLARED_KEPT = 10_000  # models served but not in fleet.toml, each made once
@@ -146,8 +154,8 @@ class _GpuNumbers:
         out = cls()
         if snap is None:
             return out
-        # No GPU listed and the GPUs not "ok" (NVML down, not read yet): how many is unknown.
-        out.gpus = len(snap.gpus) if snap.gpus or snap.gpu_status == "ok" else None
+        # Not read yet (Prometheus' first read): how many is unknown, not 0.
+        out.gpus = None if snap.gpu_status == GPUS_NOT_READ else len(snap.gpus)
         for g in snap.gpus:
             if (util := g.utilization_pct) is not None:
                 out.util_sum += util

@@ -175,6 +175,11 @@ class TrtEngine(_Struct, kw_only=True):
     last_drill: dict[str, Any] | None = None
 
 
+# A gpu_status saying the source has not read the GPUs yet (Prometheus' first read shows
+# the nodes before its GPU queries answer): how many there are is unknown, not 0.
+GPUS_NOT_READ = "GPUs not read yet (first read under way)"
+
+
 class Snapshot(_Struct, kw_only=True):
     node: NodeInfo
     host: Host
