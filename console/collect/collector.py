@@ -28,6 +28,7 @@ from console.collect.history import History
 from console.collect.linestream import LineStream, StreamError, StreamStatus, open_stream
 from console.collect.ssh import SshError, SshReader
 from console.core.config import Fleet, MissingSecret, Node
+from console.core.fetch import capped_body
 from console.core.oslimits import raise_open_files
 from console.core.snapshot import Snapshot, SnapshotError, decode_snapshot
 
@@ -388,18 +389,16 @@ class Collector:
         try:
             async with self._session.get(url, headers=headers) as resp:
                 self._check_status(resp.status)
-                body = bytearray()
-                async for chunk in resp.content.iter_chunked(64 * 1024):
-                    body += chunk
-                    if len(body) > max_bytes:
-                        raise PollError(f"answer larger than {_size(max_bytes)}")
+                body = await capped_body(resp, max_bytes)
+                if body is None:
+                    raise PollError(f"answer larger than {_size(max_bytes)}")
         except TimeoutError:
             raise PollError(f"no answer within {self.timeout_s:g} s") from None
         except aiohttp.ClientConnectorError:
             raise PollError("connection refused") from None
         except aiohttp.ClientError as exc:
             raise PollError(f"{exc.__class__.__name__}: {exc}"[:200]) from None
-        return bytes(body)
+        return body
 
     async def roles(self, found: Callable[[str, str], None], at_once: int = 16) -> None:
         """Ask every agent what our token may do (GET /v1/whoami), `at_once` at a time, and

@@ -47,6 +47,7 @@ from console.collect.promql import (
 )
 from console.collect.promread import FleetReader, NodeReadings, merged, number
 from console.core.config import Fleet, MissingSecret, PrometheusSection
+from console.core.fetch import capped_body
 from console.core.plugin import PromSeries, plugin_kinds
 
 HISTORY_POINTS = 240  # a range query's points: an hour at 15 s
@@ -215,12 +216,10 @@ class PromSource(Collector):
                     encoding = resp.headers.get("Content-Encoding", "identity").strip().lower()
                     if encoding != "identity":
                         raise PromError(f"answered compressed ({encoding}) though asked not to")
-                    body = bytearray()
-                    async for chunk in resp.content.iter_chunked(256 * 1024):
-                        body += chunk
-                        if len(body) > cap:
-                            raise PromError(f"answered with over {apiclient.size_text(cap)}")
-                    return resp.status, bytes(body)
+                    body = await capped_body(resp, cap, chunk=256 * 1024)
+                    if body is None:
+                        raise PromError(f"answered with over {apiclient.size_text(cap)}")
+                    return resp.status, body
         except TimeoutError:
             raise PromError(f"no answer within {self.timeout_s:g} s") from None
         except aiohttp.ClientConnectorError as exc:

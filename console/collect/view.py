@@ -485,7 +485,7 @@ class ViewBuilder:
         view = FleetView(self._summary(walked, len(cells)), node_rows, cells, models, [], by_node)
         view.at, view.places = kept.index, kept.places
         self._kept = kept
-        return self._with_alerts(view, kept, every)
+        return self._with_alerts(view, kept, parts, walked.ghosts)
 
     def _patched(
         self, kept: _Kept, states: dict[str, NodeState], walked: _Walked, now: float
@@ -540,7 +540,7 @@ class ViewBuilder:
         view: FleetView,
         kept: _Kept,
         parts: dict[str, _NodePart],
-        ghosts: dict[str, _NodePart] | None = None,
+        ghosts: dict[str, _NodePart],
     ) -> FleetView:
         """Each node's own alerts in fleet order, then each deployment's in the Models order."""
         alerts: list[Alert] = []
@@ -549,7 +549,7 @@ class ViewBuilder:
             alerts.extend(kept.own[name])
         for rows in view.models.values() if kept.row_alerting else ():
             for row in rows:
-                part = parts.get(row.node) or (ghosts or {})[row.node]
+                part = parts.get(row.node) or ghosts[row.node]
                 alerts.extend(part.row_alerts.get(id(row), ()))
         view.alerts = alerts
         view.summary.alerts = len(alerts)

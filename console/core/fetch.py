@@ -54,6 +54,18 @@ def new_session(limit: int = 64) -> aiohttp.ClientSession:
     )
 
 
+async def capped_body(
+    resp: aiohttp.ClientResponse, max_bytes: int, chunk: int = 64 * 1024
+) -> bytes | None:
+    """The whole body, or None once it passes `max_bytes` (the rest is not read)."""
+    body = bytearray()
+    async for part in resp.content.iter_chunked(chunk):
+        body += part
+        if len(body) > max_bytes:
+            return None
+    return bytes(body)
+
+
 async def fetch(
     session: aiohttp.ClientSession,
     url: str,
@@ -68,12 +80,10 @@ async def fetch(
                 declared = resp.content_length
                 if declared is not None and declared > max_bytes:
                     raise FetchError(f"response too large ({declared} bytes > {max_bytes})")
-                body = bytearray()
-                async for chunk in resp.content.iter_chunked(64 * 1024):
-                    body += chunk
-                    if len(body) > max_bytes:
-                        raise FetchError(f"response too large (over {max_bytes} bytes)")
-                return Response(resp.status, bytes(body))
+                body = await capped_body(resp, max_bytes)
+                if body is None:
+                    raise FetchError(f"response too large (over {max_bytes} bytes)")
+                return Response(resp.status, body)
     except TimeoutError:
         raise FetchError(f"no answer within {timeout:g} s") from None
     except aiohttp.ClientConnectorError as exc:

@@ -348,11 +348,7 @@ class ModelsScreen(ViewScreen):
                 shown = [r for r in shown if self.filter.matches(r.fields, r.text)]
                 if not shown:
                     continue
-            head = self._heads.get((name, breach > 0))
-            if head is None:
-                cells = model_head(name, model, breach > 0, fleet.thresholds.error_rate)
-                head = Row(f"m:{name}", cells, {"model": name}, name)
-            heads[(name, breach > 0)] = head
+            head = heads[(name, breach > 0)] = self._head(name, breach > 0)
             drawn.offsets[name], drawn.breaches[name] = len(rows), breach
             drawn.entries.append(None)
             drawn.entries.extend(deployments)
