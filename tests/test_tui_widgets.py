@@ -1,6 +1,7 @@
 """Two widgets' shortcuts, checked against the long way: the GPU grid's lines (each node's
 cells wrapped at the width, a node with no GPU on no line, the label on a node's first
-line only; console/tui/widgets/gpu_grid.py) and the fleet table's kept cells."""
+line only; console/tui/widgets/gpu_grid.py) and the fleet table's kept cells, rows and
+lines."""
 
 from __future__ import annotations
 
@@ -64,3 +65,70 @@ async def test_a_tables_kept_cells_outlive_a_screen_switch_but_not_a_theme():
         await pilot.pause()
         # The theme changes the cursor's and the header's styles: every cell made anew.
         assert all(table._rendered.get(key) is not kept for key, kept in before.items())
+
+
+async def test_a_tables_kept_rows_and_lines_show_what_a_table_without_them_shows():
+    """FleetTable keeps rendered rows while their cells are the same objects, and lines
+    while their rows are (console/tui/widgets/table.py): after a cell changes, the cursor
+    moves and the table scrolls, each line on screen is what DataTable renders with no
+    cache of its own."""
+    from rich.text import Text
+    from textual.app import App, ComposeResult
+    from textual.widgets import DataTable
+
+    from console.tui.widgets.table import FleetTable, Row
+
+    columns = [("name", 10), ("value", None)]
+
+    class Two(App[None]):
+        CSS = "DataTable { height: 10; }"
+
+        def compose(self) -> ComposeResult:
+            yield FleetTable(columns, id="kept")
+            yield DataTable(cursor_type="row", cell_padding=0, id="plain")
+
+    def rows(values: list[int]) -> list[Row]:
+        return [Row(f"r{i}", (Text(f"r{i}"), Text(str(v)))) for i, v in enumerate(values)]
+
+    def lines(table: DataTable) -> list[list[tuple[str, str]]]:  # the text and its style
+        return [
+            [(seg.text, str(seg.style)) for seg in table.render_line(y)]
+            for y in range(table.size.height)
+        ]
+
+    app = Two()
+    async with app.run_test(size=(40, 24)) as pilot:
+        kept, plain = app.query_one(FleetTable), app.query_one("#plain", DataTable)
+        for i, (label, width) in enumerate(columns):  # as FleetTable adds them
+            first = i == 0 and width is not None
+            plain.add_column(
+                f" {label}" if i == 0 else label, key=label, width=width and width + first
+            )
+        values = list(range(30))
+
+        def show() -> None:
+            kept.show(rows(values))
+            plain.clear()
+            for row in rows(values):
+                name, value = row.made()
+                plain.add_row(Text(" ") + name, value, key=row.key)
+
+        async def same() -> None:
+            app.set_focus(None)  # the focused table draws its header and cursor apart
+            await pilot.pause()
+            plain.move_cursor(row=kept.cursor_row)
+            plain.scroll_to(y=kept.scroll_offset.y, animate=False)
+            await pilot.pause()
+            assert lines(kept) == lines(plain)
+
+        show()
+        await same()
+        assert len(kept._rows_rendered) and len(kept._lines_rendered)
+        values[2] = 2000  # one cell changes, wider than the column was
+        show()
+        await same()
+        assert any("2000" in text for line in lines(kept) for text, _ in line)
+        kept.move_cursor(row=3)
+        await same()
+        kept.move_cursor(row=25)  # scrolls
+        await same()
