@@ -287,6 +287,8 @@ def test_the_first_read_shows_what_came_then_the_rest_with_nothing_lost(three_ho
                 assert state.snapshot is not None
                 assert [g.uuid is not None for g in state.snapshot.gpus] == [True, True]
                 assert [g.temperature_c for g in state.snapshot.gpus] == [None, None]
+                # A first look keeps no history: it has no GPU or latency figure yet.
+                assert source.history.gpu(state.name, 0) is None
             # While the rest is read, what is shown stays up, not stale (at 10,000 nodes
             # the rest took 20-30 s, ten refreshes).
             stamped = {name: state.last_ok or 0.0 for name, state in source.states.items()}
@@ -304,6 +306,8 @@ def test_the_first_read_shows_what_came_then_the_rest_with_nothing_lost(three_ho
             for state in source.states.values():  # and what came first is still there
                 assert state.snapshot is not None
                 assert all(g.uuid is not None for g in state.snapshot.gpus)
+                temp = (source.history.gpu(state.name, 0) or {}).get("temp")
+                assert temp is not None and temp.values()[-1:] == [40.0]
 
     asyncio.run(go())
 

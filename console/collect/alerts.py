@@ -136,7 +136,10 @@ def deployment_alerts(
         (rules.SLO_E2E, lat.e2e_s),
     )
     for defn, pct in checks:
-        value, limit = pct.p95_or_mean, defn.threshold(fleet, model)
+        value = pct.p95_or_mean
+        if value is None:  # unknown never alerts (20,000 deployments on a first look)
+            continue
+        limit = defn.threshold(fleet, model)
         if defn.exceeds(value, limit):
             kind = "" if pct.p95 is not None else " (mean)"
             yield Alert(
@@ -145,7 +148,9 @@ def deployment_alerts(
                 f"{defn.title}: {_fmt_ms(value or 0)}{kind} over {_fmt_ms(limit or 0)}",
                 row.node,
             )
-    if rules.ERROR_RATE.exceeds(stats.error_rate, rules.ERROR_RATE.threshold(fleet, model)):
+    if stats.error_rate is not None and rules.ERROR_RATE.exceeds(
+        stats.error_rate, rules.ERROR_RATE.threshold(fleet, model)
+    ):
         yield Alert(
             rules.ERROR_RATE.severity,
             subject,
@@ -153,7 +158,7 @@ def deployment_alerts(
             row.node,
         )
     kv = rules.KV_CACHE
-    if kv.exceeds(stats.kv_cache_usage, kv.threshold(fleet)):
+    if stats.kv_cache_usage is not None and kv.exceeds(stats.kv_cache_usage, kv.threshold(fleet)):
         yield Alert(kv.severity, subject, f"{kv.title}: {stats.kv_cache_usage:.0%} used", row.node)
     waiting_now = stats.requests_waiting
     # Only a queue at least queue_min long now can have been growing: skip the history

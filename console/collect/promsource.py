@@ -61,11 +61,13 @@ WHOLE_SHARE = 10
 SLICE_MIN_SAMPLES = 5_000
 SLICE_CYCLE_S = 20.0
 FIRST_LOOK_S = 1.0  # the first read shows what has come by then; the rest as it lands
-# The first read asks these after the rest has shown the nodes: the GPU readings and the
-# latency histograms are 80-90 % of a whole read's samples and of Prometheus' time (docs/
-# evidence/bench-prom-queries.txt), and asked at once they held back every answer naming
-# a node (1.7-4 s at 10,000 nodes, with half a core left to Prometheus).
-FIRST_HELD = frozenset({"gpu", "gpu_id", "hist"})
+# The first read asks these after the rest has shown the nodes: the GPU readings, the
+# latency histograms and the engines' gauges are 85-95 % of a whole read's samples and of
+# Prometheus' time (docs/evidence/bench-prom-queries.txt). Asked at once, they held back
+# every answer naming a node (1.7-4 s at 10,000 nodes, with half a core left to
+# Prometheus); the gauges, asked with the counters, took the core the console needs to
+# show what the counters name. A fleet whose other answers name no node asks them at once.
+FIRST_HELD = frozenset({"gpu", "gpu_id", "hist", "gauges"})
 GPU_FAMILIES = frozenset({"gpu", "gpu_id", "agent_gpu"})
 READ_SLICE = 2_500  # samples read before the console may answer a key (about 5 ms)
 APPLY_SLICE = 100  # nodes made into snapshots before it may (about 20 ms)
@@ -516,7 +518,8 @@ class PromSource(Collector):
                 old = self._readings.get(name)
                 if state.snapshot is None or (old is not reading and old != reading):
                     state.snapshot = self.reader.snapshot(name, reading, wall, gpus_read)
-                    self.history.record(name, state.snapshot)
+                    if gpus_read:  # a first look has no GPU or latency figure to keep
+                        self.history.record(name, state.snapshot)
                 self._readings[name] = reading
                 state.snapshot.cycle["interval_s"] = cycle
                 state.last_ok, state.failures, state.error = now, 0, None
