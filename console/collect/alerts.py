@@ -145,7 +145,7 @@ def deployment_alerts(
             yield Alert(
                 defn.severity,
                 subject,
-                f"{defn.title}: {_fmt_ms(value or 0)}{kind} over {_fmt_ms(limit or 0)}",
+                f"{defn.title}: {_fmt_ms(value)}{kind} over {_fmt_ms(limit or 0)}",
                 row.node,
             )
     if stats.error_rate is not None and rules.ERROR_RATE.exceeds(

@@ -62,15 +62,18 @@ SLICE_MIN_SAMPLES = 5_000
 SLICE_CYCLE_S = 20.0
 FIRST_LOOK_S = 1.0  # the first read shows what has come by then; the rest as it lands
 # The first read asks these after the rest has shown the nodes: the GPU readings, the
-# latency histograms and the engines' gauges are 85-95 % of a whole read's samples and of
+# latency histograms and the engines' gauges are 95-97 % of a whole read's samples and of
 # Prometheus' time (docs/evidence/bench-prom-queries.txt). Asked at once, they held back
 # every answer naming a node (1.7-4 s at 10,000 nodes, with half a core left to
 # Prometheus); the gauges, asked with the counters, took the core the console needs to
 # show what the counters name. A fleet whose other answers name no node asks them at once.
 FIRST_HELD = frozenset({"gpu", "gpu_id", "hist", "gauges"})
 GPU_FAMILIES = frozenset({"gpu", "gpu_id", "agent_gpu"})
-READ_SLICE = 2_500  # samples read before the console may answer a key (about 5 ms)
-APPLY_SLICE = 100  # nodes made into snapshots before it may (about 20 ms)
+# How much the console does before it may answer a key: 1,000 samples read are 3-8 ms
+# here, 50 nodes made into snapshots 5-10 ms (2,500 and 100 held a key press 20-80 ms on
+# the loaded bench, with Prometheus on the other core and a half).
+READ_SLICE = 1_000
+APPLY_SLICE = 50
 
 
 Answered = tuple[list[Sample], float]  # an instant query's samples, Prometheus' time
