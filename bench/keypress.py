@@ -6,9 +6,10 @@ changed lines of the top screen (headless, the frame is made but not written to 
 terminal). That is what the operator waits for.
 
 Before, the benches stopped the clock when their own polling loop saw the draw end. That
-left out the frame, and put in whatever the console did between the draw and the loop's
-next turn (a refresh's answer decoded, a tick): up to 80 ms that the operator never
-waited for. `noticed_ms` keeps that figure, so runs before and after compare.
+left out the frame, which comes one of Textual's update periods (1/60 s) or more after
+the draw: 20 ms later at 10 nodes, up to 90 ms at 1,000 streamed nodes (docs/evidence/
+bench-console-scale.txt). `noticed_ms` keeps the old figure, so runs before and after
+compare.
 """
 
 from __future__ import annotations
@@ -44,7 +45,6 @@ def watch_frames() -> None:
 class KeyTime:
     frame_ms: float  # key -> the target screen's first frame after its draw
     noticed_ms: float  # key -> the bench's loop saw the draw end (the old measure)
-    drawn_ms: float  # key -> the draw ended
 
 
 async def press(app: App, key: str, target: type[Screen], timeout: float = 30.0) -> KeyTime:
@@ -61,6 +61,6 @@ async def press(app: App, key: str, target: type[Screen], timeout: float = 30.0)
                 noticed = time.monotonic()
             frame = _composed.get(id(screen), 0.0)
             if frame >= drawn:
-                return KeyTime((frame - t0) * 1000, (noticed - t0) * 1000, (drawn - t0) * 1000)
+                return KeyTime((frame - t0) * 1000, (noticed - t0) * 1000)
         await asyncio.sleep(0.001)
     raise TimeoutError(f"{key!r}: {target.__name__} not shown in {timeout:.0f} s")
