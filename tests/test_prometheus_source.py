@@ -379,9 +379,9 @@ def test_figures_read_from_recording_rules_are_the_figures_evaluated_each_refres
 def test_the_first_read_asks_for_gpus_and_latencies_once_the_nodes_show(fleet):
     """At 10,000 nodes the GPU readings, the latency histograms and the engines' gauges
     are most of a whole read; asked with the rest, they held back every answer naming a
-    node (1.7-4 s). The
-    first read asks them once the other answers have shown the nodes, and what they bring
-    lands on top: the read ends whole. Later reads ask everything at once."""
+    node (1.7-4 s). The first read asks them once the other answers have shown the nodes,
+    and what they bring lands on top: the read ends whole. Later reads ask everything at
+    once."""
     from console.collect.promsource import FIRST_HELD, PromSource
 
     async def go() -> None:
