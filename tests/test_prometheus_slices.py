@@ -9,6 +9,7 @@ and still see every host's new readings within one turn of the slices.
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import os
 import re
@@ -21,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from console.collect import collection_paused
 from console.collect.promql import SLICE, Sample, fleet_queries, matcher
 from console.collect.promread import FleetReader
 from console.collect.promsource import PromSource, _Slicer
@@ -278,10 +280,20 @@ def test_the_first_read_shows_what_came_then_the_rest_with_nothing_lost(three_ho
                 return await asked(expr, at)
 
             source._instant = held  # type: ignore[method-assign]
+            # Whether the garbage collector may run as each node is made: not in the first
+            # look (its objects live on and are frozen), again after it.
+            collecting: list[tuple[bool, bool]] = []  # (GPU readings in, collector on)
+            source.on_update = lambda state: collecting.append(
+                (source.health.ok is not None, gc.isenabled())
+            )
             assert source.first_look_s == 1.0  # the default: shown 1 s in, the rest held
+            frozen = gc.get_freeze_count()
             first = asyncio.create_task(source.refresh())
             await asyncio.wait_for(_until(lambda: len(temps(source)) == len(HOSTS)), 30)
             assert source.health.ok is None  # still reading
+            assert collecting and {on for _, on in collecting} == {False}
+            assert gc.isenabled()
+            assert gc.get_freeze_count() > frozen
             assert "first read under way" in source.health.line()
             for state in source.states.values():
                 assert state.snapshot is not None
@@ -303,6 +315,7 @@ def test_the_first_read_shows_what_came_then_the_rest_with_nothing_lost(three_ho
             await asyncio.wait_for(first, 30)
             assert source.health.ok and source.health.full
             assert temps(source) == {h: [40.0, 41.0] for h in HOSTS}
+            assert collecting[-1] == (True, True)  # the whole read's nodes: collector on
             for state in source.states.values():  # and what came first is still there
                 assert state.snapshot is not None
                 assert all(g.uuid is not None for g in state.snapshot.gpus)
@@ -337,3 +350,17 @@ def test_the_console_draws_a_refresh_as_it_lands_not_at_its_next_tick(three_host
             assert app.screen.query_one("#nodes").row_count == len(HOSTS)
 
     asyncio.run(go())
+
+
+def test_collection_paused_turns_the_collector_back_on_and_freezes_what_lived_even_on_error():
+    frozen = gc.get_freeze_count()
+    made: list[list[int]] = []
+    try:
+        with pytest.raises(RuntimeError), collection_paused():
+            assert not gc.isenabled()
+            made.extend([i] for i in range(1000))
+            raise RuntimeError("a read that failed")
+        assert gc.isenabled()
+        assert gc.get_freeze_count() >= frozen + 1000
+    finally:
+        gc.unfreeze()

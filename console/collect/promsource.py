@@ -35,7 +35,7 @@ from typing import Any
 import aiohttp
 import msgspec
 
-from console.collect import apiclient
+from console.collect import apiclient, collection_paused
 from console.collect.collector import Collector, NodeState
 from console.collect.promql import (
     ANSWER,
@@ -331,11 +331,13 @@ class PromSource(Collector):
                     health.answered += 1
                     if task.exception() is None:
                         i = tasks.index(task)
-                        await self._read(i, task.result()[0], nodes, learnt)
+                        with collection_paused():  # the first look's readings live on
+                            await self._read(i, task.result()[0], nodes, learnt)
                         read.add(i)
             if nodes and (pending or held):  # shown now; the rest as it lands
                 self._current, shown = nodes, True
-                await self._apply(gpus_read=False)
+                with collection_paused():  # and so do its snapshots and view parts
+                    await self._apply(gpus_read=False)
                 nodes = {}
             pending |= set(ask_held())
             while shown and pending:  # what is shown is the newest there is until the rest lands
