@@ -215,7 +215,15 @@ class FleetReader:
             return found.node if found else None
         return self._engine_of(labels, query.kind or "?")[0]
 
-    def read(self, query: Query, result: list[Sample], nodes: Nodes) -> None:
+    def read(
+        self,
+        query: Query,
+        result: list[Sample],
+        nodes: Nodes,
+        where: dict[tuple[str | None, ...], dict[str, float | None]] | None = None,
+    ) -> None:
+        """`result` into `nodes`. `where`: kept between the slices of one answer, where
+        each of an engine's deployments was read to (see _read_engine)."""
         read = {
             "up": self._read_up,
             "gpu": self._read_gpu,
@@ -225,7 +233,7 @@ class FleetReader:
             "agent_model": self._read_agent,
         }.get(query.family)
         if read is None:
-            self._read_engine(query, result, nodes)
+            self._read_engine(query, result, nodes, {} if where is None else where)
             return
         for sample in result:
             value = number(sample.value.text) if sample.value else None
@@ -303,11 +311,19 @@ class FleetReader:
             if stat in AGENT_STATS:
                 model[f"{AGENT_LATENCY[metric]}.{stat}"] = value
 
-    def _read_engine(self, query: Query, result: list[Sample], nodes: Nodes) -> None:
+    def _read_engine(
+        self,
+        query: Query,
+        result: list[Sample],
+        nodes: Nodes,
+        where: dict[tuple[str | None, ...], dict[str, float | None]],
+    ) -> None:
         """An engine's own series, scraped from the engine by Prometheus. A deployment's
         figures come as several samples with the same labels but one (the figure, or its
         name): where they go is worked out once per deployment, not per sample (a sliced
-        refresh at 10,000 nodes reads 40,000 of them)."""
+        refresh at 10,000 nodes reads 40,000 of them). `where` holds it for the whole
+        answer: read in slices, a deployment's samples are often in different ones (the
+        counters' answer at 10,000 nodes had each figure's 20,000 series in a row)."""
         kind = query.kind or "?"
         ps = self.engines[kind]
         model_label = self.section.labels.model.get(kind, ps.model_label)
@@ -325,7 +341,6 @@ class FleetReader:
             if series:
                 gauges.setdefault(series, []).append(key)
         keys: dict[str, str] = {}  # a hist query's tag -> its figure's key ("ttft.p95")
-        where: dict[tuple[str | None, ...], dict[str, float | None]] = {}
         for sample in result:
             labels = sample.metric
             value = number(sample.value.text) if sample.value else None

@@ -309,7 +309,7 @@ class PromSource(Collector):
         health = self.health
         learnt: dict[int, _Slicer] = {}
         nodes: dict[str, NodeReadings] = {}
-        read: set[int] = set()
+        read: dict[int, list[Sample]] = {}  # answers read in the first look, by query
         shown = False
         if full and self._whole_end is None:
             # The first read shows the nodes and what has come after FIRST_LOOK_S, then
@@ -331,15 +331,17 @@ class PromSource(Collector):
                     health.answered += 1
                     if task.exception() is None:
                         i = tasks.index(task)
+                        read[i] = task.result()[0]
                         with collection_paused():  # the first look's readings live on
-                            await self._read(i, task.result()[0], nodes, learnt)
-                        read.add(i)
+                            await self._read(i, read[i], nodes, None)
             if nodes and (pending or held):  # shown now; the rest as it lands
                 self._current, shown = nodes, True
                 with collection_paused():  # and so do its snapshots and view parts
                     await self._apply(gpus_read=False)
                 nodes = {}
             pending |= set(ask_held())
+            for i, result in read.items():  # what slices the answers read so far
+                await self._learn(i, result, learnt)
             while shown and pending:  # what is shown is the newest there is until the rest lands
                 _, pending = await asyncio.wait(pending, timeout=self.refresh_s)
                 if pending:
@@ -408,19 +410,36 @@ class PromSource(Collector):
     ) -> None:
         """One answer into `nodes`; with `learnt` (a whole read), what slices it."""
         query = self.queries[index]
-        slicer = None
-        if learnt is not None and query.template and len(result) >= self.slice_min_samples:
-            slicer = learnt[index] = _Slicer(
-                [*self.reader.node_labels, "instance"], partial(self.reader.node_of, query)
-            )
+        slicer = self._slicer(index, result, learnt)
+        where: dict[tuple[str | None, ...], dict[str, float | None]] = {}
         # In slices, letting the console answer keys in between: 900,000 samples at
         # 10,000 nodes are a second or two of reading.
         for first in range(0, len(result), READ_SLICE):
             chunk = result[first : first + READ_SLICE]
-            self.reader.read(query, chunk, nodes)
+            self.reader.read(query, chunk, nodes, where)
             if slicer is not None:
                 slicer.feed(chunk)
             await asyncio.sleep(0)
+
+    async def _learn(self, index: int, result: list[Sample], learnt: dict[int, _Slicer]) -> None:
+        """What slices a query, from its whole answer, apart from reading it: the first
+        read learns it after the first look is shown (15 % of the first look's time)."""
+        slicer = self._slicer(index, result, learnt)
+        if slicer is not None:
+            for first in range(0, len(result), READ_SLICE):
+                slicer.feed(result[first : first + READ_SLICE])
+                await asyncio.sleep(0)
+
+    def _slicer(
+        self, index: int, result: list[Sample], learnt: dict[int, _Slicer] | None
+    ) -> _Slicer | None:
+        query = self.queries[index]
+        if learnt is None or not query.template or len(result) < self.slice_min_samples:
+            return None
+        slicer = learnt[index] = _Slicer(
+            [*self.reader.node_labels, "instance"], partial(self.reader.node_of, query)
+        )
+        return slicer
 
     def _expr(self, index: int, query: Query, slices: dict[int, list[str | None]]) -> str | None:
         """What `query` asks this refresh: the whole fleet, this turn's slice of it, or
