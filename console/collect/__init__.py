@@ -17,9 +17,10 @@ def tune_gc() -> None:
     all with 400,000 (bench/console_scale.py: 66-70 % -> 52 %). Nearly all of it is freed
     by reference counting; the few cycles (Textual's caches) wait a little longer.
 
-    Objects alive at start are frozen out of the scans. They are not collected first: a
-    full collection of what the imports made took 54-68 ms of the console's first screen
-    (at 10,000 nodes from Prometheus), for the few cycles they leave."""
+    Objects alive now are collected, then frozen out of the scans. The full collection
+    takes 54-68 ms (what the imports made): the console runs this once its sources have
+    asked their first questions, while Prometheus or the agents answer."""
+    gc.collect()
     gc.freeze()
     gc.set_threshold(400_000, 100, 100)
 
@@ -30,7 +31,8 @@ def collection_paused() -> Iterator[None]:
     scans. For a first look at a large fleet: making 10,000 nodes' snapshots and view
     parts wakes a young collection that scans the objects just made (65-75 ms of the
     first screen), and they live on for minutes (freed by reference counting as newer
-    readings replace them). Only the cycles made inside wait for an unfreeze."""
+    readings replace them). The cycles made inside, and any garbage waiting for a
+    collection when it ends, stay until an unfreeze: once, for a console's first look."""
     enabled = gc.isenabled()
     gc.disable()
     try:

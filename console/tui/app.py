@@ -111,7 +111,6 @@ class EngineroomApp(Workflows):
         self.gateway_error: str | None = None
 
     async def on_mount(self) -> None:
-        tune_gc()
         if self.fleet.keys:
             self.set_keymap(self.fleet.keys)
         await self.collector.__aenter__()
@@ -121,6 +120,7 @@ class EngineroomApp(Workflows):
             asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, self.exit)
         self.tick()
         await self.push_screen(FleetScreen())
+        tune_gc()  # the sources have asked by now: the collection waits with them
         if not self.read_only:
             self.run_worker(self._learn_roles(), group="roles")
         from console.collect.gateway_client import GatewayClient
