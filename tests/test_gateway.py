@@ -460,6 +460,45 @@ def test_a_viewer_token_equal_to_the_admin_token_is_refused_at_start(tmp_path: P
     assert ADMIN not in run.stderr + run.stdout
 
 
+async def test_a_console_with_the_gateways_viewer_token_disables_failover_up_front(
+    gateway_factory, monkeypatch: pytest.MonkeyPatch
+):
+    """The console asks the gateway what its token may do (GET /admin/whoami): with the
+    viewer token, the fail over key is disabled and a failover is refused before any plan
+    is asked for, naming the token's variable."""
+    from console.core.config import load_fleet
+    from console.tui.app import EngineroomApp
+    from console.tui.screens.failover import FailoverScreen
+    from console.tui.screens.models import ModelsScreen
+
+    gw = gateway_factory()
+    monkeypatch.setenv("ENGINEROOM_ADMIN_TOKEN", GATEWAY_VIEWER)
+    app = EngineroomApp(load_fleet(gw.fleet))
+    notes: list[str] = []
+    app.notify = lambda message, **kw: notes.append(str(message))  # type: ignore[method-assign]
+    async with app.run_test(size=(140, 45)) as pilot:
+        for _ in range(100):
+            if app.gateway_role is not None:
+                break
+            await pilot.pause(0.1)
+        assert app.gateway_role == "viewer", app.gateway_error
+        assert app.gateway_snapshot is not None  # a viewer reads everything
+        await pilot.press("m")
+        for _ in range(50):
+            if isinstance(app.screen, ModelsScreen):
+                break
+            await pilot.pause(0.1)
+        assert isinstance(app.screen, ModelsScreen)
+        assert app.screen.check_action("fail_over", ()) is None  # shown, disabled
+        app.fail_over("tiny")
+        await pilot.pause(0.2)
+        assert not isinstance(app.screen, FailoverScreen)
+        assert any("ENGINEROOM_ADMIN_TOKEN) is a viewer token" in n for n in notes), notes
+    assert GATEWAY_VIEWER not in " ".join(notes)
+    audit = gw.admin("GET", "/admin/audit").json()
+    assert audit == [], audit  # nothing was asked to change
+
+
 async def test_the_console_fails_over_after_the_model_name_is_typed(gateway_factory):
     from textual.widgets import Button, Input, Select
 
@@ -476,6 +515,11 @@ async def test_the_console_fails_over_after_the_model_name_is_typed(gateway_fact
                 break
             await pilot.pause(0.1)
         assert app.gateway_snapshot is not None, app.gateway_error
+        for _ in range(50):
+            if app.gateway_role is not None:
+                break
+            await pilot.pause(0.1)
+        assert app.gateway_role == "admin"
         await pilot.press("m")
         await pilot.pause(0.5)
         app.fail_over("tiny")

@@ -91,6 +91,12 @@ class GatewayClient:
     async def snapshot(self) -> dict[str, Any]:
         return (await self._call("GET", "/admin/snapshot"))[1]
 
+    async def whoami(self) -> str | None:
+        """What our token may do on the gateway: "admin" or "viewer" (None: it did not
+        say), so a console disables what a viewer token may not do before it is tried."""
+        role = (await self._call("GET", "/admin/whoami"))[1].get("role")
+        return role if role in ("admin", "viewer") else None
+
     def _ask(self, **fields: str) -> FailoverRequest:
         """A failover body; one the gateway would refuse is refused here, as it would."""
         try:

@@ -109,6 +109,7 @@ class EngineroomApp(Workflows):
         self.roles: dict[str, str] = {}  # node -> the role its token has on the agent
         self.gateway_snapshot: dict | None = None  # the gateway's routes and measures
         self.gateway_error: str | None = None
+        self.gateway_role: str | None = None  # what our gateway token may do, once asked
 
     async def on_mount(self) -> None:
         if self.fleet.keys:
@@ -239,6 +240,12 @@ class EngineroomApp(Workflows):
             self.gateway_error = None
         except GatewayError as exc:
             self.gateway_snapshot, self.gateway_error = None, str(exc)
+        else:
+            if self.gateway_role is None:  # asked at each poll until the gateway says
+                with contextlib.suppress(GatewayError):  # an older gateway: actions as before
+                    self.gateway_role = await client.whoami()
+                if self.gateway_role is not None and self.screen_stack:
+                    self.screen.refresh_bindings()  # a viewer's fail over key shows disabled
         try:
             if self.recorder is not None:
                 await self.recorder.from_gateway(client, self.gateway_snapshot)

@@ -31,6 +31,7 @@ class Workflows(App[int]):
     read_only: bool
     collector: Collector
     roles: dict[str, str]  # node -> the role its token has on the agent
+    gateway_role: str | None  # the role our token has on the gateway, once it said
 
     # -- the one shape of an agent call ------------------------------------------------
 
@@ -146,6 +147,13 @@ class Workflows(App[int]):
         if not GatewayClient.configured(self.fleet):
             self.notify(
                 "no gateway: declare [gateway] in fleet.toml and set its token variable",
+                severity="warning",
+            )
+            return
+        if self.gateway_role == "viewer" and self.fleet.gateway is not None:
+            self.notify(
+                f"the gateway token ({self.fleet.gateway.token_env}) is a viewer token: "
+                "failovers need the gateway's admin token",
                 severity="warning",
             )
             return

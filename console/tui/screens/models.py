@@ -367,7 +367,11 @@ class ModelsScreen(ViewScreen):
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action == "start_vllm" and (self.console.read_only or not self.console.fleet.profiles):
             return None
-        if action == "fail_over" and (self.console.read_only or self.console.fleet.gateway is None):
+        if action == "fail_over" and (
+            self.console.read_only
+            or self.console.fleet.gateway is None
+            or self.console.gateway_role == "viewer"
+        ):
             return None
         if action == "run_drill" and (self.console.read_only or not self.console.fleet.drills):
             return None
