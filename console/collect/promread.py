@@ -148,6 +148,8 @@ def engine_id(kind: str, address: str) -> str:
 
 
 Nodes = dict[str, NodeReadings]  # one refresh, by node name
+# Where each of an engine's deployments is read to, by its labels (see _read_engine).
+Where = dict[tuple[str | None, ...], dict[str, float | None]]
 
 
 def _node_in(nodes: Nodes, name: str) -> NodeReadings:
@@ -220,7 +222,7 @@ class FleetReader:
         query: Query,
         result: list[Sample],
         nodes: Nodes,
-        where: dict[tuple[str | None, ...], dict[str, float | None]] | None = None,
+        where: Where | None = None,
     ) -> None:
         """`result` into `nodes`. `where`: kept between the slices of one answer, where
         each of an engine's deployments was read to (see _read_engine)."""
@@ -316,7 +318,7 @@ class FleetReader:
         query: Query,
         result: list[Sample],
         nodes: Nodes,
-        where: dict[tuple[str | None, ...], dict[str, float | None]],
+        where: Where,
     ) -> None:
         """An engine's own series, scraped from the engine by Prometheus. A deployment's
         figures come as several samples with the same labels but one (the figure, or its

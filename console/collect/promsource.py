@@ -45,7 +45,7 @@ from console.collect.promql import (
     history_queries,
     matcher,
 )
-from console.collect.promread import FleetReader, NodeReadings, merged, number
+from console.collect.promread import FleetReader, NodeReadings, Where, merged, number
 from console.core.config import Fleet, MissingSecret, PrometheusSection
 from console.core.fetch import capped_body
 from console.core.plugin import PromSeries, plugin_kinds
@@ -411,7 +411,7 @@ class PromSource(Collector):
         """One answer into `nodes`; with `learnt` (a whole read), what slices it."""
         query = self.queries[index]
         slicer = self._slicer(index, result, learnt)
-        where: dict[tuple[str | None, ...], dict[str, float | None]] = {}
+        where: Where = {}
         # In slices, letting the console answer keys in between: 900,000 samples at
         # 10,000 nodes are a second or two of reading.
         for first in range(0, len(result), READ_SLICE):
@@ -437,10 +437,10 @@ class PromSource(Collector):
         query = self.queries[index]
         if learnt is None or not query.template or len(result) < self.slice_min_samples:
             return None
-        slicer = learnt[index] = _Slicer(
+        learnt[index] = _Slicer(
             [*self.reader.node_labels, "instance"], partial(self.reader.node_of, query)
         )
-        return slicer
+        return learnt[index]
 
     def _expr(self, index: int, query: Query, slices: dict[int, list[str | None]]) -> str | None:
         """What `query` asks this refresh: the whole fleet, this turn's slice of it, or
