@@ -360,6 +360,8 @@ class PrometheusSection(_Strict):
     window_s: Annotated[float, Field(ge=10)] = 60.0  # rate() and histogram_quantile() window
     timeout_s: Seconds = 5.0  # one query's deadline
     max_response_bytes: Annotated[int, Field(ge=1024)] = 256 * 1024 * 1024
+    # One refresh's answers together (they are held, decoded, until it ends).
+    max_refresh_bytes: Annotated[int, Field(ge=1024)] = 256 * 1024 * 1024
     discover: bool = True  # nodes found in the series join those fleet.toml names
     history_s: Annotated[float, Field(ge=60)] = 3600.0  # what Model detail reads back
     # Read the latency and rate figures from recording rules (console.collect.promql
