@@ -82,6 +82,11 @@ class Query:
     # answer (`and on (...) timestamp(...) > t`) would make it read all, then drop most.
     template: str | None = None
 
+    @property
+    def name(self) -> str:
+        """What the header calls it: "gpu", "vllm hist ttft", "triton counters"."""
+        return " ".join(part for part in (self.kind, self.family, self.figure) if part)
+
     def sliced(self, matcher: str) -> str:
         """Only the series `matcher` (`label=~"a|b"`) selects, in every selector."""
         assert self.template is not None, f"the {self.family} query is never sliced"

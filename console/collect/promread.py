@@ -9,11 +9,23 @@ agent's series by their `node` and `engine` labels. Engine ids are the agent's
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
+from console.collect.promcheck import (
+    AGENT_GPU_BOUNDS,
+    DCGM_BOUNDS,
+    Notes,
+    Reading,
+    checked,
+    disagree,
+    gpu_index,
+    model_bounds,
+    number,
+    reading,
+    shown,
+)
 from console.collect.promql import (
     AGENT_GPU,
     AGENT_LATENCY,
@@ -70,8 +82,8 @@ class _Engine:
     state: str | None = None
     reason: str | None = None
     deployments: tuple[str, ...] = ()
-    models: dict[str, dict[str, float | None]] = field(default_factory=dict)  # direct
-    agent_models: dict[str, dict[str, float | None]] = field(default_factory=dict)
+    models: dict[str, dict[str, Reading]] = field(default_factory=dict)  # direct
+    agent_models: dict[str, dict[str, Reading]] = field(default_factory=dict)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, _Engine) and self.__dict__ == other.__dict__
@@ -81,9 +93,9 @@ class _Engine:
 class NodeReadings:
     """One node's raw readings in one refresh; equal readings keep the old snapshot."""
 
-    gpus: dict[str, dict[str, float | None]] = field(default_factory=dict)  # dcgm-exporter
+    gpus: dict[str, dict[str, Reading]] = field(default_factory=dict)  # dcgm-exporter
     gpu_ids: dict[str, tuple[str | None, str | None]] = field(default_factory=dict)
-    agent_gpus: dict[str, dict[str, float | None]] = field(default_factory=dict)
+    agent_gpus: dict[str, dict[str, Reading]] = field(default_factory=dict)
     driver: str | None = None
     engines: dict[str, _Engine] = field(default_factory=dict)
 
@@ -92,8 +104,8 @@ class NodeReadings:
 
 
 def _merged_models(
-    old: dict[str, dict[str, float | None]], new: dict[str, dict[str, float | None]]
-) -> dict[str, dict[str, float | None]]:
+    old: dict[str, dict[str, Reading]], new: dict[str, dict[str, Reading]]
+) -> dict[str, dict[str, Reading]]:
     out = dict(old)
     for name, figures in new.items():
         out[name] = {**old.get(name, {}), **figures}
@@ -131,11 +143,6 @@ def merged(old: NodeReadings | None, new: NodeReadings) -> NodeReadings:
     )
 
 
-def number(text: str) -> float | None:
-    value = float(text)
-    return None if math.isnan(value) or math.isinf(value) else value
-
-
 def _address(url: str) -> str:
     parts = urlsplit(url)
     port = parts.port or (443 if parts.scheme == "https" else 80)
@@ -149,7 +156,7 @@ def engine_id(kind: str, address: str) -> str:
 
 Nodes = dict[str, NodeReadings]  # one refresh, by node name
 # Where each of an engine's deployments is read to, by its labels (see _read_engine).
-Where = dict[tuple[str | None, ...], dict[str, float | None]]
+Where = dict[tuple[str | None, ...], dict[str, Reading]]
 
 
 def _node_in(nodes: Nodes, name: str) -> NodeReadings:
@@ -169,6 +176,9 @@ class FleetReader:
     ) -> None:
         self.fleet, self.section, self.engines = fleet, section, engines
         self.node_labels = list(self.section.labels.node)
+        # Samples refused in the snapshots made from the current readings, by node
+        # ("": label values that cannot name one): how many, and the first named.
+        self.refused: dict[str, tuple[int, str]] = {}
         self._addresses: dict[str, _Address] = {}
         for model in fleet.models:
             for dep in model.deployments:
@@ -238,14 +248,14 @@ class FleetReader:
             self._read_engine(query, result, nodes, {} if where is None else where)
             return
         for sample in result:
-            value = number(sample.value.text) if sample.value else None
+            value = reading(sample.value.text) if sample.value else None
             read(query, sample.metric, value, nodes)
 
     def _read_up(
         self,
         query: Query,
         labels: dict[str, str],
-        value: float | None,
+        value: Reading,
         nodes: Nodes,
     ) -> None:
         found = self._addresses.get(labels.get("instance", ""))
@@ -258,18 +268,21 @@ class FleetReader:
         self,
         query: Query,
         labels: dict[str, str],
-        value: float | None,
+        value: Reading,
         nodes: Nodes,
     ) -> None:
         name = self._node_of(labels)
-        index = labels.get(self.section.labels.gpu)
-        if name is None or index is None:
+        index = labels.get(self.section.labels.gpu, "")  # "": none, refused when read
+        if name is None:
             return
         node = _node_in(nodes, name)
         if query.family == "gpu":
-            reading = DCGM_READINGS.get(labels.get("__name__", ""))
-            if reading is not None:
-                node.gpus.setdefault(index, {})[reading] = value
+            key = DCGM_READINGS.get(labels.get("__name__", ""))
+            if key is not None and value is not None:
+                gpu = node.gpus.get(index)
+                if gpu is None:
+                    gpu = node.gpus[index] = {}
+                gpu[key] = disagree(gpu.get(key), value)
         else:
             node.gpu_ids[index] = (labels.get(DCGM_UUID), labels.get(DCGM_MODEL))
             node.driver = labels.get(DCGM_DRIVER) or node.driver
@@ -278,21 +291,24 @@ class FleetReader:
         self,
         query: Query,
         labels: dict[str, str],
-        value: float | None,
+        value: Reading,
         nodes: Nodes,
     ) -> None:
-        name, index = labels.get("node"), labels.get("gpu")
+        name, index = labels.get("node"), labels.get("gpu", "")
         field_name = AGENT_GPU.get(labels.get("__name__", ""))
-        if name and index is not None and field_name:
+        if name and field_name and value is not None:
             node = _node_in(nodes, name)
-            node.agent_gpus.setdefault(index, {})[field_name] = value
+            gpu = node.agent_gpus.get(index)
+            if gpu is None:
+                gpu = node.agent_gpus[index] = {}
+            gpu[field_name] = disagree(gpu.get(field_name), value)
             node.gpu_ids.setdefault(index, (labels.get("uuid"), None))
 
     def _read_agent(
         self,
         query: Query,
         labels: dict[str, str],
-        value: float | None,
+        value: Reading,
         nodes: Nodes,
     ) -> None:
         """The agent's engine states and model figures (engineroom_*)."""
@@ -343,9 +359,12 @@ class FleetReader:
             if series:
                 gauges.setdefault(series, []).append(key)
         keys: dict[str, str] = {}  # a hist query's tag -> its figure's key ("ttft.p95")
+        # A gauge is an exporter's sample; the others are Prometheus' arithmetic, where
+        # NaN is no traffic in the window (0/0), not a bad sample.
+        value_of = reading if family == "gauges" else number
         for sample in result:
             labels = sample.metric
-            value = number(sample.value.text) if sample.value else None
+            value = value_of(sample.value.text) if sample.value else None
             at = (labels.get("instance"), labels.get(model_label), *map(labels.get, node_labels))
             model = where.get(at)
             if model is None:
@@ -357,14 +376,14 @@ class FleetReader:
             elif family == "hist":
                 key = keys.get(tag) or keys.setdefault(tag, f"{query.figure}.{tag}")
                 scale = 1.0 if tag == "count" else ps.histogram_scale
-                model[key] = None if value is None else value * scale
+                model[key] = None if value is None else float(value) * scale
             elif family == "counters":
                 scale = ps.mean_scale if tag.startswith("mean:") else 1.0
-                model[tag] = None if value is None else value * scale
+                model[tag] = None if value is None else float(value) * scale
 
     def _engine_model(
         self, kind: str, labels: dict[str, str], model_label: str, nodes: Nodes
-    ) -> dict[str, float | None]:
+    ) -> dict[str, Reading]:
         """The figures of the model an engine's series is about, in its node's readings."""
         instance = labels.get("instance", "")
         found = self._addresses.get(instance)
@@ -401,9 +420,12 @@ class FleetReader:
     def snapshot(
         self, name: str, node: NodeReadings, wall: float, gpus_read: bool = True
     ) -> Snapshot:
-        """`gpus_read`: the GPU queries have answered (else the GPUs are not known yet)."""
-        gpus = self._gpus(node, wall)
-        engines = [self._engine(eid, e) for eid, e in sorted(node.engines.items())]
+        """`gpus_read`: the GPU queries have answered (else the GPUs are not known yet).
+        The samples refused on the way are kept in `refused` under the node's name."""
+        notes = Notes(f"node {shown(name)}")
+        gpus = self._gpus(node, wall, notes)
+        engines = [self._engine(eid, e, notes) for eid, e in sorted(node.engines.items())]
+        self.note(name, notes)
         if gpus:
             gpu_status = "ok"
         elif gpus_read:
@@ -422,26 +444,40 @@ class FleetReader:
             cycle={},
         )
 
-    def _gpus(self, node: NodeReadings, wall: float) -> list[Gpu]:
+    def note(self, key: str, notes: Notes | None) -> None:
+        """What was refused for `key` (a node; "" for the names), replacing what was."""
+        if notes is None or not notes.count:
+            self.refused.pop(key, None)
+        else:
+            self.refused[key] = (notes.count, notes.first or "")
+
+    def _gpus(self, node: NodeReadings, wall: float, notes: Notes) -> list[Gpu]:
         out = []
         if node.gpus or not node.agent_gpus:
             # A GPU known by its identity alone (its readings not read yet, or refused)
             # is listed with its readings unknown.
-            for index in node.gpus.keys() | node.gpu_ids.keys():
-                if not index.isdigit():
+            for label in node.gpus.keys() | node.gpu_ids.keys():
+                index = gpu_index(label)
+                if index is None:
+                    notes.add(f"gpu {shown(label)}", "not a GPU index (0-9999)")
                     continue
-                r = node.gpus.get(index, {})
+                r = checked(node.gpus.get(label, {}), DCGM_BOUNDS.get, notes, f"gpu {index} ")
                 used, free = r.get("fb_used"), r.get("fb_free")
                 total = (
                     None
                     if used is None or free is None
                     else used + free + (r.get("fb_reserved") or 0.0)
                 )
-                uuid, model = node.gpu_ids.get(index, (None, None))
-                xid, ecc, throttle = r.get("xid"), r.get("ecc"), r.get("throttle")
+                uuid, model = node.gpu_ids.get(label, (None, None))
+                xid, ecc, throttle, clock = (
+                    r.get("xid"),
+                    r.get("ecc"),
+                    r.get("throttle"),
+                    r.get("sm_clock"),
+                )
                 out.append(
                     Gpu(
-                        index=int(index),
+                        index=index,
                         uuid=uuid,
                         name=model,
                         utilization_pct=r.get("util"),
@@ -449,7 +485,7 @@ class FleetReader:
                         memory_total_bytes=None if total is None else int(total * MIB),
                         temperature_c=r.get("temp"),
                         power_w=r.get("power"),
-                        sm_clock_mhz=None if r.get("sm_clock") is None else int(r["sm_clock"] or 0),
+                        sm_clock_mhz=None if clock is None else int(clock),
                         ecc_uncorrected=None if ecc is None else int(ecc),
                         xid_events=[XidEvent(time=wall, xid=int(xid))] if xid else [],
                         clock_event_reasons=None
@@ -458,25 +494,29 @@ class FleetReader:
                     )
                 )
         else:
-            for index, r in node.agent_gpus.items():
-                if not index.isdigit():
+            for label, values in node.agent_gpus.items():
+                index = gpu_index(label)
+                if index is None:
+                    notes.add(f"gpu {shown(label)}", "not a GPU index (0-9999)")
                     continue
-                fields: dict[str, Any] = dict(r)
+                fields: dict[str, Any] = checked(
+                    values, AGENT_GPU_BOUNDS.get, notes, f"gpu {index} "
+                )
                 for key in ("memory_used_bytes", "memory_total_bytes", "sm_clock_mhz"):
                     if fields.get(key) is not None:
                         fields[key] = int(fields[key])
                 if fields.get("ecc_uncorrected") is not None:
                     fields["ecc_uncorrected"] = int(fields["ecc_uncorrected"])
-                uuid = node.gpu_ids.get(index, (None, None))[0]
-                out.append(Gpu(index=int(index), uuid=uuid, **fields))
+                uuid = node.gpu_ids.get(label, (None, None))[0]
+                out.append(Gpu(index=index, uuid=uuid, **fields))
         out.sort(key=lambda g: g.index)
         return out
 
-    def _engine(self, eid: str, e: _Engine) -> Engine:
+    def _engine(self, eid: str, e: _Engine, notes: Notes) -> Engine:
         if e.models:
-            models = [self._model(name, r, e.kind) for name, r in sorted(e.models.items())]
+            models = [self._model(name, r, e.kind, notes) for name, r in sorted(e.models.items())]
         else:
-            models = [_agent_model(name, r) for name, r in sorted(e.agent_models.items())]
+            models = [_agent_model(name, r, notes) for name, r in sorted(e.agent_models.items())]
         state = STATES.get(e.state or ("ready" if e.models else "down"), "unhealthy")
         return Engine(
             id=eid,
@@ -489,8 +529,11 @@ class FleetReader:
             models=models,
         )
 
-    def _model(self, name: str, r: dict[str, float | None], kind: str) -> ModelStats:
+    def _model(
+        self, name: str, readings: dict[str, Reading], kind: str, notes: Notes
+    ) -> ModelStats:
         ps = self.engines[kind]
+        r = checked(readings, model_bounds, notes, f"model {shown(name)} ")
         requests, errors = r.get("requests"), r.get("errors")
         latency = {}
         for figure in FIGURES:
@@ -521,8 +564,9 @@ class FleetReader:
         )
 
 
-def _agent_model(name: str, r: dict[str, float | None]) -> ModelStats:
+def _agent_model(name: str, readings: dict[str, Reading], notes: Notes) -> ModelStats:
     """A model from the agent's own series (Prometheus scrapes the agent, not the engine)."""
+    r = checked(readings, model_bounds, notes, f"model {shown(name)} ")
     latency = {}
     for figure in FIGURES:
         stats: dict[str, Any] = {

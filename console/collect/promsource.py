@@ -24,31 +24,22 @@ what our token may do (`roles`), never for snapshots.
 from __future__ import annotations
 
 import asyncio
-import base64
-import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-import aiohttp
-import msgspec
-
-from console.collect import apiclient, collection_paused
+from console.collect import collection_paused
 from console.collect.collector import Collector, NodeState
-from console.collect.promql import (
-    ANSWER,
-    Query,
-    Sample,
-    fleet_queries,
-    history_queries,
-    matcher,
-)
-from console.collect.promread import FleetReader, NodeReadings, Where, merged, number
-from console.core.config import Fleet, MissingSecret, PrometheusSection
-from console.core.fetch import capped_body
+from console.collect.promcheck import SECONDS, Notes, name_problem, number, shown
+from console.collect.promhttp import Answered, Budget, OverBudget, PromClient, PromError
+from console.collect.promql import Query, Sample, fleet_queries, history_queries, matcher
+from console.collect.promread import FleetReader, NodeReadings, Where, merged
+from console.core.config import Fleet, PrometheusSection
 from console.core.plugin import PromSeries, plugin_kinds
+
+__all__ = ["HistoryLine", "PromError", "PromSource", "SourceHealth", "fleet_source"]
 
 HISTORY_POINTS = 240  # a range query's points: an hour at 15 s
 # The whole fleet is read again FULL_EVERY_S after the last whole read ended, or WHOLE_SHARE
@@ -76,13 +67,6 @@ READ_SLICE = 1_000
 APPLY_SLICE = 50
 
 
-Answered = tuple[list[Sample], float]  # an instant query's samples, Prometheus' time
-
-
-class PromError(Exception):
-    """Why Prometheus gave no usable answer, worded for the header and `check`."""
-
-
 @dataclass
 class SourceHealth:
     """How the last refresh went: shown in the header and in `check`."""
@@ -99,6 +83,9 @@ class SourceHealth:
     full: bool | None = None  # the last refresh asked for the whole fleet (else slices)
     answered: int = 0  # queries answered so far in the first read
     last_ok: float | None = None  # monotonic
+    refreshes: int = 0  # ended, whatever their outcome
+    refused: int = 0  # samples refused now (out of range, not a number, ...): unknown
+    refused_first: str | None = None  # the first of them, named
 
     def line(self) -> str:
         if self.ok is None:
@@ -117,6 +104,8 @@ class SourceHealth:
             text += " (a slice of the fleet)"
         if self.error:
             text += f"; {self.failed} failed: {self.error}"
+        if self.refused:
+            text += f"; {self.refused} samples refused, shown unknown ({self.refused_first})"
         return text
 
     def as_dict(self) -> dict[str, Any]:
@@ -131,6 +120,8 @@ class SourceHealth:
             "samples": self.samples,
             "full": self.full,
             "nodes": self.nodes,
+            "refused": self.refused,
+            "refused_first": self.refused_first,
         }
 
 
@@ -181,75 +172,19 @@ class PromSource(Collector):
         self._count = 0  # slices in a turn
         self.slice_min_samples = SLICE_MIN_SAMPLES
         self.first_look_s = FIRST_LOOK_S
-        self._http: aiohttp.ClientSession | None = None
-        self._tls = self._verify()
-        self._headers, self._auth_error = self._auth()
-
-    def _auth(self) -> tuple[dict[str, str], str | None]:
-        s = self.section
-        try:
-            if s.token_env:
-                token = self.fleet.secret(s.token_env, ("prometheus", "token_env"))
-                return {"Authorization": f"Bearer {token}"}, None
-            if s.username_env and s.password_env:
-                user = self.fleet.secret(s.username_env, ("prometheus", "username_env"))
-                word = self.fleet.secret(s.password_env, ("prometheus", "password_env"))
-                pair = base64.b64encode(f"{user}:{word}".encode()).decode()
-                return {"Authorization": f"Basic {pair}"}, None
-        except MissingSecret as exc:
-            return {}, f"no credentials ({exc.short})"
-        return {}, None
-
-    def _verify(self) -> ssl.SSLContext | bool:
-        if not self.section.verify_tls:
-            return False
-        if self.section.ca_file:
-            return ssl.create_default_context(cafile=self.section.ca_file)
-        return apiclient.tls_context()
-
-    async def _ask(self, method: str, path: str, fields: dict[str, str]) -> tuple[int, bytes]:
-        """One call, answered in full within the deadline and the size cap: (status,
-        body). A POST sends `fields` form-encoded, a GET as the query string."""
-        assert self._http is not None, "use the source as an async context manager"
-        url = self.section.url.rstrip("/") + path
-        cap = self.section.max_response_bytes
-        form, query = (fields, None) if method == "POST" else (None, fields)
-        try:
-            async with asyncio.timeout(self.timeout_s):
-                asked = self._http.request(method, url, data=form, params=query, ssl=self._tls)
-                async with asked as resp:
-                    encoding = resp.headers.get("Content-Encoding", "identity").strip().lower()
-                    if encoding != "identity":
-                        raise PromError(f"answered compressed ({encoding}) though asked not to")
-                    body = await capped_body(resp, cap, chunk=256 * 1024)
-                    if body is None:
-                        raise PromError(f"answered with over {apiclient.size_text(cap)}")
-                    return resp.status, body
-        except TimeoutError:
-            raise PromError(f"no answer within {self.timeout_s:g} s") from None
-        except aiohttp.ClientConnectorError as exc:
-            raise PromError(f"cannot connect: {exc.os_error.strerror or exc}"[:200]) from None
-        except aiohttp.ClientError as exc:
-            raise PromError(f"{exc.__class__.__name__}: {exc}".rstrip(": ")[:200]) from None
+        self.client = PromClient(fleet, self.section, self.timeout_s)
+        # What one refresh's answers may take together; a test may lower it.
+        self.refresh_bytes = self.section.max_refresh_bytes
+        self._budget = Budget(self.refresh_bytes)  # the refresh under way's
 
     async def __aenter__(self) -> PromSource:
         await super().__aenter__()
-        # aiohttp, as the agents' streams: a sliced refresh at 10,000 nodes reads 13 MiB
-        # of answers; fetching 6.3 MiB from a loopback server cost 20-25 ms of CPU through
-        # httpx and 7-9 ms through aiohttp, the server's share in both. Nothing from the
-        # environment (no proxy), and no decompression: asked for identity, anything
-        # else is refused.
-        self._http = aiohttp.ClientSession(
-            headers={"Accept-Encoding": "identity", **self._headers},
-            auto_decompress=False,
-            timeout=aiohttp.ClientTimeout(total=None),
-        )
+        await self.client.__aenter__()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         await super().__aexit__(*exc)
-        if self._http is not None:
-            await self._http.close()
+        await self.client.__aexit__(*exc)
 
     def start(self) -> None:
         self._tasks.append(asyncio.create_task(self._refresh_loop(), name="prometheus"))
@@ -267,11 +202,23 @@ class PromSource(Collector):
     # -- one refresh ---------------------------------------------------------------------
 
     async def refresh(self) -> None:
-        """Run the queries, then turn the answers into node states. Never raises: a
-        Prometheus that is down, slow or erring is said in `health` and on every node."""
+        """Run the queries, then turn the answers into node states. Never raises (but
+        when cancelled): a Prometheus that is down, slow or erring is said in `health`
+        and on every node, and so is a fault of the console's own in reading what it
+        answered, so that the next refresh still runs and nothing reads as fine."""
+        try:
+            await self._refresh()
+        except Exception as exc:
+            why = f"{exc.__class__.__name__}: {exc}".rstrip(": ")
+            self._all_failed(f"the console failed to read the answers: {why}"[:300])
+        finally:
+            self.health.refreshes += 1
+
+    async def _refresh(self) -> None:
         started, at = time.monotonic(), time.time()
-        if self._auth_error is not None:
-            self._all_failed(self._auth_error)
+        self._budget = Budget(self.refresh_bytes)
+        if self.client.auth_error is not None:
+            self._all_failed(self.client.auth_error)
             return
         slices = {} if self._whole_due(started) else self._slices
         full = not slices  # every query reads the whole fleet
@@ -357,10 +304,12 @@ class PromSource(Collector):
             if not isinstance(failure, PromError):
                 raise failure
         if len(errors) == len(self.queries):
-            self._all_failed(str(errors[0][1]))
+            query, failure = errors[0]
+            named = isinstance(failure, OverBudget)  # which query the budget refused
+            self._all_failed(f"{query.name} query {failure}" if named else str(failure))
             return
         health.failed = len(errors)
-        health.error = f"{errors[0][0].family} query: {errors[0][1]}" if errors else None
+        health.error = "; ".join(f"{q.name} query: {e}" for q, e in errors[:2]) or None
         prom_s = 0.0
         samples = 0
         for i, answer in enumerate(answers):
@@ -459,18 +408,15 @@ class PromSource(Collector):
     async def _instant(self, expr: str | None, at: float) -> Answered:
         if expr is None:  # nothing to ask
             return [], 0.0
-        status, body = await self._ask(
-            "POST",  # a slice's matcher can be longer than a proxy takes in a URL
-            "/api/v1/query",
-            {"query": expr, "time": f"{at:.3f}", "stats": "all"},
-        )
-        return _result(status, body)
+        return await self.client.instant(expr, at, self._budget)
 
-    async def range_query(self, expr: str, start: float, end: float, step: float) -> list[Sample]:
-        """GET /api/v1/query_range within the deadline and size cap (Model detail's history)."""
-        fields = {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}"}
-        status, body = await self._ask("GET", "/api/v1/query_range", fields)
-        return _result(status, body)[0]
+    async def range_query(
+        self, expr: str, start: float, end: float, step: float, budget: Budget | None = None
+    ) -> list[Sample]:
+        """GET /api/v1/query_range within the deadline, the size cap and `budget` (a
+        history read's, shared by its queries; by default its own)."""
+        budget = budget or Budget(self.section.max_refresh_bytes)
+        return await self.client.range(expr, start, end, step, budget)
 
     async def model_history(self, model: str) -> list[HistoryLine]:
         """The last `history_s` of one model's TTFT and ITL p95 (or mean) per deployment,
@@ -480,8 +426,9 @@ class PromSource(Collector):
         start = end - self.section.history_s
         step = max(15.0, self.section.history_s / HISTORY_POINTS)
         asked = history_queries(self.section, self.engines, model)
+        budget = Budget(self.section.max_refresh_bytes)  # the history's answers together
         answers = await asyncio.gather(
-            *(self.range_query(expr, start, end, step) for _, _, expr in asked)
+            *(self.range_query(expr, start, end, step, budget) for _, _, expr in asked)
         )
         out = []
         for (kind, figure, _), result in zip(asked, answers, strict=True):
@@ -489,10 +436,11 @@ class PromSource(Collector):
             scale = ps.histogram_scale if figure in ps.histograms else ps.mean_scale
             for sample in result:
                 node, eid = self.reader.engine_where(sample.metric, kind)
+                low, high, _ = SECONDS
                 points = [
                     (t, v * scale)
                     for t, text in sample.values or ()
-                    if (v := number(text)) is not None
+                    if (v := number(text)) is not None and low <= v * scale <= high
                 ]
                 out.append(HistoryLine(node, eid, figure, points))
         return out
@@ -529,13 +477,20 @@ class PromSource(Collector):
         # and a whole read, every few minutes at 10,000 nodes, can take 30 s on its own.
         cycle = max(self.refresh_s, self.health.wall_s or 0.0, self._whole_took)
         if self.section.discover:
+            names = Notes("node names")  # a label value that cannot name a node is not read
             for name in sorted(nodes.keys() - self.states.keys()):
-                self.states[name] = NodeState(name, "prometheus")
+                why = name_problem(name)
+                if why is None:
+                    self.states[name] = NodeState(name, "prometheus")
+                else:
+                    names.add(shown(name), f"{why} (not read)")
+            self.reader.note("", names)
         for n, (name, state) in enumerate(list(self.states.items())):
             if n % APPLY_SLICE == APPLY_SLICE - 1:
                 await asyncio.sleep(0)
             reading = nodes.get(name)
             if reading is None:
+                self.reader.note(name, None)
                 state.failures += 1
                 labels = ", ".join(self.reader.node_labels)
                 state.error = f"no series in Prometheus names this node (labels {labels}, instance)"
@@ -551,6 +506,9 @@ class PromSource(Collector):
                 state.polls += 1
             if self.on_update is not None:
                 self.on_update(state)
+        refused = self.reader.refused.values()
+        self.health.refused = sum(count for count, _ in refused)
+        self.health.refused_first = next((first for _, first in refused), None)
         if self.on_refreshed is not None:
             self.on_refreshed()
 
@@ -587,24 +545,6 @@ class _Slicer:
         for value, node in values.items():
             groups[slice_of.get(node, 0)].append(value)
         return [matcher(label, sorted(group)) if group else None for group in groups]
-
-
-def _result(status: int, body: bytes) -> tuple[list[Sample], float]:
-    """An answer's samples and Prometheus' own time, or PromError in Prometheus' words."""
-    try:
-        answer = ANSWER.decode(body)
-    except msgspec.DecodeError:
-        raise PromError(f"HTTP {status}, not a Prometheus answer: {body[:120]!r}") from None
-    if answer.status != "success" or answer.data is None:
-        raise PromError(
-            f"HTTP {status}: {answer.errorType or 'error'}: {answer.error or '?'}"[:300]
-        )
-    took = 0.0
-    timings = (answer.data.stats or {}).get("timings")
-    if isinstance(timings, dict):
-        total = timings.get("execTotalTime")
-        took = float(total) if isinstance(total, (int, float)) else 0.0
-    return answer.data.result, took
 
 
 def fleet_source(

@@ -185,9 +185,10 @@ class EngineroomApp(Workflows):
 
     def source_problem(self) -> str | None:
         """What the header says when the fleet's source is in trouble (Prometheus slow,
-        down or erring); None when it is fine or the console reads the agents."""
+        down or erring, or samples refused); None when it is fine or the console reads
+        the agents."""
         health = self.collector.health if isinstance(self.collector, PromSource) else None
-        if health is None or (health.ok is not False and not health.failed):
+        if health is None or (health.ok is not False and not health.failed and not health.refused):
             return None
         return health.line()
 
