@@ -16,10 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.deploy_host import DEPLOY, INSTALLED_AT
+from tests.unit_sandbox import directives as parse_directives
 
-DEPLOY = ROOT / "deploy"
-INSTALLED_AT = "/opt/engineroom/bin/engineroom"  # the units' ExecStart, as shipped
 # `systemd-analyze security` exposure, 0 (locked down) to 10; what each unit may not exceed.
 EXPOSURE_BUDGET = {"engineroom-agent.service": 4.0, "engineroom-gateway.service": 2.0}
 
@@ -42,12 +41,7 @@ def unit_here(tmp_path: Path, name: str) -> Path:
 
 
 def directives(name: str) -> dict[str, list[str]]:
-    found: dict[str, list[str]] = {}
-    for line in (DEPLOY / name).read_text().splitlines():
-        if line and not line.startswith(("#", "[")):
-            key, _, value = line.partition("=")
-            found.setdefault(key, []).append(value)
-    return found
+    return parse_directives((DEPLOY / name).read_text())
 
 
 def verify(unit: Path) -> subprocess.CompletedProcess[str]:

@@ -28,7 +28,7 @@ from console.core.gateway_wire import (
 )
 from console.gateway.failover import FailoverRefused
 from console.gateway.measure import exposition
-from console.gateway.routes import FleetFileChanged, save_to_fleet
+from console.gateway.routes import FleetFileChanged, FleetFileUnwritable, save_to_fleet
 
 if TYPE_CHECKING:
     from console.gateway.server import Gateway
@@ -178,6 +178,8 @@ class Admin:
             changed = await asyncio.to_thread(save_to_fleet, table.fleet, table.weights)
         except FleetFileChanged as exc:  # a hand edit since the load: never overwritten
             return refuse(409, str(exc))
+        except FleetFileUnwritable as exc:  # its folder is not ours to write: says so
+            return refuse(500, str(exc))
         table.store.audit("admin", "routes saved to fleet.toml", {"changed": changed})
         return web.json_response({"path": str(table.fleet.source), "changed": changed})
 

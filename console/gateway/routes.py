@@ -76,17 +76,26 @@ class FleetFileChanged(Exception):
     Nothing was written; str() says what to do."""
 
 
+class FleetFileUnwritable(Exception):
+    """fleet.toml could not be read or replaced (its folder is not the gateway's to write,
+    a full disk ...). The file is as it was; str() says what failed and what to do."""
+
+
 def save_to_fleet(fleet: Fleet, weights: dict[str, dict[str, int]]) -> list[str]:
     """Write `weights` into fleet.toml's deployments; returns what changed ("model/id a->b").
 
     Comments and formatting stay (tomlkit). The file is written where it really lives (a
     symlinked fleet.toml keeps its link and its target gets the new text) through a
     temporary file in the same directory: fsync, rename over, fsync the directory, the
-    mode (and owner, where allowed) kept. A file whose settings changed since the gateway
-    loaded it is refused (FleetFileChanged), so a hand edit is never overwritten."""
+    mode kept (and the owner, when root saves). A file whose settings changed since the
+    gateway loaded it is refused (FleetFileChanged), so a hand edit is never overwritten;
+    one that cannot be read or replaced is refused with why (FleetFileUnwritable)."""
     path = Path(os.path.realpath(fleet.source))
-    before = path.stat()
-    text = path.read_text(encoding="utf-8")
+    try:
+        before = path.stat()
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise FleetFileUnwritable(_unwritable_message(path, exc)) from None
     _check_unchanged(fleet, path, text)
     doc = tomlkit.parse(text)
     changed = []
@@ -99,14 +108,25 @@ def save_to_fleet(fleet: Fleet, weights: dict[str, dict[str, int]]) -> list[str]
     if not changed:
         return changed
     new_text = tomlkit.dumps(doc)
+    try:
+        _replace(path, new_text, before)
+    except OSError as exc:
+        raise FleetFileUnwritable(_unwritable_message(path, exc)) from None
+    _fsync_directory(path.parent)
+    _written[path] = _digest(new_text)
+    return changed
+
+
+def _replace(path: Path, new_text: str, before: os.stat_result) -> None:
+    """A temporary file beside `path`, then a rename over it: `path` is the old text or the
+    new, and no temporary file stays behind."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(new_text)
             f.flush()
             os.fchmod(f.fileno(), stat.S_IMODE(before.st_mode))
-            with contextlib.suppress(PermissionError):  # only root may give files away
-                os.fchown(f.fileno(), before.st_uid, before.st_gid)
+            _keep_owner(f.fileno(), before)
             os.fsync(f.fileno())
         # The last moment to notice a writer that came in while we read and wrote.
         now = path.stat()
@@ -120,9 +140,26 @@ def save_to_fleet(fleet: Fleet, weights: dict[str, dict[str, int]]) -> list[str]
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    _fsync_directory(path.parent)
-    _written[path] = _digest(new_text)
-    return changed
+
+
+def _keep_owner(fd: int, before: os.stat_result) -> None:
+    """Give the new file the old one's owner, only as root and only where it differs:
+    fchown is in the gateway's denied calls (its unit's @privileged), and a denied call
+    killed the gateway and every stream with it."""
+    now = os.fstat(fd)
+    if os.geteuid() == 0 and (now.st_uid, now.st_gid) != (before.st_uid, before.st_gid):
+        with contextlib.suppress(PermissionError):  # root without CAP_CHOWN
+            os.fchown(fd, before.st_uid, before.st_gid)
+
+
+def _unwritable_message(path: Path, exc: OSError) -> str:
+    what = exc.strerror or exc.__class__.__name__
+    where = f" ({exc.filename})" if exc.filename else ""
+    return (
+        f"{path}: the routes were not written back: {what}{where}; the file is as it was. "
+        f"The gateway's user (uid {os.geteuid()}) must be able to write {path.parent}, where "
+        "the file is replaced by a new one (deploy/README.md)"
+    )
 
 
 # What this process last wrote to each fleet file: a later save may overwrite its own write
