@@ -96,7 +96,7 @@ name = "tiny"
   id = "b"
   node = "local"
   engine = "vllm"
-  endpoint = "http://127.0.0.1:{b}"
+  endpoint = "http://localhost:{b}"   # resolved without AF_NETLINK (RestrictAddressFamilies)
   weight = 0
 """
 
@@ -136,6 +136,13 @@ class GatewayHost:
             return self.admin(method, path)
         except httpx.HTTPError:
             return None
+
+    def wait_healthy(self) -> None:
+        def healthy() -> bool:
+            routes = self.admin("GET", "/admin/routes").json()["tiny"]["deployments"]
+            return all(d["up"] for d in routes)
+
+        wait_until(healthy, 20, what="both deployments healthy")
 
     def inflight(self) -> int:
         routes = self.admin("GET", "/admin/routes").json()["tiny"]["deployments"]
@@ -197,6 +204,7 @@ def test_saving_routes_under_the_gateways_unit_keeps_it_serving_and_writes_fleet
     gateway_host,
 ):
     host = gateway_host()
+    host.wait_healthy()
     weights = {"weights": {"a": 30, "b": 70}, "why": "test"}
     assert host.admin("PUT", "/admin/routes/tiny", json=weights).status_code == 200
     done: dict[str, object] = {}
@@ -358,13 +366,7 @@ socket_group = "{group}"
         sock = host.layout.at(admin_socket)
         assert stat.S_IMODE(sock.stat().st_mode) == 0o600
         assert sock.stat().st_uid == host.layout.uid, "the socket is the gateway user's"
-        wait_until(
-            lambda: all(
-                d["up"] for d in host.admin("GET", "/admin/routes").json()["tiny"]["deployments"]
-            ),
-            20,
-            what="both deployments healthy",
-        )
+        host.wait_healthy()
         ask = {"model": "tiny", "to": "b", "mode": "emergency", "why": "test"}
         started = host.admin("POST", "/admin/failover", json=ask)
         assert started.status_code == 202, started.text
