@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 
 import httpx
@@ -32,6 +33,7 @@ INSTALLED_AT = "/opt/engineroom/bin/engineroom"  # the units' ExecStart, as ship
 SERVICE_USER = "nobody"  # stands in for the units' `engineroom`: unprivileged, in passwd
 
 
+@cache
 def why_no_sandbox() -> str | None:
     """None where the sandbox can run here, else why not."""
     if os.geteuid() != 0:

@@ -260,8 +260,9 @@ def test_a_save_the_folder_refuses_is_a_clear_error_and_the_gateway_keeps_servin
 def test_a_gateway_asked_for_more_connections_than_its_file_limit_starts_and_says_so(
     gateway_host,
 ):
-    """max_connections past LimitNOFILE: the gateway used to ask for the limit it already
-    had (setrlimit, in @resources), which killed it before it served."""
+    """max_connections past LimitNOFILE: the gateway asks for more open files as it starts.
+    glibc asks with prlimit64, which @system-service keeps (setrlimit itself is in the
+    denied @resources): it serves, and says it may open fewer files than it needs."""
     host = gateway_host(gateway_extra="max_connections = 40000")
     assert host.admin("GET", "/admin/routes").status_code == 200
     assert "max_connections 40000 needs about 80256 open files" in host.service.log.read_text()
