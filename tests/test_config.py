@@ -230,3 +230,74 @@ def test_a_table_the_file_makes_only_implicitly_is_placed_at_its_first_child(tmp
     with pytest.raises(ConfigError) as error:
         load_fleet(path)
     assert str(error.value).startswith(f"{path}:4: nodes: "), str(error.value)
+
+
+# TOML basic strings: each of these is one name as the operator wrote it, escapes undone.
+HOSTILE_NAMES = [
+    r"llama\nstats socket /run/x.sock mode 666 level admin",  # a new HAProxy line
+    r"llama\"} or vector(1) #",  # a PromQL matcher closed early
+    "llama {{ .Evil }}",  # a Prometheus template
+    r"llama\u001b]8;;http://x\u001b\\",  # a terminal escape
+    r"llama\u202egpj.exe",  # a bidi override
+    "",
+    "-llama",
+    "llama x",
+    "llama$HOME",
+]
+
+
+@pytest.mark.parametrize("bad", HOSTILE_NAMES)
+@pytest.mark.parametrize(
+    ("key", "replace", "line"),
+    [
+        ("models[0].name", 'name = "llama"', 15),
+        ("models[0].deployments[0].id", 'id = "llama-trt"', 19),
+        ("models[0].deployments[0].node", 'node = "gpu-a1"', 20),
+        ("nodes[0].name", 'name = "gpu-a1"', 6),
+    ],
+)
+def test_a_name_that_would_escape_a_generated_file_is_refused_with_its_line(
+    bad, key, replace, line
+):
+    text = GOOD.replace(replace, replace.split("=")[0] + f'= "{bad}"', 1)
+    message = error_of(text)
+    assert message.startswith(f"fleet.toml:{line}: {key}: wants letters, digits and "), message
+    assert "\n" not in message.split("; got ")[0]  # one line; the value only as repr()
+
+
+def test_real_model_names_stay_valid():
+    for name in ("meta-llama/Llama-3.1-8B-Instruct", "llama-3.1-70b", "llama3:8b",
+                 "Qwen/Qwen2.5-7B-Instruct", "ens.v1", "mistral-7b-instruct-v0.3"):  # fmt: skip
+        assert (
+            parse_fleet(GOOD.replace('name = "llama"', f'name = "{name}"')).models[0].name == name
+        )
+
+
+HAPROXY = """
+[[dataplanes]]
+name = "edge"
+kind = "haproxy"
+admin_socket = "{sock}"
+listen = "127.0.0.1:8000"
+"""
+
+
+def test_haproxy_names_and_paths_are_refused_with_their_line():
+    message = error_of(GOOD + HAPROXY.format(sock=r"/run/h.sock\nstats socket /x mode 666"))
+    assert message.startswith(
+        "fleet.toml:33: dataplanes[0].admin_socket: wants a path without control characters "
+        "or '$'; got '/run/h.sock\\nstats socket /x mode 666'"
+    ), message
+    assert "'$'" in error_of(GOOD + HAPROXY.format(sock="/run/$USER.sock"))
+    server = 'endpoint = "http://127.0.0.1:8000"\n  server = "a b"'
+    message = error_of(GOOD.replace('endpoint = "http://127.0.0.1:8000"', server))
+    assert message.startswith(
+        "fleet.toml:23: models[0].deployments[0].server: wants letters, digits and . _ - : "
+        "(HAProxy's identifier); got 'a b'"
+    ), message
+    message = error_of(GOOD + HAPROXY.format(sock="/run/h.sock") + 'socket_user = "a b"\n')
+    assert "dataplanes[0].socket_user: wants a user or group name" in message
+    fleet = parse_fleet(GOOD + HAPROXY.format(sock="/run/haproxy/admin.sock"))
+    assert (fleet.dataplanes[0].socket_user, fleet.dataplanes[0].socket_group) == (
+        "engineroom", "engineroom"
+    )  # fmt: skip

@@ -13,7 +13,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import csv
+import grp
 import os
+import pwd
 import shutil
 import signal
 import socket
@@ -43,7 +45,14 @@ from tests.conftest import ROOT, agent_env
 from tests.engines import servers
 from tests.engines.fixtures import VLLM_READY_TIMEOUT_S, VLLM_TEST_ARGS
 from tests.engines.servers import VllmServer, free_port, log_tail, stop, wait_until
-from tests.test_gateway import ADMIN, Gateway, Load, nice_group, start_gateway
+from tests.test_gateway import (
+    ADMIN,
+    GATEWAY_VIEWER,
+    Gateway,
+    Load,
+    nice_group,
+    start_gateway,
+)
 
 pytestmark = [
     pytest.mark.engines,
@@ -70,6 +79,8 @@ kind = "haproxy"
 admin_socket = "{sock}"
 config = "{cfg}"
 listen = "127.0.0.1:{front_port}"
+socket_user = "{socket_user}"
+socket_group = "{socket_group}"
 
 [[models]]
 name = "tiny"
@@ -99,6 +110,11 @@ auto_failover = {auto}
   endpoint = "{b}"
   weight = {weight_b}
 """
+# The stats socket belongs to whoever runs the tests (the gateway's user here).
+OWNER = {
+    "socket_user": pwd.getpwuid(os.getuid()).pw_name,
+    "socket_group": grp.getgrgid(os.getgid()).gr_name,
+}
 
 
 @pytest.fixture(scope="module")
@@ -221,6 +237,7 @@ def stack_factory(tmp_path: Path, vllm_server: VllmServer, vllm_b: VllmServer) -
             gw_port=gw_port, front_port=front_port, state=tmp_path / "state", sock=sock,
             cfg=cfg, itl=itl, auto="true" if auto else "false", verify_s=verify_s,
             a=vllm_server.base_url, b=vllm_b.base_url, weight_a=weights[0], weight_b=weights[1],
+            **OWNER,
         )  # fmt: skip
         (tmp_path / "fleet.toml").write_text(text)
         rendered = subprocess.run(
@@ -356,6 +373,34 @@ def test_haproxy_restarted_mid_job_fails_it_clearly_and_keeps_the_routes(stack_f
     back = hap.gateway.wait_job(hap.failover("a", "emergency")["id"])
     assert back["state"] == "succeeded", back
     assert hap.live_weights() == {"a": 100, "b": 0} == hap.file_weights()
+
+
+def test_a_viewers_plan_does_not_hide_a_restart_from_the_running_job(stack_factory):
+    """HAProxy restarts during a verification window, then a viewer (who may ask for a
+    plan, not act) asks for the plan: it reads HAProxy's backends. The job must still see
+    the restart, not subtract the counters of two processes."""
+    hap = stack_factory(verify_s=20)
+    job = hap.failover("b")
+    wait_until(lambda: hap.file_weights() == {"a": 90, "b": 10}, 90, what="10 % written back")
+
+    def window(state: str) -> bool:
+        now = hap.gateway.admin("GET", f"/admin/jobs/{job['id']}").json()
+        step = next(s for s in now["steps"] if s["name"] == "shift 10%")
+        return step["state"] == state and now["state"] == "running"
+
+    assert window("running")  # its 20 s window has begun
+    hap.start_haproxy(replacing=True)  # a new pid, the socket answering all along
+    plan = httpx.post(
+        hap.gateway.url + "/admin/failover/plan",
+        json={"model": "tiny", "to": "b"},
+        headers={"Authorization": f"Bearer {GATEWAY_VIEWER}"},
+        timeout=60,
+    )
+    assert plan.status_code == 200 and plan.json()["ok"], plan.text
+    assert window("running"), "the plan must come within the window"
+    ended = hap.gateway.wait_job(job["id"])
+    assert ended["state"] == "failed", ended
+    assert ended["error"].startswith("data plane edge: HAProxy restarted (pid "), ended["error"]
 
 
 async def test_the_failover_plan_and_progress_screens_name_haproxy(stack_factory):
@@ -513,7 +558,7 @@ def test_adopting_a_configuration_names_what_it_lacks(tmp_path: Path):
     text = FLEET.format(
         gw_port=1, front_port=2, state=tmp_path, sock=tmp_path / "s", cfg=cfg, itl=5000,
         auto="false", verify_s=2, a="http://127.0.0.1:3", b="http://127.0.0.1:4",
-        weight_a=100, weight_b=0,
+        weight_a=100, weight_b=0, **OWNER,
     )  # fmt: skip
     fleet.write_text(text)
     cfg.write_text("backend be_tiny\n    server a 127.0.0.1:3 weight 100\n")
@@ -534,7 +579,7 @@ def test_a_model_on_an_unknown_data_plane_is_refused_with_its_line(tmp_path: Pat
     text = FLEET.format(
         gw_port=1, front_port=2, state=tmp_path, sock=tmp_path / "s", cfg=tmp_path / "c",
         itl=5000, auto="false", verify_s=2, a="http://127.0.0.1:3", b="http://127.0.0.1:4",
-        weight_a=100, weight_b=0,
+        weight_a=100, weight_b=0, **OWNER,
     ).replace('dataplane = "edge"', 'dataplane = "egde"')  # fmt: skip
     line = text.splitlines().index('dataplane = "egde"') + 1
     with pytest.raises(ConfigError) as caught:

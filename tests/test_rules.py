@@ -19,6 +19,7 @@ import pytest
 
 from console.agent.exposition import render as render_metrics
 from console.collect.collector import NodeState
+from console.collect.rules import render as render_rules
 from console.collect.view import build
 from console.core import alertrules
 from console.core.config import parse_fleet
@@ -442,3 +443,78 @@ def test_a_bad_fleet_file_gets_its_line_and_no_rules(tmp_path):
     assert result.returncode == 3
     assert "fleet.toml:" in result.stderr and "kv_cache_warn" in result.stderr
     assert result.stdout == ""
+
+
+# A name the fleet loader refuses (tests/test_config.py), given to the renderer anyway: it
+# closes a PromQL string and a matcher, starts a template and a YAML line.
+HOSTILE = 'x"} or vector(1) # {{ .Evil }} \\ \n- alert: Fake\r$1 ${HOME}\u2028é.*'
+
+
+def test_hostile_names_break_no_rule_and_match_exactly_their_own_series(tmp_path):
+    model = FLEET.models[0]
+    deps = [d.model_copy(update={"id": HOSTILE + d.id}) for d in model.deployments]
+    fleet = FLEET.model_copy(
+        update={
+            "models": [model.model_copy(update={"name": HOSTILE, "deployments": deps})],
+            "fleet": FLEET.fleet.model_copy(update={"name": "fleet {{ x }}\n"}),
+        }
+    )
+    text = render_rules(fleet)
+    rules_file = tmp_path / "rules.yml"
+    rules_file.write_text(text)
+    result = promtool("check", "rules", str(rules_file))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert text.count("\n") == render_rules(FLEET).count("\n")  # no line added
+    assert "\u2028" not in text and "\r" not in text
+    # The hostile model's error rate fires its own rule, with the names as they are; another
+    # model, and one that the hostile name would match as a regex, fire the default one.
+    series = [
+        {"series": f"engineroom_model_error_ratio{{model={json.dumps(m)}}}", "values": "0.5x3"}
+        for m in (HOSTILE, "other", HOSTILE.replace(".*", "xy"))
+    ]
+
+    def alert(model: str, limit: str, fleet_model: dict[str, str]) -> dict:
+        summary = f" {model}: error rate: 0.5 (over {limit})"
+        return {
+            "exp_labels": {
+                "model": model,
+                "severity": "warning",
+                "fleet": "fleet {{ x }}\n",
+                **fleet_model,
+            },
+            "exp_annotations": {
+                "summary": summary,
+                "description": alertrules.ERROR_RATE.description,
+            },
+        }
+
+    tests = [
+        {
+            "eval_time": "2m",
+            "alertname": "EngineroomErrorRate",
+            "exp_alerts": [
+                alert(HOSTILE, "0.02", {"fleet_model": HOSTILE}),
+                alert("other", "0.05", {}),
+                alert(HOSTILE.replace(".*", "xy"), "0.05", {}),
+            ],
+        }
+    ]
+    promtool_case(rules_file, tmp_path, series, tests)
+
+
+def test_rules_written_through_a_symlink_keep_the_link(tmp_path):
+    """A rules file that is a link (into a configuration repository) stays one; its target
+    gets the rules, with its mode."""
+    (tmp_path / "fleet.toml").write_text(FLEET_TEXT)
+    (tmp_path / "repo").mkdir()
+    target = tmp_path / "repo" / "engineroom.rules.yml"
+    target.write_text("groups: []\n")
+    target.chmod(0o640)
+    link = tmp_path / "rules.yml"
+    link.symlink_to(target)
+    result = run_cli("rules", "--fleet", str(tmp_path / "fleet.toml"), "--out", str(link))
+    assert result.returncode == 0, result.stderr
+    assert link.is_symlink() and link.resolve() == target
+    assert "- alert: EngineroomErrorRate" in target.read_text()
+    assert target.stat().st_mode & 0o777 == 0o640
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fleet.toml", "repo", "rules.yml"]

@@ -13,19 +13,23 @@ histograms, a rule accepts those too, joined with `or`:
 - engine down/unhealthy, error rate, REBUILD REQUIRED: the agent's series only.
 
 The output is YAML that `promtool check rules` accepts, in a stable order, so a diff of two
-runs shows what changed in the fleet.
+runs shows what changed in the fleet. Names from the fleet are outside text: in a label
+matcher they are matched literally (console.collect.promql.matcher: regex and PromQL string
+escaping), in a label value no `{{` starts a template, and every scalar is a quoted YAML
+string, so one odd name cannot break the file (Prometheus would drop every rule in it).
 """
 
 from __future__ import annotations
 
 import json
+import re
 import sys
-from collections.abc import Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
 
+from console.collect.promql import matcher
 from console.core import alertrules as rules
 from console.core.alertrules import AlertDef
+from console.core.atomicfile import replace_text
 from console.core.config import Fleet, Model
 from console.core.plugin import EnginePlugin, load_plugins
 
@@ -55,12 +59,13 @@ def _num(value: float) -> str:
     return f"{value:g}"
 
 
-def _re(values: Iterable[str]) -> str:
-    """A regex matching exactly these label values (PromQL anchors it)."""
-    out = []
-    for v in sorted(set(values)):
-        out.append("".join("\\\\" + c if c in ".^$*+?()[]{}|\\" else c for c in v))
-    return "|".join(out)
+def _one_of(label: str, values: list[str]) -> str:
+    """`label=~"..."` selecting exactly these values (sorted: a stable file)."""
+    return matcher(label, sorted(set(values)))
+
+
+def _none_of(label: str, values: list[str]) -> str:
+    return label + "!~" + _one_of(label, values).removeprefix(label + "=~")
 
 
 def _served_names(model: Model) -> list[str]:
@@ -109,7 +114,7 @@ def gpu_rules(fleet: Fleet) -> list[Rule]:
 def engine_rules(fleet: Fleet) -> list[Rule]:
     # A declared standby (weight 0) that is down is waiting to be started, not an outage.
     standby = [d.id for m in fleet.models for d in m.deployments if d.weight == 0]
-    spare = f',deployment!~"{_re(standby)}"' if standby else ""
+    spare = f",{_none_of('deployment', standby)}" if standby else ""
     where = "{{ $labels.node }}/{{ $labels.deployment }} ({{ $labels.engine }})"
     return [
         Rule(
@@ -136,7 +141,7 @@ def model_rules(fleet: Fleet, plugins: dict[str, EnginePlugin]) -> list[Rule]:
     window = f"{max(int(fleet.agent.window_s), 1)}s"
     where = "{{ $labels.node }}{{ $labels.instance }} {{ $labels.model }}{{ $labels.model_name }}"
     for model in fleet.models:
-        names = _re(_served_names(model))
+        names = _served_names(model)
         kinds = sorted({d.engine for d in model.deployments})
         labels = {"fleet_model": model.name}
         for series, defn in LATENCY.items():
@@ -145,8 +150,8 @@ def model_rules(fleet: Fleet, plugins: dict[str, EnginePlugin]) -> list[Rule]:
                 continue
             agent = f"engineroom_model_{series}_seconds"
             parts = [
-                f'({agent}{{stat="p95",model=~"{names}"}}'
-                f' or ignoring(stat) {agent}{{stat="mean",model=~"{names}"}}) > {_num(limit)}'
+                f'({agent}{{stat="p95",{_one_of("model", names)}}} or ignoring(stat) '
+                f'{agent}{{stat="mean",{_one_of("model", names)}}}) > {_num(limit)}'
             ]
             for kind in kinds:
                 prom = getattr(plugins.get(kind), "prometheus", None)
@@ -156,7 +161,7 @@ def model_rules(fleet: Fleet, plugins: dict[str, EnginePlugin]) -> list[Rule]:
                 scale = f" * {_num(prom.histogram_scale)}" if prom.histogram_scale != 1 else ""
                 parts.append(
                     f"histogram_quantile(0.95, sum by (le, instance, {prom.model_label}) "
-                    f'(rate({name}_bucket{{{prom.model_label}=~"{names}"}}[{window}])))'
+                    f"(rate({name}_bucket{{{_one_of(prom.model_label, names)}}}[{window}])))"
                     f"{scale} > {_num(limit)}"
                 )
             out.append(
@@ -172,14 +177,14 @@ def model_rules(fleet: Fleet, plugins: dict[str, EnginePlugin]) -> list[Rule]:
             out.append(
                 Rule(
                     rules.ERROR_RATE,
-                    f'engineroom_model_error_ratio{{model=~"{names}"}} > {_num(errors)}',
+                    f"engineroom_model_error_ratio{{{_one_of('model', names)}}} > {_num(errors)}",
                     f"{where}: {rules.ERROR_RATE.title}: {{{{ $value }}}} (over {_num(errors)})",
                     labels,
                 )
             )
     # A model no fleet model names still gets the fleet's default error rate, as in the console.
     declared = [n for m in fleet.models for n in _served_names(m)]
-    other = f'{{model!~"{_re(declared)}"}}' if declared else ""
+    other = f"{{{_none_of('model', declared)}}}" if declared else ""
     default = rules.ERROR_RATE.threshold(fleet, None)
     assert default is not None
     out.append(
@@ -217,8 +222,25 @@ def build(fleet: Fleet, plugins: dict[str, EnginePlugin] | None = None) -> dict[
 
 
 def _q(text: str) -> str:
-    """A YAML scalar in double quotes (JSON's escaping is YAML's)."""
-    return json.dumps(text, ensure_ascii=False)
+    """A YAML scalar in double quotes (JSON's escaping is YAML's), on one line: JSON leaves
+    DEL, C1 controls and U+2028/2029 as they are, and YAML 1.1 breaks lines at the last."""
+    return _UNPRINTABLE.sub(_escape, json.dumps(text, ensure_ascii=False))
+
+
+_UNPRINTABLE = re.compile(r"[^\x20-\x7e]")
+
+
+def _escape(found: re.Match[str]) -> str:
+    c = found.group()
+    if c.isprintable():
+        return c
+    return f"\\u{ord(c):04x}" if ord(c) <= 0xFFFF else f"\\U{ord(c):08x}"
+
+
+def _literal(value: str) -> str:
+    """A label value as Prometheus' template for it: each `{` written as the template
+    action {{"{"}}, so a name holding `{{` prints as it is instead of starting one."""
+    return value.replace("{", '{{"{"}}')
 
 
 def render(fleet: Fleet, plugins: dict[str, EnginePlugin] | None = None) -> str:
@@ -233,6 +255,7 @@ def render(fleet: Fleet, plugins: dict[str, EnginePlugin] | None = None) -> str:
         lines += [f"  - name: {_q(group)}", "    rules:"]
         for rule in group_rules:
             labels = {"severity": rule.defn.severity, "fleet": fleet.fleet.name, **rule.labels}
+            labels = {k: _literal(v) for k, v in labels.items()}
             lines += [
                 f"      - alert: {rule.defn.alert}",
                 f"        expr: {_q(rule.expr)}",
@@ -251,13 +274,12 @@ def run_rules(fleet: Fleet, out: str | None) -> int:
     if out is None:
         sys.stdout.write(text)
         return 0
-    path = Path(out)
-    tmp = path.with_name(path.name + ".tmp")
+    path = out
     try:
-        tmp.write_text(text)
-        tmp.replace(path)  # a Prometheus reloading meanwhile reads the old file or the new
+        # Whole: a Prometheus reloading meanwhile reads the old file or the new. A symbolic
+        # link (into a rules repository, say) stays one: its target gets the text.
+        replace_text(path, text)
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
         print(f"engineroom rules: cannot write {path}: {exc.strerror or exc}", file=sys.stderr)
         return 1
     print(f"engineroom rules: wrote {path} ({text.count('- alert:')} rules)", file=sys.stderr)

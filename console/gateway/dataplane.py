@@ -23,6 +23,8 @@ What a data plane does for a failover:
   where it has them and the engines' metrics where it does not; `Figures.source` says
   which, and so does `figures_from` before a job starts (the plan screen shows it).
 - `health`: can it be reached and changed now.
+- `begin`: a job of the model starts; what the data plane remembers for the job (to tell
+  a restart) belongs to that job alone, never reset by a reader.
 
 Every call has a deadline; trouble with the data plane itself (not reachable, refused a
 change, restarted) raises DataPlaneError with what failed and where, which fails the
@@ -111,6 +113,12 @@ class DataPlane(abc.ABC):
 
     async def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections and tasks."""
+
+    async def begin(self, model: str) -> None:  # noqa: B027 - optional hook
+        """A failover job of `model` begins: remember what the data plane runs on now
+        (HAProxy's pid), so the job's later calls can tell it restarted behind them. Only
+        the job calls this: readers (the plan screen, the routes, another model's job)
+        never change what a running job checks against."""
 
     @abc.abstractmethod
     def describe(self) -> str:

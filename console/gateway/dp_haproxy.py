@@ -2,9 +2,10 @@
 
 - weights: `set server BACKEND/SERVER weight N` (the target raised before the source is
   lowered: lowered first, the backend has no server for a moment), and `state ready` for a
-  server that was drained; no reload, no connection dropped. After each change the weights
-  are written back into the configuration file (console.gateway.haproxy_config), so a
-  restarted HAProxy keeps them.
+  server that was drained; no reload, no connection dropped. Each change is audited as it
+  is made, then written back into the configuration file (console.gateway.haproxy_config),
+  so a restarted HAProxy keeps it; a change that fails half way, or a write-back that
+  fails, is audited too and fails the job saying what HAProxy routes now.
 - drain: `set server ... state drain`, then `show stat` until the server's current
   sessions (`scur`) are 0.
 - figures: requests (`stot`) and failures (`hrsp_5xx`, `eresp`, `econ`) from `show stat`
@@ -12,7 +13,9 @@
   another server (`wredis`; such a client may have seen no error); TTFT and ITL p95 from
   the engine's own metrics (HAProxy measures neither).
 - restarts: the process id and start time from `show info` are checked on every change and
-  window; a different HAProxy than the one the job began with fails the job, saying so.
+  window against those the job began with (`begin`, per model) and the window's start (in
+  its Mark): a different HAProxy fails the job, saying so. Only a job sets what it checks
+  against; readers (the plan screen, another model's job, the routes) never do.
 
 Every socket call has a deadline (the data plane's `timeout_s`) and reads at most
 MAX_ANSWER_BYTES; the socket is one command per connection (HAProxy's non-interactive
@@ -31,7 +34,8 @@ from typing import Any
 
 import aiohttp
 
-from console.core.config import DataPlaneSection, Deployment, Fleet, Model
+from console.core.atomicfile import replace_text
+from console.core.config import ConfigError, DataPlaneSection, Deployment, Fleet, Model
 from console.gateway import enginefigures, haproxy_config
 from console.gateway.dataplane import (
     Backend,
@@ -140,7 +144,9 @@ class HAProxyPlane(DataPlane):
         self.api = RuntimeAPI(section.admin_socket, section.timeout_s)
         self.config = Path(section.config).expanduser() if section.config else None
         self.http: aiohttp.ClientSession | None = None
-        self.identity: tuple[str, str] | None = None  # (pid, start time) of the HAProxy seen
+        # model -> (pid, start time) of the HAProxy its running job began on; set by the
+        # job alone (begin), so no reader can hide a restart from it.
+        self.began: dict[str, tuple[str, str]] = {}
         self._lock = asyncio.Lock()  # one change at a time, and its write-back
 
     async def start(self, http: aiohttp.ClientSession) -> None:
@@ -182,16 +188,22 @@ class HAProxyPlane(DataPlane):
         )
         return info["Pid"], started
 
-    async def _same_haproxy(self) -> tuple[str, str]:
-        """The HAProxy answering now; DataPlaneError if it is not the one seen before."""
+    async def begin(self, model: str) -> None:
+        self.began[model] = await self._identity()
+
+    async def _same_haproxy(
+        self, model: str, since: tuple[str, str] | None = None
+    ) -> tuple[str, str]:
+        """The HAProxy answering now; DataPlaneError if it is not the one `model`'s job
+        began on, nor (`since`) the one a verification window began on."""
         now = await self._identity()
-        before, self.identity = self.identity, now
-        if before is not None and before != now:
-            raise DataPlaneError(
-                f"HAProxy restarted (pid {before[0]} -> {now[0]}): it routes by its "
-                f"configuration file{f' {self.config}' if self.config else ''}, which holds "
-                "the weights of the last completed change; check them and start again"
-            )
+        for before in (self.began.get(model), since):
+            if before is not None and before != now:
+                raise DataPlaneError(
+                    f"HAProxy restarted (pid {before[0]} -> {now[0]}): it routes by its "
+                    f"configuration file{f' {self.config}' if self.config else ''}, which "
+                    "holds the weights of the last completed change; check them and start again"
+                )
         return now
 
     async def _stats(self, model: str) -> dict[str, ServerStat]:
@@ -233,9 +245,6 @@ class HAProxyPlane(DataPlane):
         return Health(True, f"HAProxy (pid {pid}) answers on {self.api.path}")
 
     async def weights(self, model: str) -> dict[str, int]:
-        # A job begins by reading the weights: the HAProxy it then sees is the one the job
-        # checks its later calls against (a restart between two jobs fails neither).
-        self.identity = await self._identity()
         stats = await self._stats(model)
         out = {}
         for dep in self._model(model).deployments:
@@ -276,28 +285,47 @@ class HAProxyPlane(DataPlane):
 
     async def set_weights(self, model: str, weights: dict[str, int], who: str, why: str) -> None:
         async with self._lock:
-            await self._same_haproxy()
+            await self._same_haproxy(model)
             before = await self.weights(model)
             backend = self._backend(model)
             raise_first = sorted(weights.items(), key=lambda kv: kv[1] <= before.get(kv[0], 0))
             stats = await self._stats(model)
+            what = {"model": model, "weights": weights, "why": why, "dataplane": self.name}
+            # Audited before it is made: a live change never goes unrecorded, even if the
+            # gateway dies during it.
+            self.store.audit(who, "routes set", what, {"before": before})
+            commands = []
             for deployment, weight in raise_first:
                 server = self._server(model, deployment)
-                await self.api.change(f"set server {backend}/{server} weight {weight}")
-                if weight == 0:
-                    continue
-                for name in (server, server + haproxy_config.BACKUP_SUFFIX):  # undo a drain
-                    if name in stats and stats[name].status.startswith("DRAIN"):
-                        await self.api.change(f"set server {backend}/{name} state ready")
-            await self._write_back(model, {**before, **weights})
-        self.store.audit(
-            who,
-            "routes set",
-            {"model": model, "weights": weights, "why": why, "dataplane": self.name},
-            {"before": before},
-        )
+                commands.append(f"set server {backend}/{server} weight {weight}")
+                if weight > 0:  # undo a drain
+                    commands += [
+                        f"set server {backend}/{name} state ready"
+                        for name in (server, server + haproxy_config.BACKUP_SUFFIX)
+                        if name in stats and stats[name].status.startswith("DRAIN")
+                    ]
+            await self._change(model, commands, who, what)
+            await self._write_back(model, {**before, **weights}, who, what)
 
-    async def _write_back(self, model: str, weights: dict[str, int]) -> None:
+    async def _change(
+        self, model: str, commands: list[str], who: str, what: dict[str, Any]
+    ) -> None:
+        """Run `commands` on the socket; one refused or unanswered is audited with what
+        HAProxy routes after it (so far as it can be read) and fails the change."""
+        try:
+            for command in commands:
+                await self.api.change(command)
+        except DataPlaneError as exc:
+            try:
+                now: dict[str, int] | str = await self.weights(model)
+            except DataPlaneError as unread:
+                now = f"unknown: {unread}"
+            self.store.audit(who, "routes set: failed", what, {"error": str(exc), "now": now})
+            raise DataPlaneError(f"{exc}; HAProxy routes {model} now: {now}") from None
+
+    async def _write_back(
+        self, model: str, weights: dict[str, int], who: str, what: dict[str, Any]
+    ) -> None:
         if self.config is None:
             return
         backend = self._backend(model)
@@ -306,25 +334,40 @@ class HAProxyPlane(DataPlane):
 
         def write() -> None:
             text = haproxy_config.read_config(config)
-            haproxy_config.write_atomically(config, haproxy_config.with_weights(text, named))
+            replace_text(config, haproxy_config.with_weights(text, named))
 
         try:
             await asyncio.to_thread(write)
-        except (OSError, UnicodeDecodeError) as exc:
-            raise DataPlaneError(
-                f"the change is live but was not written back to {config}: {exc}; an HAProxy "
-                "restart would lose it"
-            ) from None
+        except (OSError, UnicodeDecodeError, ConfigError) as exc:
+            error = (
+                f"HAProxy routes {model} as asked ({weights}; audited), but writing that "
+                f"back to {config} failed: {exc}. A restarted HAProxy would route by the "
+                "file's old weights: let the gateway write that file (docs/haproxy.md), or "
+                "put the weights in it by hand"
+            )
+            self.store.audit(
+                who,
+                "routes set: not written back",
+                what,
+                {"config": str(config), "error": str(exc)},
+            )
+            raise DataPlaneError(error) from None
 
     async def drain(self, model: str, deployment: str, timeout_s: float) -> None:
         backend, server = self._backend(model), self._server(model, deployment)
         async with self._lock:
-            await self._same_haproxy()
+            await self._same_haproxy(model)
             stats = await self._stats(model)
-            for name in (server, server + haproxy_config.BACKUP_SUFFIX):
-                if name in stats:
-                    await self.api.change(f"set server {backend}/{name} state drain")
-            await self._write_back(model, {deployment: 0})
+            what = {"model": model, "weights": {deployment: 0}, "why": f"drain {deployment}",
+                    "dataplane": self.name}  # fmt: skip
+            self.store.audit("gateway", "routes set", what, {"before": "drain"})
+            commands = [
+                f"set server {backend}/{name} state drain"
+                for name in (server, server + haproxy_config.BACKUP_SUFFIX)
+                if name in stats
+            ]
+            await self._change(model, commands, "gateway", what)
+            await self._write_back(model, {deployment: 0}, "gateway", what)
         deadline = time.monotonic() + timeout_s
         while True:
             rows = self._rows(await self._stats(model), model, deployment)
@@ -350,13 +393,14 @@ class HAProxyPlane(DataPlane):
         )
 
     async def snapshot(self, model: str, deployment: str) -> Any:
-        identity = await self._same_haproxy()
+        identity = await self._same_haproxy(model)
         return Mark(identity, await self._stats(model), await self._engine(model, deployment),
                     time.monotonic())  # fmt: skip
 
     async def figures(self, model: str, deployment: str, since: Any) -> Figures:
         assert isinstance(since, Mark)
-        await self._same_haproxy()
+        # The window's counters are of one process or none: a restart resets them.
+        await self._same_haproxy(model, since.identity)
         now = await self._stats(model)
         engine = await self._engine(model, deployment)
         rows, before = (

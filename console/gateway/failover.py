@@ -254,6 +254,7 @@ class Failovers:
         plane: DataPlane | None = None
         try:
             plane = await self.plane(model)
+            await plane.begin(model)
             job["before"] = await plane.weights(model)
             job["sources"] = [
                 u.id

@@ -9,39 +9,81 @@ retried on another server; the server side of each connection closed after its a
 so no request meets an engine closing an idle one. A model with `auto_failover` also gets
 each deployment as a `backup` server, used only when no weighted server is up: HAProxy's
 own stand-in for the gateway's "any healthy one" until the automatic failover moves the
-weights. The stats socket is opened at level admin for the runtime API.
+weights. The stats socket is opened at level admin for the runtime API, owned by the
+gateway's user (`socket_user`, `socket_group`; an HAProxy started as root would otherwise
+leave it root's, and the gateway could not open it).
+
+Names from fleet.toml are outside text: HAProxy names (backends, servers, the front end)
+keep only the characters HAProxy allows in an identifier, and values (paths, the front
+end's address, model names) are written in strong quotes with anything else as `\\xNN`,
+so no value can end a line or add a directive.
 
 Adopted: an existing file whose backends and servers fleet.toml names (`[[models]]
 backend`, `[[models.deployments]] server`); engineroom edits only those servers' weights.
 
 Write-back: after every change through the runtime API the `weight` of each server line
-changed is rewritten in the file (atomically: a temporary file, fsync, rename), so a
-restarted HAProxy routes as the running one did. Nothing else in the file is touched.
+changed is rewritten in the file (console.core.atomicfile: a symbolic link's target, a
+temporary file, fsync, rename), so a restarted HAProxy routes as the running one did.
+Nothing else in the file is touched, comments included.
 """
 
 from __future__ import annotations
 
-import os
 import re
-import tempfile
+import string
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from console.core.atomicfile import replace_text
 from console.core.config import ConfigError, DataPlaneSection, Deployment, Fleet, Model
 
-NAME_OK = re.compile(r"[^A-Za-z0-9_.:-]")
+NAME_OK = re.compile(r"[^A-Za-z0-9_.:-]")  # what HAProxy refuses in an identifier
+# Inside strong quotes HAProxy takes every byte as it is, but a line ends at a newline,
+# so control characters and the quote itself go outside, as \xNN.
+QUOTABLE = re.compile(r"[^\x00-\x1f\x7f\x80-\x9f'\u2028\u2029]+")
 BACKUP_SUFFIX = ".backup"
 # Active checks, and a refused connection marks the server down at once (then retried).
 SERVER_OPTS = " check inter 500ms fall 2 rise 2 observe layer4 error-limit 1 on-error mark-down"
 MAX_CONFIG_BYTES = 8 * 1024 * 1024  # a configuration larger than this is refused, not read
 
 
+def ident(name: str) -> str:
+    """`name` as an HAProxy identifier: the characters it refuses become `_`."""
+    return NAME_OK.sub("_", name) or "_"
+
+
 def backend_name(model: Model) -> str:
-    return model.backend or "be_" + NAME_OK.sub("_", model.name)
+    return ident(model.backend or "be_" + model.name)
 
 
 def server_name(dep: Deployment) -> str:
-    return dep.server or NAME_OK.sub("_", dep.id)
+    return ident(dep.server or dep.id)
+
+
+def quote(value: str) -> str:
+    """`value` as one HAProxy word, exactly: strong quotes, with control characters and
+    `'` as \\xNN outside them (HAProxy joins the pieces). A NUL cannot be one."""
+    if "\x00" in value:
+        raise ConfigError(f"{value!r}: a NUL byte cannot be written into HAProxy's configuration")
+    out, at = [], 0
+    for run in QUOTABLE.finditer(value):
+        out += [_hex(value[at : run.start()]), f"'{run.group()}'"]
+        at = run.end()
+    out.append(_hex(value[at:]))
+    return "".join(out) or "''"
+
+
+def address(value: str, what: str) -> str:
+    """An address or socket path as one HAProxy word. HAProxy expands `$VAR` in addresses
+    whatever the quoting, so a `$` is refused: `what` says which value it was."""
+    if "$" in value:
+        raise ConfigError(f"{what}: {value!r}: HAProxy would expand the '$' in it; not rendered")
+    return quote(value)
+
+
+def _hex(text: str) -> str:
+    return "".join(f"\\x{b:02x}" for b in text.encode())
 
 
 def models_of(fleet: Fleet, plane: DataPlaneSection) -> list[Model]:
@@ -59,13 +101,18 @@ def render(fleet: Fleet, plane: DataPlaneSection) -> str:
     models = models_of(fleet, plane)
     if not models:
         raise ConfigError(f"{fleet.source}: no [[models]] names dataplane = {plane.name!r}")
+    _distinct(fleet, models)
+    where = f"{fleet.source}: dataplanes {plane.name!r}"
     timeout = f"{plane.timeout_s:g}s"
+    owner = f"user {quote(plane.socket_user)} group {quote(plane.socket_group)}"
     out = [
         f"# HAProxy for fleet {fleet.fleet.name!r}, data plane {plane.name!r}: rendered by",
         "# `engineroom haproxy render`. The failover jobs change weights through the stats",
         "# socket and write them back into the server lines below.",
         "global",
-        f"    stats socket {plane.admin_socket} mode 600 level admin",
+        # Owned by the gateway's user: an HAProxy started as root would leave it root's.
+        f"    stats socket {address(plane.admin_socket, f'{where}: admin_socket')} mode 600 "
+        f"level admin {owner}",
         "    stats timeout 30s",
         "    maxconn 4096",
         "",
@@ -88,12 +135,12 @@ def render(fleet: Fleet, plane: DataPlaneSection) -> str:
         "    # (observe layer4): closing the server side after each answer leaves none idle.",
         "    option http-server-close",
         "",
-        f"frontend {NAME_OK.sub('_', plane.name)}",
-        f"    bind {plane.listen}",
+        f"frontend {ident(plane.name)}",
+        f"    bind {address(plane.listen, f'{where}: listen')}",
         "    option http-buffer-request",
         "    http-request set-var(txn.model) req.body,json_query('$.model')",
     ]
-    names = " ".join(_quoted(fleet, m.name) for m in models)
+    names = " ".join(quote(m.name) for m in models)
     out += [
         f"    acl known_model var(txn.model) -m str {names}",
         "    http-request return status 404 content-type application/json string "
@@ -103,14 +150,14 @@ def render(fleet: Fleet, plane: DataPlaneSection) -> str:
     for model in models:
         out.append(
             f"    use_backend {backend_name(model)} if {{ var(txn.model) -m str "
-            f"{_quoted(fleet, model.name)} }}"
+            f"{quote(model.name)} }}"
         )
     for model in models:
         out += ["", f"backend {backend_name(model)}", "    balance roundrobin"]
         out += _health(model)
         for dep in model.deployments:
-            where = _address(fleet, dep)
-            out.append(f"    server {server_name(dep)} {where} weight {dep.weight}{SERVER_OPTS}")
+            at = _address(fleet, dep)
+            out.append(f"    server {server_name(dep)} {at} weight {dep.weight}{SERVER_OPTS}")
         if model.auto_failover:
             for dep in model.deployments:
                 out.append(
@@ -120,13 +167,26 @@ def render(fleet: Fleet, plane: DataPlaneSection) -> str:
     return "\n".join(out) + "\n"
 
 
-def _quoted(fleet: Fleet, name: str) -> str:
-    if not name or re.search(r'["\\\s]', name):
-        raise ConfigError(
-            f"{fleet.source}: model {name!r}: rendering takes model names without quotes, "
-            "backslashes or spaces"
-        )
-    return f'"{name}"'
+def _distinct(fleet: Fleet, models: list[Model]) -> None:
+    """Two names that become one HAProxy name (`a/b` and `a_b`) would make a file HAProxy
+    refuses: say which, and how to part them."""
+    backends: dict[str, str] = {}
+    for model in models:
+        other = backends.setdefault(backend_name(model), model.name)
+        if other != model.name:
+            raise ConfigError(
+                f"{fleet.source}: models {other!r} and {model.name!r} are both HAProxy backend "
+                f"{backend_name(model)!r}: name one with [[models]] backend"
+            )
+        servers: dict[str, str] = {}
+        for dep in model.deployments:
+            other = servers.setdefault(server_name(dep), dep.id)
+            if other != dep.id:
+                raise ConfigError(
+                    f"{fleet.source}: deployments {other!r} and {dep.id!r} are both server "
+                    f"{server_name(dep)!r} of {backend_name(model)!r}: name one with "
+                    "[[models.deployments]] server"
+                )
 
 
 def _health(model: Model) -> list[str]:
@@ -154,67 +214,116 @@ def read_config(path: Path) -> str:
     return data.decode("utf-8")
 
 
+@dataclass(slots=True)
+class Line:
+    """One line of a configuration as HAProxy reads it."""
+
+    words: list[str]  # quotes and escapes undone
+    spans: list[tuple[int, int]]  # where each word is in the line
+    comment: int  # where its comment begins: a `#` outside quotes, not escaped; or the end
+
+
+ESCAPES = {"r": b"\r", "n": b"\n", "t": b"\t"}
+
+
+def split_line(line: str) -> Line:
+    out = Line([], [], len(line))
+    word, start, quote_char, i = bytearray(), -1, "", 0  # start -1: between words
+    while i < len(line):
+        c = line[i]
+        if c == "\\" and quote_char != "'" and i + 1 < len(line):  # \xNN, \n, \#, ...
+            start = i if start < 0 else start
+            i += 1
+            hexa = line[i + 1 : i + 3]
+            if line[i] == "x" and len(hexa) == 2 and all(h in string.hexdigits for h in hexa):
+                word += bytes([int(hexa, 16)])
+                i += 2
+            else:
+                word += ESCAPES.get(line[i], line[i].encode())
+        elif quote_char:
+            if c == quote_char:
+                quote_char = ""
+            else:
+                word += c.encode()
+        elif c == "#" or c.isspace():
+            if start >= 0:
+                out.words.append(word.decode("utf-8", "replace"))
+                out.spans.append((start, i))
+            word, start = bytearray(), -1
+            if c == "#":
+                out.comment = i
+                return out
+        else:
+            start = i if start < 0 else start
+            if c in "'\"":
+                quote_char = c
+            else:
+                word += c.encode()
+        i += 1
+    if start >= 0:
+        out.words.append(word.decode("utf-8", "replace"))
+        out.spans.append((start, i))
+    return out
+
+
+def _lines(text: str) -> list[str]:
+    """The lines as HAProxy splits them (at newlines only), each with its newline."""
+    parts = text.split("\n")
+    return [part + "\n" for part in parts[:-1]] + ([parts[-1]] if parts[-1] else [])
+
+
+def _sections(lines: list[str]) -> list[tuple[str | None, Line]]:
+    """Each line, and the backend (or listen section) it is in."""
+    out: list[tuple[str | None, Line]] = []
+    section: str | None = None
+    for text in lines:
+        line = split_line(text.rstrip("\r\n"))
+        first = line.words[0] if line.words else None
+        if first in ("backend", "listen") and len(line.words) > 1:
+            section = line.words[1]
+        elif first in SECTIONS:
+            section = None
+        out.append((section, line))
+    return out
+
+
+SECTIONS = ("frontend", "global", "defaults", "peers", "resolvers", "userlist", "program",
+            "http-errors", "ring", "mailers", "cache")  # fmt: skip
+
+
 def servers_in(text: str) -> dict[str, set[str]]:
     """Backend name -> its server names, as the file declares them (for adopting)."""
     found: dict[str, set[str]] = {}
-    section: str | None = None
-    for line in text.splitlines():
-        words = line.split("#", 1)[0].split()
-        if not words:
+    for section, line in _sections(_lines(text)):
+        if section is None:
             continue
-        if words[0] in ("backend", "listen") and len(words) > 1:
-            section = words[1]
-            found.setdefault(section, set())
-        elif words[0] in ("frontend", "global", "defaults", "peers", "resolvers", "userlist"):
-            section = None
-        elif words[0] == "server" and section is not None and len(words) > 1:
-            found[section].add(words[1])
+        found.setdefault(section, set())
+        if line.words[:1] == ["server"] and len(line.words) > 1:
+            found[section].add(line.words[1])
     return found
 
 
 def with_weights(text: str, weights: dict[tuple[str, str], int]) -> str:
-    """`text` with the weight of each (backend, server) named set (added where missing)."""
-    lines = text.splitlines(keepends=True)
-    section: str | None = None
-    for i, line in enumerate(lines):
-        words = line.split("#", 1)[0].split()
-        if not words:
+    """`text` with the weight of each (backend, server) named set (added where missing).
+    Only the server line's own words are read and changed (`server NAME ADDRESS [options]`):
+    its comment stays as it was."""
+    lines = _lines(text)
+    for i, (section, line) in enumerate(_sections(lines)):
+        words = line.words
+        if section is None or words[:1] != ["server"] or len(words) < 3:
             continue
-        if words[0] in ("backend", "listen") and len(words) > 1:
-            section = words[1]
-        elif words[0] in ("frontend", "global", "defaults"):
-            section = None
-        elif words[0] == "server" and len(words) > 1 and (section, words[1]) in weights:
-            weight = weights[(section, words[1])]  # type: ignore[index]
-            body, nl = (line[:-1], "\n") if line.endswith("\n") else (line, "")
-            if re.search(r"\sweight\s+\d+", body):
-                body = re.sub(r"(\sweight\s+)\d+", rf"\g<1>{weight}", body, count=1)
-            else:
-                head, sep, comment = body.partition("#")
-                body = f"{head.rstrip()} weight {weight}" + (f" {sep}{comment}" if sep else "")
-            lines[i] = body + nl
+        weight = weights.get((section, words[1]))
+        if weight is None:
+            continue
+        old = lines[i]
+        found = [j for j in range(3, len(words) - 1) if words[j] == "weight"]
+        if found:
+            start, end = line.spans[found[0] + 1]
+            lines[i] = f"{old[:start]}{weight}{old[end:]}"
+        else:
+            end = line.spans[-1][1]
+            lines[i] = f"{old[:end]} weight {weight}{old[end:]}"
     return "".join(lines)
-
-
-def write_atomically(path: Path, text: str) -> None:
-    """Replace `path` with `text`: a crash leaves the old file or the new, never half."""
-    mode = path.stat().st_mode & 0o7777 if path.exists() else 0o644
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
 
 
 def plane_named(fleet: Fleet, name: str | None) -> DataPlaneSection:
@@ -252,7 +361,7 @@ def run_cli(fleet: Fleet, verb: str, name: str | None, out: str | None) -> int:
         raise ConfigError(f"{fleet.source}: dataplanes {plane.name!r}: no 'config'; give --out")
     path = Path(where).expanduser()
     if verb == "render":
-        write_atomically(path, render(fleet, plane))
+        replace_text(path, render(fleet, plane))
         print(
             f"wrote {path}: check it with `haproxy -c -f {path}`, run it with `haproxy -f {path}`"
         )
