@@ -11,16 +11,14 @@ since the gateway loaded it.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
-import stat
-import tempfile
 import time
 from pathlib import Path
 
 import tomlkit
 
+from console.core.atomicfile import replace_text
 from console.core.config import ConfigError, Fleet, parse_fleet
 from console.core.sqlitestore import JobStore
 
@@ -85,9 +83,9 @@ def save_to_fleet(fleet: Fleet, weights: dict[str, dict[str, int]]) -> list[str]
     """Write `weights` into fleet.toml's deployments; returns what changed ("model/id a->b").
 
     Comments and formatting stay (tomlkit). The file is written where it really lives (a
-    symlinked fleet.toml keeps its link and its target gets the new text) through a
-    temporary file in the same directory: fsync, rename over, fsync the directory, the
-    mode kept (and the owner, when root saves). A file whose settings changed since the
+    symlinked fleet.toml keeps its link and its target gets the new text), replaced whole
+    (console.core.atomicfile: the mode kept, the owner only when root saves, since fchown
+    is a call the gateway's unit denies). A file whose settings changed since the
     gateway loaded it is refused (FleetFileChanged), so a hand edit is never overwritten;
     one that cannot be read or replaced is refused with why (FleetFileUnwritable)."""
     path = Path(os.path.realpath(fleet.source))
@@ -108,26 +106,8 @@ def save_to_fleet(fleet: Fleet, weights: dict[str, dict[str, int]]) -> list[str]
     if not changed:
         return changed
     new_text = tomlkit.dumps(doc)
-    try:
-        _replace(path, new_text, before)
-    except OSError as exc:
-        raise FleetFileUnwritable(_unwritable_message(path, exc)) from None
-    _fsync_directory(path.parent)
-    _written[path] = _digest(new_text)
-    return changed
 
-
-def _replace(path: Path, new_text: str, before: os.stat_result) -> None:
-    """A temporary file beside `path`, then a rename over it: `path` is the old text or the
-    new, and no temporary file stays behind."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(new_text)
-            f.flush()
-            os.fchmod(f.fileno(), stat.S_IMODE(before.st_mode))
-            _keep_owner(f.fileno(), before)
-            os.fsync(f.fileno())
+    def unchanged(_: os.stat_result | None) -> None:
         # The last moment to notice a writer that came in while we read and wrote.
         now = path.stat()
         if (now.st_ino, now.st_size, now.st_mtime_ns) != (
@@ -136,20 +116,13 @@ def _replace(path: Path, new_text: str, before: os.stat_result) -> None:
             before.st_mtime_ns,
         ):
             raise FleetFileChanged(_changed_message(path, "while the routes were being saved"))
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
-
-def _keep_owner(fd: int, before: os.stat_result) -> None:
-    """Give the new file the old one's owner, only as root and only where it differs:
-    fchown is in the gateway's denied calls (its unit's @privileged), and a denied call
-    killed the gateway and every stream with it."""
-    now = os.fstat(fd)
-    if os.geteuid() == 0 and (now.st_uid, now.st_gid) != (before.st_uid, before.st_gid):
-        with contextlib.suppress(PermissionError):  # root without CAP_CHOWN
-            os.fchown(fd, before.st_uid, before.st_gid)
+    try:
+        replace_text(path, new_text, unchanged)
+    except OSError as exc:
+        raise FleetFileUnwritable(_unwritable_message(path, exc)) from None
+    _written[path] = _digest(new_text)
+    return changed
 
 
 def _unwritable_message(path: Path, exc: OSError) -> str:
@@ -189,12 +162,3 @@ def _changed_message(path: Path, detail: str) -> str:
         f"{path}: changed on disk since the gateway loaded it {detail}; nothing was written. "
         "Check the edit, reload the gateway (SIGHUP) so it routes by the file, then save again"
     )
-
-
-def _fsync_directory(directory: Path) -> None:
-    """Make the rename itself durable: without it a crash can bring back the old file."""
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
