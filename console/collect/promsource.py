@@ -309,7 +309,11 @@ class PromSource(Collector):
             self._all_failed(f"{query.name} query {failure}" if named else str(failure))
             return
         health.failed = len(errors)
-        health.error = "; ".join(f"{q.name} query: {e}" for q, e in errors[:2]) or None
+        health.error = None
+        if errors:
+            (query, failure), rest = errors[0], [q.name for q, _ in errors[1:]]
+            also = f"; also failed: {', '.join(rest)}" if rest else ""
+            health.error = f"{query.name} query: {failure}{also}"
         prom_s = 0.0
         samples = 0
         for i, answer in enumerate(answers):
