@@ -543,13 +543,19 @@ def test_weights_written_back_keep_the_rest_of_an_adopted_file():
         "backend be_llama  # ours\n"
         "    server a 10.0.0.1:8000 check weight 7 # the H200\n"
         "    server b 10.0.0.2:8000 check\n"
+        "    server c 10.0.0.3:8000 check # weight 100 until the move\n"
         "backend other\n    server a 10.0.0.9:80 weight 5\n"
     )
-    out = with_weights(text, {("be_llama", "a"): 0, ("be_llama", "b"): 100})
+    out = with_weights(text, {("be_llama", "a"): 0, ("be_llama", "b"): 100, ("be_llama", "c"): 7})
     assert out.splitlines()[3] == "    server a 10.0.0.1:8000 check weight 0 # the H200"
     assert out.splitlines()[4] == "    server b 10.0.0.2:8000 check weight 100"
-    assert out.splitlines()[6] == "    server a 10.0.0.9:80 weight 5"  # another backend's
-    assert servers_in(out) == {"be_llama": {"a", "b"}, "other": {"a"}}
+    # A weight in the comment is the comment's: the server gets its own.
+    assert (
+        out.splitlines()[5]
+        == "    server c 10.0.0.3:8000 check weight 7 # weight 100 until the move"
+    )
+    assert out.splitlines()[7] == "    server a 10.0.0.9:80 weight 5"  # another backend's
+    assert servers_in(out) == {"be_llama": {"a", "b", "c"}, "other": {"a"}}
 
 
 def test_adopting_a_configuration_names_what_it_lacks(tmp_path: Path):
