@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from console.collect.recording import (
@@ -29,6 +30,7 @@ from console.collect.recording import (
     diff,
     patch,
 )
+from console.collect.recording_format import Change, Diff, Record, Snap
 from console.collect.recording_writer import RecordingWriter
 from console.collect.replay import ReplayCollector, fleet_of
 from tests.conftest import ROOT, agent_env, run_cli
@@ -50,7 +52,7 @@ token_env = "ENGINEROOM_TEST_VIEWER"
 """
 
 
-def _records(path: Path) -> list[dict]:
+def _records(path: Path) -> list[Record]:
     return list(Recording(path).records())
 
 
@@ -73,7 +75,11 @@ def test_a_recorder_killed_with_sigkill_leaves_a_file_that_replays(agent_factory
                 raise RuntimeError(f"record exited {recorder.returncode}: {log_tail(log)}")
             if not out.exists() or out.stat().st_size == 0:
                 return None
-            n = sum(1 for r in _records(out) if r["k"] in ("snap", "diff") and not r.get("key"))
+            n = sum(
+                1
+                for r in _records(out)
+                if isinstance(r, Diff) or (isinstance(r, Snap) and not r.key)
+            )
             return n if n >= 6 else None
 
         wait_until(snapshots_written, 90, interval=0.3, what="six snapshots recorded")
@@ -158,7 +164,7 @@ def test_a_writer_whose_disk_stops_drops_and_counts_and_never_blocks(tmp_path):
     copy.write_bytes(bytes(drained))
     recording = Recording(copy)
     assert recording.torn is None
-    nodes = {r["n"] for r in recording.records() if r["k"] == "snap"}
+    nodes = {r.n for r in recording.records() if isinstance(r, Snap)}
     assert nodes == {f"n{i}" for i in range(accepted + 1)}  # nothing accepted is lost
     gaps = [e for e in recording.events if e["kind"] == "gap"]
     assert [g["message"] for g in gaps] == ["11 updates dropped: the recording queue was full"]
@@ -202,7 +208,7 @@ def test_diff_and_patch_round_trip():
     old = {"a": 1, "gpus": [{"u": 1}, {"u": 2}], "gone": {"x": 1}, "list": [1, 2]}
     new = {"a": 2, "gpus": [{"u": 1}, {"u": 3}], "list": [1, 2, 3], "added": None}
     change = diff(old, new)
-    assert change is not None and patch(old, change) == new
+    assert change is not None and patch(old, msgspec.convert(change, Change)) == new
     assert json.dumps(change).count("gpus") == 1 and '"u": 1' not in json.dumps(change)
     assert diff(new, new) is None
 
@@ -243,7 +249,7 @@ async def test_the_console_records_what_it_sees(agent_factory, tmp_path, monkeyp
             if not out.exists():
                 return False
             recording = Recording(out)
-            snaps = [r for r in recording.records() if r["k"] in ("snap", "diff")]
+            snaps = [r for r in recording.records() if isinstance(r, Snap | Diff)]
             return len(snaps) >= 3 and any(
                 "node down" in e["message"] and e["subject"] == "gone" for e in recording.events
             )

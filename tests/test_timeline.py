@@ -24,6 +24,7 @@ import httpx
 import pytest
 
 from console.collect.recording import Recording
+from console.collect.recording_format import GatewaySnap
 from console.collect.replay import ReplayCollector, fleet_of
 from console.collect.timeline import build, markdown
 from tests.conftest import OPERATOR, ROOT, agent_env, run_cli, start_agent
@@ -146,7 +147,9 @@ def test_a_recorded_failover_and_drill_replay_and_make_a_timeline(
 
         wait_until(serving, 60, what="the gateway with both deployments healthy")
         wait_until(
-            lambda: out.exists() and any(r["k"] == "gw" for r in Recording(out).records()),
+            lambda: (
+                out.exists() and any(isinstance(r, GatewaySnap) for r in Recording(out).records())
+            ),
             60,
             interval=0.5,
             what="the recorder has the fleet and the gateway",

@@ -1,6 +1,6 @@
 """The recording file: what a fleet looked like, second by second, for replay and timelines.
 
-Append-only frames (docs/recording.md). Each frame is a 33-byte header and a payload:
+Append-only frames (docs/recording.md). Each frame is a 29-byte header and a payload:
 
     magic b"ERF1" | kind (1 byte) | payload length (u32) | first time (f64) |
     last time (f64) | crc32 of the payload (u32)            (big-endian)
@@ -12,80 +12,81 @@ EVENTS (alerts raised and cleared, operator actions: zlib on its own, so a reade
 them all without decompressing a single snapshot). The writer ends a frame each second
 and flushes it, so a kill -9 loses at most that second; a reader stops at the first torn
 or corrupt frame and says where. Seeking decompresses one block: keyframes every
-`keyframe_s` (60 s) bound the work.
+`keyframe_s` (20 s) bound the work.
+
+A recording is outside text: someone else's file. Every record is decoded against the
+typed schema of recording_format.py as it is read, and everything the reader inflates or
+holds has a bound (its MAX_ names; docs/security.md). What breaks either is a
+RecordingError that says which file, where in it and why, never a traceback.
 """
 
 from __future__ import annotations
 
 import bisect
+import datetime as dt
 import itertools
-import json
-import struct
+import math
 import zlib
-from collections.abc import Iterator
+from array import array
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 import msgspec
 
-MAGIC = b"ERF1"
-HEADER = struct.Struct(">4sBIddI")
-HEAD, KEY, MORE, EVENTS = 1, 2, 3, 4
-FORMAT = "engineroom-recording"
-VERSION = 1
-MAX_FRAME_BYTES = 256 * 2**20  # a larger length is a torn or foreign file, not a frame
+from console.collect.recording_format import (
+    EVENTS,
+    FORMAT,
+    HEAD,
+    HEADER,
+    KEY,
+    MAGIC,
+    MAX_BLOCK_VALUES,
+    MAX_EVENT_BYTES,
+    MAX_EVENTS,
+    MAX_EVENTS_INFLATED,
+    MAX_EVENTS_PER_FRAME,
+    MAX_FRAME_BYTES,
+    MAX_FRAMES,
+    MAX_HEAD_BYTES,
+    MAX_INFLATED_BLOCK,
+    MAX_INFLATED_FRAME,
+    MAX_RECORD_BYTES,
+    MAX_TIME,
+    MORE,
+    VERSION,
+    Diff,
+    GatewayShape,
+    GatewaySnap,
+    Malformed,
+    NodeStatus,
+    Record,
+    RecordingError,
+    Snap,
+    decode_event,
+    decode_head,
+    decode_line,
+    decode_record,
+    decode_which,
+    diff,
+    json_values,
+    misfit,
+    one_line,
+    patch,
+    size_text,
+)
+from console.core.snapshot import Snapshot, SnapshotError, snapshot_from
+
+# Read from here by the writer, the replay, the timeline and the tests.
+__all__ = [
+    "EVENTS", "HEAD", "HEADER", "KEY", "MORE", "Cursor", "FleetAt", "Frame", "Record",
+    "Recording", "RecordingError", "diff", "patch",
+]  # fmt: skip
+
+_CHUNK = 2**20  # inflated at a time: what a frame costs to read is this, not its size
 _changes = itertools.count(1)  # FleetAt.version: unique across cursors
-_decode = msgspec.json.Decoder().decode  # a record line: twice as fast as json.loads
-
-
-class RecordingError(Exception):
-    """The file is not a recording, or not one this version reads; says which and where."""
-
-
-# -- per-node diffs: {"s": {key: new value}, "p": {key: nested diff}, "d": [removed keys]} -
-
-
-def diff(old: Any, new: Any) -> dict[str, Any] | None:
-    """What turns `old` into `new`; None when they are equal. Lists of the same length
-    are diffed element by element (a GPU's utilization changes, not the GPU list)."""
-    if old == new:
-        return None
-    if isinstance(old, dict) and isinstance(new, dict):
-        items_new, items_old = new.items(), old
-    elif isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
-        items_new = ((str(i), v) for i, v in enumerate(new))  # type: ignore[assignment]
-        items_old = {str(i): v for i, v in enumerate(old)}
-    else:
-        return None  # the caller replaces the value whole
-    out: dict[str, Any] = {}
-    for key, value in items_new:
-        if key not in items_old:
-            out.setdefault("s", {})[key] = value
-        elif items_old[key] != value:
-            sub = diff(items_old[key], value)
-            if sub is None:
-                out.setdefault("s", {})[key] = value
-            else:
-                out.setdefault("p", {})[key] = sub
-    if isinstance(new, dict):
-        gone = [k for k in old if k not in new]
-        if gone:
-            out["d"] = gone
-    return out
-
-
-def patch(value: Any, change: dict[str, Any]) -> Any:
-    """`diff`'s inverse, in place: `value` becomes the new value (and is returned)."""
-    is_list = isinstance(value, list)
-    for key, v in change.get("s", {}).items():
-        value[int(key) if is_list else key] = v
-    for key, sub in change.get("p", {}).items():
-        k = int(key) if is_list else key
-        value[k] = patch(value[k], sub)
-    for key in change.get("d", ()):
-        value.pop(key, None)
-    return value
+_copy = msgspec.json.Encoder().encode
 
 
 # -- the reader ---------------------------------------------------------------------------
@@ -100,10 +101,99 @@ class Frame:
     last: float
 
 
+class Frames(Sequence[Frame]):
+    """The frames' index, packed (29 bytes a frame, not a Python object each)."""
+
+    def __init__(self) -> None:
+        self.offsets = array("q")
+        self.kinds = bytearray()
+        self.lengths = array("q")
+        self.firsts = array("d")
+        self.lasts = array("d")
+
+    def add(self, offset: int, kind: int, length: int, first: float, last: float) -> None:
+        self.offsets.append(offset)
+        self.kinds.append(kind)
+        self.lengths.append(length)
+        self.firsts.append(first)
+        self.lasts.append(last)
+
+    def __len__(self) -> int:
+        return len(self.kinds)
+
+    @overload
+    def __getitem__(self, i: int) -> Frame: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[Frame]: ...
+    def __getitem__(self, i: int | slice) -> Frame | list[Frame]:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        return Frame(self.offsets[i], self.kinds[i], self.lengths[i], self.firsts[i], self.lasts[i])
+
+
+class _Inflater:
+    """One zlib stream, inflated a chunk at a time and cut into lines, within bounds: a
+    frame may not inflate past MAX_INFLATED_FRAME, nor the stream past `budget`."""
+
+    def __init__(self, budget: int, what: str) -> None:
+        self.unzip = zlib.decompressobj()
+        self.left = budget
+        self.budget = budget
+        self.what = what  # whose bound `budget` is
+
+    def restart(self) -> None:
+        """A new zlib stream, on the same budget (each EVENTS frame is one)."""
+        self.unzip = zlib.decompressobj()
+
+    def lines(self, data: bytes, max_line: int, whole: bool) -> Iterator[bytes]:
+        """The frame's lines. `whole`: the frame is the stream (EVENTS), which must end in
+        it; else the frame must end at the end of a line (the writer flushes so)."""
+        frame_left = MAX_INFLATED_FRAME
+        buf = bytearray()
+        tail = data
+        while True:
+            try:
+                out = self.unzip.decompress(tail, _CHUNK)
+            except zlib.error as exc:
+                raise Malformed(f"not zlib: {exc}") from None
+            frame_left -= len(out)
+            self.left -= len(out)
+            if frame_left < 0:
+                raise Malformed(
+                    f"inflates past {size_text(MAX_INFLATED_FRAME)}, the bound for a frame"
+                )
+            if self.left < 0:
+                raise Malformed(
+                    f"inflates past {size_text(self.budget)}, the bound for {self.what}"
+                )
+            tail = self.unzip.unconsumed_tail
+            buf += out
+            end = buf.rfind(b"\n")
+            if end >= 0:
+                done = bytes(buf[:end])
+                del buf[: end + 1]
+                for line in done.split(b"\n"):
+                    if len(line) > max_line:
+                        raise Malformed(f"a line over {size_text(max_line)}, the bound for one")
+                    yield line
+            if len(buf) > max_line:
+                raise Malformed(f"a line over {size_text(max_line)}, the bound for one")
+            if not tail and len(out) < _CHUNK:
+                break
+        if whole:
+            if not self.unzip.eof or self.unzip.unused_data:
+                raise Malformed("its zlib stream is cut short or followed by more")
+            if buf:
+                yield bytes(buf)
+        elif buf:
+            raise Malformed("it ends inside a record (its zlib stream is cut short)")
+
+
 @dataclass
 class FleetAt:
     """Everything recorded up to a moment: each node's last snapshot (JSON) and when it
-    came, each node's last status and error, the gateway's last snapshot."""
+    came, each node's last status and error, the gateway's last snapshot. `source` names
+    the file in what a bad record raises."""
 
     t: float
     nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -113,43 +203,99 @@ class FleetAt:
     gateway_seen: float | None = None
     version: dict[str, int] = field(default_factory=dict)  # node -> changes applied (patched
     # in place: a reader that keeps something made from a node's JSON compares this)
+    source: str = "recording"
+    _typed: dict[str, tuple[int, Snapshot]] = field(
+        default_factory=dict, repr=False, compare=False
+    )  # node -> (its version, its snapshot as the console's model)
 
-    def apply(self, record: dict[str, Any]) -> str | None:
-        """Take one record in; the node it changed, if any."""
-        kind, t = record["k"], record["t"]
-        if kind in ("snap", "diff"):
-            name = record["n"]
-            if kind == "snap":
-                self.nodes[name] = record["v"]
+    def apply(self, record: Record) -> str | None:
+        """Take one record in; the node it changed, if any. A record that does not fit
+        (a diff for keys the snapshot lacks, a gateway snapshot of the wrong shape) is a
+        RecordingError and changes nothing."""
+        if isinstance(record, Snap | Diff):
+            name = record.n
+            if isinstance(record, Snap):
+                self.nodes[name] = record.v
                 self.version[name] = next(_changes)
-            elif name in self.nodes and record["v"]:
-                patch(self.nodes[name], record["v"])
+            elif name in self.nodes and (record.v.s or record.v.p or record.v.d):
+                node = self.nodes[name]
+                if (why := misfit(node, record.v)) is not None:
+                    raise self._error(record, f"node {name[:80]!r}: {why}")
+                patch(node, record.v)
                 self.version[name] = next(_changes)
             # A keyframe's copy is no new sign of life: it carries when the node last spoke.
-            self.seen[name] = record.get("seen", t)
-            return str(name)
-        if kind == "node":
-            self.status[record["n"]] = (record.get("status"), record.get("error"))
-            return str(record["n"])
-        if kind == "gw":
-            self.gateway, self.gateway_seen = record["v"], t
-        elif kind == "gwd" and self.gateway is not None:
+            seen = record.seen if isinstance(record, Snap) else None
+            self.seen[name] = record.t if seen is None else seen
+            return name
+        if isinstance(record, NodeStatus):
+            self.status[record.n] = (record.status, record.error)
+            return record.n
+        if isinstance(record, GatewaySnap):
+            self.gateway, self.gateway_seen = self._gateway_checked(record, record.v), record.t
+        elif self.gateway is not None:
+            if (why := misfit(self.gateway, record.v)) is not None:
+                raise self._error(record, f"the gateway's snapshot: {why}")
             # A new dict, not patched in place: the console holds the one it showed.
-            self.gateway = patch(json.loads(json.dumps(self.gateway)), record["v"])
-            self.gateway_seen = t
+            try:
+                copy = msgspec.json.decode(_copy(self.gateway))
+            except RecursionError:
+                raise self._error(record, "the gateway's snapshot is nested too deep") from None
+            self.gateway = self._gateway_checked(record, patch(copy, record.v))
+            self.gateway_seen = record.t
         return None
+
+    def _gateway_checked(self, record: Record, value: dict[str, Any]) -> dict[str, Any]:
+        try:
+            msgspec.convert(value, GatewayShape)
+        except (msgspec.ValidationError, RecursionError) as exc:
+            raise self._error(record, f"not a gateway snapshot: {one_line(exc)}") from None
+        return value
+
+    def _error(self, record: Record, why: str) -> RecordingError:
+        return RecordingError(f"{self.source}: the record at {_when(record.t)}: {why}")
+
+    def snapshot(self, name: str) -> Snapshot | None:
+        """The node's snapshot as the console's model (made again only when it changed);
+        RecordingError when what was recorded is not a snapshot."""
+        data = self.nodes.get(name)
+        if data is None:
+            return None
+        version = self.version.get(name, 0)
+        known = self._typed.get(name)
+        if known is not None and known[0] == version:
+            return known[1]
+        try:
+            snap = snapshot_from(data)
+        except (SnapshotError, RecursionError) as exc:
+            at = _when(self.seen.get(name, self.t))
+            raise RecordingError(
+                f"{self.source}: node {name[:80]!r} at {at}: {one_line(exc)}"
+            ) from None
+        self._typed[name] = (version, snap)
+        return snap
+
+
+def _when(t: float) -> str:
+    if not math.isfinite(t) or not 0 <= t <= MAX_TIME:
+        return "the start"
+    return dt.datetime.fromtimestamp(t, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _valid_time(t: float) -> bool:
+    return math.isfinite(t) and 0.0 <= t <= MAX_TIME
 
 
 class Recording:
     """A recording opened for reading: its frames indexed, its events loaded.
 
     A torn or corrupt tail (the writer was killed mid-frame) ends the recording there;
-    `torn` says where and how many bytes were left out.
+    `torn` says where and how many bytes were left out. A frame that is whole but breaks
+    the schema or a bound is a RecordingError (the file was not written by engineroom).
     """
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        self.frames: list[Frame] = []
+        self.frames = Frames()
         self.torn: str | None = None
         self.events: list[dict[str, Any]] = []
         with open(self.path, "rb") as f:
@@ -158,24 +304,16 @@ class Recording:
                 raise RecordingError(f"{self.path}: not an engineroom recording (no {MAGIC!r})")
             f.seek(0)
             self._index(f)
-        if not self.frames or self.frames[0].kind != HEAD:
+        if not self.frames or self.frames.kinds[0] != HEAD:
             raise RecordingError(f"{self.path}: the recording's header frame is missing")
-        self.head = json.loads(self._payload(self.frames[0]))
-        if self.head.get("format") != FORMAT or self.head.get("version") != VERSION:
-            raise RecordingError(
-                f"{self.path}: format {self.head.get('format')!r} version "
-                f"{self.head.get('version')!r}; this engineroom reads {FORMAT} {VERSION}"
-            )
-        self.blocks = [i for i, fr in enumerate(self.frames) if fr.kind == KEY]
-        self._block_times = [self.frames[i].first for i in self.blocks]
-        data_frames = [fr for fr in self.frames if fr.kind in (KEY, MORE, EVENTS)]
-        self.start = min((fr.first for fr in data_frames), default=self.head["started"])
-        self.end = max((fr.last for fr in data_frames), default=self.start)
-        for fr in self.frames:
-            if fr.kind == EVENTS:
-                for line in zlib.decompress(self._payload(fr)).splitlines():
-                    self.events.append(json.loads(line))
-        self.events.sort(key=lambda e: e.get("t") or 0)
+        self.head = self._head()
+        self.blocks = [i for i, kind in enumerate(self.frames.kinds) if kind == KEY]
+        self._block_times = [self.frames.firsts[i] for i in self.blocks]
+        data_frames = [i for i, kind in enumerate(self.frames.kinds) if kind != HEAD]
+        firsts, lasts = self.frames.firsts, self.frames.lasts
+        self.start = min((firsts[i] for i in data_frames), default=self.head["started"])
+        self.end = max((lasts[i] for i in data_frames), default=self.start)
+        self._load_events()
 
     def _index(self, f: Any) -> None:
         size = self.path.stat().st_size
@@ -186,41 +324,123 @@ class Recording:
                 self.torn = f"torn frame header at byte {offset}: {size - offset} bytes left out"
                 return
             magic, kind, length, first, last, crc = HEADER.unpack(raw)
-            if magic != MAGIC or kind not in (HEAD, KEY, MORE, EVENTS) or length > MAX_FRAME_BYTES:
+            bound = MAX_HEAD_BYTES if kind == HEAD else MAX_FRAME_BYTES
+            if (
+                magic != MAGIC
+                or kind not in (HEAD, KEY, MORE, EVENTS)
+                or length > bound
+                or not (_valid_time(first) and _valid_time(last) and first <= last)
+            ):
                 self.torn = f"no frame at byte {offset}: {size - offset} bytes left out"
                 return
             payload = f.read(length)
             if len(payload) < length or zlib.crc32(payload) != crc:
                 self.torn = f"torn frame at byte {offset}: {size - offset} bytes left out"
                 return
-            self.frames.append(Frame(offset + HEADER.size, kind, length, first, last))
+            if len(self.frames) >= MAX_FRAMES:
+                raise RecordingError(
+                    f"{self.path}: more than {MAX_FRAMES:,} frames (at byte {offset}), "
+                    "the bound for a recording"
+                )
+            self.frames.add(offset + HEADER.size, kind, length, first, last)
             offset += HEADER.size + length
 
-    def _payload(self, frame: Frame) -> bytes:
+    def _where(self, i: int) -> str:
+        return f"{self.path}: frame {i} at byte {self.frames.offsets[i] - HEADER.size}"
+
+    def _head(self) -> dict[str, Any]:
+        payload = self._payload(0)
+        try:
+            head = decode_line(decode_head, payload)
+        except Malformed as exc:
+            why = str(exc)
+            try:
+                said = decode_line(decode_which, payload)
+            except Malformed:
+                said = None
+            if said is not None and (said.format != FORMAT or said.version != VERSION):
+                raise self._not_this_version(said.format, said.version) from None
+            raise RecordingError(f"{self._where(0)}: the header: {why}") from None
+        if head.format != FORMAT or head.version != VERSION:
+            raise self._not_this_version(head.format, head.version)
+        out: dict[str, Any] = msgspec.to_builtins(head)
+        return out
+
+    def _not_this_version(self, fmt: object, version: object) -> RecordingError:
+        said = (str(fmt)[:40], str(version)[:20])
+        return RecordingError(
+            f"{self.path}: format {said[0]!r} version {said[1]!r}; this engineroom reads "
+            f"{FORMAT} {VERSION}"
+        )
+
+    def _load_events(self) -> None:
+        events = _Inflater(MAX_EVENTS_INFLATED, "a recording's events")
+        for i, kind in enumerate(self.frames.kinds):
+            if kind != EVENTS:
+                continue
+            events.restart()  # each EVENTS frame is a zlib stream; the budget is the file's
+            count = 0
+            try:
+                for line in events.lines(self._payload(i), MAX_EVENT_BYTES, whole=True):
+                    count += 1
+                    if count > MAX_EVENTS_PER_FRAME:
+                        raise Malformed(
+                            f"more than {MAX_EVENTS_PER_FRAME:,} events, the bound for a frame"
+                        )
+                    if len(self.events) >= MAX_EVENTS:
+                        raise Malformed(f"more than {MAX_EVENTS:,} events, the bound for a file")
+                    try:
+                        event = decode_line(decode_event, line)
+                    except Malformed as exc:
+                        raise Malformed(f"event {count}: {exc}") from None
+                    self.events.append(msgspec.to_builtins(event))
+            except Malformed as exc:
+                raise RecordingError(f"{self._where(i)}: {exc}") from None
+        self.events.sort(key=lambda e: e["t"])
+
+    def _payload(self, i: int) -> bytes:
         with open(self.path, "rb") as f:
-            f.seek(frame.offset)
-            return f.read(frame.length)
+            f.seek(self.frames.offsets[i])
+            return f.read(self.frames.lengths[i])
 
     @property
     def fleet_text(self) -> str:
         return str(self.head.get("fleet_text", ""))
 
-    def records(self, block: int = 0) -> Iterator[dict[str, Any]]:
-        """Every state record from the `block`-th keyframe on, in order."""
+    def records(self, block: int = 0) -> Iterator[Record]:
+        """Every state record from the `block`-th keyframe on, in order; RecordingError
+        at the first frame that breaks the schema or a bound."""
         if block >= len(self.blocks):
             return
-        unzip: Any = None
+        block_reader: _Inflater | None = None
+        values = 0
         with open(self.path, "rb") as f:
-            for fr in self.frames[self.blocks[block] :]:
-                if fr.kind not in (KEY, MORE):
+            for i in range(self.blocks[block], len(self.frames)):
+                kind = self.frames.kinds[i]
+                if kind == KEY:
+                    block_reader = _Inflater(MAX_INFLATED_BLOCK, "a keyframe's block")
+                    values = 0
+                if block_reader is None or kind not in (KEY, MORE):
                     continue
-                if fr.kind == KEY:
-                    unzip = zlib.decompressobj()
-                if unzip is None:
-                    continue
-                f.seek(fr.offset)
-                for line in unzip.decompress(f.read(fr.length)).splitlines():
-                    yield _decode(line)
+                f.seek(self.frames.offsets[i])
+                data = f.read(self.frames.lengths[i])
+                n = 0
+                try:
+                    for line in block_reader.lines(data, MAX_RECORD_BYTES, whole=False):
+                        n += 1
+                        values += json_values(line)
+                        if values > MAX_BLOCK_VALUES:
+                            raise Malformed(
+                                f"record {n}: more than {MAX_BLOCK_VALUES:,} JSON values in "
+                                "a keyframe's block, the bound for one"
+                            )
+                        try:
+                            record = decode_line(decode_record, line)
+                        except Malformed as exc:
+                            raise Malformed(f"record {n}: {exc}") from None
+                        yield record
+                except Malformed as exc:
+                    raise RecordingError(f"{self._where(i)}: {exc}") from None
 
     def block_for(self, t: float) -> int:
         """The last keyframe at or before `t` (the first one for any earlier `t`)."""
@@ -228,27 +448,55 @@ class Recording:
 
     def fleet_at(self, t: float) -> FleetAt:
         """The fleet as recorded at `t`: one block decompressed, not the file."""
-        return Cursor(self, t).state
+        cursor = Cursor(self, t)
+        if cursor.error is not None:
+            raise cursor.error
+        return cursor.state
 
 
 class Cursor:
     """A position in a recording that moves forward record by record (play, step) and
-    jumps anywhere by starting again from the keyframe before (seek)."""
+    jumps anywhere by starting again from the keyframe before (seek).
+
+    A record that breaks the schema or a bound ends the recording for the cursor: it
+    stops before that record, `error` says what and where, and `ended_at` is the last
+    moment it could show. It does not raise: a replay shows what came before.
+    """
 
     def __init__(self, recording: Recording, t: float) -> None:
         self.recording = recording
-        self.state = FleetAt(float("-inf"))
-        self._records: Iterator[dict[str, Any]] = iter(())
-        self._next: dict[str, Any] | None = None
+        self.state = FleetAt(float("-inf"), source=str(recording.path))
+        self._records: Iterator[Record] = iter(())
+        self._next: Record | None = None
         self._block = 0
+        self.error: RecordingError | None = None
+        self.ended_at: float | None = None
+        self._applied = float("-inf")  # the time of the last record applied
         self.seek(t)
 
     def seek(self, t: float) -> set[str]:
         self._block = self.recording.block_for(t)
-        self.state = FleetAt(float("-inf"))
+        self.state = FleetAt(float("-inf"), source=str(self.recording.path))
         self._records = self.recording.records(self._block)
-        self._next = next(self._records, None)
+        self._applied = float("-inf")
+        self._fetch()
         return self.advance(t)
+
+    def _fetch(self) -> None:
+        try:
+            self._next = next(self._records, None)
+        except RecordingError as exc:
+            self._stop(exc)
+
+    def _stop(self, exc: RecordingError) -> None:
+        self._next = None
+        if self.error is None:
+            self.error = exc
+            if self._applied > float("-inf"):
+                self.ended_at = self._applied
+            else:  # nothing read in this block: where the cursor stood, or the start
+                before = self.state.t
+                self.ended_at = before if math.isfinite(before) else self.recording.start
 
     def advance(self, t: float) -> set[str]:
         """Apply every record up to `t`; the nodes that changed. Back in time, or past
@@ -257,14 +505,19 @@ class Cursor:
         if moved and (t < self.state.t or self.recording.block_for(t) > self._block):
             return self.seek(t)
         changed: set[str] = set()
-        while self._next is not None and self._next["t"] <= t:
-            name = self.state.apply(self._next)
+        while self._next is not None and self._next.t <= t:
+            try:
+                name = self.state.apply(self._next)
+            except RecordingError as exc:
+                self._stop(exc)
+                break
+            self._applied = self._next.t
             if name is not None:
                 changed.add(name)
-            self._next = next(self._records, None)
-        self.state.t = t
+            self._fetch()
+        self.state.t = t if self.ended_at is None else min(t, self.ended_at)
         return changed
 
     def next_time(self) -> float | None:
         """When the next record is (for stepping one recorded moment at a time)."""
-        return None if self._next is None else float(self._next["t"])
+        return None if self._next is None else float(self._next.t)

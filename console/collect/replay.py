@@ -22,9 +22,9 @@ from typing import Any
 from console.collect.alerts import Alert, Event, EventLog
 from console.collect.collector import Collector
 from console.collect.history import History
-from console.collect.recording import Cursor, FleetAt, Recording
-from console.core.config import Fleet, parse_fleet
-from console.core.snapshot import Snapshot, snapshot_from
+from console.collect.recording import Cursor, FleetAt, Recording, RecordingError
+from console.core.config import ConfigError, Fleet, parse_fleet
+from console.core.snapshot import Snapshot
 
 MARKS = ("raised", "cleared", "action")  # what "next event" jumps to
 SPEEDS = (1.0, 10.0, 60.0)
@@ -32,10 +32,17 @@ JUMP_S = 60.0
 
 
 def fleet_of(recording: Recording) -> Fleet:
-    """The fleet file the recording carries (ConfigError if it no longer parses)."""
+    """The fleet file the recording carries; RecordingError if it no longer parses (the
+    file it names is the one in the recording, not the operator's own)."""
     from pathlib import Path
 
-    return parse_fleet(recording.fleet_text, Path(recording.head.get("fleet_source", "fleet")))
+    source = Path(str(recording.head.get("fleet_source", "fleet")))
+    try:
+        return parse_fleet(recording.fleet_text, source)
+    except ConfigError as exc:
+        raise RecordingError(
+            f"{recording.path}: the fleet file it carries does not read: {exc}"
+        ) from None
 
 
 class ReplayCollector(Collector):
@@ -56,7 +63,11 @@ class ReplayCollector(Collector):
         self.cursor: Cursor | None = None
         self.at = 0.0  # the replayed time (unix seconds)
         self.gateway_snapshot: dict[str, Any] | None = None
-        self._parsed: dict[str, tuple[int, Snapshot]] = {}  # node -> (its version, model)
+        # Where a recording stops making sense (a record that breaks its schema): why, and
+        # the last moment before it; the replay plays up to there.
+        self.broken: str | None = None
+        self._ends_at: float | None = None
+        self._opened = False  # until then a record that breaks the schema is raised
         self._event_times: list[float] = []
         self._events: list[Event] = []
         if recording is not None:
@@ -65,6 +76,8 @@ class ReplayCollector(Collector):
                 state.no_token, state.error = None, None
             start = recording.start if at is None else at
             self.cursor = Cursor(recording, start)
+            if self.cursor.error is not None:
+                raise self.cursor.error  # at the start: the replay does not open
             self._events = [_event(e) for e in recording.events]
             self._event_times = [e.time for e in self._events]
             self._show(self.cursor.state, set(self.states) | set(self.cursor.state.nodes))
@@ -72,6 +85,7 @@ class ReplayCollector(Collector):
             moment = FleetAt(time.time(), seen={n: time.time() for n in snapshots or {}})
             self._show(moment, set(), given=snapshots or {})
         self._keeper: asyncio.Task[None] | None = None
+        self._opened = True
 
     # -- the cursor --------------------------------------------------------------------
 
@@ -82,7 +96,12 @@ class ReplayCollector(Collector):
 
     @property
     def last(self) -> float:
-        return self.recording.end if self.recording else self.at
+        """The recording's last moment, or the last before the record that broke it."""
+        if self.recording is None:
+            return self.at
+        if self._ends_at is not None:
+            return max(self.first, min(self.recording.end, self._ends_at))
+        return self.recording.end
 
     def move_to(self, t: float) -> None:
         """Put the cursor at `t` (clamped to the recording): forward by applying what
@@ -94,6 +113,9 @@ class ReplayCollector(Collector):
         # again there rather than join two moments apart.
         jumped = t < self.cursor.state.t or t - self.cursor.state.t > JUMP_S
         changed = self.cursor.advance(t)
+        if self.cursor.error is not None and self.broken is None:
+            self.broken = str(self.cursor.error)
+            self._ends_at = self.cursor.ended_at
         if jumped:
             self.history = History()
             changed = set(self.states) | set(self.cursor.state.nodes)
@@ -132,11 +154,18 @@ class ReplayCollector(Collector):
             state = self.states.get(name)
             if state is None:
                 continue  # a node the recording has and the fleet file no longer
+            status, error = moment.status.get(name, (None, None))
             if given is not None and name in given:
                 snap = given[name]
             else:
-                snap = self._snapshot(name, moment.nodes.get(name), moment.version.get(name, 0))
-            status, error = moment.status.get(name, (None, None))
+                try:
+                    snap = moment.snapshot(name)
+                except RecordingError as exc:
+                    if not self._opened:
+                        raise  # at the start: the replay does not open
+                    # Later: the node shows what the file says, that it is unreadable.
+                    snap, error = None, str(exc)
+                    self.broken = self.broken or str(exc)
             if snap is None:
                 state.snapshot, state.last_ok = None, None
                 state.failures, state.error = 3, error or "connection refused"
@@ -152,17 +181,6 @@ class ReplayCollector(Collector):
                     self.history.record(name, snap)
         self._seen = dict(moment.seen)
         self._age_nodes()
-
-    def _snapshot(self, name: str, data: dict[str, Any] | None, version: int) -> Snapshot | None:
-        """The node's snapshot as the console's model, made again only when it changed."""
-        if data is None:
-            return None
-        known = self._parsed.get(name)
-        if known is not None and known[0] == version:
-            return known[1]
-        snap = snapshot_from(data)
-        self._parsed[name] = (version, snap)
-        return snap
 
     def _age_nodes(self) -> None:
         """Each node's age is its age at the cursor, however long the replay is paused."""

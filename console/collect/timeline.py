@@ -13,9 +13,9 @@ import json
 import re
 import sys
 from dataclasses import asdict, dataclass, field
-from typing import Any
 
-from console.collect.recording import FleetAt, Recording
+from console.collect.recording import Cursor, FleetAt, Recording, RecordingError
+from console.collect.recording_format import NodeStatus
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd]?)")
 _UNIT = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -74,17 +74,20 @@ class Entry:
     p95: dict[str, dict[str, float | None]] = field(default_factory=dict)  # model -> ttft/itl
 
 
-def _latency(snapshots: dict[str, dict[str, Any]]) -> dict[str, dict[str, float | None]]:
+def _latency(moment: FleetAt) -> dict[str, dict[str, float | None]]:
     """Each model's worst p95 TTFT and ITL over its engines: what its users saw."""
     out: dict[str, dict[str, float | None]] = {}
-    for snap in snapshots.values():
-        for engine in snap.get("engines") or []:
-            for model in engine.get("models") or []:
-                lat = model.get("latency") or {}
-                row = out.setdefault(str(model.get("name")), {"ttft_s": None, "itl_s": None})
-                for key in ("ttft_s", "itl_s"):
-                    value = (lat.get(key) or {}).get("p95")
-                    if value is not None and (row[key] is None or value > row[key]):
+    for name in moment.nodes:
+        snap = moment.snapshot(name)  # typed: RecordingError if it is not a snapshot
+        for engine in snap.engines if snap is not None else ():
+            for model in engine.models:
+                row = out.setdefault(model.name, {"ttft_s": None, "itl_s": None})
+                for key, value in (
+                    ("ttft_s", model.latency.ttft_s.p95),
+                    ("itl_s", model.latency.itl_s.p95),
+                ):
+                    worst = row[key]
+                    if value is not None and (worst is None or value > worst):
                         row[key] = float(value)
     return out
 
@@ -117,31 +120,33 @@ def build(
                   str(e.get("subject", "?")), str(e.get("message", "")),
                   str(e.get("severity", "info")), e.get("who"), e.get("why"))
         )  # fmt: skip
-    moment = FleetAt(start)
+    # Every record is typed as it is read, and applying one checks that it fits: a file
+    # that breaks either raises RecordingError, which says where.
+    moment = FleetAt(start, source=str(recording.path))
     engines: dict[tuple[str, str], str] = {}
     status: dict[str, str | None] = {}
     changes: list[Entry] = []
     for record in recording.records(recording.block_for(start)):
-        if record["t"] > end:
+        if record.t > end:
             break
         name = moment.apply(record)
-        if name is None or record["t"] < start:
+        if name is None or record.t < start:
             if name is not None:
                 _engine_changes(moment, name, engines, None)
                 status[name] = moment.status.get(name, (None, None))[0]
             continue
-        if record["k"] == "node":
-            new = record.get("status")
+        if isinstance(record, NodeStatus):
+            new = record.status
             old = status.get(name)
             status[name] = new
             if old is not None and new != old and "down" in (old, new):
                 changes.append(
-                    Entry(record["t"], "node down" if new == "down" else "node up", name,
-                          record.get("error") or new or "?",
+                    Entry(record.t, "node down" if new == "down" else "node up", name,
+                          record.error or new or "?",
                           "critical" if new == "down" else "info")
                 )  # fmt: skip
         else:
-            _engine_changes(moment, name, engines, changes, record["t"])
+            _engine_changes(moment, name, engines, changes, record.t)
     entries.extend(changes)
     entries.sort(key=lambda x: x.t)
     _add_latency(recording, entries)
@@ -156,18 +161,19 @@ def _engine_changes(
     t: float = 0.0,
 ) -> None:
     seen = set()
-    for engine in moment.nodes.get(node, {}).get("engines") or []:
-        key = (node, str(engine.get("id")))
+    snap = moment.snapshot(node)  # typed: RecordingError if it is not a snapshot
+    for engine in snap.engines if snap is not None else ():
+        key = (node, engine.id)
         seen.add(key)
-        state, before = str(engine.get("state")), engines.get(key)
+        state, before = engine.state, engines.get(key)
         engines[key] = state
         if out is None or before is None or before == state:
             continue
         up = state == "ready"
-        models = ",".join(str(m.get("name")) for m in engine.get("models") or [])
+        models = ",".join(m.name for m in engine.models)
         out.append(
             Entry(t, "engine up" if up else f"engine {state}", f"{node}/{key[1]}",
-                  f"{engine.get('kind')} {before} -> {state}" + (f" ({models})" if models else ""),
+                  f"{engine.kind} {before} -> {state}" + (f" ({models})" if models else ""),
                   "info" if up else "critical")
         )  # fmt: skip
     for key in [k for k in engines if k[0] == node and k not in seen]:
@@ -182,23 +188,23 @@ def _add_latency(recording: Recording, entries: list[Entry]) -> None:
     """The affected models' p95 at each entry, read from the recording at that moment."""
     if not entries:
         return
-    from console.collect.recording import Cursor
+    from console.collect.replay import fleet_of
 
     try:
-        from console.collect.replay import fleet_of
-
         fleet = fleet_of(recording)
         models = {m.name for m in fleet.models}
         on_node: dict[str, set[str]] = {}
         for m in fleet.models:
             for d in m.deployments:
                 on_node.setdefault(d.node, set()).add(m.name)
-    except Exception:  # a fleet file that no longer parses: the snapshots still name models
+    except RecordingError:  # a fleet file that no longer parses: the snapshots name models
         models, on_node = set(), {}
     cursor = Cursor(recording, entries[0].t)
     for entry in entries:
         cursor.advance(entry.t)
-        latency = _latency(cursor.state.nodes)
+        if cursor.error is not None:
+            raise cursor.error
+        latency = _latency(cursor.state)
         known = models | set(latency)
         for model in sorted(_affected(entry, known, on_node)):
             entry.p95[model] = latency.get(model, {"ttft_s": None, "itl_s": None})

@@ -45,6 +45,7 @@ class ReplayApp(RefusingApp):
         self.playing = False
         self.speed = SPEEDS[0]
         self._played_at = time.monotonic()
+        self._said_broken = False
 
     async def on_mount(self) -> None:
         await super().on_mount()
@@ -60,6 +61,10 @@ class ReplayApp(RefusingApp):
         self._show_cursor()
 
     def _show_cursor(self) -> None:
+        if self.replay.broken is not None and not self._said_broken:
+            # A record past here breaks the file's schema: the replay ends before it.
+            self._said_broken = True
+            self.notify(self.replay.broken, title="recording", severity="error", timeout=30)
         if not self.screen_stack:
             return
         for cursor in self.screen.query(TimeCursor):
