@@ -34,8 +34,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import grp
 import io
 import os
+import pwd
 import shutil
 import signal
 import statistics
@@ -84,6 +86,8 @@ kind = "haproxy"
 admin_socket = "{dir}/haproxy.sock"
 config = "{dir}/haproxy.cfg"
 listen = "127.0.0.1:{haproxy}"
+socket_user = "{user}"
+socket_group = "{group}"
 [[dataplanes]]
 name = "router"
 kind = "vllm-router"
@@ -200,8 +204,10 @@ def main() -> int:
             ("bench-router", "router"),
         )
     )
+    # The stats socket is the bench's user's (the rendered default, engineroom, is a service's).
+    owner = {"user": pwd.getpwuid(os.getuid()).pw_name, "group": grp.getgrgid(os.getgid()).gr_name}
     fleet_text = FLEET.format(gw=gw, dir=work, haproxy=hap, router=rtr,
-                              router_metrics=rtr_metrics, models=models)  # fmt: skip
+                              router_metrics=rtr_metrics, models=models, **owner)  # fmt: skip
     (work / "fleet.toml").write_text(fleet_text)
     fleet = parse_fleet(fleet_text, work / "fleet.toml")
     (work / "haproxy.cfg").write_text(render(fleet, fleet.dataplanes[0]))
