@@ -8,7 +8,7 @@ TRITON_VENV := $(ENGINES)/triton
 ROUTER_VENV := $(ENGINES)/router
 
 .PHONY: demo test test-quick lint bench bench-console screenshots engines sshd systemd nginx \
-	prometheus haproxy chromium router apidocs clean
+	prometheus haproxy chromium tmux router apidocs clean
 
 # The console's own environment: the demo needs only this.
 $(BIN)/engineroom: pyproject.toml
@@ -63,6 +63,11 @@ chromium:
 	command -v chromium >/dev/null || apt-get install -y -qq --no-install-recommends chromium >/dev/null \
 		|| (apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium >/dev/null)
 
+# tmux: the typing tests run the console in a real terminal and read what it drew.
+tmux:
+	command -v tmux >/dev/null || apt-get install -y -qq --no-install-recommends tmux >/dev/null \
+		|| (apt-get update -qq && apt-get install -y -qq --no-install-recommends tmux >/dev/null)
+
 # A real OpenSSH server for the agentless-node tests (Debian's openssh-server; it is not
 # started as a service: each test run starts its own on a loopback port).
 sshd:
@@ -82,14 +87,14 @@ lint: $(VENV)/.test-deps
 	$(BIN)/ruff format --check console plugins tests bench
 	$(BIN)/mypy
 
-test: $(VENV)/.test-deps engines router sshd systemd prometheus haproxy chromium lint
+test: $(VENV)/.test-deps engines router sshd systemd prometheus haproxy chromium tmux lint
 	ENGINEROOM_VLLM_PYTHON=$(CURDIR)/$(VLLM_VENV)/bin/python \
 	ENGINEROOM_TRITON_PYTHON=$(CURDIR)/$(TRITON_VENV)/bin/python \
 	ENGINEROOM_VLLM_ROUTER=$(CURDIR)/$(ROUTER_VENV)/bin/vllm-router \
 	$(BIN)/pytest -q
 
 # The quick subset while working: no real engines.
-test-quick: $(VENV)/.test-deps sshd systemd prometheus haproxy
+test-quick: $(VENV)/.test-deps sshd systemd prometheus haproxy tmux
 	$(BIN)/pytest -q -m 'not engines and not package'
 
 # nginx (Debian's package) is the gateway benchmark's reference proxy.

@@ -27,20 +27,23 @@ from console.collect.promsource import PromSource, fleet_source
 from console.collect.recorder import Recorder, open_writer
 from console.collect.view import FleetView, ViewBuilder
 from console.core.config import Fleet
+from console.tui import format as fmt
 from console.tui.filtering import FilterError, parse_filter
 from console.tui.polling import Poll
 from console.tui.screens.base import ViewScreen
 from console.tui.screens.drills import DrillsScreen, PlaybookScreen
 from console.tui.screens.engine import EngineScreen
 from console.tui.screens.events import EventsScreen
+from console.tui.screens.failover import FailoverScreen
 from console.tui.screens.fleet import FleetScreen
 from console.tui.screens.gpus import GpusScreen
 from console.tui.screens.help import HelpScreen
-from console.tui.screens.jobs import JobsScreen
+from console.tui.screens.jobs import JobScreen, JobsScreen, StartVllmScreen
 from console.tui.screens.model_detail import ModelDetailScreen
 from console.tui.screens.models import ModelsScreen
 from console.tui.screens.node import NodeScreen
 from console.tui.widgets.command_line import CommandLine
+from console.tui.widgets.confirm import ConfirmScreen
 from console.tui.workflows import Workflows
 
 VIEWS = {
@@ -52,6 +55,36 @@ VIEWS = {
     "jobs": JobsScreen,
     "drills": DrillsScreen,
 }
+
+
+# The `:` commands, (usage, what): help and the unknown-command hint list these.
+COLON_COMMANDS: list[tuple[str, str]] = [
+    ("nodes", "the fleet: nodes and the GPU heat grid"),
+    ("gpus", "every GPU as a row"),
+    ("models", "each model with all its deployments, side by side"),
+    ("jobs", "starts, stops, restarts and drills on the agents; the gateway's failovers"),
+    ("drills", "rebuild drills and their reports"),
+    ("events", "alerts raised and cleared, and operator actions"),
+    ("model NAME", "TTFT and ITL p95 over time for one model"),
+    ("node NAME", "one node: GPUs with history, engines, host, versions"),
+    ("engine NODE/ID", "one engine: versions, state, configuration"),
+    ("job NODE/ID", "one job: its steps and its log"),
+    ("start [MODEL]", "the Start vLLM form"),
+    ("help", "every key and command (also ?)"),
+    ("quit", "leave (the fleet is untouched)"),
+]
+
+# Where the screens' own keys work, in the order help lists them.
+KEY_PLACES: list[tuple[str, type]] = [
+    ("on Models", ModelsScreen),
+    ("on a node", NodeScreen),
+    ("on Drills", DrillsScreen),
+    ("in a playbook", PlaybookScreen),
+    ("on a job", JobScreen),
+    ("in the Start vLLM form", StartVllmScreen),
+    ("in the failover plan", FailoverScreen),
+    ("in a confirmation", ConfirmScreen),
+]
 
 
 class EngineroomApp(Workflows):
@@ -286,25 +319,33 @@ class EngineroomApp(Workflows):
         if len(self.screen_stack) > 2:
             self.pop_screen()
 
-    def action_help(self) -> None:
-        keys = [(self.get_key_display(b), b.description) for b in self._keys()]
-        keys += [
-            ("enter", "open the selected row"),
-            ("e", "engine detail (on Models)"),
-            ("ctrl+p", "every view and action"),
-        ]
-        self.push_screen(HelpScreen(keys))
+    COLON_COMMANDS = COLON_COMMANDS  # a replay adds its own
 
-    def _keys(self) -> list[Binding]:
-        out = []
-        for binding in self.BINDINGS:
-            if isinstance(binding, Binding):
-                keymap = self.fleet.keys.get(binding.id or "")
-                out.append(
-                    binding
-                    if keymap is None
-                    else Binding(keymap, binding.action, binding.description, id=binding.id)
-                )
+    def action_help(self) -> None:
+        self.push_screen(HelpScreen(self.help_keys(), self.COLON_COMMANDS))
+
+    def help_keys(self) -> list[tuple[str, str, str]]:
+        """(where, key, what) for every binding of the app and its screens, as this
+        fleet's [keys] maps them: help is made from the bindings, so it cannot drift."""
+        out = [("everywhere", key, what) for key, what in self._keys(type(self))]
+        out += [
+            ("everywhere", "enter", "open the selected row"),
+            ("everywhere", "ctrl+p", "every view and action, searchable"),
+        ]
+        for place, screen in KEY_PLACES:
+            out += [(place, key, what) for key, what in self._keys(screen)]
+        return out
+
+    def _keys(self, owner: type) -> list[tuple[str, str]]:
+        out: list[tuple[str, str]] = []
+        ours = [c for c in owner.__mro__ if c.__module__.startswith("console.")]
+        for cls in reversed(ours):  # a subclass's keys after its parents'; not Textual's
+            for binding in cls.__dict__.get("BINDINGS", ()):
+                if not isinstance(binding, Binding) or not binding.description:
+                    continue
+                key = self.fleet.keys.get(binding.id or "", binding.key)
+                shown = ", ".join(self.get_key_display(Binding(k, "")) for k in key.split(","))
+                out.append((shown, binding.description))
         return out
 
     def action_command(self) -> None:
@@ -320,10 +361,14 @@ class EngineroomApp(Workflows):
 
     @on(CommandLine.Entered)
     def _entered(self, event: CommandLine.Entered) -> None:
-        if event.mode == "/":
-            self.apply_filter(event.text)
+        self.entered(event.mode, event.text)
+
+    def entered(self, mode: str, text: str) -> None:
+        """What the bottom line's Enter does, by the mode it was opened in."""
+        if mode == "/":
+            self.apply_filter(text)
         else:
-            self.run_command(event.text)
+            self.run_command(text)
 
     def apply_filter(self, text: str) -> None:
         screen = self.screen
@@ -359,11 +404,8 @@ class EngineroomApp(Workflows):
         elif word in ("q", "quit", "exit"):
             self.exit(0)
         elif word:
-            self.notify(
-                f"unknown command {text!r}: try :nodes :gpus :models :model NAME "
-                ":node NAME :engine NODE/ID :events :jobs :start [MODEL]",
-                severity="error",
-            )
+            usages = " ".join(f":{usage}" for usage, _ in self.COLON_COMMANDS)
+            self.notify(f"unknown command {text!r}: try {usages}", severity="error")
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         yield from super().get_system_commands(screen)
@@ -375,13 +417,18 @@ class EngineroomApp(Workflows):
             ("jobs", "Jobs: starts, stops and restarts on every agent"),
         ):
             yield SystemCommand(f"View {name}", what, lambda n=name: self.action_goto(n))
+        # The palette reads its titles as markup; node and model names are outside text.
         for node in self.collector.states:
             yield SystemCommand(
-                f"Node {node}", "GPUs, engines, host and versions", lambda n=node: self.open_node(n)
+                f"Node {fmt.as_markup(node)}",
+                "GPUs, engines, host and versions",
+                lambda n=node: self.open_node(n),
             )
         for model in self.view.models if self.view else {}:
             yield SystemCommand(
-                f"Model {model}", "TTFT and ITL p95 over time", lambda m=model: self.open_model(m)
+                f"Model {fmt.as_markup(model)}",
+                "TTFT and ITL p95 over time",
+                lambda m=model: self.open_model(m),
             )
         yield SystemCommand(
             "Filter the table", "/ then text or util>80 engine=triton", self.action_filter

@@ -17,6 +17,7 @@ from console.collect.recording import Recording
 from console.collect.replay import SPEEDS, RecordedEvents, ReplayCollector, fleet_of
 from console.collect.timeline import parse_time
 from console.core.config import Fleet
+from console.tui.app import EngineroomApp
 from console.tui.readonly import RefusingApp
 from console.tui.widgets.time_cursor import TimeCursor, clock
 
@@ -27,6 +28,10 @@ class ReplayApp(RefusingApp):
     REFUSAL = "replay is read-only: {what} is disabled; this is a recording, not the fleet"
 
     offline = True
+    COLON_COMMANDS = [
+        ("at TIME", "jump to a time: 07:23:25, +90s, -5m (also t)"),
+        *EngineroomApp.COLON_COMMANDS,
+    ]
     BINDINGS = [
         Binding("space", "play", "play/pause", id="replay_play"),
         Binding("full_stop", "step(1)", "step", id="replay_step"),
@@ -112,7 +117,13 @@ class ReplayApp(RefusingApp):
         self._moved()
 
     def action_jump(self) -> None:
-        self._command_line().open(":", "at ")
+        self._command_line().open("at")
+
+    def entered(self, mode: str, text: str) -> None:
+        if mode == "at":
+            self.jump_to(text)
+        else:
+            super().entered(mode, text)
 
     def jump_to(self, text: str) -> None:
         try:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from rich.console import Group
+from rich.table import Table
 from rich.text import Text
 from textual import on, work
 from textual.app import ComposeResult
@@ -20,13 +22,11 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Select, Static
 
 from console.collect.gateway_client import GatewayClient, GatewayError
+from console.core.snapshot import percentiles_from
 from console.tui import format as fmt
 from console.tui.polling import Poll
 from console.tui.screens.jobs import STATE_STYLE
-
-
-def _ms(value: float | None) -> str:
-    return "?" if value is None else fmt.seconds(value)
+from console.tui.widgets.safe_static import SafeStatic
 
 
 class FailoverScreen(ModalScreen[str | None]):
@@ -38,9 +38,10 @@ class FailoverScreen(ModalScreen[str | None]):
     FailoverScreen > VerticalScroll { width: 96%; height: 94%; border: thick $warning;
                                       background: $surface; padding: 0 1; }
     FailoverScreen Horizontal { height: auto; margin-top: 1; }
-    FailoverScreen Select { width: 40; margin-right: 2; }
-    FailoverScreen Input { width: 50; }
+    FailoverScreen Select { width: 1fr; max-width: 44; margin-right: 2; }
+    FailoverScreen Input { width: 1fr; max-width: 60; margin-top: 1; background: $boost; }
     FailoverScreen Button { margin-right: 2; }
+    FailoverScreen #preflight, FailoverScreen #plan-table { margin-top: 1; }
     """
 
     def __init__(self, model: str, target: str | None = None) -> None:
@@ -63,15 +64,17 @@ class FailoverScreen(ModalScreen[str | None]):
         targets = [(f"to {d.id} ({d.engine})", d.id) for d in deployments if d.id != heaviest.id]
         if self.target is not None and any(t[1] == self.target for t in targets):
             targets.sort(key=lambda t: t[1] != self.target)
-        with VerticalScroll():
+        # Not focusable itself: the first field is, so Tab goes field to field. The fields
+        # come first, so that at 80x24 the target and the confirmation are on screen.
+        with VerticalScroll(can_focus=False):
             yield Label(Text(f"Fail over {self.model}", style="bold"))
-            yield Static(id="plan-table")
             with Horizontal():
                 yield Select(
                     targets or [("(no other deployment)", "")],
                     value=targets[0][1] if targets else "",
                     allow_blank=False,
                     id="target",
+                    compact=True,
                 )
                 yield Select(
                     [("planned (in verified steps)", "planned"),
@@ -79,15 +82,21 @@ class FailoverScreen(ModalScreen[str | None]):
                     value="planned",
                     allow_blank=False,
                     id="mode",
+                    compact=True,
                 )  # fmt: skip
-            yield Static(id="steps")
-            yield Static(id="preflight")
-            yield Input(placeholder=f"type {self.model} to confirm", id="confirm")
+            yield Input(
+                placeholder=f"type {self.model} to confirm, then Enter",
+                id="confirm",
+                compact=True,
+            )
             with Horizontal():
-                yield Button("Fail over", id="go", variant="error", disabled=True)
-                yield Button("Start a vLLM standby first", id="standby")
-                yield Button("Close (esc)", id="close")
-            yield Static(id="progress")
+                yield Button("Fail over", id="go", variant="error", disabled=True, compact=True)
+                yield Button("Start a vLLM standby first", id="standby", compact=True)
+                yield Button("Close (esc)", id="close", compact=True)
+            yield SafeStatic(id="progress")
+            yield SafeStatic(id="preflight")
+            yield SafeStatic(id="plan-table")  # versions, gateway errors: outside text
+            yield SafeStatic(id="steps")
 
     def on_mount(self) -> None:
         self._draw_plan()
@@ -130,35 +139,46 @@ class FailoverScreen(ModalScreen[str | None]):
             r.id: r
             for r in (self.console.view.models.get(self.model, []) if self.console.view else [])
         }
-        t = Text()
-        w = max([16, *(len(d.id) + 2 for d in self._deployments())])
-        t.append(f"{'DEPLOYMENT':<{w}}{'ENGINE':<18}{'STATE':<10}{'TTFT95':>8}{'TTFT95':>11}"
-                 f"{'QUEUE':>7}{'KV':>6}{'WEIGHT':>8}{'INFL':>6}\n", style="bold")  # fmt: skip
-        # Where each TTFT was measured, as on Models (console.collect.measured).
-        t.append(f"{'':<{w + 28}}{'engine':>8}{'gateway':>11}\n", style="dim")
+        slo = next(m for m in self.console.fleet.models if m.name == self.model).slo
+        # A table that fits the dialog: at 80 columns its cells are cut, never wrapped.
+        table = Table(box=None, padding=(0, 1, 0, 0), pad_edge=False, expand=False)
+        table.add_column("DEPLOYMENT", no_wrap=True, min_width=10)
+        table.add_column("ENGINE", no_wrap=True, overflow="ellipsis", max_width=16)
+        table.add_column("STATE", no_wrap=True, overflow="ellipsis", max_width=16)
+        # Where each TTFT was measured, as on Models (console.collect.measured); ~ is a
+        # windowed mean, never a p95.
+        table.add_column("TTFT95\nengine", justify="right", no_wrap=True)
+        table.add_column("TTFT95\ngateway", justify="right", no_wrap=True)
+        table.add_column("QUEUE", justify="right", no_wrap=True)
+        table.add_column("KV", justify="right", no_wrap=True)
+        table.add_column("WEIGHT", justify="right", no_wrap=True)
+        table.add_column("INFL", justify="right", no_wrap=True)
         for dep in self._deployments():
             row = rows.get(dep.id)
             gw = live.get(dep.id, {})
             stats = row.stats if row else None
-            lat = stats.latency if stats else None
-            engine = f"{dep.engine} {(row.version if row else None) or '?'}"[:17]
             state = row.state if row else "unknown"
             gw_state = "" if gw.get("up", True) else " (gw: down)"
             queue = stats.requests_waiting if stats else None
             kv = stats.kv_cache_usage if stats else None
-            t.append(f"{dep.id:<{w}}{engine:<18}")
-            t.append(f"{state + gw_state:<10}", style="green" if state == "ready" else "yellow")
-            t.append(
-                f"{_ms(lat.ttft_s.p95_or_mean if lat else None):>8}"
-                f"{_ms((gw.get('ttft_s') or {}).get('p95')):>11}"
-                f"{'?' if queue is None else f'{queue:g}':>7}"
-                f"{'?' if kv is None else f'{kv:.0%}':>6}"
-                f"{gw.get('weight', dep.weight):>8}{gw.get('inflight', '?'):>6}\n"
-            )
-        t.append(self._data_plane(), style="dim")
+            limit = slo.ttft_p95_ms
+            table.add_row(
+                dep.id,
+                f"{dep.engine} {(row.version if row else None) or '?'}",
+                Text(state + gw_state, style="green" if state == "ready" else "yellow"),
+                fmt.latency(stats.latency.ttft_s if stats and stats.latency else None,
+                            limit_ms=limit),
+                fmt.latency(percentiles_from(gw.get("ttft_s")) if gw.get("ttft_s") else None,
+                            limit_ms=limit),
+                "?" if queue is None else f"{queue:g}",
+                "?" if kv is None else f"{kv:.0%}",
+                str(gw.get("weight", dep.weight)),
+                str(gw.get("inflight", "?")),
+            )  # fmt: skip
+        lines = Group(table, Text(self._data_plane(), style="dim"))
         if self.console.gateway_error:
-            t.append(f"gateway: {self.console.gateway_error}\n", style="bold red")
-        self.query_one("#plan-table", Static).update(t)
+            lines = Group(lines, Text(f"gateway: {self.console.gateway_error}", style="bold red"))
+        self.query_one("#plan-table", Static).update(lines)
         self._draw_steps()
 
     def _data_plane(self) -> str:
@@ -210,8 +230,12 @@ class FailoverScreen(ModalScreen[str | None]):
         """Start a standby (the lifecycle job), then come back here with it as the target."""
         self.dismiss("standby")  # the app starts it once this screen is gone
 
+    @on(Input.Submitted, "#confirm")
     @on(Button.Pressed, "#go")
     def _go(self) -> None:
+        """The button, or Enter in the confirmation field once it names the model."""
+        if self.job is not None:
+            return
         if self.query_one("#confirm", Input).value.strip() != self.model:
             return
         self._start(str(self.query_one("#target", Select).value),

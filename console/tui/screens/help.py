@@ -9,19 +9,11 @@ from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
-COMMANDS = """\
-:nodes            the fleet: nodes and the GPU heat grid
-:gpus             every GPU as a row
-:models           each model with all its deployments, side by side
-:model NAME       TTFT and ITL p95 over time for one model
-:node NAME        one node: GPUs with history, engines, host, versions
-:engine NODE/ID   one engine: versions, state, configuration
-:events           alerts raised and cleared, operator actions
-:quit             leave (the fleet is untouched)
-
+FILTERS = """\
 / filters the current table:  gpu-a   util>80   engine=triton   ttft_p95>0.5
-  several terms must all hold; an empty filter clears it; ~ means "contains"
-Enter opens the selected row; Esc goes back; ctrl+p lists every view and action.
+  several terms must all hold; an empty filter clears it; ~ means "contains";
+  a field the table does not have is named, with the fields it has
+Enter opens the selected row; Esc clears the filter, then goes back.
 """
 
 # Where each latency on Models was measured (console.collect.measured); the header's
@@ -49,17 +41,25 @@ class HelpScreen(ModalScreen[None]):
                                   border: round $accent; background: $surface; padding: 0 1; }
     """
 
-    def __init__(self, keys: list[tuple[str, str]]) -> None:
+    def __init__(self, keys: list[tuple[str, str, str]], commands: list[tuple[str, str]]) -> None:
+        """`keys`: (where, key, what), from the bindings; `commands`: (usage, what)."""
         super().__init__()
         self.keys = keys
+        self.commands = commands
 
     def compose(self) -> ComposeResult:
         t = Text()
-        t.append("keys\n", style="bold")
-        for key, what in self.keys:
+        where = None
+        for place, key, what in self.keys:
+            if place != where:
+                where = place
+                t.append(f"{'' if place == 'everywhere' else chr(10)}keys {place}\n", style="bold")
             t.append(f"  {key:<14}{what}\n")
-        t.append("\ncommands\n", style="bold")
-        t.append(COMMANDS)
+        t.append("\ncommands (type : then the command, Enter)\n", style="bold")
+        for usage, what in self.commands:
+            t.append(f"  :{usage:<17}{what}\n")
+        t.append("\n")
+        t.append(FILTERS)
         t.append("\nwhere each number was measured (Models)\n", style="bold")
         t.append(MEASURED)
         with VerticalScroll():

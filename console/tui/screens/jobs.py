@@ -26,6 +26,7 @@ from console.core.wire import COLD_START_PHASES
 from console.tui import format as fmt
 from console.tui.polling import Poll
 from console.tui.screens.base import ViewScreen
+from console.tui.widgets.safe_static import SafeStatic
 from console.tui.widgets.table import FleetTable, Row, empty_row
 
 JOB_EVERY_S = 1.0  # a job is polled again this long after its last answer came
@@ -111,7 +112,7 @@ class StartVllmScreen(ModalScreen[tuple[str, str] | None]):
     StartVllmScreen { align: center middle; }
     StartVllmScreen > VerticalScroll { width: 94%; height: 92%; border: round $accent;
                                        background: $surface; padding: 0 1; }
-    StartVllmScreen Input { width: 40; height: 1; border: none; padding: 0 1; }
+    StartVllmScreen Input { width: 40; padding: 0 1; }
     StartVllmScreen Input:focus { background: $boost; }
     StartVllmScreen .override { height: 1; }
     StartVllmScreen .override Label { width: 30; padding: 0 1 0 2; }
@@ -127,6 +128,7 @@ class StartVllmScreen(ModalScreen[tuple[str, str] | None]):
         self.choices = choices
         self.model = model
         self.plan: dict[str, Any] | None = None
+        self._shown: tuple[str, str] | None = None  # the profile whose fields are shown
 
     @property
     def console(self) -> Any:
@@ -135,7 +137,8 @@ class StartVllmScreen(ModalScreen[tuple[str, str] | None]):
     def compose(self) -> ComposeResult:
         fleet = self.console.fleet
         title = "Start vLLM" + (f" for {self.model}" if self.model else "")
-        with VerticalScroll():
+        # Not focusable itself: the first field is, so Tab goes field to field.
+        with VerticalScroll(can_focus=False):
             yield Label(Text(title, style="bold"))
             yield Select(
                 [
@@ -147,7 +150,7 @@ class StartVllmScreen(ModalScreen[tuple[str, str] | None]):
                 id="profile",
             )
             yield Vertical(id="overrides")
-            yield Static(id="plan")
+            yield SafeStatic(id="plan")  # the agent's plan, or its refusal
             with Horizontal(id="buttons"):
                 yield Button("Start (ctrl+s)", id="start", variant="warning", disabled=True)
                 yield Button("Cancel (esc)", id="cancel")
@@ -164,6 +167,7 @@ class StartVllmScreen(ModalScreen[tuple[str, str] | None]):
     async def _show_overrides(self) -> None:
         box = self.query_one("#overrides", Vertical)
         await box.remove_children()
+        self._shown = self.selected
         _, name = self.selected
         profile = self.console.fleet.profiles[name]
         keys = [*profile.overridable, *(f"args.{a}" for a in profile.allowed_args)]
@@ -173,7 +177,7 @@ class StartVllmScreen(ModalScreen[tuple[str, str] | None]):
             rows.append(
                 Horizontal(
                     Label(key),
-                    Input(placeholder=current, id=f"o-{key.replace('.', '--')}"),
+                    Input(placeholder=current, id=f"o-{key.replace('.', '--')}", compact=True),
                     classes="override",
                 )
             )
@@ -198,6 +202,8 @@ class StartVllmScreen(ModalScreen[tuple[str, str] | None]):
 
     @on(Select.Changed, "#profile")
     async def _profile_changed(self) -> None:
+        if self._shown == self.selected:
+            return  # the Select's first value: remounting would take the focus from a field
         await self._show_overrides()
         self.refresh_plan()
 
@@ -306,11 +312,11 @@ class JobScreen(ViewScreen):
         self.log_lines: list[str] = []
 
     def compose_body(self) -> ComposeResult:
-        yield Static(id="job-info")
+        yield SafeStatic(id="job-info")
         yield FleetTable([("STEP", 10), ("STATE", 10), ("TOOK", 8), ("DETAIL", None)], id="steps")
         yield Static(Text("engine log", style="bold"), id="log-title")
         with VerticalScroll(id="job-log"):
-            yield Static(id="log")
+            yield SafeStatic(id="log")  # the engine's own output
 
     def on_mount(self) -> None:
         super().on_mount()
