@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from console.core import names as allowed
 from console.core.tomlpos import Path as KeyPath
 from console.core.tomlpos import format_path, key_lines, line_of
 
@@ -26,48 +27,6 @@ DEFAULT_ADMIN_ENV = "ENGINEROOM_ADMIN_TOKEN"
 DEFAULT_GATEWAY_VIEWER_ENV = "ENGINEROOM_GATEWAY_VIEWER_TOKEN"
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-
-# Names in fleet.toml travel into generated files (HAProxy's configuration, Prometheus
-# rules), label values, URLs and terminals, so each kind allows only what it needs. A
-# model name as Hugging Face and vLLM spell it: meta-llama/Llama-3.1-8B-Instruct,
-# llama-3.1-70b, llama3:8b. Ids (deployments, nodes, data planes): gpu-a1.dc1, llama-h200-a.
-# HAProxy's own names (backend, server) take what HAProxy allows in an identifier. Paths
-# (HAProxy's socket and configuration): anything but control characters and `$` (HAProxy
-# expands `$VAR` in addresses, quoted or not).
-_MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,199}")
-_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
-_HAPROXY_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
-_UNIX_USER = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}")
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\u200b-\u200f\u202a-\u202e\u2066-\u2069]")
-
-
-def _name(pattern: re.Pattern[str], allowed: str) -> Callable[[str | None], str | None]:
-    def check(value: str | None) -> str | None:
-        if value is not None and pattern.fullmatch(value) is None:
-            raise ValueError(f"{allowed}; got {value!r}")
-        return value
-
-    return check
-
-
-_model_name = _name(
-    _MODEL_NAME, "wants letters, digits and . _ - : / @ + (first a letter or a digit)"
-)
-_id = _name(_ID, "wants letters, digits and . _ - : (first a letter or a digit)")
-_haproxy_name = _name(_HAPROXY_NAME, "wants letters, digits and . _ - : (HAProxy's identifier)")
-_unix_user = _name(_UNIX_USER, "wants a user or group name: letters, digits and . _ -")
-
-
-def _path(value: str | None) -> str | None:
-    if value is not None and (_CONTROL.search(value) or "$" in value or not value):
-        raise ValueError(f"wants a path without control characters or '$'; got {value!r}")
-    return value
-
-
-def _text(value: str) -> str:
-    if _CONTROL.search(value):
-        raise ValueError(f"wants text without control characters; got {value!r}")
-    return value
 
 
 class ConfigError(Exception):
@@ -104,7 +63,7 @@ Port = Annotated[int, Field(ge=1, le=65535)]
 
 class FleetSection(_Strict):
     name: str
-    _name_ok = field_validator("name")(_text)
+    _name_ok = field_validator("name")(allowed.text)
     environment: str = "dev"
     refresh_s: Seconds = 1.0
     read_only: bool | None = None  # None: read-only exactly when environment is "prod"
@@ -152,7 +111,7 @@ class Node(_Strict):
     ssh_agent_command: list[str] = Field(
         default_factory=lambda: ["engineroom", "agent", "--once", "--json"]
     )
-    _name_ok = field_validator("name")(_id)
+    _name_ok = field_validator("name")(allowed.an_id)
 
     @model_validator(mode="after")
     def _reachable(self) -> Node:
@@ -205,9 +164,9 @@ class DataPlaneSection(_Strict):
     # HAProxy render: who owns the stats socket, the gateway's user (deploy/README.md).
     socket_user: str = "engineroom"
     socket_group: str = "engineroom"
-    _name_ok = field_validator("name")(_id)
-    _paths_ok = field_validator("admin_socket", "config", "listen")(_path)
-    _owner_ok = field_validator("socket_user", "socket_group")(_unix_user)
+    _name_ok = field_validator("name")(allowed.an_id)
+    _paths_ok = field_validator("admin_socket", "config", "listen")(allowed.path)
+    _owner_ok = field_validator("socket_user", "socket_group")(allowed.unix_user)
 
 
 class Slo(_Strict):
@@ -236,9 +195,9 @@ class Deployment(_Strict):
     # A data plane's own name for this deployment (HAProxy: its server in the model's
     # backend); default derived from the id.
     server: str | None = None
-    _names_ok = field_validator("id", "node")(_id)
-    _server_ok = field_validator("server")(_haproxy_name)
-    _engine_model_ok = field_validator("engine_model")(lambda v: v if v is None else _text(v))
+    _names_ok = field_validator("id", "node")(allowed.an_id)
+    _server_ok = field_validator("server")(allowed.haproxy_name)
+    _engine_model_ok = field_validator("engine_model")(allowed.text)
 
     @field_validator("endpoint", "metrics_endpoint")
     @classmethod
@@ -266,9 +225,9 @@ class Model(_Strict):
     failover: FailoverPlan = FailoverPlan()
     dataplane: str = "gateway"  # a [[dataplanes]] name; "gateway": the built-in one
     backend: str | None = None  # the data plane's name for the model (HAProxy backend)
-    _name_ok = field_validator("name")(_model_name)
-    _dataplane_ok = field_validator("dataplane")(_id)
-    _backend_ok = field_validator("backend")(_haproxy_name)
+    _name_ok = field_validator("name")(allowed.model_name)
+    _dataplane_ok = field_validator("dataplane")(allowed.an_id)
+    _backend_ok = field_validator("backend")(allowed.haproxy_name)
 
 
 ArgValue = str | int | float | bool

@@ -37,8 +37,9 @@ from urllib.parse import urlsplit
 
 from console.core.atomicfile import replace_text
 from console.core.config import ConfigError, DataPlaneSection, Deployment, Fleet, Model
+from console.core.names import HAPROXY_CHARS
 
-NAME_OK = re.compile(r"[^A-Za-z0-9_.:-]")  # what HAProxy refuses in an identifier
+NAME_OK = re.compile(f"[^{HAPROXY_CHARS}]")  # what HAProxy refuses in an identifier
 # Inside strong quotes HAProxy takes every byte as it is, but a line ends at a newline,
 # so control characters and the quote itself go outside, as \xNN.
 QUOTABLE = re.compile(r"[^\x00-\x1f\x7f\x80-\x9f'\u2028\u2029]+")
