@@ -15,7 +15,9 @@ terminal and no Markdown reads as a sequence.
 from __future__ import annotations
 
 import re
+import sys
 import unicodedata
+from typing import TextIO
 
 # Controls (C0, DEL, C1), format characters (bidi, zero-width, BOM, soft hyphen, tags),
 # lone surrogates (which cannot even be printed), and the line and paragraph separators.
@@ -71,6 +73,11 @@ def for_terminal(text: str, lines: bool = False) -> str:
     return "".join(out)
 
 
+def say(text: str, file: TextIO | None = None, lines: bool = False) -> None:
+    """print() for a line that holds outside text (stdout by default), made safe first."""
+    print(for_terminal(text, lines), file=sys.stdout if file is None else file, flush=True)
+
+
 # What changes Markdown's structure inline: the escape itself, code spans, emphasis and
 # strikethrough, links and images, autolinks and HTML, entities (`&#x202e;` is a bidi
 # override again), table cells, and GitHub's math.
@@ -94,10 +101,10 @@ def markdown_code(text: object) -> str:
     return f"{ticks}{pad}{body}{pad}{ticks}"
 
 
-def markdown_block(lines: list[str]) -> list[str]:
+def markdown_block(lines: list[object]) -> list[str]:
     """`lines` as a fenced code block, fence lines included: each line neutralized (tabs
     kept), the fence longer than any run of backticks, so no line can close it."""
-    body = [for_terminal(line, lines=True).replace("\n", marker("\n")) for line in lines]
+    body = [for_terminal(str(line), lines=True).replace("\n", marker("\n")) for line in lines]
     longest = max((len(run) for line in body for run in re.findall("`+", line)), default=0)
     fence = "`" * max(3, longest + 1)
     return [fence, *body, fence]

@@ -6,8 +6,10 @@ NO_COLOR, Textual drops them and the text still says everything.
 
 from __future__ import annotations
 
-from rich.text import Text
+from rich.text import Span, Text
+from textual.markup import escape
 
+from console.core.safetext import for_terminal, marks
 from console.core.snapshot import Percentiles
 
 UNKNOWN = Text("?", style="dim")
@@ -139,9 +141,39 @@ def error_rate(value: float | None, limit: float | None) -> Text:
     return Text(percent(value), style="bold red" if bad else "")
 
 
+def safe(value: Text | str, lines: bool = False) -> Text:
+    """Outside text as Rich text with every control, bidi and zero-width character shown
+    as its escape (console.core.safetext); its styles kept. The same object when there is
+    nothing to change: a table asks for each cell it draws. A str becomes plain Text, never
+    markup."""
+    if isinstance(value, str):
+        return Text(for_terminal(value, lines))
+    found = marks(value.plain, lines)
+    if not found:
+        return value
+    out, last = value.blank_copy(), 0
+    for i, mark in found:
+        out.append_text(value[last:i])
+        piece = value[i : i + 1]  # the marker keeps the styles of what it stands for
+        spans = [Span(0, len(mark), span.style) for span in piece.spans]
+        piece.plain, piece.spans = mark, spans
+        out.append_text(piece)
+        last = i + 1
+    out.append_text(value[last:])
+    return out
+
+
+def as_markup(value: str) -> str:
+    """Outside text for a place that reads Textual markup (the command palette's names):
+    safe for the terminal, and its `[` escaped, so `[@click=...]` stays text."""
+    return escape(for_terminal(value))
+
+
 def fit(value: str, width: int, style: str = "") -> Text:
     """Free text in a column `width` wide: cut with an ellipsis so that one space is always
-    left before the next column (the tables have no cell padding)."""
+    left before the next column (the tables have no cell padding). Made safe first, so a
+    cut never ends inside an escape."""
+    value = for_terminal(value)
     if len(value) < width:
         return Text(value, style=style)
     return Text(value[: max(0, width - 2)] + "…", style=style)

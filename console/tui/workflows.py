@@ -12,10 +12,12 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from textual.app import App
+from textual.notifications import SeverityLevel
 
 from console.collect.actions import ActionError, AgentActions
 from console.collect.collector import Collector
 from console.core.config import Fleet
+from console.core.safetext import for_terminal
 from console.core.snapshot import Job
 from console.tui.screens.failover import FailoverScreen
 from console.tui.screens.jobs import JobScreen, StartVllmScreen
@@ -32,6 +34,26 @@ class Workflows(App[int]):
     collector: Collector
     roles: dict[str, str]  # node -> the role its token has on the agent
     gateway_role: str | None  # the role our token has on the gateway, once it said
+
+    def notify(
+        self,
+        message: str,
+        *,
+        title: str = "",
+        severity: SeverityLevel = "information",
+        timeout: float | None = None,
+        markup: bool = False,
+    ) -> None:
+        """Every notification, the screens' too: its text is often an agent's or a
+        gateway's refusal, so it is made safe for the terminal and never read as markup
+        (`[@click=...]` in an error would be an action)."""
+        super().notify(
+            for_terminal(message, lines=True),
+            title=for_terminal(title),
+            severity=severity,
+            timeout=timeout,
+            markup=markup,
+        )
 
     # -- the one shape of an agent call ------------------------------------------------
 

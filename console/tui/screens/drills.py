@@ -33,6 +33,7 @@ from console.tui import format as fmt
 from console.tui.polling import Poll
 from console.tui.screens.base import ViewScreen
 from console.tui.screens.jobs import STATE_STYLE, job_note, took
+from console.tui.widgets.safe_static import SafeStatic
 from console.tui.widgets.table import FleetTable, Row, empty_row
 
 HISTORY_EVERY_S = 5.0
@@ -131,7 +132,7 @@ class DrillsScreen(ViewScreen):
     def compose_body(self) -> ComposeResult:
         yield FleetTable(self.DEFS, id="drill-defs")
         yield FleetTable(self.HISTORY, id="drill-history")
-        yield Static(id="drill-detail")
+        yield SafeStatic(id="drill-detail")
 
     def on_mount(self) -> None:
         super().on_mount()
@@ -334,7 +335,7 @@ class PlaybookScreen(ViewScreen):
         self.checks: list[Check] = []
 
     def compose_body(self) -> ComposeResult:
-        yield Static(id="playbook-head")
+        yield SafeStatic(id="playbook-head")
         yield FleetTable(self.COLUMNS, id="playbook")
 
     def draw(self, view: FleetView) -> None:

@@ -12,6 +12,7 @@ from textual.widgets import Static
 from console.collect.view import FleetView
 from console.tui import format as fmt
 from console.tui.screens.base import ViewScreen
+from console.tui.widgets.safe_static import SafeStatic
 
 
 class EngineScreen(ViewScreen):
@@ -23,7 +24,7 @@ class EngineScreen(ViewScreen):
 
     def compose_body(self) -> ComposeResult:
         with VerticalScroll():
-            yield Static(id="engine-info")
+            yield SafeStatic(id="engine-info")  # the engine's own answers
 
     def draw(self, view: FleetView) -> None:
         state = self.console.collector.states.get(self.node)

@@ -14,9 +14,11 @@ from textual_plotext import PlotextPlot
 from console.collect.promsource import HistoryLine, PromError, PromSource
 from console.collect.view import DeploymentRow, FleetView
 from console.core.config import Model
+from console.core.safetext import for_terminal
 from console.tui.polling import Poll
 from console.tui.screens.base import ViewScreen
 from console.tui.screens.models import slo_text
+from console.tui.widgets.safe_static import SafeStatic
 
 HISTORY_EVERY_S = 30.0  # range queries again: a new point every 15 s at the most
 
@@ -47,7 +49,7 @@ class ModelDetailScreen(ViewScreen):
             self.draw(self.console.view)
 
     def compose_body(self) -> ComposeResult:
-        yield Static(id="model-info")
+        yield SafeStatic(id="model-info")
         with Horizontal(id="plots"):
             yield PlotextPlot(id="ttft-plot")
             yield PlotextPlot(id="itl-plot")
@@ -59,7 +61,8 @@ class ModelDetailScreen(ViewScreen):
             info.update(Text(f"no model named {self.model!r} in this fleet", style="bold red"))
             return
         model = next(
-            (m for m in self.console.fleet.models if m.name == self.model), Model(name=self.model)
+            (m for m in self.console.fleet.models if m.name == self.model),
+            Model.model_construct(name=self.model),  # served, not declared: an engine's name
         )
         t = Text.assemble(
             (self.model, "bold"),
@@ -104,7 +107,9 @@ class ModelDetailScreen(ViewScreen):
                 ]
                 if points:
                     xs, ys = zip(*points, strict=True)
-                    plt.plot(list(xs), list(ys), label=(r.id or r.engine_id)[:18])
+                    # plotext's output is read as ANSI: a label must hold no sequence.
+                    label = for_terminal(r.id or r.engine_id)[:18]
+                    plt.plot(list(xs), list(ys), label=label)
             if limit is not None and longest:
                 plt.hline(limit, "red")
             if longest == 0:
@@ -123,7 +128,7 @@ class ModelDetailScreen(ViewScreen):
             plt.plot(
                 [t - now for t, _ in line.points],
                 [v * 1000 for _, v in line.points],
-                label=name[:18],
+                label=for_terminal(name)[:18],
             )
             drawn = max(drawn, len(line.points))
         return drawn

@@ -13,6 +13,7 @@ from console.collect.view import FleetView, engine_summary
 from console.core.snapshot import Snapshot
 from console.tui import format as fmt
 from console.tui.screens.base import ViewScreen
+from console.tui.widgets.safe_static import SafeStatic
 from console.tui.widgets.table import FleetTable, Row, empty_row
 
 GPU_COLUMNS = [
@@ -54,7 +55,7 @@ class NodeScreen(ViewScreen):
         self.where = f"Node {node}"
 
     def compose_body(self) -> ComposeResult:
-        yield Static(id="node-info")
+        yield SafeStatic(id="node-info")  # the host, versions, errors: the agent's words
         yield FleetTable(GPU_COLUMNS, id="node-gpus")
         yield FleetTable(ENGINE_COLUMNS, id="node-engines")
 

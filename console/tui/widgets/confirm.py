@@ -8,7 +8,10 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
-from textual.widgets import Button, Label, Static
+from textual.widgets import Button, Label
+
+from console.tui.format import safe
+from console.tui.widgets.safe_static import SafeStatic
 
 
 class ConfirmScreen(ModalScreen[bool]):
@@ -32,8 +35,9 @@ class ConfirmScreen(ModalScreen[bool]):
 
     def compose(self) -> ComposeResult:
         with Vertical():
-            yield Label(Text(self.title_text, style="bold"))
-            yield Static(self.body)
+            # Its target is named from a snapshot (an engine id, a job's profile).
+            yield Label(safe(Text(self.title_text, style="bold")))
+            yield SafeStatic(self.body)
             with Horizontal():
                 yield Button(Text(f"y  {self.yes}"), id="yes", variant="warning")
                 yield Button(Text("n  cancel"), id="no")

@@ -17,6 +17,7 @@ from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
 from console.collect.view import GpuCell
+from console.core.safetext import for_terminal
 
 CELL = 4  # "100" and a marker
 _STYLES = {
@@ -90,7 +91,8 @@ class GpuGrid(ScrollView):
         if index >= self._lines:
             return Strip.blank(self.size.width)
         label, cells = self._line(index)
-        segments = [Segment(f"{label[: self._label_width - 1]:<{self._label_width}}", _LABEL)]
+        label = for_terminal(label)[: self._label_width - 1]  # a node's name: outside text
+        segments = [Segment(f"{label:<{self._label_width}}", _LABEL)]
         for cell in cells:
             gpu = cell.gpu
             util = gpu.utilization_pct

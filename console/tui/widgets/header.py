@@ -6,6 +6,7 @@ from rich.text import Text
 from textual.widgets import Static
 
 from console.collect.view import Summary
+from console.tui.format import safe
 
 
 class FleetHeader(Static):
@@ -65,4 +66,6 @@ class FleetHeader(Static):
         t.append(f"  {where}", style="bold cyan")
         if source_note is not None:
             t.append(f"  {source_note}", style="dim")
-        self.update(t, layout=False)  # one line, always: no layout pass each refresh
+        # One line, always: no layout pass each refresh. Names and Prometheus' errors are
+        # outside text.
+        self.update(safe(t), layout=False)

@@ -23,6 +23,7 @@ from textual.widgets.data_table import ColumnKey, RowKey
 from textual.widgets.data_table import Row as TableRow
 
 from console.tui.filtering import Filter
+from console.tui.format import safe
 
 Cells = tuple[RenderableType, ...]
 FIRST_ROWS = 120  # added at once on a rebuild, made: more than a screen of rows
@@ -453,13 +454,14 @@ def _width(cell: RenderableType) -> int:
 
 
 def _with_margin(cells: Cells) -> Cells:
-    """A one-character margin before the first column."""
-    first = cells[0]
+    """A one-character margin before the first column; and every cell safe for the
+    terminal, since its text is a node's, an engine's, a job's (console.core.safetext):
+    the one place every table's cells pass, made only for the rows drawn. A str becomes
+    plain Text: never read as markup."""
+    first, *rest = (safe(c) if isinstance(c, Text | str) else c for c in cells)
     if isinstance(first, Text):
         first = Text(" ") + first
-    elif isinstance(first, str):
-        first = f" {first}"
-    return (first, *cells[1:])
+    return (first, *rest)
 
 
 def _differs(a: RenderableType, b: RenderableType) -> bool:

@@ -9,6 +9,7 @@ from rich.text import Text
 from textual.widgets import Static
 
 from console.collect.replay import ReplayCollector
+from console.tui.format import safe
 
 
 def clock(t: float) -> str:
@@ -56,4 +57,4 @@ class TimeCursor(Static):
         if ahead is not None:
             t.append(f"  next {ahead.kind} +{span(ahead.time - at)}: ", style="dim")
             t.append(f"{ahead.subject} {ahead.message}"[:60], style="dim")
-        self.update(t)
+        self.update(safe(t, lines=True))  # the next mark's subject: the recording's text
