@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from console.core.config import ConfigError, Fleet, load_fleet, parse_fleet
+from console.core.safetext import say
 
 EXIT_USAGE = 2  # argparse's own code for a bad command line
 EXIT_CONFIG = 3  # a bad fleet file or a missing secret: nothing started
@@ -290,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command in ("record", "replay", "timeline"):
             return _recordings(args)
     except ConfigError as exc:
-        print(f"engineroom: {exc}", file=sys.stderr)
+        say(f"engineroom: {exc}", sys.stderr)  # it may quote a value from outside
         return EXIT_CONFIG
     except KeyboardInterrupt:
         return 130
@@ -334,7 +335,7 @@ def _recordings(args: argparse.Namespace) -> int:
             return run_replay(args.file, args.at)
         return run_timeline(args.file, args.from_, args.to, as_json=args.json)
     except (RecordingError, ValueError, OSError) as exc:
-        print(f"engineroom {args.command}: {exc}", file=sys.stderr)
+        say(f"engineroom {args.command}: {exc}", sys.stderr)  # a recording is outside text
         return EXIT_USAGE
 
 
@@ -414,7 +415,7 @@ async def _agent_once(fleet: Fleet, node: str, *, as_json: bool) -> int:
     else:
         from console.agent.summary import summarize
 
-        print(summarize(snap))
+        say(summarize(snap), lines=True)  # versions, model names: the engines' answers
     return 0
 
 

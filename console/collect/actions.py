@@ -16,6 +16,7 @@ from typing import Any, TextIO
 
 from console.collect import apiclient
 from console.core.config import ConfigError, Fleet, MissingSecret, Node
+from console.core.safetext import say
 from console.core.snapshot import Job, job_from, plain
 from console.core.wire import COLD_START_PHASES
 
@@ -191,7 +192,7 @@ def _print_progress(out: TextIO) -> Callable[[Job], None]:
                 continue
             printed.add((step.name, step.state))
             detail = f": {step.detail}" if step.detail else ""
-            print(f"  {step.name:<10} {step.state}{detail}", file=out, flush=True)
+            say(f"  {step.name:<10} {step.state}{detail}", out)
 
     return show
 
@@ -209,23 +210,23 @@ async def _act(
         try:
             job: Job = await action(actions)
         except ActionError as exc:
-            print(f"engineroom: {exc}", file=sys.stderr)
+            say(f"engineroom: {exc}", sys.stderr)
             for check in exc.extra.get("checks", []):
                 mark = "ok  " if check.get("ok") else "FAIL"
-                print(f"  {mark} {check.get('name')}: {check.get('detail')}", file=sys.stderr)
+                say(f"  {mark} {check.get('name')}: {check.get('detail')}", sys.stderr)
             return EXIT_UNREACHABLE if exc.status is None else EXIT_FAILED
         if not as_json:
-            print(f"job {job.id} ({job.kind}) on {node}: {job.state}", file=out, flush=True)
+            say(f"job {job.id} ({job.kind}) on {node}: {job.state}", out)
         if wait:
             started = time.monotonic()
             job = await actions.follow(
                 job.id, (lambda j: None) if as_json else _print_progress(out)
             )
             if not as_json:
-                print(
+                say(
                     f"job {job.id}: {job.state} after {time.monotonic() - started:.1f} s"
                     + (f": {job.error}" if job.error else ""),
-                    file=out,
+                    out,
                 )
                 cold = job.result.get("cold_start")
                 if isinstance(cold, dict) and cold.get("total_s") is not None:
@@ -238,12 +239,12 @@ async def _act(
                 if isinstance(rebuilt, int | float):
                     print(f"time to rebuild {rebuilt:.1f} s", file=out)
                 for line in job.result.get("log_tail", [])[-15:]:
-                    print(f"  | {line}", file=out)
+                    say(f"  | {line}", out)
         if as_json:
             print(json.dumps(plain(job), indent=2), file=out)
         return EXIT_OK if job.state in ("succeeded", "running", "queued") else EXIT_FAILED
     except ActionError as exc:
-        print(f"engineroom: {exc}", file=sys.stderr)
+        say(f"engineroom: {exc}", sys.stderr)
         return EXIT_UNREACHABLE if exc.status is None else EXIT_FAILED
     finally:
         await actions.close()
@@ -312,7 +313,7 @@ def run_jobs(
     else:
         print(f"{'NODE':<12} {'JOB':<12}  {'KIND':<15} {'TARGET':<20} STATE", file=out)
         for n, job in rows:
-            print(f"{n:<12} {describe(job)}", file=out)
+            say(f"{n:<12} {describe(job)}", out)
         for problem in problems:
-            print(f"engineroom: {problem}", file=sys.stderr)
+            say(f"engineroom: {problem}", sys.stderr)
     return EXIT_UNREACHABLE if problems else EXIT_OK

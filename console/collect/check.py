@@ -22,6 +22,7 @@ from console.collect.measured import ENGINE, GATEWAY, gap_text, gateway_measure,
 from console.collect.promsource import PromSource, SourceHealth, fleet_source
 from console.collect.view import DeploymentRow, FleetView, build
 from console.core.config import Fleet
+from console.core.safetext import for_terminal
 from console.core.snapshot import Percentiles, percentiles_from, plain
 
 EXIT = {"healthy": 0, "degraded": 1, "unreachable": 2}
@@ -188,13 +189,15 @@ def render(
         for a in sorted(view.alerts, key=lambda a: a.severity != "critical"):
             tag = "CRIT" if a.severity == "critical" else "WARN"
             lines.append(f"  {tag} {a.subject}  {a.message}")
-    return "\n".join(lines)
+    # Names, versions, errors and alerts come from agents, engines and Prometheus: each
+    # line is made safe for the terminal as a whole, so no field can be missed.
+    return "\n".join(map(for_terminal, lines))
 
 
 def _deployment_line(r: DeploymentRow, gw: dict[str, Any] | None) -> str:
     lat = r.stats.latency if r.stats else None
     slo = {True: "ok", False: "BREACH", None: "?"}[r.slo_ok]
-    engine = f"{r.engine} {r.version or '?'}"
+    engine = for_terminal(f"{r.engine} {r.version or '?'}")  # cut after, never inside a sequence
     engine = engine if len(engine) < 20 else engine[:18] + "…"
     name = r.id or "(undeclared)"
     state = "standby" if r.standby else r.state
@@ -323,7 +326,9 @@ def to_json(
 
 
 def _label(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    """A label value in Prometheus text, which a person may read on a terminal too (a
+    newline is already `\\n` there)."""
+    return for_terminal(value).replace("\\", "\\\\").replace('"', '\\"')
 
 
 def to_prometheus(fleet: Fleet, view: FleetView, states: dict[str, NodeState]) -> str:

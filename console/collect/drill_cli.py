@@ -23,6 +23,7 @@ from console.collect.actions import (
 )
 from console.core import drillreport
 from console.core.config import Fleet, MissingSecret
+from console.core.safetext import say
 from console.core.snapshot import Job
 
 
@@ -109,25 +110,25 @@ def list_drills(fleet: Fleet, *, as_json: bool, out: TextIO = sys.stdout) -> int
             when = "never" if last is None else _last(last)
             if last is None and node in no_token:
                 when = f"? {no_token[node]}"  # its node's history was not read
-            print(
+            say(
                 f"{name:<20} {node or '?':<12} {drill.deployment:<20} "
                 f"{drill.pipeline:<8} {drill.precision:<9} {when}",
-                file=out,
+                out,
             )
         if history:
             print("\nHISTORY", file=out)
             for node, job in history[:20]:
                 rep = drillreport.report(job, node)
                 took = rep["time_to_rebuild_s"] or rep["total_s"]
-                print(
+                say(
                     f"  {job.id}  {rep['drill']:<20} {node:<12} {job.state:<10} "
                     f"{'' if took is None else f'{took:.1f} s':>9}  {job.error or ''}",
-                    file=out,
+                    out,
                 )
         for problem in problems:
-            print(f"engineroom: {problem}", file=sys.stderr)
+            say(f"engineroom: {problem}", sys.stderr)
     for node, why in no_token.items():
-        print(f"engineroom: {node}: history not read: {why}", file=sys.stderr)
+        say(f"engineroom: {node}: history not read: {why}", sys.stderr)
     return EXIT_UNREACHABLE if problems else EXIT_OK
 
 
@@ -149,7 +150,7 @@ def show_drill(
                 return n.name, await actions.report(job_id)
             except ActionError as exc:
                 if exc.status != 404:
-                    print(f"engineroom: {exc}", file=sys.stderr)
+                    say(f"engineroom: {exc}", sys.stderr)
             finally:
                 await actions.close()
         return None
@@ -188,11 +189,11 @@ def what_if(
                 "unknown": "unknown",
             }[row["verdict"]]
             est = row.get("estimated_rebuild_s")
-            print(
+            say(
                 f"{row['node']:<12} {row['deployment']:<20} {verdict:<22} "
                 f"{'no drill' if est is None else f'{est:.0f} s':>10}  "
                 f"{'; '.join(row.get('why') or []) or '-'}",
-                file=out,
+                out,
             )
         if not rows:
             print("(no TensorRT-LLM deployments on any agent)", file=out)
@@ -206,5 +207,5 @@ def what_if(
                 file=out,
             )
     for problem in problems:
-        print(f"engineroom: {problem}", file=sys.stderr)
+        say(f"engineroom: {problem}", sys.stderr)
     return EXIT_UNREACHABLE if problems else EXIT_OK

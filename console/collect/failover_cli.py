@@ -16,6 +16,7 @@ from typing import Any, TextIO
 from console.collect.gateway_client import GatewayClient, GatewayError
 from console.core.config import ConfigError, Fleet
 from console.core.gateway_wire import JOB_FINAL
+from console.core.safetext import say
 
 CALL_DEADLINE_S = 15.0  # one admin call, whole answer included
 POLL_S = 0.3  # --wait: how often the job is read
@@ -28,7 +29,7 @@ def _show(job: dict[str, Any], printed: set[tuple[str, str]], out: TextIO) -> No
             continue
         printed.add(key)
         detail = f": {step['detail']}" if step.get("detail") else ""
-        print(f"  {step['name']:<12} {step['state']}{detail}", file=out, flush=True)
+        say(f"  {step['name']:<12} {step['state']}{detail}", out)
 
 
 def _wait_limit(fleet: Fleet, model: str) -> float:
@@ -73,24 +74,24 @@ async def _run(
             job = await client.failover(model, to, mode, why)
         except GatewayError as exc:
             if exc.status is None:
-                print(f"engineroom: the gateway did not answer: {exc.reason}", file=sys.stderr)
+                say(f"engineroom: the gateway did not answer: {exc.reason}", sys.stderr)
                 return 2
             if exc.status < 400:  # an answer, but not a job: say what came
-                print(f"engineroom: the gateway answered {exc.reason}", file=sys.stderr)
+                say(f"engineroom: the gateway answered {exc.reason}", sys.stderr)
                 return 2
-            print(f"engineroom: failover refused: {exc.reason}", file=sys.stderr)
+            say(f"engineroom: failover refused: {exc.reason}", sys.stderr)
             return 1
         if not as_json:
-            print(f"job {job['id']} ({job['kind']}) {model} -> {to}: running", file=out)
+            say(f"job {job['id']} ({job['kind']}) {model} -> {to}: running", out)
         printed: set[tuple[str, str]] = set()
         limit = _wait_limit(fleet, model)
         give_up = time.monotonic() + limit
         while wait and job["state"] not in JOB_FINAL:
             if time.monotonic() > give_up:
-                print(
+                say(
                     f"engineroom: job {job['id']} still {job['state']} after {limit:.0f} s; "
                     f"it goes on in the gateway (engineroom jobs, or GET /admin/jobs/{job['id']})",
-                    file=sys.stderr,
+                    sys.stderr,
                 )
                 return 1
             await asyncio.sleep(POLL_S)
@@ -98,10 +99,7 @@ async def _run(
                 job = await client.job(job["id"])
             except GatewayError as exc:
                 what = "did not answer" if exc.status is None else "answered"
-                print(
-                    f"engineroom: job {job['id']}: the gateway {what} {exc.reason}",
-                    file=sys.stderr,
-                )
+                say(f"engineroom: job {job['id']}: the gateway {what} {exc.reason}", sys.stderr)
                 return 2
             if not as_json:
                 _show(job, printed, out)
@@ -111,6 +109,6 @@ async def _run(
         print(json.dumps(job, indent=2), file=out)
     elif wait:
         error = f": {job['error']}" if job.get("error") else ""
-        print(f"job {job['id']}: {job['state']}{error}", file=out)
-        print(f"routes before {job.get('before')}  after {job.get('after')}", file=out)
+        say(f"job {job['id']}: {job['state']}{error}", out)
+        say(f"routes before {job.get('before')}  after {job.get('after')}", out)
     return 0 if job["state"] in ("succeeded", "running") else 1

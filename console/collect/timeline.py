@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 
 from console.collect.recording import Cursor, FleetAt, Recording, RecordingError
 from console.collect.recording_format import NodeStatus
+from console.core.safetext import for_markdown_cell, markdown_code
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd]?)")
 _UNIT = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -217,7 +218,8 @@ def _ms(value: float | None) -> str:
 
 
 def _cell(text: object) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ") if text not in (None, "") else ""
+    """A recording is someone else's file: every value is one escaped line of a cell."""
+    return for_markdown_cell(text) if text not in (None, "") else ""
 
 
 def markdown(recording: Recording, entries: list[Entry], start: float, end: float) -> str:
@@ -225,8 +227,9 @@ def markdown(recording: Recording, entries: list[Entry], start: float, end: floa
     lines = [
         f"## Timeline: {utc(start, True)} to {utc(end, True)} UTC",
         "",
-        f"From the recording `{recording.path.name}` of `{fleet}` (by `engineroom "
-        f"{recording.head.get('by', 'record')}`). Times are UTC. p95 TTFT / ITL: the worst "
+        f"From the recording {markdown_code(recording.path.name)} of {markdown_code(fleet)} "
+        f"(by {markdown_code('engineroom ' + str(recording.head.get('by', 'record')))}). "
+        "Times are UTC. p95 TTFT / ITL: the worst "
         "engine serving the model at that moment, over the engines' own window; ? where "
         "nothing was reported.",
         "",
@@ -245,7 +248,7 @@ def markdown(recording: Recording, entries: list[Entry], start: float, end: floa
     if not entries:
         lines.append("| | nothing recorded in this window | | | | | |")
     if recording.torn:
-        lines += ["", f"The recording ends early: {recording.torn}."]
+        lines += ["", f"The recording ends early: {for_markdown_cell(recording.torn)}."]
     return "\n".join(lines) + "\n"
 
 

@@ -606,10 +606,11 @@ class ViewBuilder:
     def model(self, name: str) -> Model:
         """fleet.toml's model, or one it does not declare (no SLO), made once: 20,000
         deployments at 10,000 nodes made a pydantic model each, with its defaults copied
-        (the view's rows and Models' both ask here)."""
+        (the view's rows and Models' both ask here). The name is an engine's, not
+        fleet.toml's: not held to the file's rules for a model name, only shown."""
         model = self._models.get(name) or self._undeclared.get(name)
         if model is None:
-            model = Model(name=name)
+            model = Model.model_construct(name=name)
             if len(self._undeclared) < UNDECLARED_KEPT:  # names an engine made up: bounded
                 self._undeclared[name] = model
         return model

@@ -11,6 +11,8 @@ import time
 from typing import Any
 
 from console.core import snapshot, wire
+from console.core.safetext import for_markdown_cell as cell
+from console.core.safetext import markdown_block, markdown_code
 
 Job = wire.Job | snapshot.Job
 
@@ -88,21 +90,29 @@ def _when(t: float | None) -> str:
 
 
 def _row(cells: list[str]) -> str:
-    return "| " + " | ".join(c.replace("|", "\\|").replace("\n", " ") for c in cells) + " |"
+    """A table row; each value one line, escaped (a value is the agent's, the engine's
+    or a tool's output: outside text)."""
+    return "| " + " | ".join(map(cell, cells)) + " |"
 
 
 def markdown(rep: dict[str, Any]) -> str:
-    out = [f"# Drill {rep['drill']}: {rep['state'].upper()}", ""]
+    """Every value from the record is outside text: made safe for the Markdown it goes
+    in (console.core.safetext), so none can end a cell, open a link or HTML, or carry a
+    terminal sequence to whoever reads the file on a terminal."""
+    out = [f"# Drill {cell(rep['drill'])}: {cell(str(rep['state']).upper())}", ""]
     out += [
-        f"- job `{rep['job_id']}` on node {rep['node'] or 'unknown'}, by {rep['who'] or 'unknown'}",
-        f"- rebuilds deployment `{rep['deployment']}` of model `{rep['model']}`",
+        f"- job {markdown_code(rep['job_id'])} on node {cell(rep['node'] or 'unknown')}, "
+        f"by {cell(rep['who'] or 'unknown')}",
+        f"- rebuilds deployment {markdown_code(rep['deployment'])} of model "
+        f"{markdown_code(rep['model'])}",
         f"- started {_when(rep['started'])}, ended {_when(rep['ended'])}",
-        f"- time to rebuild: {_v(rep['time_to_rebuild_s'], ' s')}"
+        f"- time to rebuild: {cell(_v(rep['time_to_rebuild_s'], ' s'))}"
         + ("" if rep["time_to_rebuild_s"] is not None else " (the drill did not promote)"),
-        f"- build key `{rep['build_key'] or 'unknown'}` ({rep['cache'] or 'not reached'})",
+        f"- build key {markdown_code(rep['build_key'] or 'unknown')} "
+        f"({cell(rep['cache'] or 'not reached')})",
     ]
     if rep["error"]:
-        out += ["", f"**Stopped:** {rep['error']}"]
+        out += ["", f"**Stopped:** {cell(rep['error'])}"]
     if rep["versions"]:
         out += ["", "## Versions on the node", "", _row(["", "version"]), _row(["---", "---"])]
         out += [_row([name, _v(rep["versions"].get(key))]) for key, name in VERSION_NAMES]
@@ -134,9 +144,10 @@ def markdown(rep: dict[str, Any]) -> str:
             "",
             "## Validate",
             "",
-            f"Against `{(rep['baseline'] or {}).get('deployment', 'the baseline')}`, greedy, "
-            f"{val['prompts']} prompts: exact match {_pct(val['exact_match'])}, first "
-            f"{val['first_n']} {val['unit']} agree {_pct(val['first_n_agreement'])}.",
+            f"Against {markdown_code((rep['baseline'] or {}).get('deployment', 'the baseline'))}"
+            f", greedy, {cell(val['prompts'])} prompts: exact match "
+            f"{cell(_pct(val['exact_match']))}, first {cell(val['first_n'])} {cell(val['unit'])}"
+            f" agree {cell(_pct(val['first_n_agreement']))}.",
             "",
             _row(["prompt", "exact", f"{val['unit']} in common"]),
             _row(["---"] * 3),
@@ -153,9 +164,13 @@ def markdown(rep: dict[str, Any]) -> str:
             "",
             "## Benchmark",
             "",
-            f"Cold start: candidate {_v(cold.get('candidate'), ' s')}, vLLM baseline "
-            f"{_v(base.get('total_s'), ' s')}"
-            + (f" (job {base['job_id']})" if base.get("job_id") else " (no vLLM start recorded)"),
+            f"Cold start: candidate {cell(_v(cold.get('candidate'), ' s'))}, vLLM baseline "
+            f"{cell(_v(base.get('total_s'), ' s'))}"
+            + (
+                f" (job {cell(base['job_id'])})"
+                if base.get("job_id")
+                else " (no vLLM start recorded)"
+            ),
             "",
             _row(
                 [
@@ -192,11 +207,11 @@ def markdown(rep: dict[str, Any]) -> str:
             "",
             "## Promoted",
             "",
-            f"- {rep['promoted']['path']}",
-            f"- {rep['promoted']['link']}",
+            f"- {cell(rep['promoted']['path'])}",
+            f"- {cell(rep['promoted']['link'])}",
         ]
     if rep["log_tail"]:
-        out += ["", "## Last lines of the failing step", "", "```", *rep["log_tail"], "```"]
+        out += ["", "## Last lines of the failing step", "", *markdown_block(rep["log_tail"])]
     return "\n".join(out) + "\n"
 
 
