@@ -148,6 +148,10 @@ def test_check_reports_the_node_without_a_token_apart_and_polls_the_rest(agent_f
     assert table.returncode == 1, table.stderr
     assert "1 no token" in table.stdout
     assert "no token (T_NOT_MINE is not set)" in table.stdout
+    # Issue 28 #4: blind to a node, the summary says so first and never "alerts 0".
+    assert report["summary"]["nodes_unseen"] == 1
+    first = table.stdout.splitlines()[0]
+    assert "CANNOT SEE 1 OF 2 NODES" in first and "alerts ? (1 nodes unseen)" in first
 
 
 def test_drill_list_shows_the_definitions_with_no_token_at_all(tmp_path):

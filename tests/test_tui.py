@@ -187,3 +187,52 @@ token_env = "T_HUNG"
         )
         assert error == "no answer within 12 s"
     server.close()
+
+
+async def test_a_filter_that_empties_the_table_says_why():
+    """Issue 28 #12: `foo=bar`, `temp>`, `util > 80` and `ttft_p95>0.5` on GPUs each gave
+    an empty table with no word, and `:engine gpu-a1/zzz` an empty screen."""
+    app = recorded_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await command(pilot, "gpus")
+        table = app.screen.query_one(FleetTable)
+
+        def said() -> list[str]:
+            return [str(n.message) for n in app._notifications]
+
+        for typed, word in (
+            ("foo=bar", "no field 'foo' here; fields: "),
+            ("ttft_p95>0.5", "no field 'ttft_p95' here"),
+            ("temp>", "temp>: write FIELD OP VALUE"),
+        ):
+            await pilot.press(*keys("/" + typed), "enter")
+            await until(pilot, lambda w=word: any(w in m for m in said()), what=word)
+            assert table.row_count == 2, f"{typed} emptied the table"
+        assert any("util" in m and "temp" in m for m in said() if "fields:" in m)
+
+        # Spaces around the operator read as the predicate, not three words of text.
+        await pilot.press(*keys("/util > 50"), "enter")
+        await until(pilot, lambda: table.row_count == 1, what="util > 50 applied")
+        assert "1 of 2 rows match" in header_text(app)
+        await pilot.press(*keys("/util>100"), "enter")
+        await until(pilot, lambda: table.row_count == 0, what="util>100 applied")
+        assert "0 of 2 rows match" in header_text(app)
+
+        await command(pilot, "engine cpu-1/zzz")
+        assert any("no engine 'zzz' on cpu-1; its engines: " in m for m in said())
+        assert isinstance(app.screen, GpusScreen)
+
+
+async def test_a_console_blind_to_a_node_says_so_first_and_never_no_alerts():
+    """Issue 28 #4: a console that could not read its nodes (no token for them) showed a
+    green "no alerts"."""
+    os.environ.pop("T_BLIND_UNSET", None)
+    fleet = parse_fleet(
+        '[fleet]\nname = "blind"\nrefresh_s = 0.2\n[[nodes]]\nname = "n1"\n'
+        'agent = "http://127.0.0.1:1"\ntoken_env = "T_BLIND_UNSET"\n'
+    )
+    app = EngineroomApp(fleet)
+    async with app.run_test(size=(120, 30)) as pilot:
+        line = await until(pilot, lambda: "no token" in (h := header_text(app)) and h)
+        assert line.index("cannot see 1 of 1 nodes") < line.index("nodes 0 up")
+        assert "no alerts" not in line and "alerts ? (1 unseen)" in line

@@ -148,10 +148,13 @@ def render(
 ) -> str:
     s = view.summary
     no_token = f" {s.nodes_no_token} no token" if s.nodes_no_token else ""
+    # Blind to part of the fleet: said first, and "alerts 0" would be a guess.
+    blind = f"  CANNOT SEE {s.unseen} OF {s.nodes} NODES" if s.unseen else ""
+    alerts = f"? ({s.unseen} nodes unseen)" if s.unseen and not s.alerts else str(s.alerts)
     lines = [
-        f"fleet {s.name}  {s.environment}  {status_of(view, source).upper()}  nodes "
+        f"fleet {s.name}  {s.environment}  {status_of(view, source).upper()}{blind}  nodes "
         f"{s.nodes_up} up {s.nodes_stale} stale {s.nodes_down} down{no_token}  gpus {s.gpus}  "
-        f"util {_pct(s.util_avg)}  alerts {s.alerts}",
+        f"util {_pct(s.util_avg)}  alerts {alerts}",
         *([source.line()] if source is not None else []),
         "",
         f"{'NODE':<14}{'STATUS':<10}{'GPUS':>5}  {'UTIL avg/max':<13}{'MEM GiB':<12}{'TEMP':>5}"
@@ -300,6 +303,7 @@ def to_dict(
             "nodes_stale": s.nodes_stale,
             "nodes_down": s.nodes_down,
             "nodes_no_token": s.nodes_no_token,
+            "nodes_unseen": s.unseen,
             "gpus": s.gpus,
             "util_avg": s.util_avg,
             "alerts": s.alerts,

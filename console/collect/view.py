@@ -110,6 +110,16 @@ class Summary:
     nodes_no_token: int = 0  # not polled: the token variable is not set here
 
     @property
+    def unseen(self) -> int:
+        """Nodes whose state this console does not know now: down, no token, not read
+        yet, or stale. With any, "no alerts" would be a guess: nobody says it."""
+        return self.nodes_down + self.nodes_no_token + self.nodes_waiting + self.nodes_stale
+
+    @property
+    def nodes(self) -> int:
+        return self.nodes_up + self.unseen
+
+    @property
     def status(self) -> Literal["healthy", "degraded", "unreachable"]:
         unseen = self.nodes_down + self.nodes_no_token
         if unseen and self.nodes_up + self.nodes_stale + self.nodes_waiting == 0:

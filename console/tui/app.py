@@ -255,6 +255,15 @@ class EngineroomApp(Workflows):
         self._open(ModelDetailScreen(name))
 
     def open_engine(self, node: str, engine_id: str) -> None:
+        state = self.collector.states.get(node)
+        if state is None:
+            self.notify(f"no node named {node!r}", severity="error")
+            return
+        snapshot = state.snapshot
+        if snapshot is not None and all(e.id != engine_id for e in snapshot.engines):
+            ids = " ".join(e.id for e in snapshot.engines) or "none"
+            self.notify(f"no engine {engine_id!r} on {node}; its engines: {ids}", severity="error")
+            return
         self._open(EngineScreen(node, engine_id))
 
     def open_playbook(self, model: str) -> None:
@@ -375,11 +384,20 @@ class EngineroomApp(Workflows):
         if not isinstance(screen, ViewScreen):
             return
         try:
-            screen.filter = parse_filter(text) if text else None
+            wanted = parse_filter(text) if text else None
         except FilterError as exc:
             self.notify(str(exc), title="filter", severity="error")
             return
-        if self.view is not None:
+        before, screen.filter = screen.filter, wanted
+        if self.view is None:
+            return
+        screen.show_view(self.view)
+        unknown = wanted.unknown_fields() if wanted is not None else []
+        if unknown and wanted is not None and wanted.tally.fields is not None:
+            names = ", ".join(repr(f) for f in unknown)
+            have = " ".join(sorted(wanted.tally.fields))
+            self.notify(f"no field {names} here; fields: {have}", title="filter", severity="error")
+            screen.filter = before  # the table as it was, not emptied by a typo
             screen.show_view(self.view)
 
     def run_command(self, text: str) -> None:

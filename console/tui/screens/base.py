@@ -56,12 +56,15 @@ class ViewScreen(Screen[None]):
             self.show_view(self.console.view)
 
     def show_view(self, view: FleetView) -> None:
-        where = self.where
-        if self.filter is not None:
-            where += f"  /{self.filter.text}"
         headers = self.query(FleetHeader)
         if not headers:
             return  # still composing; the next tick draws it
+        if self.filter is not None:
+            self.filter.start_draw()
+        self.draw(view)
+        where = self.where
+        if self.filter is not None:  # what the filter kept, so an empty table says why
+            where += f"  /{self.filter.text}  {self.filter.counted()}"
         headers.first().show(
             view.summary,
             where,
@@ -71,7 +74,6 @@ class ViewScreen(Screen[None]):
             self.console.source_problem(),
             self.console.source_note(),
         )
-        self.draw(view)
         self.drawn_at = time.monotonic()
 
     def draw(self, view: FleetView) -> None:

@@ -42,7 +42,7 @@ class CommandLine(Horizontal):
 
     def compose(self) -> ComposeResult:
         yield Label(":")
-        yield Input(compact=True, select_on_focus=False)
+        yield Input(compact=True)  # a filter being changed is selected: typing replaces it
 
     @property
     def input(self) -> Input:

@@ -40,6 +40,9 @@ class FleetHeader(Static):
             t.append(f" {s.environment.upper()} ", style=env_style)
         if source_problem is not None:
             t.append(f" {source_problem} ", style="bold white on red")
+        if s.unseen:  # a view blind to part of the fleet says so before anything else
+            style = "bold white on red" if s.nodes_up == 0 else "bold black on yellow"
+            t.append(f" cannot see {s.unseen} of {s.nodes} nodes ", style=style)
         if simulated and "SIMULATED" not in s.name.upper():
             t.append(" SIMULATED ", style="bold black on yellow")
         if read_only and replay is None:
@@ -61,6 +64,8 @@ class FleetHeader(Static):
                 f"  alerts {s.alerts}" + (f" ({s.critical} crit)" if s.critical else ""),
                 style=style,
             )
+        elif s.unseen:
+            t.append(f"  alerts ? ({s.unseen} unseen)", style="bold yellow")
         else:
             t.append("  no alerts", style="green")
         t.append(f"  {where}", style="bold cyan")
