@@ -3,6 +3,8 @@ every layer reads it) and small argv and URL helpers."""
 
 from __future__ import annotations
 
+import math
+
 from console.core.plugin import (
     Discovered,
     EnginePlugin,
@@ -20,6 +22,7 @@ __all__ = [
     "ProbeContext",
     "PromSeries",
     "flag_value",
+    "json_number",
     "local_url",
     "port_from",
 ]
@@ -47,8 +50,24 @@ def port_from(
     cmdline: list[str], names: tuple[str, ...], listening: list[int], default: int | None
 ) -> int | None:
     value = flag_value(cmdline, *names)
-    if value is not None and value.isdigit():
+    # Any local user's process can carry such a command line: "--port ²" is a digit to
+    # str.isdigit but not to int(), and raised out of discovery, which kept the agent
+    # from starting.
+    if value is not None and value.isascii() and value.isdigit() and 0 < int(value) < 65536:
         return int(value)
     if default is not None and (not listening or default in listening):
         return default
     return listening[0] if listening else default
+
+
+def json_number(value: object) -> float | None:
+    """A number from an engine's JSON as a finite float; None (unknown) for anything else:
+    a string, a bool, NaN or infinity, an integer past a float's range (`float()` of it
+    raises)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None

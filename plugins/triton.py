@@ -30,6 +30,7 @@ from plugins.base import (
     ProbeContext,
     PromSeries,
     flag_value,
+    json_number,
     local_url,
     port_from,
 )
@@ -200,10 +201,14 @@ def _ready_models(index: Any, problems: list[str], reading: EngineReading) -> li
     return list(dict.fromkeys(ready))
 
 
-def _duration(stat: Any) -> tuple[float, float]:
-    if isinstance(stat, dict):
-        return float(stat.get("count", 0) or 0), float(stat.get("ns", 0) or 0)
-    return 0.0, 0.0
+def _duration(stat: Any) -> tuple[float, float] | None:
+    """(count, ns) of a statistics entry (absent: 0, 0); None when a field is not a
+    number (before, "abc" or a 400-digit count raised, and the engine showed unhealthy:
+    "probe failed")."""
+    if not isinstance(stat, dict):
+        return 0.0, 0.0
+    count, ns = json_number(stat.get("count", 0)), json_number(stat.get("ns", 0))
+    return None if count is None or ns is None else (count, ns)
 
 
 def _ensemble_steps(configs: dict[str, Any]) -> dict[str, list[str]]:
@@ -267,30 +272,33 @@ def _first_of(values: dict[str, float], names: list[str]) -> float | None:
 
 
 def _from_statistics(model: ModelReading, entry: dict[str, Any], decoupled: bool) -> None:
+    """The counters and means of one model's statistics; a figure whose entry holds
+    something other than numbers is left out (unknown)."""
     inference = entry.get("inference_stats") or {}
-    ok_count, ok_ns = _duration(inference.get("success"))
-    fail_count, _ = _duration(inference.get("fail"))
-    _, queue_ns = _duration(inference.get("queue"))
-    model.counters["requests"] = ok_count + fail_count
-    model.counters["errors"] = fail_count
-    model.means["e2e"] = MeanCounter(ok_ns * NS, ok_count)
+    ok, fail = _duration(inference.get("success")), _duration(inference.get("fail"))
+    queue = _duration(inference.get("queue"))
+    if ok is not None and fail is not None:
+        model.counters["requests"] = ok[0] + fail[0]
+        model.counters["errors"] = fail[0]
+    if ok is not None:
+        model.means["e2e"] = MeanCounter(ok[1] * NS, ok[0])
     responses = entry.get("response_stats") or {}
     if isinstance(responses, dict) and responses:
         # Decoupled (streaming) models time each response. Response 0 is the first token:
         # its compute time plus the request's queue time approximates the mean TTFT.
-        first_count, first_ns = _duration((responses.get("0") or {}).get("success"))
-        if first_count:
-            model.means["ttft"] = MeanCounter((first_ns + queue_ns) * NS, first_count)
-        later_count = later_ns = 0.0
+        first = _duration((responses.get("0") or {}).get("success"))
+        if first is not None and queue is not None and first[0]:
+            model.means["ttft"] = MeanCounter((first[1] + queue[1]) * NS, first[0])
+        later: tuple[float, float] | None = (0.0, 0.0)
         for key, response in responses.items():
-            if key != "0" and isinstance(response, dict):
-                count, ns = _duration(response.get("success"))
-                later_count += count
-                later_ns += ns
-        model.means["itl"] = MeanCounter(later_ns * NS, later_count)
-    elif not decoupled:
+            if key != "0" and isinstance(response, dict) and later is not None:
+                this = _duration(response.get("success"))
+                later = None if this is None else (later[0] + this[0], later[1] + this[1])
+        if later is not None:
+            model.means["itl"] = MeanCounter(later[1] * NS, later[0])
+    elif not decoupled and ok is not None:
         # One response per request: the first token arrives with the whole answer.
-        model.means["ttft"] = MeanCounter(ok_ns * NS, ok_count)
+        model.means["ttft"] = MeanCounter(ok[1] * NS, ok[0])
     # A decoupled model without per-response statistics: its TTFT is not knowable here.
 
 

@@ -18,6 +18,7 @@ from plugins.base import (
     EnginePlugin,
     EngineTarget,
     ProbeContext,
+    json_number,
 )
 
 
@@ -72,13 +73,13 @@ def iteration_model(name: str, stats: dict[str, Any] | None) -> ModelReading:
     model = ModelReading(name=name)
     if not stats:
         return model
-    if isinstance(stats.get("numActiveRequests"), int | float):
-        model.requests_running = float(stats["numActiveRequests"])
-    if isinstance(stats.get("numQueuedRequests"), int | float):
-        model.requests_waiting = float(stats["numQueuedRequests"])
+    model.requests_running = json_number(stats.get("numActiveRequests"))
+    model.requests_waiting = json_number(stats.get("numQueuedRequests"))
     kv = stats.get("kvCacheStats")
-    if isinstance(kv, dict) and kv.get("maxNumBlocks"):
-        model.kv_cache_usage = float(kv.get("usedNumBlocks", 0)) / float(kv["maxNumBlocks"])
+    if isinstance(kv, dict):
+        used, blocks = json_number(kv.get("usedNumBlocks", 0)), json_number(kv.get("maxNumBlocks"))
+        if used is not None and blocks is not None and blocks >= 1:  # else unknown
+            model.kv_cache_usage = used / blocks
     return model
 
 

@@ -134,10 +134,11 @@ class _LineProtocol(asyncio.Protocol):
                         raise StreamError("bad chunked framing from the agent")
                     break
                 size = raw[:end].split(b";", 1)[0].strip()
-                try:
-                    self.chunk_left = int(size, 16)
-                except ValueError:
-                    raise StreamError("bad chunked framing from the agent") from None
+                # Hex digits only: int(size, 16) also reads "-5" (the payload read
+                # backwards), "+5", "0x5" and "5_0".
+                if not size or size.lstrip(b"0123456789abcdefABCDEF"):
+                    raise StreamError("bad chunked framing from the agent")
+                self.chunk_left = int(size, 16)
                 del raw[: end + 2]
                 if self.chunk_left == 0:
                     self.last_chunk = True

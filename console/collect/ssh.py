@@ -31,9 +31,11 @@ from pathlib import Path
 
 import asyncssh
 
+from console.collect.promcheck import gpu_index
 from console.collect.ssh_hostkeys import HostKeyPolicy
 from console.core.config import Fleet, Node
 from console.core.plugin import plugin_kinds
+from console.core.promtext import finite
 from console.core.snapshot import (
     Gpu,
     GpuProcess,
@@ -238,16 +240,33 @@ def _processes(text: str) -> dict[int, str]:
     out = {}
     for line in text.splitlines():
         pid, _, args = line.strip().partition(" ")
-        if pid.isdigit():
-            out[int(pid)] = args.strip()
+        if (number := _pid(pid)) is not None:
+            out[number] = args.strip()
     return out
 
 
+# What the host prints is outside text: a cell that is not a number in range is unknown.
+# Before, "²" as a GPU index or a pid (a digit to str.isdigit, not to int) and "inf" or
+# 1e308 MiB (past any int) raised out of the read, and the node's refresh loop died.
+MAX_READING = 1e12
+MAX_MIB = 2**30  # a PiB
+
+
 def _num(value: str) -> float | None:
-    try:
-        return float(value)
-    except ValueError:
-        return None  # "[N/A]", "[Not Supported]": unknown, never 0
+    """A reading: unknown for "[N/A]", "[Not Supported]", and anything that is not a
+    finite number from 0 to MAX_READING, never 0."""
+    number = finite(value)
+    return number if number is not None and 0 <= number <= MAX_READING else None
+
+
+def _mib(value: str) -> int | None:
+    """MiB as bytes (None: unknown)."""
+    number = _num(value)
+    return None if number is None or number > MAX_MIB else int(number * 2**20)
+
+
+def _pid(text: str) -> int | None:
+    return int(text) if text.isascii() and text.isdigit() and len(text) <= 10 else None
 
 
 def _gpus(
@@ -259,34 +278,33 @@ def _gpus(
         return [], None, status + (f": {first[0][:160]}" if first and code != "127" else "")
     by_uuid: dict[str, list[GpuProcess]] = {}
     for row in csv.reader(io.StringIO(apps)):
-        if len(row) < 3 or not row[0].strip().isdigit():
+        pid = _pid(row[0].strip()) if len(row) >= 3 else None
+        if pid is None:
             continue
-        pid, used = int(row[0]), _num(row[1].strip())
         name = processes.get(pid, row[3].strip() if len(row) > 3 else "").split(" ")[0]
         by_uuid.setdefault(row[2].strip(), []).append(
             GpuProcess(
                 pid=pid,
-                used_memory_bytes=None if used is None else int(used * 2**20),
+                used_memory_bytes=_mib(row[1]),
                 name=os.path.basename(name) or None,
             )
         )
     gpus, driver = [], None
     for row in csv.reader(io.StringIO(text)):
         row = [c.strip() for c in row]
-        if len(row) < 13 or not row[0].isdigit():
+        index = gpu_index(row[0]) if len(row) >= 13 else None
+        if index is None:
             continue
-        mib = 2**20
-        used, total = _num(row[5]), _num(row[6])
         sm, mem = _num(row[10]), _num(row[11])
         gpus.append(
             Gpu(
-                index=int(row[0]),
+                index=index,
                 uuid=row[1],
                 name=row[2],
                 utilization_pct=_num(row[3]),
                 memory_utilization_pct=_num(row[4]),
-                memory_used_bytes=None if used is None else int(used * mib),
-                memory_total_bytes=None if total is None else int(total * mib),
+                memory_used_bytes=_mib(row[5]),
+                memory_total_bytes=_mib(row[6]),
                 temperature_c=_num(row[7]),
                 power_w=_num(row[8]),
                 power_limit_w=_num(row[9]),

@@ -48,12 +48,26 @@ def _unescape(value: str) -> str:
     return _ESCAPE.sub(lambda m: _ESCAPED.get(m.group(1), m.group(0)), value)
 
 
-def _parse_value(text: str) -> float:
+def parse_value(text: str) -> float:
+    """A sample's value (or a bucket's `le`) as the format writes it: ValueError if it is
+    not one. ASCII only, no `_`: Python's float() also reads "١٢" as 12 and "1_0" as 10,
+    which Prometheus' own parser refuses."""
     if text in ("+Inf", "Inf"):
         return math.inf
     if text == "-Inf":
         return -math.inf
+    if not text.isascii() or "_" in text:
+        raise ValueError(f"not a number: {text[:40]!r}")
     return float(text)  # float() also reads NaN
+
+
+def finite(text: str) -> float | None:
+    """A finite number written as text (a sample, a CSV cell), else None: unknown."""
+    try:
+        value = parse_value(text.strip())
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
 
 
 def parse(text: str, prefixes: tuple[str, ...] = ("",)) -> Exposition:
@@ -121,7 +135,7 @@ def _parse_line(line: str) -> Sample | None:
     if not parts or len(parts) > 2:
         return None
     try:
-        value = _parse_value(parts[0])
+        value = parse_value(parts[0])
     except ValueError:
         return None
     return Sample(name, labels, value)

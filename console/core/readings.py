@@ -11,7 +11,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from console.core.promtext import Exposition
+from console.core.promtext import Exposition, parse_value
 from console.core.wire import EngineState
 
 # Latency series every plugin maps its engine's names onto.
@@ -73,11 +73,12 @@ def histograms_by(exp: Exposition, name: str, group: str) -> dict[str, Histogram
             continue
         key = s.labels.get(group, "")
         if s.name == bucket_name:
-            le = s.labels.get("le")
-            if le is None:
+            try:  # a bucket whose bound is not a number costs that bucket, not the engine
+                bound = parse_value(s.labels.get("le", "NaN"))
+            except ValueError:
                 continue
-            bound = math.inf if le in ("+Inf", "Inf") else float(le)
-            buckets[key][bound] += s.value
+            if not math.isnan(bound):
+                buckets[key][bound] += s.value
         elif s.name == sum_name:
             sums[key] += s.value
         elif s.name == count_name:
