@@ -112,7 +112,7 @@ def test_every_screen_in_a_real_terminal_writes_outside_text_as_escapes(
     console = Console(hostile)
     try:
         # Fleet: both nodes' engines (the real agent's engine version; the compromised one's).
-        console.until(lambda b: b"bad" in b and SHOWN[0] in b, 60, "Fleet with both nodes")
+        console.until(lambda b: b"bad" in b and b"vllm 0.11" in b, 60, "Fleet with both nodes")
         console.command("node bad", b"GPUs")  # the host, versions, disks, GPUs, engines
         console.command("engine bad/vllm-8000", b"probe")  # the engine's answers, its models
         console.command("jobs", b"j-drill")
@@ -187,11 +187,12 @@ async def test_the_web_view_sends_browsers_no_hostile_sequence(
                 return False
 
         wait_until(up, timeout=30, what="serve --web")
-        frames = await _frames(url, until=SHOWN[0], timeout=60)
+        frames = await _frames(url, until=b"vllm 0.11", timeout=60)
     finally:
         stop(process, grace=10)
-    assert SHOWN[0] in frames, "the fleet's engines were not drawn"
+    assert b"vllm 0.11" in frames, "the fleet's engines were not drawn"
     assert raw_in(frames) == [], f"the payloads' own bytes reached a browser: {raw_in(frames)}"
+    assert SHOWN[0] in frames
 
 
 async def _frames(url: str, until: bytes, timeout: float) -> bytes:
