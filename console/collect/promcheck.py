@@ -16,6 +16,7 @@ refresh to the next (NaN does not), which keeps the node's snapshot.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import cast
 
 Reading = float | str | None  # a number; why it was refused; or not read
 Bounds = tuple[float, float, bool]  # low, high (inclusive), whole numbers only
@@ -46,10 +47,13 @@ AGENT_GPU_BOUNDS: dict[str, Bounds] = {
     "sm_clock_mhz": (0, 100_000, False),
     "ecc_uncorrected": (0, 2**53, True),
 }
+LATENCIES = ("ttft", "itl", "e2e")
 RATE: Bounds = (0, 1e9, False)  # per second
 RATIO: Bounds = (0, 1, False)
 SECONDS: Bounds = (0, 1e6, False)  # a latency
 COUNT: Bounds = (0, 1e15, False)
+# A model's readings by key ("ttft.p95", "count:e2e"). A key not here ("present", a figure
+# the console does not read) has no bounds.
 MODEL_BOUNDS: dict[str, Bounds] = {
     "requests_running": RATE,
     "requests_waiting": RATE,
@@ -58,19 +62,12 @@ MODEL_BOUNDS: dict[str, Bounds] = {
     "request_rate": RATE,
     "errors": RATE,
     "error_rate": RATIO,
+    **{f"{fig}.{stat}": SECONDS for fig in LATENCIES for stat in ("p50", "p95", "p99", "mean")},
+    **{f"mean:{fig}": SECONDS for fig in LATENCIES},
+    **{f"{fig}.count": COUNT for fig in LATENCIES},
+    **{f"count:{fig}": COUNT for fig in LATENCIES},
 }
-
-
-def model_bounds(key: str) -> Bounds | None:
-    """A model figure's bounds, by its key in the readings ("ttft.p95", "count:e2e")."""
-    found = MODEL_BOUNDS.get(key)
-    if found is not None:
-        return found
-    if key.startswith("count:") or key.endswith(".count"):
-        return COUNT
-    if key.startswith("mean:") or "." in key:  # a percentile or a mean, in seconds
-        return SECONDS
-    return None  # "present": any finite number
+model_bounds = MODEL_BOUNDS.get
 
 
 def shown(text: str, limit: int = 40) -> str:
@@ -81,9 +78,10 @@ def shown(text: str, limit: int = 40) -> str:
 
 def number(text: str) -> float | None:
     """A finite number as Prometheus writes one (ASCII: `float` also reads "١٢" and
-    "1_0"), else None."""
+    "1_0"), else None. `promtext.finite`, without its checks for the text format's own
+    spellings: this runs for every sample of an answer."""
     try:
-        value = float(text) if text.isascii() else None
+        value = float(text) if text.isascii() and "_" not in text else None
     except ValueError:
         return None
     return value if value is not None and value - value == 0 else None  # not NaN, not ±Inf
@@ -143,24 +141,30 @@ class Notes:
 
 
 def checked(
-    values: dict[str, Reading],
-    bounds_of: Callable[[str], Bounds | None],
-    notes: Notes,
-    where: str = "",
+    values: dict[str, Reading], bounds_of: Callable[[str], Bounds | None], notes: Notes, where: str
 ) -> dict[str, float | None]:
-    """`values` with each one refused (None) that is not a number in its bounds."""
-    out: dict[str, float | None] = {}
+    """`values` with each one refused (None) that is not a number in its bounds; `where`
+    names them ("gpu 3", "model 'm'"). Runs for every figure of every snapshot made, so
+    the plain case costs a lookup and two comparisons, and `values` itself comes back."""
+    out: dict[str, Reading] | None = None
     for key, value in values.items():
-        if isinstance(value, str):
-            notes.add(where + key, value)
-            value = None
-        elif value is not None and (bounds := bounds_of(key)) is not None:
+        if value.__class__ is float:
+            bounds = bounds_of(key)
+            if bounds is None:
+                continue
             low, high, whole = bounds
-            if not low <= value <= high:
-                notes.add(where + key, f"{value:.4g} is out of range ({low:.3g} to {high:.3g})")
-                value = None
-            elif whole and not value.is_integer():
-                notes.add(where + key, f"{value:.4g} is not a whole number")
-                value = None
-        out[key] = value
-    return out
+            if low <= value <= high:
+                if not whole or value.is_integer():
+                    continue
+                why = f"{value:.4g} is not a whole number"
+            else:
+                why = f"{value:.4g} is out of range ({low:.3g} to {high:.3g})"
+        elif value is None:
+            continue
+        else:
+            why = str(value)
+        notes.add(f"{where} {key}", why)
+        if out is None:
+            out = dict(values)
+        out[key] = None
+    return cast(dict[str, float | None], values if out is None else out)  # no str left

@@ -282,7 +282,8 @@ class FleetReader:
                 gpu = node.gpus.get(index)
                 if gpu is None:
                     gpu = node.gpus[index] = {}
-                gpu[key] = disagree(gpu.get(key), value)
+                old = gpu.get(key)
+                gpu[key] = value if old is None else disagree(old, value)
         else:
             node.gpu_ids[index] = (labels.get(DCGM_UUID), labels.get(DCGM_MODEL))
             node.driver = labels.get(DCGM_DRIVER) or node.driver
@@ -301,7 +302,8 @@ class FleetReader:
             gpu = node.agent_gpus.get(index)
             if gpu is None:
                 gpu = node.agent_gpus[index] = {}
-            gpu[field_name] = disagree(gpu.get(field_name), value)
+            old = gpu.get(field_name)
+            gpu[field_name] = value if old is None else disagree(old, value)
             node.gpu_ids.setdefault(index, (labels.get("uuid"), None))
 
     def _read_agent(
@@ -461,7 +463,7 @@ class FleetReader:
                 if index is None:
                     notes.add(f"gpu {shown(label)}", "not a GPU index (0-9999)")
                     continue
-                r = checked(node.gpus.get(label, {}), DCGM_BOUNDS.get, notes, f"gpu {index} ")
+                r = checked(node.gpus.get(label, {}), DCGM_BOUNDS.get, notes, f"gpu {index}")
                 used, free = r.get("fb_used"), r.get("fb_free")
                 total = (
                     None
@@ -499,8 +501,8 @@ class FleetReader:
                 if index is None:
                     notes.add(f"gpu {shown(label)}", "not a GPU index (0-9999)")
                     continue
-                fields: dict[str, Any] = checked(
-                    values, AGENT_GPU_BOUNDS.get, notes, f"gpu {index} "
+                fields: dict[str, Any] = dict(
+                    checked(values, AGENT_GPU_BOUNDS.get, notes, f"gpu {index}")
                 )
                 for key in ("memory_used_bytes", "memory_total_bytes", "sm_clock_mhz"):
                     if fields.get(key) is not None:
@@ -533,7 +535,7 @@ class FleetReader:
         self, name: str, readings: dict[str, Reading], kind: str, notes: Notes
     ) -> ModelStats:
         ps = self.engines[kind]
-        r = checked(readings, model_bounds, notes, f"model {shown(name)} ")
+        r = checked(readings, model_bounds, notes, f"model {shown(name)}")
         requests, errors = r.get("requests"), r.get("errors")
         latency = {}
         for figure in FIGURES:
@@ -566,7 +568,7 @@ class FleetReader:
 
 def _agent_model(name: str, readings: dict[str, Reading], notes: Notes) -> ModelStats:
     """A model from the agent's own series (Prometheus scrapes the agent, not the engine)."""
-    r = checked(readings, model_bounds, notes, f"model {shown(name)} ")
+    r = checked(readings, model_bounds, notes, f"model {shown(name)}")
     latency = {}
     for figure in FIGURES:
         stats: dict[str, Any] = {
