@@ -224,6 +224,18 @@ class EventLog:
                 )
 
     def action(self, subject: str, message: str, now: float | None = None) -> None:
-        self.events.appendleft(
-            Event(time.time() if now is None else now, "action", "info", subject, message)
-        )
+        self.add(Event(time.time() if now is None else now, "action", "info", subject, message))
+
+    def add(self, event: Event) -> None:
+        """An event in its place by its time, newest first: an operator action is seen
+        after it happened (a job at the next snapshot, an audit row at the next read).
+        One older than every event kept is not kept."""
+        events = self.events
+        i = 0
+        while i < len(events) and events[i].time > event.time:  # actions are few: a walk
+            i += 1
+        if len(events) == events.maxlen:
+            if i == len(events):
+                return
+            events.pop()
+        events.insert(i, event)

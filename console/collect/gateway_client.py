@@ -134,6 +134,29 @@ class GatewayClient:
             raise GatewayError(self.url, status, _error_of(status, raw))
         return [r for r in rows if isinstance(r, dict)]
 
+    async def jobs(self) -> list[dict[str, Any]]:
+        """The gateway's failover jobs, newest first (its last 50), running and ended:
+        each a FailoverJob's fields. The console's Jobs screen lists them."""
+        return [self._as(FailoverJob, 200, row) for row in await self._list("/admin/jobs")]
+
+    async def _list(self, path: str) -> list[dict[str, Any]]:
+        """A JSON list of objects; GatewayError for anything else."""
+        try:
+            status, raw = await apiclient.request(
+                self._client, "GET", path, deadline_s=self.timeout
+            )
+        except apiclient.NoAnswer as exc:
+            raise GatewayError(self.url, None, str(exc)) from None
+        try:
+            rows = json.loads(raw)
+        except ValueError:
+            rows = None
+        if status >= 400 or not isinstance(rows, list):
+            raise GatewayError(self.url, status, _error_of(status, raw))
+        if not all(isinstance(r, dict) for r in rows):
+            raise GatewayError(self.url, status, f"HTTP {status}: {path} is not a list of objects")
+        return rows
+
 
 def _error_of(status: int, body: bytes) -> str:
     """What a refusal says: the gateway's `error`, else the status and the body's start

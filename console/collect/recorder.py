@@ -21,13 +21,10 @@ from typing import Any
 from console.collect.alerts import Event, EventLog
 from console.collect.collector import Collector, NodeState
 from console.collect.gateway_client import GatewayClient, GatewayError
+from console.collect.operator_actions import AUDIT_EVERY_S, ActionTracker
 from console.collect.recording_writer import RecordingWriter
 from console.collect.view import ViewBuilder
 from console.core.config import Fleet
-from console.core.snapshot import Job
-
-AUDIT_EVERY_S = 5.0  # the gateway's audit log: a few rows a minute at most
-MAX_KNOWN_JOBS = 10_000  # job states remembered to tell what changed; oldest forgotten
 
 
 def open_writer(fleet: Fleet, out: str | Path, by: str, **settings: Any) -> RecordingWriter:
@@ -44,9 +41,8 @@ class Recorder:
         self.writer = writer
         self.refresh_s = refresh_s
         self._last: dict[str, object] = {}  # node -> the snapshot object last handed on
-        self._jobs: dict[tuple[str, str], str] = {}  # (node, job id) -> "state/steps"
+        self.actions = ActionTracker()  # how an action reads: the live Events' too
         self._newest_event: Event | None = None
-        self._audit_seen: set[tuple[Any, ...]] = set()
         self._next_audit = 0.0
 
     def node_updated(self, state: NodeState) -> None:
@@ -57,42 +53,19 @@ class Recorder:
         self.writer.node(state.name, snap if new else None, status, state.error)
         if new and snap is not None:
             self._last[state.name] = snap
-            for job in snap.jobs:
-                self._job_seen(state.name, job)
-
-    def _job_seen(self, node: str, job: Job) -> None:
-        """An agent's job is an operator action: say when it starts, moves a step, ends."""
-        key = (node, job.id)
-        steps = ",".join(f"{s.name}:{s.state}" for s in job.steps)
-        mark = f"{job.state}/{steps}"
-        before = self._jobs.get(key)
-        if before == mark:
-            return
-        if len(self._jobs) >= MAX_KNOWN_JOBS:
-            self._jobs.pop(next(iter(self._jobs)))
-        self._jobs[key] = mark
-        what = " ".join(f"{k}={v}" for k, v in job.params.items() if k != "why")
-        if before is None:
-            message = f"job {job.id} {job.kind} {job.state}" + (f": {what}" if what else "")
-        else:
-            old_steps = dict(s.split(":", 1) for s in before.partition("/")[2].split(",") if s)
-            moved = [f"{s.name} {s.state}" for s in job.steps if old_steps.get(s.name) != s.state]
-            message = f"job {job.id} {job.kind} {job.state}" + (
-                f": {', '.join(moved)}" if moved else ""
-            )
-        self.writer.event(
-            {"t": job.updated or time.time(), "kind": "action", "severity": "info",
-             "subject": node, "node": node, "message": message, "who": job.who,
-             "why": job.params.get("why"), "job": job.id}
-        )  # fmt: skip
+            # An agent's job is an operator action: when it starts, moves a step, ends.
+            for record in self.actions.jobs(state.name, snap.jobs):
+                self.writer.event(record)
 
     def alerts(self, log: EventLog) -> None:
-        """The alerts `log` raised or cleared since the last call."""
+        """The alerts `log` raised or cleared since the last call (its actions are the
+        jobs' and the audit's, written as they are seen)."""
         fresh: list[Event] = []
         for event in log.events:  # newest first
             if event is self._newest_event:
                 break
-            fresh.append(event)
+            if event.kind != "action":
+                fresh.append(event)
         if log.events:
             self._newest_event = log.events[0]
         for event in reversed(fresh):
@@ -116,24 +89,8 @@ class Recorder:
 
     def audit(self, rows: list[dict[str, Any]]) -> None:
         """The gateway's audit rows not yet written: failovers, weight changes, reloads."""
-        for row in reversed(rows):  # oldest first
-            params = row.get("params") if isinstance(row.get("params"), dict) else {}
-            key = (row.get("time"), row.get("who"), row.get("action"), str(params)[:200])
-            if key in self._audit_seen:
-                continue
-            self._audit_seen.add(key)
-            action = str(row.get("action", "?"))
-            detail = ""
-            if isinstance(params.get("weights"), dict):
-                detail = " ".join(f"{d}={w}" for d, w in params["weights"].items())
-            elif params.get("to"):
-                detail = f"to {params['to']} ({params.get('mode', '?')})"
-            self.writer.event(
-                {"t": float(row.get("time") or time.time()), "kind": "action",
-                 "severity": "info", "subject": str(params.get("model") or "gateway"),
-                 "message": f"gateway: {action}" + (f": {detail}" if detail else ""),
-                 "who": row.get("who"), "why": params.get("why"), "source": "gateway"}
-            )  # fmt: skip
+        for record in self.actions.audit(rows):
+            self.writer.event(record)
 
 
 async def poll_gateway(fleet: Fleet, recorder: Recorder, stop: asyncio.Event) -> None:

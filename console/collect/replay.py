@@ -22,6 +22,7 @@ from typing import Any
 from console.collect.alerts import Alert, Event, EventLog
 from console.collect.collector import Collector
 from console.collect.history import History
+from console.collect.operator_actions import event_of
 from console.collect.recording import Cursor, FleetAt, Recording, RecordingError
 from console.core.config import ConfigError, Fleet, parse_fleet
 from console.core.snapshot import Snapshot
@@ -78,7 +79,7 @@ class ReplayCollector(Collector):
             self.cursor = Cursor(recording, start)
             if self.cursor.error is not None:
                 raise self.cursor.error  # at the start: the replay does not open
-            self._events = [_event(e) for e in recording.events]
+            self._events = [event_of(e) for e in recording.events]
             self._event_times = [e.time for e in self._events]
             self._show(self.cursor.state, set(self.states) | set(self.cursor.state.nodes))
         else:
@@ -222,18 +223,3 @@ class RecordedEvents(EventLog):
 
     def update(self, alerts: list[Alert], now: float | None = None) -> None:
         self.events = self.collector.events_until()
-
-
-def _event(record: dict[str, Any]) -> Event:
-    message = str(record.get("message", ""))
-    who, why = record.get("who"), record.get("why")
-    if who or why:
-        message += f" (by {who or '?'}" + (f": {why}" if why else "") + ")"
-    kind = record.get("kind")
-    return Event(
-        float(record.get("t") or 0.0),
-        kind if kind in MARKS else "action",
-        str(record.get("severity", "info")),
-        str(record.get("subject", "?")),
-        message,
-    )

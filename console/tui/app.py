@@ -23,6 +23,7 @@ from textual.screen import Screen
 from console.collect import tune_gc
 from console.collect.alerts import EventLog
 from console.collect.collector import Collector, NodeState
+from console.collect.operator_actions import ActionTracker, GatewayActions, event_of
 from console.collect.promsource import PromSource, fleet_source
 from console.collect.recorder import Recorder, open_writer
 from console.collect.view import FleetView, ViewBuilder
@@ -134,6 +135,8 @@ class EngineroomApp(Workflows):
 
             self.collector.on_update = recorded
         self.events = EventLog()
+        self.actions = ActionTracker()  # operator actions seen, for Events (as a recording)
+        self.gateway_actions = GatewayActions(self.actions)  # its failover jobs, its audit
         self.view: FleetView | None = None
         self.views = ViewBuilder(fleet)  # redoes only the nodes that changed, each tick
         self.refresh_s = self.collector.refresh_s
@@ -183,6 +186,9 @@ class EngineroomApp(Workflows):
 
         def updated(state: NodeState) -> None:
             self.views.node_updated(state, self.refresh_s, self.collector.history)
+            if state.snapshot is not None and state.snapshot.jobs:  # actions, for Events
+                for record in self.actions.jobs(state.name, state.snapshot.jobs):
+                    self.events.add(event_of(record))
             if chained is not None:
                 chained(state)
 
@@ -283,7 +289,10 @@ class EngineroomApp(Workflows):
             self.gateway_error = None
         except GatewayError as exc:
             self.gateway_snapshot, self.gateway_error = None, str(exc)
+            self.gateway_actions.lost(str(exc))
         else:
+            for record in await self.gateway_actions.read(client):  # for Jobs and Events
+                self.events.add(event_of(record))
             if self.gateway_role is None:  # asked at each poll until the gateway says
                 with contextlib.suppress(GatewayError):  # an older gateway: actions as before
                     self.gateway_role = await client.whoami()

@@ -1,4 +1,9 @@
-"""Events: alerts raised and cleared, and operator actions, newest first."""
+"""Events: alerts raised and cleared, and operator actions, newest first.
+
+The actions are the agents' jobs (start, stop, restart, drill) as the snapshots carry
+them and the gateway's audit (failovers, weight changes), each with who and why; they
+read as in a recording's replay (console/collect/operator_actions.py).
+"""
 
 from __future__ import annotations
 
@@ -7,6 +12,7 @@ import time
 from rich.text import Text
 from textual.app import ComposeResult
 
+from console.collect.gateway_client import GatewayClient
 from console.collect.view import FleetView
 from console.tui.screens.base import ViewScreen
 from console.tui.widgets.table import FleetTable, Row
@@ -23,7 +29,14 @@ class EventsScreen(ViewScreen):
 
     def draw(self, view: FleetView) -> None:
         rows = []
-        for i, e in enumerate(self.console.events.events):
+        console = self.console
+        if not console.offline and GatewayClient.configured(console.fleet):
+            blind = console.gateway_actions.error
+            if blind:  # the gateway's actions are unknown, not none
+                why = Text(f"the gateway's actions are unknown: {blind}", style="yellow")
+                rows.append(Row("gateway", (Text(""), Text("?"), Text("gateway"), why)))
+        events = console.events.events
+        for i, e in enumerate(events):
             what = (
                 e.kind if e.kind != "raised" else ("CRIT" if e.severity == "critical" else "WARN")
             )
@@ -35,7 +48,7 @@ class EventsScreen(ViewScreen):
             )
             rows.append(
                 Row(
-                    f"{len(self.console.events.events) - i}",
+                    f"{len(events) - i}",
                     cells,
                     {"kind": e.kind, "severity": e.severity, "subject": e.subject},
                     f"{e.kind} {e.subject} {e.message}",

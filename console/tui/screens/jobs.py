@@ -20,6 +20,8 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, DataTable, Input, Label, Select, Static
 
 from console.collect.actions import ActionError, AgentActions
+from console.collect.gateway_client import GatewayClient, GatewayError
+from console.collect.operator_actions import GATEWAY, gateway_job, job_target
 from console.collect.view import FleetView
 from console.core.snapshot import Job
 from console.core.wire import COLD_START_PHASES
@@ -40,12 +42,6 @@ STATE_STYLE = {
     "skipped": "dim",
     "pending": "dim",
 }
-
-
-def job_target(job: Job) -> str:
-    return str(
-        job.params.get("profile") or job.params.get("engine") or job.params.get("drill") or ""
-    )
 
 
 def bench_table(bench: dict[str, Any] | None) -> Text:
@@ -445,7 +441,8 @@ class JobScreen(ViewScreen):
 
 
 class JobsScreen(ViewScreen):
-    """Every agent's recent jobs, newest first, from the snapshots."""
+    """Every agent's recent jobs from the snapshots, and the gateway's failover jobs,
+    newest first. Enter opens one: its steps, its log or its routes."""
 
     where = "Jobs"
     # Widths include the one space that separates columns (FleetTable has no padding).
@@ -463,12 +460,27 @@ class JobsScreen(ViewScreen):
     def compose_body(self) -> ComposeResult:
         yield FleetTable(self.COLUMNS, id="jobs")
 
+    def _gateway(self) -> Any:
+        """The gateway's actions as the console last read them; None without a gateway
+        (or in a replay, which reads none: its failovers are in Events)."""
+        console = self.console
+        if console.offline or not GatewayClient.configured(console.fleet):
+            return None
+        return console.gateway_actions
+
     def draw(self, view: FleetView) -> None:
         rows: list[Row] = []
         found: list[tuple[str, Job]] = []
         for node, state in self.console.collector.states.items():
             if state.snapshot is not None:
                 found += [(node, j) for j in state.snapshot.jobs]
+        gateway = self._gateway()
+        if gateway is not None:
+            found += [(GATEWAY, j) for j in gateway.jobs]
+            if gateway.error:  # unknown, not none
+                blanks = [Text("")] * (len(self.COLUMNS) - 2)
+                why = Text(f"failover jobs unknown: {gateway.error}", style="yellow")
+                rows.append(Row(f"@{GATEWAY}", (Text(GATEWAY), *blanks, why)))
         found.sort(key=lambda nj: nj[1].created or 0, reverse=True)
         for node, job in found:
             note = job_note(job)
@@ -483,7 +495,9 @@ class JobsScreen(ViewScreen):
                 note,
             )
             fields = {"node": node, "kind": job.kind, "state": job.state}
-            rows.append(Row(f"{node}/{job.id}", cells, fields, f"{node} {job.kind} {job.id}"))
+            # "@": no node is named so (fleet.toml ids start with a letter or a digit).
+            key = f"@{GATEWAY}/{job.id}" if node == GATEWAY else f"{node}/{job.id}"
+            rows.append(Row(key, cells, fields, f"{node} {job.kind} {job.id}"))
         if not rows:
             rows.append(
                 empty_row(
@@ -495,6 +509,57 @@ class JobsScreen(ViewScreen):
     @on(DataTable.RowSelected, "#jobs")
     def _open(self, event: DataTable.RowSelected) -> None:
         key = str(event.row_key.value)
-        if "/" in key:
+        if key.startswith(f"@{GATEWAY}/"):
+            self.console.push_screen(GatewayJobScreen(key.partition("/")[2]))
+        elif "/" in key:
             node, _, job_id = key.partition("/")
             self.console.open_job(node, job_id)
+
+
+class GatewayJobScreen(JobScreen):
+    """One of the gateway's failover jobs, live: its steps, then the routes before and
+    after and each shift's verification figures. Cancelling is the failover plan's."""
+
+    def __init__(self, job_id: str) -> None:
+        super().__init__(GATEWAY, job_id)
+        self.where = f"Failover job {job_id} on the gateway"
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "cancel_job":
+            return None  # the agent's cancel; a failover is cancelled where it was started
+        return super().check_action(action, parameters)
+
+    async def fetch(self) -> None:
+        if self.job is not None and self.job.state not in ("queued", "running"):
+            return  # an ended job does not change
+        client = GatewayClient(self.console.fleet)
+        try:
+            job = gateway_job(await client.job(self.job_id))
+        except GatewayError as exc:
+            self.query_one("#job-info", Static).update(Text(str(exc), style="red"))
+            return
+        finally:
+            await client.close()
+        self.job = job or self.job
+        self._draw_job()
+
+    def _draw_job(self) -> None:
+        super()._draw_job()
+        job = self.job
+        if job is None:
+            return
+        self.query_one("#log-title", Static).update(Text("routes", style="bold"))
+        result = job.result
+        t = Text()
+        if result.get("dataplane_is"):
+            t.append(f"data plane: {result['dataplane_is']}\n", style="dim")
+        for name in ("before", "after"):
+            weights = result.get(name)
+            shown = " ".join(f"{d}={w}" for d, w in weights.items()) if weights else "unknown"
+            t.append(f"{name:<7}", style="bold")
+            t.append(f"{shown}\n")
+        for figures in result.get("verification") or []:
+            t.append(f"verified at {figures.get('step', '?')}%  ", style="bold")
+            rest = {k: v for k, v in figures.items() if k != "step"}
+            t.append(" ".join(f"{k}={v}" for k, v in rest.items()) + "\n", style="dim")
+        self.query_one("#log", Static).update(t)
