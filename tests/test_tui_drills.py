@@ -75,8 +75,9 @@ async def test_models_show_rebuild_required_and_the_playbook_says_what_is_next()
         assert states[0] == ("TensorRT-LLM deployment", "failed")
         assert "driver 580.159.04 → 575.57.08" in screen.checks[0].detail
         assert states[1] == ("vLLM standby", "done")  # tiny-vllm is ready in the recording
-        # No gateway in this fleet: the declared weights say the traffic is still on Triton.
-        assert states[2] == ("fail over to vLLM", "next")
+        # No gateway in this fleet: nothing moves the traffic, its weights are unknown.
+        assert states[2] == ("fail over to vLLM", "blocked")
+        assert "no [gateway]" in screen.checks[2].detail
         assert states[3][1] == "waiting" and states[4][1] == "waiting"
 
 

@@ -2,20 +2,26 @@
 existing jobs for a stale or broken TensorRT-LLM deployment.
 
 Start a vLLM standby, fail over to it, run the rebuild drill, fail back once it passed.
-Each step's state comes from the fleet view, the agents' jobs in their snapshots and the
-gateway's live weights; the Playbook screen draws it and does the step marked next.
+Each step's state comes from what is so now, never from what fleet.toml declares: the
+fleet view (which engine is ready, which TensorRT-LLM engine is stale), the weights the
+gateway's data plane really has (its snapshot), the agents' jobs in their snapshots (the
+standby's start, the drill) and the gateway's failover jobs. Where the weights are not
+known the steps that need them say so; they are never taken as done. The Playbook screen
+draws the checks and does the step marked next, on the deployment the step names.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from console.collect.collector import NodeState
-from console.collect.view import FleetView
-from console.core.config import Fleet
+from console.collect.view import DeploymentRow, FleetView
+from console.core.config import Deployment, Fleet
 from console.core.snapshot import Job
+
+OPEN = ("queued", "running")
 
 
 @dataclass
@@ -24,11 +30,26 @@ class Check:
     state: str  # done | next | waiting | running | failed | blocked
     detail: str
     action: str | None = None  # what Enter does when this is the next step
+    target: str | None = None  # the deployment the action acts on
 
 
 def drill_rebuilding(fleet: Fleet, deployment: str) -> str | None:
     """The drill that rebuilds `deployment`, by name; None if no drill does."""
     return next((n for n, d in fleet.drills.items() if d.deployment == deployment), None)
+
+
+def live_weights(gateway_snapshot: dict[str, Any] | None, model: str) -> dict[str, int] | None:
+    """The weights the gateway's data plane has for `model` now; None when unknown (no
+    snapshot, or the gateway does not route the model)."""
+    deployments = ((gateway_snapshot or {}).get("models") or {}).get(model)
+    if not isinstance(deployments, dict):
+        return None
+    out = {}
+    for dep, info in deployments.items():
+        weight = info.get("weight") if isinstance(info, dict) else None
+        if isinstance(weight, int) and not isinstance(weight, bool):
+            out[str(dep)] = weight
+    return out
 
 
 def plan(
@@ -37,6 +58,8 @@ def plan(
     view: FleetView,
     states: Mapping[str, NodeState],
     gateway_snapshot: dict[str, Any] | None,
+    gateway_jobs: Sequence[Job] = (),
+    gateway_error: str | None = None,
 ) -> list[Check]:
     """The playbook's checks for `model_name`, in order; the first `next` one with an
     action is what the operator can do now."""
@@ -54,21 +77,43 @@ def plan(
                 "the playbook needs a TensorRT-LLM (triton or trtllm) and a vLLM deployment",
             )
         ]
-    source, standby = trt[0], vllm[0]
+    source = _source(fleet, trt, rows)
+    failovers = sorted(
+        (j for j in gateway_jobs if j.params.get("model") == model_name),
+        key=lambda j: j.created or 0,
+    )
+    vllm_ids = {d.id for d in vllm}
+    to_vllm = next((j for j in reversed(failovers) if j.params.get("to") in vllm_ids), None)
+    to_source = next((j for j in reversed(failovers) if j.params.get("to") == source.id), None)
+    standby = _standby(source, vllm, to_vllm)
     src_row, sb_row = rows.get(source.id), rows.get(standby.id)
-    live = (gateway_snapshot or {}).get("models", {}).get(model_name, {})
-
-    def weight(dep_id: str, declared: int) -> int:
-        return int(live.get(dep_id, {}).get("weight", declared)) if live else declared
+    stale = src_row is not None and src_row.trt is not None and src_row.trt.state == "stale"
+    src_ready = src_row is not None and src_row.state == "ready"
+    sb_ready = sb_row is not None and sb_row.state == "ready"
+    weights = live_weights(gateway_snapshot, model_name)
+    w_src = None if weights is None else weights.get(source.id)
+    carriers = [d for d, w in (weights or {}).items() if d != source.id and w > 0]
+    moved = w_src == 0 and bool(carriers)  # off the source, and served elsewhere
+    serving = f"{', '.join(carriers)} {'carries' if len(carriers) == 1 else 'carry'} the traffic"
+    drill = drill_rebuilding(fleet, source.id)
+    last_drill = _last_job(states, "drill.run", "drill", drill) if drill else None
+    passed = last_drill is not None and last_drill.state == "succeeded"
+    current = src_row is not None and src_row.trt is not None and src_row.trt.state == "current"
+    rebuilt = src_row is not None and not stale and (passed or current)
+    resolved = rebuilt and bool(w_src) and src_ready  # back on a current, ready engine
+    if fleet.gateway is None:
+        unknown = "no [gateway] in fleet.toml: nothing moves the traffic"
+    else:
+        unknown = f"{source.id}'s live weight is unknown: " + (
+            gateway_error or "the gateway has not answered yet"
+        )
 
     checks: list[Check] = []
     # 1. the TensorRT-LLM deployment
-    stale = src_row is not None and src_row.trt is not None and src_row.trt.state == "stale"
-    broken = src_row is None or src_row.state != "ready"
     why = []
     if stale and src_row is not None and src_row.trt is not None:
         why.append("REBUILD REQUIRED: " + "; ".join(src_row.trt.reasons))
-    if broken:
+    if not src_ready:
         why.append(f"{source.id} is {src_row.state if src_row else 'not reporting'}")
     checks.append(
         Check(
@@ -77,85 +122,192 @@ def plan(
             "; ".join(why) or f"{source.id} is ready and current: nothing to do",
         )
     )
+
     # 2. a vLLM standby
-    ready = sb_row is not None and sb_row.state == "ready"
-    starting = _running_job(states, "vllm.start")
-    checks.append(
-        Check(
+    last_start = (
+        _last_job(states, "vllm.start", "profile", standby.profile) if standby.profile else None
+    )
+    sb_state = sb_row.state if sb_row else "not reporting"
+    if sb_ready:
+        step = Check("vLLM standby", "done", f"{standby.id} is ready on {standby.node}")
+    elif last_start is not None and last_start.state in OPEN:
+        step = Check("vLLM standby", "running", f"job {last_start.id} is starting {standby.id}")
+    elif moved and standby.id in carriers:
+        step = Check(
             "vLLM standby",
-            "done" if ready else ("running" if starting else "next"),
-            f"{standby.id} is ready on {standby.node}"
-            if ready
-            else (f"job {starting} is starting it" if starting else "start it (launch profile)"),
-            None if ready or starting else "start_standby",
+            "failed",
+            f"{standby.id} carries weight {weights and weights[standby.id]} but is {sb_state}",
         )
-    )
-    # 3. traffic on the standby
-    moved = weight(source.id, source.weight) == 0 and weight(standby.id, standby.weight) > 0
-    checks.append(
-        Check(
+    elif moved:
+        step = Check("vLLM standby", "done", f"not needed: {serving}")
+    elif resolved:
+        step = Check("vLLM standby", "done", f"not needed now: {source.id} is back and current")
+    elif standby.profile is None:
+        step = Check(
+            "vLLM standby",
+            "blocked",
+            f"{standby.id} is {sb_state} and has no launch profile (deployment.profile)",
+        )
+    else:
+        step = Check(
+            "vLLM standby",
+            "next",
+            f"start {standby.id} on {standby.node} (profile {standby.profile})"
+            + _failed(last_start),
+            "start_standby",
+            standby.id,
+        )
+    checks.append(step)
+
+    # 3. traffic on vLLM
+    if fleet.gateway is None or w_src is None:
+        step = Check("fail over to vLLM", "blocked", unknown)
+    elif to_vllm is not None and to_vllm.state in OPEN:
+        step = Check(
             "fail over to vLLM",
-            "done" if moved else ("next" if ready else "waiting"),
-            f"{standby.id} carries the traffic"
-            if moved
-            else f"{source.id} still has weight {weight(source.id, source.weight)}"
-            + (": Enter opens the failover plan" if ready else "")
-            + ("" if fleet.gateway else " (no [gateway] declared)"),
-            "fail_over" if ready and not moved else None,
+            "running",
+            f"job {to_vllm.id} moves the traffic to {to_vllm.params.get('to')}",
         )
-    )
+    elif moved:
+        step = Check(
+            "fail over to vLLM",
+            "done",
+            f"{serving}; {source.id} has weight 0"
+            + (f" (job {to_vllm.id})" if to_vllm is not None else ""),
+        )
+    elif rebuilt:
+        done_by = f"moved by job {to_vllm.id}, " if to_vllm is not None else ""
+        step = Check(
+            "fail over to vLLM",
+            "done",
+            f"{done_by}not needed now: {source.id} is current (weight {w_src})",
+        )
+    elif sb_ready:
+        step = Check(
+            "fail over to vLLM",
+            "next",
+            f"{source.id} still carries weight {w_src}: Enter opens the failover plan to "
+            f"{standby.id}" + _failed(to_vllm),
+            "fail_over",
+            standby.id,
+        )
+    else:
+        step = Check(
+            "fail over to vLLM",
+            "waiting",
+            f"after {standby.id} is ready ({source.id} carries weight {w_src})",
+        )
+    checks.append(step)
+
     # 4. the rebuild drill
-    drill = drill_rebuilding(fleet, source.id)
-    last = _last_drill(states, drill) if drill else None
-    passed = last is not None and last.state == "succeeded"
     if drill is None:
         checks.append(Check("rebuild drill", "blocked", f"no drill rebuilds {source.id}"))
     else:
-        state = "waiting"
-        if last is not None and last.state in ("queued", "running"):
-            state = "running"
-        elif passed and not stale:
-            state = "done"
+        last = (
+            f": last {last_drill.state} ({last_drill.id})"
+            if last_drill is not None
+            else ": never run"
+        )
+        if last_drill is not None and last_drill.state in OPEN:
+            step = Check("rebuild drill", "running", f"drill {drill}{last}")
+        elif rebuilt:
+            step = Check("rebuild drill", "done", f"drill {drill}{last}; {source.id} is current")
         elif moved:
-            state = "next"
-        detail = f"drill {drill}" + (
-            f": last {last.state} ({last.id})" if last is not None else ": never run"
-        )
-        checks.append(
-            Check("rebuild drill", state, detail, "run_drill" if state == "next" else None)
-        )
-    # 5. fail back
-    rebuilt = checks[-1].state == "done"
-    back = weight(source.id, source.weight) > 0 and not broken
-    if rebuilt and back:
-        checks.append(Check("fail back to TensorRT-LLM", "done", f"traffic on {source.id}"))
-    elif rebuilt and moved:
-        checks.append(
-            Check(
-                "fail back to TensorRT-LLM",
+            step = Check(
+                "rebuild drill",
                 "next",
-                f"move the traffic back to {source.id}",
-                "fail_back",
+                f"drill {drill}{last}" + (": the engine is stale again" if passed else ""),
+                "run_drill",
+                source.id,
             )
+        else:
+            step = Check(
+                "rebuild drill", "waiting", f"drill {drill}{last}; after the traffic is on vLLM"
+            )
+        checks.append(step)
+
+    # 5. fail back
+    if to_source is not None and to_source.state in OPEN:
+        step = Check(
+            "fail back to TensorRT-LLM",
+            "running",
+            f"job {to_source.id} moves the traffic back to {source.id}",
+        )
+    elif not rebuilt:
+        step = Check("fail back to TensorRT-LLM", "waiting", "after the drill passes")
+    elif fleet.gateway is None or w_src is None:
+        step = Check("fail back to TensorRT-LLM", "blocked", unknown)
+    elif w_src > 0 and src_ready:
+        step = Check(
+            "fail back to TensorRT-LLM", "done", f"{source.id} carries the traffic (weight {w_src})"
+        )
+    elif w_src > 0:
+        step = Check(
+            "fail back to TensorRT-LLM",
+            "failed",
+            f"{source.id} carries weight {w_src} but is {src_row.state if src_row else '?'}",
+        )
+    elif not src_ready:
+        step = Check(
+            "fail back to TensorRT-LLM",
+            "waiting",
+            f"after {source.id} is ready (it is {src_row.state if src_row else 'not reporting'})",
         )
     else:
-        checks.append(Check("fail back to TensorRT-LLM", "waiting", "after the drill passes"))
+        step = Check(
+            "fail back to TensorRT-LLM",
+            "next",
+            f"move the traffic back to {source.id}" + _failed(to_source),
+            "fail_back",
+            source.id,
+        )
+    checks.append(step)
     return checks
 
 
-def _running_job(states: Mapping[str, NodeState], kind: str) -> str | None:
-    for state in states.values():
-        for job in state.snapshot.jobs if state.snapshot else []:
-            if job.kind == kind and job.state in ("queued", "running"):
-                return str(job.id)
-    return None
+def _source(fleet: Fleet, trt: list[Deployment], rows: Mapping[str, DeploymentRow]) -> Deployment:
+    """The TensorRT-LLM deployment in trouble: a stale engine first, then one that is not
+    ready, then one a drill rebuilds. It stays the same through the sequence: once
+    rebuilt and current, it is still the one its drill rebuilds."""
+
+    def rank(dep: Deployment) -> tuple[bool, bool, bool]:
+        row = rows.get(dep.id)
+        stale = row is not None and row.trt is not None and row.trt.state == "stale"
+        ready = row is not None and row.state == "ready"
+        return (not stale, ready, drill_rebuilding(fleet, dep.id) is None)
+
+    return min(trt, key=rank)  # the first declared among equals
 
 
-def _last_drill(states: Mapping[str, NodeState], drill: str) -> Job | None:
+def _standby(source: Deployment, vllm: list[Deployment], to_vllm: Job | None) -> Deployment:
+    """The vLLM deployment that takes the traffic: the last failover's target; else one
+    with a launch profile (a standby one can start), beside the source first; else the
+    first declared."""
+    if to_vllm is not None:
+        found = next((d for d in vllm if d.id == to_vllm.params.get("to")), None)
+        if found is not None:
+            return found
+    startable = [d for d in vllm if d.profile]
+    if startable:
+        return min(startable, key=lambda d: (d.node != source.node, d.weight != 0))
+    return vllm[0]
+
+
+def _last_job(
+    states: Mapping[str, NodeState], kind: str, param: str, value: str | None
+) -> Job | None:
+    """The newest agent job of `kind` whose `param` is `value`, on any node."""
     found = [
         job
         for state in states.values()
         for job in (state.snapshot.jobs if state.snapshot else [])
-        if job.kind == "drill.run" and job.params.get("drill") == drill
+        if job.kind == kind and job.params.get(param) == value
     ]
     return max(found, key=lambda j: j.created or 0, default=None)
+
+
+def _failed(job: Job | None) -> str:
+    """What the last try said, when it did not succeed."""
+    if job is None or job.state in ("succeeded", *OPEN):
+        return ""
+    return f"; the last try, job {job.id}, {job.state}" + (f": {job.error}" if job.error else "")

@@ -160,7 +160,9 @@ class Workflows(App[int]):
             ),
         )
 
-    def fail_over(self, model: str) -> None:
+    def fail_over(self, model: str, target: str | None = None) -> None:
+        """The failover plan for `model`, its target preselected when given (the
+        playbook's step names one)."""
         from console.collect.gateway_client import GatewayClient
 
         if self.read_only:
@@ -184,7 +186,9 @@ class Workflows(App[int]):
                 f"{model} is not a declared model: nothing to fail over", severity="warning"
             )
             return
-        self.push_screen(FailoverScreen(model), lambda why: self._after_plan(model, why))
+        self.push_screen(
+            FailoverScreen(model, target=target), lambda why: self._after_plan(model, why)
+        )
 
     def _after_plan(self, model: str, why: str | None) -> None:
         if why == "standby":  # start a standby, then come back to the plan (issue 5)

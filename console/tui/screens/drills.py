@@ -341,7 +341,13 @@ class PlaybookScreen(ViewScreen):
     def draw(self, view: FleetView) -> None:
         console = self.console
         self.checks = playbook.plan(
-            console.fleet, self.model, view, console.collector.states, console.gateway_snapshot
+            console.fleet,
+            self.model,
+            view,
+            console.collector.states,
+            console.gateway_snapshot,
+            console.gateway_actions.jobs,
+            console.gateway_error,
         )
         head = Text()
         head.append(f"Incident playbook: {self.model}\n", style="bold")
@@ -370,15 +376,17 @@ class PlaybookScreen(ViewScreen):
     def action_next_step(self) -> None:
         step = next((c for c in self.checks if c.state == "next" and c.action), None)
         if step is None:
-            self.notify("nothing to do now: waiting on a running step", severity="information")
+            holding = next((c for c in self.checks if c.state != "done"), None)
+            why = f"{holding.name}: {holding.detail}" if holding else "every step is done"
+            self.notify(f"nothing to do now: {why}", severity="information")
             return
         console = self.console
-        model = next(m for m in console.fleet.models if m.name == self.model)
-        trt = next(d for d in model.deployments if d.engine in ("triton", "trtllm"))
-        drill = playbook.drill_rebuilding(console.fleet, trt.id)
-        if step.action == "start_standby":
-            console.start_vllm(model=self.model)
+        found = console.fleet.deployment(step.target) if step.target else None
+        if step.action == "start_standby" and found is not None:
+            console.start_vllm(node=found[1].node, model=self.model)
         elif step.action in ("fail_over", "fail_back"):
-            console.fail_over(self.model)
-        elif step.action == "run_drill" and drill is not None:
-            console.run_drill(drill)
+            console.fail_over(self.model, step.target)  # the plan opens on the step's target
+        elif step.action == "run_drill" and step.target is not None:
+            drill = playbook.drill_rebuilding(console.fleet, step.target)
+            if drill is not None:
+                console.run_drill(drill)
