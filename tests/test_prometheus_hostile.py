@@ -2,9 +2,9 @@
 
 A real Prometheus on loopback scrapes two hostile exporters (tests/hostile_exporter.py:
 real HTTP servers in this process serving crafted Prometheus text) every second: odd GPU
-labels (`²`, empty, huge, unicode digits, an escape sequence, a leading zero), node names
-with control, bidi and zero-width characters or 300 characters long, NaN, ±Inf, 1e308,
-negative gauges, a counter that runs negative and backwards, a counter that goes back to
+labels (`²`, empty, huge, unicode digits, an escape sequence, a leading zero), node
+names with control, bidi and zero-width characters or 300 and 65,536 characters long,
+NaN, ±Inf, 1e308, negative gauges, a counter that runs negative and backwards, a counter that goes back to
 0 and up again, and one GPU's reading claimed by both exporters with different values.
 Next to them, good nodes.
 
@@ -36,6 +36,7 @@ BAD_NAMES = (
     "rtl\u202egnp",  # a bidi override
     "zero\u200bwidth",
     "x" * 300,
+    "y" * 65536,  # Prometheus takes a label value this long
 )
 
 
