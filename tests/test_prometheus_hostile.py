@@ -4,9 +4,9 @@ A real Prometheus on loopback scrapes two hostile exporters (tests/hostile_expor
 real HTTP servers in this process serving crafted Prometheus text) every second: odd GPU
 labels (`²`, empty, huge, unicode digits, an escape sequence, a leading zero), node
 names with control, bidi and zero-width characters or 300 and 65,536 characters long,
-NaN, ±Inf, 1e308, negative gauges, a counter that runs negative and backwards, a counter that goes back to
-0 and up again, and one GPU's reading claimed by both exporters with different values.
-Next to them, good nodes.
+NaN, ±Inf, 1e308, negative gauges, a counter that runs negative and backwards, a
+counter that goes back to 0 and up again, and one GPU's reading claimed by both
+exporters with different values. Next to them, good nodes.
 
 Before the fix, the GPU label `²` (`isdigit()` but not `int()`) and 1e308 MiB (past any
 int) raised in every refresh: the refresh loop died, every node went down with no
