@@ -143,21 +143,25 @@ class WebServer:
         return psutil.Process(self.process.pid).children(recursive=True)
 
 
-def serve_web(bridge: Bridge, *extra: str) -> WebServer:
+def serve_web(
+    bridge: Bridge, *extra: str, fleet: Path | None = None, env: dict[str, str] | None = None
+) -> WebServer:
     """`engineroom serve --web` as a real process; up once its page answers (401)."""
     port = free_port()
     log = bridge.fleet.parent / f"web-{port}.log"
-    env = agent_env(ENGINEROOM_WEB_TOKEN=WEB_TOKEN, T_WEB_NODE=OPERATOR_SECRET)
-    env["ENGINEROOM_ADMIN_TOKEN"] = "admin-token-0123456789"  # the gateway's: it can act
+    environ = agent_env(ENGINEROOM_WEB_TOKEN=WEB_TOKEN, T_WEB_NODE=OPERATOR_SECRET)
+    environ["ENGINEROOM_ADMIN_TOKEN"] = "admin-token-0123456789"  # the gateway's: it can act
+    environ.update(env or {})
     with log.open("wb") as out:
         process = subprocess.Popen(
             [
                 *(sys.executable, "-m", "console.cli", "serve", "--web"),
-                *("--listen", f"127.0.0.1:{port}", "--fleet", str(bridge.fleet), *extra),
+                *("--listen", f"127.0.0.1:{port}", "--fleet", str(fleet or bridge.fleet)),
+                *extra,
             ],
             stdout=out,
             stderr=subprocess.STDOUT,
-            env=env,
+            env=environ,
             cwd=ROOT,
             start_new_session=True,
         )
@@ -327,6 +331,96 @@ def test_a_web_session_holds_only_the_agents_viewer_token(bridge: Bridge) -> Non
     env, how = session_environment(fleet, environ, "ENGINEROOM_WEB_TOKEN")
     assert env["T_WEB_NODE"] == OPERATOR_SECRET
     assert "ENGINEROOM_VIEWER_TOKEN is not set" in how
+
+
+# What a read-only console needs from the server's environment, and nothing more: where
+# programs, its home and temporary files are, who it runs as, its language and time zone,
+# where Python finds the console; the terminal textual-serve describes; and the tokens it
+# reads with, under the names the fleet reads them from.
+SESSION_NEEDS = {"PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TERM", "TMPDIR"}
+SESSION_NEEDS |= {"PYTHONPATH"}
+TERMINAL = {
+    "TEXTUAL_DRIVER",
+    "TEXTUAL_FPS",
+    "TEXTUAL_COLOR_SYSTEM",
+    "TERM_PROGRAM",
+    "COLUMNS",
+    "ROWS",
+}
+GATEWAY_VIEWER = "gateway-viewer-0123456789"
+# What a deployment's server may hold that can act, or is another tool's.
+ACTING = {
+    "ENGINEROOM_OPERATOR_TOKEN": OPERATOR,
+    "ENGINEROOM_ADMIN_TOKEN": "admin-token-0123456789",
+    "ROUTER_API_KEY": "router-key-0123456789abcdef",  # the vLLM router's data plane
+    "GATEWAY_CLIENT_KEYS": "client-key-0123456789,client-key-abcdefghij",
+    "AWS_SECRET_ACCESS_KEY": "another-tools-secret-0123456789",
+}
+ROUTED = """
+[[dataplanes]]
+name = "router"
+kind = "vllm-router"
+url = "http://127.0.0.1:9"
+token_env = "ROUTER_API_KEY"
+"""
+
+
+async def test_a_web_sessions_process_holds_only_what_a_read_only_console_needs(
+    bridge: Bridge,
+) -> None:
+    """Before: the console process kept the server's whole environment less four names,
+    the vLLM router's API key, the gateway's client keys and any other secret among it."""
+    text = bridge.text.replace("[gateway]\n", '[gateway]\napi_keys_env = "GATEWAY_CLIENT_KEYS"\n')
+    fleet = bridge.fleet.parent / "fleet-routed.toml"
+    fleet.write_text(text + ROUTED)
+    env = {**ACTING, "ENGINEROOM_GATEWAY_VIEWER_TOKEN": GATEWAY_VIEWER, "LC_TIME": "C.UTF-8"}
+    web = serve_web(bridge, fleet=fleet, env=env)
+    try:
+        session = await open_session(web.url, headers=bearer())
+        [console] = web.children()
+        held = console.environ()  # /proc/PID/environ: what it was started with
+        await session.close()
+    finally:
+        stop(web.process, grace=10)
+    reads = {"T_WEB_NODE", "ENGINEROOM_ADMIN_TOKEN"}  # each node's; the gateway's
+    assert set(held) <= SESSION_NEEDS | TERMINAL | reads | {"LC_TIME"}, sorted(set(held))
+    assert held["T_WEB_NODE"] == VIEWER and held["ENGINEROOM_ADMIN_TOKEN"] == GATEWAY_VIEWER
+    assert held["LC_TIME"] == "C.UTF-8" and held["PATH"] == os.environ["PATH"]
+    secrets = [key for value in ACTING.values() for key in value.split(",")]
+    secrets += [OPERATOR_SECRET, WEB_TOKEN]
+    assert not [s for s in secrets for value in held.values() if s in value]
+
+
+def test_a_web_session_reads_prometheus_and_ssh_nodes_with_the_servers_credentials(
+    bridge: Bridge,
+) -> None:
+    """The allow-list names what the console reads with, and only that."""
+    text = (
+        bridge.text
+        + ROUTED
+        + (
+            '\n[[nodes]]\nname = "web-c"\nssh = "ops@127.0.0.1"\n'
+            '\n[prometheus]\nurl = "http://127.0.0.1:9"\nusername_env = "PROM_USER"\n'
+            'password_env = "PROM_PASSWORD"\n'
+        )
+    )
+    environ = {
+        **ACTING,
+        "PROM_USER": "reader",
+        "PROM_PASSWORD": "prometheus-password",
+        "SSH_AUTH_SOCK": "/run/user/1000/ssh-agent.sock",
+        "ENGINEROOM_VIEWER_TOKEN": VIEWER,
+        "HOME": "/home/ops",
+    }
+    env, how = session_environment(parse_fleet(text), environ, "ENGINEROOM_WEB_TOKEN")
+    assert env == {
+        "HOME": "/home/ops",
+        "PROM_USER": "reader",
+        "PROM_PASSWORD": "prometheus-password",
+        "SSH_AUTH_SOCK": "/run/user/1000/ssh-agent.sock",
+        "T_WEB_NODE": VIEWER,
+    }
+    assert "agentless nodes with the server's SSH keys" in how
 
 
 # -- read-only ---------------------------------------------------------------------------

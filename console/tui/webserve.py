@@ -9,10 +9,12 @@ module puts a guard in front of it and bounds it:
 - each browser session is one console process (console/tui/web.py, read-only, every
   action key answers "read-only view"), started from an argv list with no shell, at most
   `max_sessions` at once, each for at most `max_session_s`;
-- that process gets no token that can act: the agents' viewer token replaces each node's
-  token where the fleet's viewer variable is set, the gateway's viewer token its admin
-  token (which is taken out either way), and the agents' operator variable and the web
-  token itself are taken out of its environment;
+- that process gets no token that can act. Its environment is an allow-list, not the
+  server's less a few names: the few variables any program needs (SESSION_ENV), then each
+  token it reads with, under the name the fleet gives it: the agents' viewer token for
+  every node's token, the gateway's viewer token for its admin token, Prometheus'
+  credentials. Nothing else the server holds goes in: not the web token, the operator or
+  admin tokens, the gateway's client keys, a data plane's token, nor any other secret;
 - what a browser or a console process sends is bounded: websocket messages, terminal
   size, protocol packets, the stderr kept, the time to start and to stop.
 
@@ -96,17 +98,46 @@ def viewer_token(value: str) -> str | None:
     return token or None
 
 
+# What a web session's console needs from the server's environment besides the tokens it
+# reads with: where programs, its home and temporary files are, who it runs as, its
+# language and time zone, and where Python finds the console.
+SESSION_ENV = frozenset(
+    {"PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TERM", "TMPDIR", "PYTHONPATH"}
+)
+SESSION_ENV_PREFIXES = ("LC_",)  # the locale's categories
+
+
 def session_environment(
     fleet: Fleet, environ: Mapping[str, str], token_env: str
 ) -> tuple[dict[str, str], str]:
     """The environment a web session's console runs with, and what it reads with.
 
-    Defence in depth under the console's read-only mode: no token that can act goes in."""
-    env = {k: v for k, v in environ.items() if k != token_env}
-    env.pop(fleet.agent.operator_token_env, None)
+    An allow-list (defence in depth under the console's read-only mode): SESSION_ENV, then
+    the tokens it reads with, each under the name the fleet reads it from."""
+    # Names whose value, as the server holds it, can act: never passed as they are.
+    acting = {token_env, fleet.agent.operator_token_env}
+    if fleet.gateway is not None:
+        acting.add(fleet.gateway.token_env)
+    env = {
+        name: value
+        for name, value in environ.items()
+        if (name in SESSION_ENV or name.startswith(SESSION_ENV_PREFIXES)) and name not in acting
+    }
+
+    def keep(name: str | None) -> None:
+        """Pass the server's own value of a variable the console reads, unless it acts."""
+        if name and name not in acting and environ.get(name, "").strip():
+            env[name] = environ[name]
+
+    if (prometheus := fleet.prometheus) is not None:  # it reads the fleet's series
+        for name in (prometheus.token_env, prometheus.username_env, prometheus.password_env):
+            keep(name)
+    ssh = ""
+    if any(node.transport == "ssh" for node in fleet.nodes):
+        keep("SSH_AUTH_SOCK")  # agentless nodes are read over SSH (docs/web.md)
+        ssh = "; agentless nodes with the server's SSH keys"
     gateway = ""
     if fleet.gateway is not None:
-        env.pop(fleet.gateway.token_env, None)  # the admin token moves traffic
         gateway_viewer = environ.get(fleet.gateway.viewer_token_env, "").strip()
         if gateway_viewer:  # the gateway answers its reads and refuses its actions (403)
             env[fleet.gateway.token_env] = gateway_viewer
@@ -119,14 +150,18 @@ def session_environment(
     viewer_env = fleet.agent.viewer_token_env
     viewer = viewer_token(environ.get(viewer_env, ""))
     if viewer is None:
+        for node in fleet.nodes:
+            keep(node.token_env)
         return env, (
             f"each node's own token ({viewer_env} is not set: only the console's read-only "
-            f"mode stops actions; set it and the agents refuse them too){gateway}"
+            f"mode stops actions; set it and the agents refuse them too){gateway}{ssh}"
         )
     for node in fleet.nodes:
         if node.token_env:
             env[node.token_env] = viewer
-    return env, f"the agents' viewer token ({viewer_env}): the agents refuse every action{gateway}"
+    return env, (
+        f"the agents' viewer token ({viewer_env}): the agents refuse every action{gateway}{ssh}"
+    )
 
 
 @dataclass
