@@ -51,7 +51,7 @@ def test_a_viewer_token_cannot_act(agent_factory):
         timeout=5,
         headers={"Authorization": f"Bearer {OPERATOR.split(':', 1)[1]}"},
     )
-    assert operator.status_code == 422  # allowed to ask; no job kinds exist yet
+    assert operator.status_code == 404  # allowed to ask; this node has no profile "x"
     assert httpx.delete(agent.url + "/v1/jobs/x", timeout=5).status_code == 401
 
 

@@ -625,7 +625,7 @@ def test_the_gpu_check_reads_an_overridden_memory_share(gpu_agent):
         "GPU 0 has 70.0 GiB free, the launch needs 126.0 GiB (gpu_memory_utilization 0.9)"
     )
     refused = post(agent.url, "/v1/jobs", body)
-    assert refused.status_code == 422 and "gpu_memory_utilization 0.9" in refused.json()["error"]
+    assert refused.status_code == 409 and "gpu_memory_utilization 0.9" in refused.json()["error"]
 
 
 def audit_of(agent: InProcessAgent) -> list[tuple[str, str, dict | None]]:

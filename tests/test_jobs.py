@@ -141,7 +141,7 @@ def test_a_port_in_use_is_refused_naming_the_port_and_nothing_starts(
         port = busy.getsockname()[1]
         agent = agent_factory(fleet_text(state, model_dir, port, Path(sys.executable)))
         resp = post(agent, "/v1/jobs", {"kind": "vllm.start", "profile": "tiny"})
-    assert resp.status_code == 422
+    assert resp.status_code == 409  # the node's state, not the request
     body = resp.json()
     assert f"port: {port} is in use by pid {os.getpid()}" in body["error"]
     assert {c["name"]: c["ok"] for c in body["checks"]} == {
@@ -158,7 +158,7 @@ def test_a_port_in_use_is_refused_naming_the_port_and_nothing_starts(
     [
         (
             {"kind": "vllm.start", "profile": "missing"},
-            422,
+            409,
             "preflight failed: model: /nonexistent/model does not exist or is not a directory",
         ),
         (
@@ -174,10 +174,10 @@ def test_a_port_in_use_is_refused_naming_the_port_and_nothing_starts(
         ),
         (
             {"kind": "vllm.start", "profile": "other-node"},
-            422,
+            404,
             "profile: other-node is for node elsewhere, this is local",
         ),
-        ({"kind": "vllm.start", "profile": "nope"}, 422, "profile: no profile 'nope'"),
+        ({"kind": "vllm.start", "profile": "nope"}, 404, "profile: no profile 'nope'"),
         ({"kind": "shell", "argv": ["rm"]}, 422, "kind: 'shell' is not a job kind"),
         ({"kind": "engine.stop", "engine": "vllm-1"}, 404, "engine: no engine 'vllm-1'"),
     ],

@@ -8,6 +8,11 @@ HTML pulls scripts from a CDN, which a GPU node should not be asked to serve).
 
 A request body is read up to MAX_BODY_BYTES (every body here is a small JSON object);
 beyond that the agent answers 413 without reading the rest.
+
+Every answer a route can give, refusals included, is in the schema with its body
+(`{"error"}`: console.core.wire.Refusal). A refusal's status says what is wrong: 422 the
+request (the schema, or the launch profile), 404 a name this node does not have, 409 the
+node's state now (docs/jobs.md).
 """
 
 from __future__ import annotations
@@ -16,11 +21,12 @@ import asyncio
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import TypeAdapter
 from starlette.exceptions import HTTPException
@@ -34,7 +40,17 @@ from console.agent.jobs import JobRefused, JobRunner
 from console.agent.node import NodeAgent
 from console.agent.store import FINAL
 from console.core import drillreport
-from console.core.wire import Health, Job, JobRequest, Snapshot, VllmStart
+from console.core.wire import (
+    Health,
+    Job,
+    JobPlan,
+    JobRequest,
+    Refusal,
+    Snapshot,
+    VllmStart,
+    WhatIf,
+    WhoAmI,
+)
 
 _bearer = HTTPBearer(auto_error=False)
 MAX_BODY_BYTES = 64 * 1024
@@ -115,16 +131,51 @@ def _require(tokens: Tokens, role: Role) -> Callable[..., Awaitable[Principal]]:
     return check
 
 
+# What each refusal means; every route lists those it can give (the fuzzer in
+# tests/test_fuzz_api.py holds the agent to the list), each with the Refusal body.
+_REFUSALS = {
+    400: "the body is not JSON",
+    401: "no bearer token, or not one of this agent's (WWW-Authenticate: Bearer)",
+    403: "a viewer token on a route that acts",
+    404: "no such job, profile, engine or drill on this node",
+    409: "the node's state refuses it now: the engine or a GPU is busy with another job, "
+    "the preflight failed (its checks come with it), the job already ended",
+    413: f"a body over {MAX_BODY_BYTES} bytes, or one without a valid Content-Length",
+    422: "a request that breaks the schema, or is outside the launch profile",
+    503: "the agent's first snapshot is still being taken",
+}
+_AUTH_HEADER = {"WWW-Authenticate": {"schema": {"type": "string"}}}
+
+
+def _refusals(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """The `responses=` entries of a route's refusals (401 with its header). Always JSON,
+    whatever the route answers when it succeeds (/metrics: text)."""
+    body = {"application/json": {"schema": {"$ref": "#/components/schemas/Refusal"}}}
+    out: dict[int | str, dict[str, Any]] = {}
+    for code in codes:
+        out[code] = {"description": _REFUSALS[code], "content": body}
+        if code == 401:
+            out[code]["headers"] = _AUTH_HEADER
+    return out
+
+
+_READ = (401,)  # a viewer route
+_ACT = (401, 403)  # an operator route
+_BODY = (400, 413, 422)  # a route that reads a JSON body
+
+
 def _typed_job_bodies(doc: dict[str, Any]) -> dict[str, Any]:
     """The schema with the job requests' models in place of "any object": the routes
     take the body as it is, so that a refusal (a kind that does not exist too) is
-    audited with who sent it, and the runner parses it (console.agent.jobs.parse)."""
+    audited with who sent it, and the runner parses it (console.agent.jobs.parse).
+    And the Refusal every error answer holds (_refusals)."""
     schemas = doc.setdefault("components", {}).setdefault("schemas", {})
     if "JobRequest" in schemas:
         return doc  # app.openapi() caches the document: done once
     adapters: dict[str, TypeAdapter[Any]] = {
         "JobRequest": TypeAdapter(JobRequest),
         "VllmStart": TypeAdapter(VllmStart),
+        "Refusal": TypeAdapter(Refusal),
     }
     for name, adapter in adapters.items():
         schema = adapter.json_schema(ref_template="#/components/schemas/{model}")
@@ -134,6 +185,15 @@ def _typed_job_bodies(doc: dict[str, Any]) -> dict[str, Any]:
         body = doc["paths"][path]["post"]["requestBody"]["content"]["application/json"]
         body["schema"] = {"$ref": f"#/components/schemas/{name}"}
     return doc
+
+
+def _methods(app: FastAPI, path: str) -> list[str]:
+    """The methods the path's routes take, for a 405's Allow. Starlette names only the first
+    route that matched (GET /v1/jobs, not POST too); a path that is a route of its own
+    (/v1/jobs/plan) is not also the `{job_id}` of another."""
+    matching = [r for r in app.routes if isinstance(r, APIRoute) and r.path_regex.match(path)]
+    exact = [r for r in matching if r.path_format == path]
+    return sorted({m for r in exact or matching for m in r.methods or ()})
 
 
 def create_app(
@@ -172,12 +232,11 @@ def create_app(
         return JSONResponse(_typed_job_bodies(app.openapi()))
 
     @app.exception_handler(HTTPException)
-    async def _http_error(_: Request, exc: HTTPException) -> JSONResponse:
-        return JSONResponse(
-            {"error": exc.detail},
-            status_code=exc.status_code,
-            headers=getattr(exc, "headers", None),
-        )
+    async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        headers = getattr(exc, "headers", None)
+        if exc.status_code == 405:
+            headers = {"Allow": ", ".join(_methods(app, request.url.path))}
+        return JSONResponse({"error": exc.detail}, status_code=exc.status_code, headers=headers)
 
     @app.exception_handler(RequestValidationError)
     async def _bad_request(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -191,7 +250,11 @@ def create_app(
     async def healthz() -> Health:
         return Health(version=__version__)
 
-    @app.get("/v1/snapshot", responses={200: {"model": Snapshot}}, dependencies=[Depends(viewer)])
+    @app.get(
+        "/v1/snapshot",
+        responses={200: {"model": Snapshot}, **_refusals(*_READ, 503)},
+        dependencies=[Depends(viewer)],
+    )
     async def snapshot() -> Response:
         if agent.latest is None:
             raise ApiError(503, "the first snapshot is still being taken")
@@ -200,7 +263,7 @@ def create_app(
     @app.get(
         "/v1/snapshot/stream",
         dependencies=[Depends(viewer)],
-        responses={200: {"content": {"application/x-ndjson": {}}}},
+        responses={200: {"content": {"application/x-ndjson": {}}}, **_refusals(*_READ)},
     )
     async def snapshot_stream() -> StreamingResponse:
         """Every new snapshot, one JSON document per line, as each cycle ends.
@@ -217,31 +280,53 @@ def create_app(
 
         return StreamingResponse(lines(), media_type="application/x-ndjson")
 
-    @app.get("/metrics", response_class=PlainTextResponse, dependencies=[Depends(viewer)])
+    @app.get(
+        "/metrics",
+        response_class=PlainTextResponse,
+        responses=_refusals(*_READ, 503),
+        dependencies=[Depends(viewer)],
+    )
     async def metrics() -> PlainTextResponse:
         snap = agent.latest
         if snap is None:
             raise ApiError(503, "the first snapshot is still being taken")
         return PlainTextResponse(render(snap), media_type="text/plain; version=0.0.4")
 
-    @app.get("/v1/whoami")
-    async def whoami(who: Principal = Depends(viewer)) -> dict[str, Any]:
+    @app.get("/v1/whoami", response_model=WhoAmI, responses=_refusals(*_READ))
+    async def whoami(who: Principal = Depends(viewer)) -> WhoAmI:
         """The caller's role, so a console can disable what its token may not do."""
-        return {"name": who.name, "role": who.role, "jobs": runner is not None}
+        return WhoAmI(name=who.name, role=who.role, jobs=runner is not None)
 
     # Jobs (console.agent.jobs): start, stop and restart engines from launch profiles.
-    @app.get("/v1/jobs", response_model=list[Job], dependencies=[Depends(viewer)])
+    @app.get(
+        "/v1/jobs",
+        response_model=list[Job],
+        responses=_refusals(*_READ, 422),
+        dependencies=[Depends(viewer)],
+    )
     async def jobs(limit: int = 100) -> list[Job]:
         return [] if runner is None else runner.jobs(max(1, min(limit, 1000)))
 
-    @app.get("/v1/jobs/{job_id}", response_model=Job, dependencies=[Depends(viewer)])
+    @app.get(
+        "/v1/jobs/{job_id}",
+        response_model=Job,
+        responses=_refusals(*_READ, 404),
+        dependencies=[Depends(viewer)],
+    )
     async def job(job_id: str) -> Job:
         found = None if runner is None else runner.job(job_id)
         if found is None:
             raise ApiError(404, f"no job {job_id!r}")
         return found
 
-    @app.get("/v1/jobs/{job_id}/log", dependencies=[Depends(viewer)])
+    @app.get(
+        "/v1/jobs/{job_id}/log",
+        responses={
+            200: {"content": {"text/plain": {}, "text/event-stream": {}}},
+            **_refusals(*_READ, 404, 422),
+        },
+        dependencies=[Depends(viewer)],
+    )
     async def job_log(job_id: str, request: Request, tail: int = 200) -> Response:
         """The job's engine log: its last `tail` lines, or followed live with SSE
         (`Accept: text/event-stream`) until the job ends."""
@@ -269,7 +354,12 @@ def create_app(
 
         return StreamingResponse(events(), media_type="text/event-stream")
 
-    @app.post("/v1/jobs", status_code=202, response_model=Job)
+    @app.post(
+        "/v1/jobs",
+        status_code=202,
+        response_model=Job,
+        responses=_refusals(*_ACT, *_BODY, 404, 409),
+    )
     async def start_job(body: dict[str, Any], who: Principal = Depends(operator)) -> Any:
         if runner is None:
             raise ApiError(422, "this agent runs no jobs (started without a state directory)")
@@ -278,8 +368,15 @@ def create_app(
         except JobRefused as exc:
             return JSONResponse({"error": str(exc), **exc.extra}, status_code=exc.status)
 
-    @app.get("/v1/jobs/{job_id}/report", dependencies=[Depends(viewer)])
-    async def job_report(job_id: str, format: str = "json") -> Response:
+    @app.get(
+        "/v1/jobs/{job_id}/report",
+        responses={
+            200: {"content": {"application/json": {}, "text/markdown": {}}},
+            **_refusals(*_READ, 404, 422),
+        },
+        dependencies=[Depends(viewer)],
+    )
+    async def job_report(job_id: str, format: Literal["json", "md"] = "json") -> Response:
         """A drill's report, from its persisted record: JSON, or Markdown (format=md)."""
         found = None if runner is None else runner.job(job_id)
         if found is None:
@@ -291,18 +388,27 @@ def create_app(
             return PlainTextResponse(drillreport.markdown(report), media_type="text/markdown")
         return JSONResponse(report)
 
-    @app.post("/v1/drills/what-if", dependencies=[Depends(viewer)])
-    async def what_if(body: dict[str, Any]) -> Any:
+    @app.post(
+        "/v1/drills/what-if",
+        response_model=list[dict[str, Any]],
+        responses=_refusals(*_READ, *_BODY),
+        dependencies=[Depends(viewer)],
+    )
+    async def what_if(body: WhatIf) -> Any:
         """Each TensorRT-LLM deployment here against a hypothetical node: {"driver",
         "cuda", "tensorrt", "tensorrt_llm", "gpu", "compute_capability"}, any of them."""
         if runner is None:
             return []
         try:
-            return await runner.trt.what_if(body)
+            return await runner.trt.what_if(body.model_dump(exclude_none=True))
         except ValueError as exc:
             raise ApiError(422, str(exc)) from None
 
-    @app.post("/v1/jobs/plan", dependencies=[Depends(viewer)])
+    @app.post(
+        "/v1/jobs/plan",
+        responses={200: {"model": JobPlan}, **_refusals(*_READ, *_BODY, 404)},
+        dependencies=[Depends(viewer)],
+    )
     async def plan_job(body: dict[str, Any]) -> Any:
         """What `POST /v1/jobs` would run, with its preflight, starting nothing."""
         if runner is None:
@@ -312,7 +418,7 @@ def create_app(
         except JobRefused as exc:
             return JSONResponse({"error": str(exc), **exc.extra}, status_code=exc.status)
 
-    @app.delete("/v1/jobs/{job_id}", response_model=Job)
+    @app.delete("/v1/jobs/{job_id}", response_model=Job, responses=_refusals(*_ACT, 404, 409))
     async def cancel_job(job_id: str, who: Principal = Depends(operator)) -> Job:
         if runner is None:
             raise ApiError(404, f"no job {job_id!r}")

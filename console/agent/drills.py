@@ -76,9 +76,9 @@ class DrillRunner:
         mine = self.trt.drills()
         if name not in mine:
             if name in self.agent.fleet.drills:
-                raise JobRefused(422, f"drill: {name} rebuilds a deployment on another node")
+                raise JobRefused(404, f"drill: {name} rebuilds a deployment on another node")
             raise JobRefused(
-                422,
+                404,
                 f"drill: no drill {name!r} on node {self.agent.node} ({', '.join(mine) or 'none'})",
             )
         drill = mine[name]

@@ -151,11 +151,11 @@ class EngineJobs:
         if name not in self.agent.fleet.profiles:
             known = ", ".join(n for n, p in self.agent.fleet.profiles.items() if p.node == node)
             raise JobRefused(
-                422, f"profile: no profile {name!r} for node {node} ({known or 'none'})"
+                404, f"profile: no profile {name!r} for node {node} ({known or 'none'})"
             )
         profile = self.agent.fleet.profiles[name]
         if profile.node != node:
-            raise JobRefused(422, f"profile: {name} is for node {profile.node}, this is {node}")
+            raise JobRefused(404, f"profile: {name} is for node {profile.node}, this is {node}")
         try:
             launch = engine_launch(profile, overrides or {})
         except LaunchError as exc:
@@ -209,7 +209,7 @@ class EngineJobs:
         checks = await self._preflight(launch, profile, engine)
         if not all(c.ok for c in checks):
             raise JobRefused(
-                422,
+                409,  # the node's state (a port, a GPU, a path), not the request
                 f"preflight failed: {preflight.failures(checks)}",
                 checks=[c.to_json() for c in checks],
             )
@@ -249,7 +249,7 @@ class EngineJobs:
             raise JobRefused(409, f"engine: {engine} has a job running ({busy})")
         if managed is None and (entry is None or entry.process is None):
             raise JobRefused(
-                422, f"engine: {engine} has no process on this node that the agent knows"
+                409, f"engine: {engine} has no process on this node that the agent knows"
             )
         if managed is None and entry is not None and entry.process is not None:
             proc = entry.process
@@ -259,7 +259,7 @@ class EngineJobs:
                 )
         if restart and managed is None:
             raise JobRefused(
-                422,
+                409,
                 f"engine: {engine} was not started by this agent, so there is no launch "
                 "profile to restart it with; stop it, then start a profile",
             )

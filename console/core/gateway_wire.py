@@ -10,11 +10,22 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+)
+
+from console.core.wire import whole
 
 FailoverMode = Literal["planned", "emergency"]
 JOB_FINAL = ("succeeded", "failed", "cancelled")
-Weight = Annotated[StrictInt, Field(ge=0)]
+# Strict: true is not a weight; a whole float is (console.core.wire.whole).
+Weight = Annotated[StrictInt, BeforeValidator(whole), Field(ge=0)]
 
 
 class _Answer(BaseModel):

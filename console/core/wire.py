@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from console.core import launch
 
 EngineState = Literal["ready", "loading", "unhealthy", "down"]
 
@@ -175,6 +177,43 @@ class Job(_Wire):
 
 
 # -- job requests (POST /v1/jobs): one model per kind, told apart by `kind` ----------------
+# The schema says what the agent takes whatever its fleet: a name that is not here answers
+# 404, a request outside the profile 422, one the node's state refuses now 409
+# (docs/jobs.md). Names are those of fleet.toml: never empty, no control characters.
+
+_NO_CONTROL = r"^[^\x00-\x1f\x7f]+$"
+Name = Annotated[str, Field(min_length=1, max_length=200, pattern=_NO_CONTROL)]
+
+
+def _overrides_schema(schema: dict[str, Any]) -> None:
+    """The keys and values console.core.launch.apply_overrides takes from any profile:
+    port, gpus, tensor_parallel_size and args.FLAG, each with its type. Which of them a
+    profile allows (`overridable`, `allowed_args`), and a flag's type where the profile sets
+    one, are the profile's: outside them the agent answers 422 naming the key. The agent
+    checks overrides there (its messages name the key); this only documents them."""
+    flag_text = {  # a value may not read as a flag, nor break a line
+        "type": "string",
+        "maxLength": launch.MAX_VALUE_CHARS,
+        "pattern": r"^([^-\x00-\x1f\x7f][^\x00-\x1f\x7f]*)?$",
+    }
+    schema.clear()
+    schema.update(
+        type="object",
+        title="Overrides",
+        properties={
+            "port": {"type": "integer", "minimum": 1, "maximum": 65535},
+            "gpus": {"type": "array", "items": {"type": "integer", "minimum": 0}},
+            "tensor_parallel_size": {"type": "integer", "minimum": 1},
+            # The agent sets these flags itself from the profile.
+            **{f"args.{name}": False for name in launch.AGENT_FLAGS},
+        },
+        patternProperties={
+            r"^args\.[a-z][a-z0-9_]*$": {
+                "anyOf": [flag_text, {"type": "integer"}, {"type": "number"}, {"type": "boolean"}]
+            }
+        },
+        additionalProperties=False,
+    )
 
 
 class _Request(BaseModel):
@@ -185,29 +224,60 @@ class VllmStart(_Request):
     """Preflight, spawn and load a launch profile of this node."""
 
     kind: Literal["vllm.start"]
-    profile: str
-    overrides: dict[str, Any] = Field(default_factory=dict)  # only the profile's overridable
+    profile: Name
+    # Checked against the profile by console.core.launch, which names the key it refuses.
+    overrides: dict[str, Any] = Field(default_factory=dict, json_schema_extra=_overrides_schema)
+
+    @field_validator("overrides")
+    @classmethod
+    def _whole_numbers(cls, overrides: dict[str, Any]) -> dict[str, Any]:
+        """JSON does not tell 8001 from 8001.0, and JSON Schema calls both an integer: where
+        the schema wants an integer, a whole float goes on as one."""
+        out = {
+            k: whole(v) if k in ("port", "tensor_parallel_size") else v
+            for k, v in overrides.items()
+        }
+        if isinstance(out.get("gpus"), list):
+            out["gpus"] = [whole(g) for g in out["gpus"]]
+        return out
+
+
+def whole(value: Any) -> Any:
+    """A whole float as the int it is (JSON's 8001.0 is JSON Schema's integer 8001);
+    anything else as it came, for the type check after this one to take or refuse."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
 class EngineStop(_Request):
     """Stop an engine (drain, then SIGKILL after the grace)."""
 
     kind: Literal["engine.stop"]
-    engine: str
+    engine: Name
 
 
 class EngineRestart(_Request):
     """Stop an engine this agent started, then start its profile again."""
 
     kind: Literal["engine.restart"]
-    engine: str
+    engine: Name
 
 
 class DrillRun(_Request):
     """Run a TensorRT-LLM rebuild drill of this node."""
 
     kind: Literal["drill.run"]
-    drill: str
+    drill: Name
+
+
+class WhatIf(_Request):
+    """A hypothetical node for POST /v1/drills/what-if: any of its facts (null: as now)."""
+
+    driver: str | None = None
+    cuda: str | None = None
+    tensorrt: str | None = None
+    tensorrt_llm: str | None = None
+    gpu: str | None = None
+    compute_capability: str | None = None
 
 
 JobRequest = Annotated[
@@ -304,3 +374,38 @@ class Snapshot(_Wire):
 class Health(_Wire):
     status: Literal["ok"] = "ok"
     version: str
+
+
+# -- answers besides the snapshot and jobs ------------------------------------------------
+
+
+class PreflightCheck(_Wire):
+    name: str  # port | gpus | model | binary | engine
+    ok: bool
+    detail: str
+
+
+class Refusal(_Wire):
+    """Every answer of the agent that is not a success (4xx, 503): what was refused, where
+    and why, never a token."""
+
+    error: str
+    checks: list[PreflightCheck] | None = None  # a vllm.start whose preflight failed
+
+
+class JobPlan(_Wire):
+    """POST /v1/jobs/plan: what a vllm.start would run, and its preflight; starts nothing."""
+
+    profile: str
+    engine_id: str
+    endpoint: str
+    argv: list[str]
+    env: dict[str, str]
+    checks: list[PreflightCheck]
+    ok: bool
+
+
+class WhoAmI(_Wire):
+    name: str  # the token's name, never the token
+    role: Literal["viewer", "operator"]
+    jobs: bool  # whether this agent runs jobs (it has a state directory)
