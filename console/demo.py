@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -57,14 +58,20 @@ def run_demo(*, no_tui: bool = False, nodes: int = 4) -> int:
         return main(["--nodes", str(nodes)])
     out_dir = Path(tempfile.mkdtemp(prefix="engineroom-demo-"))
     proc, fleet_path = start_sim(nodes, out_dir, token)
-    try:
-        from console.core.config import load_fleet
-        from console.tui.app import run_tui
 
-        return run_tui(load_fleet(fleet_path))
-    finally:
+    def stop_sim() -> None:
         proc.terminate()
         try:
             proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             proc.kill()
+            proc.wait(timeout=10)
+        shutil.rmtree(out_dir, ignore_errors=True)  # the fleet file, agents' state, logs
+
+    try:
+        from console.core.config import load_fleet
+        from console.tui.app import run_tui
+
+        return run_tui(load_fleet(fleet_path), cleanup=stop_sim)
+    finally:
+        stop_sim()

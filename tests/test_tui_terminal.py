@@ -124,3 +124,36 @@ def is_grey(colour: tuple[int, ...]) -> bool:
     if len(colour) == 1:
         return colour[0] in GREYS_256
     return colour[0] == colour[1] == colour[2]
+
+
+def test_the_console_always_leaves_when_its_ssh_session_is_killed(tmp_path):
+    """tmux killed under the console (the SSH session gone), eight times. About one time
+    in eight the console outlived its terminal for good: Textual's exit blocked writing
+    to the dead tty, and SIGTERM could not reach it (issue 28's typing tests left four
+    such consoles behind). Now what is still written goes to /dev/null and a watchdog
+    ends the process within EXIT_GRACE_S."""
+    from console.tui.app import EXIT_GRACE_S
+    from tests.support.terminal import TMUX, Terminal, console_env
+
+    if TMUX is None:
+        pytest.skip("tmux is not installed (make test does)")
+    fleet = tmp_path / "fleet.toml"
+    fleet.write_text(
+        FLEET.format(port=free_port()).replace('name = "tty"', 'name = "tty"\nrefresh_s = 0.2')
+    )
+    argv = [sys.executable, "-m", "console.cli", "--fleet", str(fleet)]
+    for _ in range(8):
+        term = Terminal(argv, (80, 24), console_env(T_TTY="token-0123456789"), ROOT)
+        term.wait_for("n1", what="the fleet drawn")
+        pid = term.pid
+        term._tmux("kill-server")  # the terminal hangs up under the console
+        deadline = time.monotonic() + EXIT_GRACE_S + 10
+        while time.monotonic() < deadline:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.1)
+        else:
+            os.kill(pid, signal.SIGKILL)
+            raise AssertionError("the console outlived its terminal")

@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
+import threading
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 from textual import on
 from textual.app import SystemCommand
@@ -57,6 +60,8 @@ VIEWS = {
     "drills": DrillsScreen,
 }
 
+
+EXIT_GRACE_S = 5.0  # the longest a console's exit may take (see EngineroomApp.exit)
 
 # The `:` commands, (usage, what): help and the unknown-command hint list these.
 COLON_COMMANDS: list[tuple[str, str]] = [
@@ -108,6 +113,9 @@ class EngineroomApp(Workflows):
     ]
 
     offline = False  # a replay: no agent, gateway or role is asked anything
+    # Set by run_tui (a console in its own process): what to clean up if exit blocks.
+    exit_watchdog: Callable[[], object] | None = None
+    _exiting = False
 
     def __init__(
         self,
@@ -154,7 +162,7 @@ class EngineroomApp(Workflows):
         self.collector.start()
         with contextlib.suppress(NotImplementedError, RuntimeError):
             # The SSH session went away: leave cleanly instead of writing to a dead tty.
-            asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, self.exit)
+            asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, self._hung_up)
         self.tick()
         await self.push_screen(FleetScreen())
         tune_gc()  # the sources have asked by now: the collection waits with them
@@ -173,6 +181,35 @@ class EngineroomApp(Workflows):
         every = self.refresh_s * (2 if self.collector.refreshes else 1)
         self._ticker = self.set_interval(every, self.tick)
         self.collector.on_refreshed = self._refresh_landed
+
+    def _hung_up(self) -> None:
+        """The terminal is gone: what is still written goes to /dev/null, then leave."""
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        for fd in (1, 2):
+            with contextlib.suppress(OSError):
+                os.dup2(devnull, fd)
+        os.close(devnull)
+        self.exit(return_code=129)  # 128 + SIGHUP, as a shell reports a hung-up process
+
+    def exit(self, *args: Any, **kwargs: Any) -> None:
+        """Leave, within EXIT_GRACE_S when this is a console of its own (`exit_watchdog`).
+
+        Textual's exit can block for good writing its last bytes to the terminal (seen:
+        a console that outlived its SSH session and ignored SIGTERM, a demo that did not
+        end after `q`). The watchdog ends the process then, after `exit_watchdog()` has
+        cleaned up (the demo stops its simulated fleet)."""
+        if self.exit_watchdog is not None and not self._exiting:
+            cleanup = self.exit_watchdog
+
+            def watchdog() -> None:
+                time.sleep(EXIT_GRACE_S)
+                with contextlib.suppress(Exception):
+                    cleanup()
+                os._exit(kwargs.get("return_code") or 1)
+
+            threading.Thread(target=watchdog, name="exit-watchdog", daemon=True).start()
+        self._exiting = True
+        super().exit(*args, **kwargs)
 
     async def on_unmount(self) -> None:
         await self.collector.__aexit__(None, None, None)
@@ -467,7 +504,15 @@ class EngineroomApp(Workflows):
         yield SystemCommand("Keys", "every key and command", self.action_help)
 
 
-def run_tui(fleet: Fleet, *, read_only: bool = False, record: str | None = None) -> int:
+def run_tui(
+    fleet: Fleet,
+    *,
+    read_only: bool = False,
+    record: str | None = None,
+    cleanup: Callable[[], object] = lambda: None,
+) -> int:
+    """The console in this process; `cleanup` runs if its exit blocks (EngineroomApp.exit)."""
     # A node whose token variable is not set shows as "no token"; the rest is watched.
     app = EngineroomApp(fleet, read_only=read_only, record=record)
+    app.exit_watchdog = cleanup
     return app.run() or 0

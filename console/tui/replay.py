@@ -155,4 +155,5 @@ def run_replay(path: str, at: str | None = None) -> int:
     fleet = fleet_of(recording)
     start = recording.start if at is None else parse_time(at, recording.start)
     app = ReplayApp(fleet, ReplayCollector(fleet, recording=recording, at=start))
+    app.exit_watchdog = lambda: None  # its own process: an exit that blocks is ended
     return app.run() or 0

@@ -7,9 +7,11 @@ invisible in a real terminal (issue 28). This reads the cells a person would see
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import time
 import uuid
@@ -49,6 +51,7 @@ class Terminal:
             "-c", str(cwd), command,
         )  # fmt: skip
         self._tmux("set-option", "-t", "t", "remain-on-exit", "on")
+        self.pid = int(self._tmux("display", "-p", "-t", "t", "#{pane_pid}"))
 
     def _tmux(self, *args: str) -> str:
         assert TMUX is not None
@@ -109,10 +112,20 @@ class Terminal:
             time.sleep(0.1)
 
     def close(self) -> None:
-        try:
+        """Kill the terminal; the program in it gets SIGHUP. One still running 20 s later
+        is killed, so that no test leaves a console behind (and the test that needs it
+        to leave on its own checks that itself)."""
+        with contextlib.suppress(RuntimeError, subprocess.TimeoutExpired):
             self._tmux("kill-server")
-        except (RuntimeError, subprocess.TimeoutExpired):
-            pass
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                os.kill(self.pid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.1)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGKILL)
 
     def __enter__(self) -> Terminal:
         return self
