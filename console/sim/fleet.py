@@ -41,6 +41,7 @@ from console.agent.jobs import JobRunner
 from console.agent.node import NodeAgent
 from console.core.config import Fleet, load_fleet
 from console.core.wire import Snapshot
+from console.sim import nvml, trtllm_double
 from console.sim.engines import ENSEMBLE, TritonEngine, VllmEngine
 from console.sim.fleetfile import (
     TOKEN_ENV,
@@ -553,14 +554,13 @@ class DemoFleet:
         weights = manifest.WeightsHasher(root / "weights-hashes.json").hash(checkpoint)
         triton = [s for s in specs if s.kind == "triton"]
         vllm = [(s, k) for s, k in zip(specs, http, strict=True) if s.kind == "vllm"]
-        now = {
-            "driver": "580.95.05-sim",
-            "cuda": "13.0",
-            "tensorrt": "10.13.3.9",
-            "tensorrt_llm": "1.2.0",
-            "gpu": "NVIDIA H200 (SIMULATED)",
-            "compute_capability": "9.0",
+        # The node's facts are its simulated NVML's; the stack's, the test double's.
+        node = {
+            "driver": nvml.DRIVER_VERSION,
+            "gpu": nvml.GPU_NAME,
+            "compute_capability": ".".join(map(str, nvml.COMPUTE_CAPABILITY)),
         }
+        now = {**{k: default for k, (_, default) in trtllm_double.VERSIONS.items()}, **node}
         shapes: dict[str, object] = {
             "max_batch_size": 64,
             "max_input_len": 4096,
@@ -642,6 +642,7 @@ class DemoFleet:
                     "PATH": f"{tools / 'bin'}:{os.environ.get('PATH', '')}",
                     "TRTLLM_DOUBLE_UPSTREAM": f"http://127.0.0.1:{port_of(baseline[1])}",
                     "TRTLLM_DOUBLE_UPSTREAM_MODEL": first.model.name,
+                    **trtllm_double.node_env(**node),  # the probe reports this node
                     "TRTLLM_DOUBLE_BUILD_S": "6",
                     "TRTLLM_DOUBLE_LOAD_S": "2",
                 },

@@ -29,6 +29,12 @@ IDLE_POWER_W = 75.0
 MAX_SM_MHZ, IDLE_SM_MHZ, MEM_MHZ = 1980, 345, 3201
 XID_EVERY_S = 900.0  # the rare XID repeats this often, first after XID_FIRST_S
 XID_FIRST_S = 75.0  # late enough that a demo starts clean, early enough to be seen
+# What a SIMULATED node has: the demo's drill probe (console/sim/trtllm_double.py) and the
+# engines' provenance are told the same, so every screen names one driver and one GPU.
+DRIVER_VERSION = "580.95.05-sim"
+CUDA_DRIVER_VERSION = 13000  # NVML's encoding: 13.0
+GPU_NAME = "NVIDIA H200 (SIMULATED)"
+COMPUTE_CAPABILITY = (9, 0)
 
 # NVML's clock-event reason bits (the ones this simulation raises).
 IDLE, SW_POWER_CAP, SW_THERMAL = 0x1, 0x4, 0x20
@@ -194,10 +200,10 @@ class SimulatedNvml(ModuleType):
         self._closed.set()
 
     def nvmlSystemGetDriverVersion(self) -> str:
-        return "580.95.05-sim"
+        return DRIVER_VERSION
 
     def nvmlSystemGetCudaDriverVersion_v2(self) -> int:
-        return 13000
+        return CUDA_DRIVER_VERSION
 
     # Devices
     def nvmlDeviceGetCount(self) -> int:
@@ -213,10 +219,10 @@ class SimulatedNvml(ModuleType):
         return handle.uuid
 
     def nvmlDeviceGetName(self, handle: _Gpu) -> str:
-        return "NVIDIA H200 (SIMULATED)"
+        return GPU_NAME
 
     def nvmlDeviceGetCudaComputeCapability(self, handle: _Gpu) -> tuple[int, int]:
-        return (9, 0)
+        return COMPUTE_CAPABILITY
 
     def nvmlDeviceGetMigMode(self, handle: _Gpu) -> list[int]:
         return [0, 0]

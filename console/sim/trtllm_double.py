@@ -38,7 +38,8 @@ What it does not imitate:
 
 Environment:
 - TRTLLM_DOUBLE_VERSION: the TensorRT-LLM version everywhere (default 1.2.0); the
-  `versions` probe also reads TRTLLM_DOUBLE_TENSORRT, _CUDA, _DRIVER, _GPU and _CC.
+  `versions` probe also reads TRTLLM_DOUBLE_TENSORRT, _CUDA, _DRIVER, _GPU and _CC (the
+  last three are the node's: the demo sets them to its simulated NVML's, `node_env`).
 - TRTLLM_DOUBLE_BUILD_S: seconds `build` takes (default 0), with a line every 0.5 s.
 - TRTLLM_DOUBLE_LOAD_S: seconds `serve` loads before it listens (default 0.5).
 - TRTLLM_DOUBLE_UPSTREAM, TRTLLM_DOUBLE_UPSTREAM_MODEL: where `serve` forwards completions
@@ -399,22 +400,29 @@ def build(argv: list[str]) -> int:
 # -- versions -----------------------------------------------------------------------------
 
 
+# What `versions` prints: (the variable that sets it, its default). The stack's versions
+# are the double's own; the node's facts (driver, GPU, compute capability) are what the
+# node it runs on has: a test without NVML takes the defaults, the demo passes what its
+# SIMULATED NVML answers (`node_env`), so the probe's line and the node's facts agree.
+VERSIONS = {
+    "tensorrt_llm": ("TRTLLM_DOUBLE_VERSION", DEFAULT_VERSION),
+    "tensorrt": ("TRTLLM_DOUBLE_TENSORRT", "10.13.3.9"),
+    "cuda": ("TRTLLM_DOUBLE_CUDA", "13.0"),
+    "driver": ("TRTLLM_DOUBLE_DRIVER", "580.159.04"),
+    "gpu": ("TRTLLM_DOUBLE_GPU", "NVIDIA H200"),
+    "compute_capability": ("TRTLLM_DOUBLE_CC", "9.0"),
+}
+
+
+def node_env(**facts: str) -> dict[str, str]:
+    """The environment under which `versions` reports these facts (keys of VERSIONS)."""
+    return {VERSIONS[key][0]: value for key, value in facts.items()}
+
+
 def versions(argv: list[str]) -> int:
     inject_faults("versions")
-    env = os.environ.get
-    print(
-        json.dumps(
-            {
-                "tensorrt_llm": version(),
-                "tensorrt": env("TRTLLM_DOUBLE_TENSORRT") or "10.13.3.9",
-                "cuda": env("TRTLLM_DOUBLE_CUDA") or "13.0",
-                "driver": env("TRTLLM_DOUBLE_DRIVER") or "580.159.04",
-                "gpu": env("TRTLLM_DOUBLE_GPU") or "NVIDIA H200",
-                "compute_capability": env("TRTLLM_DOUBLE_CC") or "9.0",
-            }
-        ),
-        flush=True,
-    )
+    found = {key: os.environ.get(name) or default for key, (name, default) in VERSIONS.items()}
+    print(json.dumps(found), flush=True)
     return 0
 
 
