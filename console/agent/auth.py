@@ -134,11 +134,15 @@ def secret_env_names(fleet: Fleet) -> set[str]:
         fleet.agent.operator_token_env,
     }
     names |= {n.token_env for n in fleet.nodes if n.token_env}
+    names |= {d.token_env for d in fleet.dataplanes if d.token_env}  # the vLLM router's key
     if fleet.gateway is not None:
         names.add(fleet.gateway.token_env)
         names.add(fleet.gateway.viewer_token_env)
         if fleet.gateway.api_keys_env:
             names.add(fleet.gateway.api_keys_env)
+    if (prometheus := fleet.prometheus) is not None:
+        credentials = (prometheus.token_env, prometheus.username_env, prometheus.password_env)
+        names |= {name for name in credentials if name}
     return names
 
 
