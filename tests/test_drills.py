@@ -273,6 +273,10 @@ def test_a_drill_builds_validates_benchmarks_and_promotes_then_hits_the_cache(no
     assert rows["tiny-trt"]["estimated_rebuild_s"] > 0
     same = run_cli("drill", "what-if", "--fleet", str(agent.fleet), "--tensorrt-llm", "1.2.0")
     assert "tiny-trt" in same.stdout and "serves" in same.stdout, same.stdout
+    # Issue 28 #15: the hand-built engine (no manifest) is unknown, not "1 rebuild(s)".
+    old_row = next(line for line in same.stdout.splitlines() if "tiny-trt-old" in line)
+    assert "unknown" in old_row and "REBUILD" not in old_row, same.stdout
+    assert "rebuild(s)" not in same.stdout and "1 unknown" in same.stdout, same.stdout
 
     # Stale: the node changes under the engine (the probe now reports other versions).
     node.stop()

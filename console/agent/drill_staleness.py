@@ -267,8 +267,11 @@ class TrtStaleness:
             )
             estimate = self._last_success(dep.id)
             row["estimated_rebuild_s"] = estimate
-            if found is None:
-                row.update(verdict="rebuild", why=["unknown provenance: no manifest to compare"])
+            if found is None:  # nothing says how it was built: no verdict, not a rebuild
+                row.update(
+                    verdict="unknown",
+                    why=["unknown provenance: no manifest to compare; a drill records one"],
+                )
                 out.append(row)
                 continue
             facts, _ = await self.current_facts(dep.id)

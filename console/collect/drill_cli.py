@@ -200,12 +200,15 @@ def what_if(
         total = sum(r.get("estimated_rebuild_s") or 0 for r in rows if r["verdict"] == "rebuild")
         rebuilds = [r for r in rows if r["verdict"] == "rebuild"]
         if rebuilds:
-            unknown = sum(1 for r in rebuilds if r.get("estimated_rebuild_s") is None)
+            never = sum(1 for r in rebuilds if r.get("estimated_rebuild_s") is None)
             print(
                 f"{len(rebuilds)} rebuild(s), about {total:.0f} s of drills"
-                + (f" plus {unknown} never drilled" if unknown else ""),
+                + (f" plus {never} never drilled" if never else ""),
                 file=out,
             )
+        unknown = sum(1 for r in rows if r["verdict"] == "unknown")
+        if unknown:  # neither a rebuild nor safe: said apart, never counted as either
+            print(f"{unknown} unknown: see WHY", file=out)
     for problem in problems:
         say(f"engineroom: {problem}", sys.stderr)
     return EXIT_UNREACHABLE if problems else EXIT_OK
