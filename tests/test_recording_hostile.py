@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -112,17 +113,31 @@ def _file(path: Path, *frames: bytes, head: bytes | None = None) -> Path:
 # -- running the real CLI, measured ----------------------------------------------------
 
 
+# Started from a small launcher, not from pytest: Linux carries the parent's peak RSS
+# into a forked child's ru_maxrss (through exec), so a child of pytest would report
+# pytest's own 200 MiB. The launcher reports what wait4 says of the CLI alone.
+_LAUNCH = """
+import os, subprocess, sys
+fd = int(sys.argv[1])
+child = subprocess.Popen([sys.executable, "-m", "console.cli", *sys.argv[2:]], pass_fds=())
+_, status, usage = os.wait4(child.pid, 0)
+os.write(fd, str(usage.ru_maxrss).encode())
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
+
+
 def _cli(*args: str, timeout: float = 90) -> tuple[int, str, str, float]:
     """`engineroom ARGS` as a real process: exit status, stdout, stderr, and the peak
-    resident memory of that process alone in MiB (wait4's rusage, not all children's)."""
-    out, err = os.pipe(), os.pipe()
+    resident memory of that process alone, in MiB."""
+    out, err, peak = os.pipe(), os.pipe(), os.pipe()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "console.cli", *args],
-        stdin=subprocess.DEVNULL, stdout=out[1], stderr=err[1], cwd=ROOT, env=agent_env(),
+        [sys.executable, "-c", _LAUNCH, str(peak[1]), *args], stdin=subprocess.DEVNULL,
+        stdout=out[1], stderr=err[1], pass_fds=(peak[1],), cwd=ROOT, env=agent_env(),
+        start_new_session=True,
     )  # fmt: skip
-    os.close(out[1])
-    os.close(err[1])
-    texts: list[bytes] = [b"", b""]
+    for fd in (out[1], err[1], peak[1]):
+        os.close(fd)
+    texts: list[bytes] = [b"", b"", b""]
 
     def drain(i: int, fd: int) -> None:
         with os.fdopen(fd, "rb") as f:
@@ -130,19 +145,20 @@ def _cli(*args: str, timeout: float = 90) -> tuple[int, str, str, float]:
             while f.read(MIB):
                 pass
 
-    readers = [threading.Thread(target=drain, args=(i, p[0])) for i, p in enumerate((out, err))]
+    readers = [
+        threading.Thread(target=drain, args=(i, p[0])) for i, p in enumerate((out, err, peak))
+    ]
     for r in readers:
         r.start()
-    killer = threading.Timer(timeout, proc.kill)  # a replay that opened its TUI: a failure
-    killer.start()
     try:
-        _, status, usage = os.wait4(proc.pid, 0)
-    finally:
-        killer.cancel()
-    proc.returncode = os.waitstatus_to_exitcode(status)
+        code = proc.wait(timeout)
+    except subprocess.TimeoutExpired:  # a replay that opened its TUI: a failure
+        os.killpg(proc.pid, signal.SIGKILL)
+        code = proc.wait(10)
     for r in readers:
         r.join(10)
-    return proc.returncode, texts[0].decode(), texts[1].decode(), usage.ru_maxrss / 1024
+    peak_kib = int(texts[2] or 0)
+    return code, texts[0].decode(), texts[1].decode(), peak_kib / 1024
 
 
 def _refused(path: Path, *commands: tuple[str, ...]) -> None:

@@ -53,6 +53,7 @@ from console.collect.recording_format import (
     MAX_INFLATED_BLOCK,
     MAX_INFLATED_FRAME,
     MAX_RECORD_BYTES,
+    MAX_RECORD_DEPTH,
     MAX_TIME,
     MORE,
     VERSION,
@@ -70,7 +71,8 @@ from console.collect.recording_format import (
     decode_record,
     decode_which,
     diff,
-    json_values,
+    json_depth,
+    json_openers,
     misfit,
     one_line,
     patch,
@@ -428,7 +430,13 @@ class Recording:
                 try:
                     for line in block_reader.lines(data, MAX_RECORD_BYTES, whole=False):
                         n += 1
-                        values += json_values(line)
+                        openers = json_openers(line)
+                        if openers > MAX_RECORD_DEPTH and json_depth(line) > MAX_RECORD_DEPTH:
+                            raise Malformed(
+                                f"record {n}: nested deeper than {MAX_RECORD_DEPTH} levels, "
+                                "the bound for one"
+                            )
+                        values += openers + line.count(b",")
                         if values > MAX_BLOCK_VALUES:
                             raise Malformed(
                                 f"record {n}: more than {MAX_BLOCK_VALUES:,} JSON values in "
