@@ -10,6 +10,7 @@ import shutil
 import signal
 import socket
 import sqlite3
+import subprocess
 import sys
 import threading
 import time
@@ -20,7 +21,7 @@ import httpx
 import pytest
 
 from console.core.wire import EngineJobResult
-from tests.conftest import OPERATOR, VIEWER, Agent, agent_env, run_cli
+from tests.conftest import OPERATOR, ROOT, VIEWER, Agent, agent_env, run_cli
 from tests.engines.servers import free_port, stop, vllm_python, wait_until
 
 FLEET = """
@@ -480,3 +481,67 @@ def test_cli_start_wait_follows_the_job_and_exits_non_zero_when_it_fails(
     stop(agent.process, grace=5)
     gone = run_cli("jobs", *fleet, "--node", "local", env=env)
     assert gone.returncode == 2 and "did not answer" in gone.stderr
+
+
+def test_ctrl_c_on_wait_says_the_job_goes_on_and_the_jobs_header_names_every_column(
+    agent_factory, state, model_dir
+):
+    """Issue 28 #15: Ctrl+C on `--wait` exited 130 with no word that the job goes on, and
+    `engineroom jobs` named 5 of its 8 columns."""
+    port = free_port()
+    text = fleet_text(state, model_dir, port, Path(sys.executable)).replace(
+        f'"{sys.executable}", "-m", "vllm.entrypoints.openai.api_server"]',
+        f'"{sys.executable}", "-c", "import time; time.sleep(300)"]',
+        1,
+    )
+    agent = agent_factory(text)
+    console_fleet = state.parent / "console.toml"
+    console_fleet.write_text(
+        agent.fleet.read_text().replace(
+            'agent = "http://127.0.0.1:9410"', f'agent = "{agent.url}"\ntoken_env = "T_OP"'
+        )
+    )
+    env = {**agent_env(), "T_OP": OPERATOR_TOKEN}
+    cli = subprocess.Popen(
+        [sys.executable, "-m", "console.cli", "vllm", "start", "--fleet", str(console_fleet),
+         "--node", "local", "--profile", "tiny", "--wait"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT,
+    )  # fmt: skip
+    try:
+        job_id = wait_until(
+            lambda: next(
+                (j["id"] for j in agent.get("/v1/jobs").json() if j["state"] == "running"), None
+            ),
+            60,
+            what="the start job running",
+        )
+        wait_until(
+            lambda: any(
+                s["name"] == "load" and s["state"] == "running"
+                for s in agent.get(f"/v1/jobs/{job_id}").json()["steps"]
+            ),
+            60,
+            what="the engine loading",
+        )
+        cli.send_signal(signal.SIGINT)
+        out, err = cli.communicate(timeout=30)
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+    assert cli.returncode == 130, (out, err)
+    assert f"stopped following job {job_id} on local; the job goes on" in err
+    assert agent.get(f"/v1/jobs/{job_id}").json()["state"] == "running"  # it does go on
+
+    listed = run_cli("jobs", "--fleet", str(console_fleet), env=env)
+    header, row = listed.stdout.splitlines()[:2]
+    assert header.split()[:6] == ["NODE", "JOB", "KIND", "TARGET", "STATE", "TOOK"], header
+    assert "BY" in header and "by alice" in row and job_id in row
+    assert row.index("running") == header.index("STATE")
+
+    cancelled = httpx.delete(
+        f"{agent.url}/v1/jobs/{job_id}",
+        headers={"Authorization": f"Bearer {OPERATOR_TOKEN}"},
+        timeout=30,
+    )
+    assert cancelled.status_code in (200, 202), cancelled.text
+    wait_job(agent, job_id, 60)

@@ -172,15 +172,19 @@ def parse_sets(items: list[str]) -> dict[str, Any]:
 # The CLI: engineroom vllm start|stop|restart, engineroom jobs
 
 
+# Every column `describe` writes, named: the header and the rows are made together.
+JOBS_HEADER = f"{'JOB':<12}  {'KIND':<15} {'TARGET':<20} {'STATE':<10}{'TOOK':>9}  BY / COLD START"
+
+
 def describe(job: Job) -> str:
-    """One line per job for `engineroom jobs` and the follow output."""
+    """One line per job for `engineroom jobs` and the follow output (JOBS_HEADER's)."""
     target = job.params.get("profile") or job.params.get("engine") or job.params.get("drill") or ""
-    took = ""
-    if job.created and job.updated:
-        took = f" {job.updated - job.created:6.1f} s"
+    took = f"{job.updated - job.created:7.1f} s" if job.created and job.updated else "?"
     cold = job.result.get("cold_start", {}).get("total_s")
     extra = f"  cold start {cold:.1f} s" if isinstance(cold, int | float) else ""
-    return f"{job.id}  {job.kind:<15} {target:<20} {job.state:<10}{took}  by {job.who}{extra}"
+    return (
+        f"{job.id:<12}  {job.kind:<15} {target:<20} {job.state:<10}{took:>9}  by {job.who}{extra}"
+    )
 
 
 def _print_progress(out: TextIO) -> Callable[[Job], None]:
@@ -219,9 +223,18 @@ async def _act(
             say(f"job {job.id} ({job.kind}) on {node}: {job.state}", out)
         if wait:
             started = time.monotonic()
-            job = await actions.follow(
-                job.id, (lambda j: None) if as_json else _print_progress(out)
-            )
+            try:
+                job = await actions.follow(
+                    job.id, (lambda j: None) if as_json else _print_progress(out)
+                )
+            except asyncio.CancelledError:  # Ctrl+C: this stops following, not the job
+                say(
+                    f"\nstopped following job {job.id} on {node}; the job goes on in the agent."
+                    f"\n  follow it: engineroom jobs --node {node}"
+                    f"\n  cancel it: the Jobs screen (c), or DELETE /v1/jobs/{job.id}",
+                    sys.stderr,
+                )
+                raise
             if not as_json:
                 say(
                     f"job {job.id}: {job.state} after {time.monotonic() - started:.1f} s"
@@ -311,7 +324,7 @@ def run_jobs(
             file=out,
         )
     else:
-        print(f"{'NODE':<12} {'JOB':<12}  {'KIND':<15} {'TARGET':<20} STATE", file=out)
+        print(f"{'NODE':<12} {JOBS_HEADER}", file=out)
         for n, job in rows:
             say(f"{n:<12} {describe(job)}", out)
         for problem in problems:
