@@ -448,3 +448,30 @@ def test_the_pytorch_pipeline_builds_by_loading_and_a_killed_agent_leaves_no_ste
     assert f"build (process group {pgid}) killed" in job["error"]
     wait_until(lambda: not group_pids(pgid), timeout=10, what="the orphaned build gone")
     assert not (node.cache / ".staging" / job_id).exists()
+
+
+def test_the_markdown_report_never_cuts_a_word():
+    """Issue 28 #15: `drill show --markdown` cut step details mid-word at 160 characters."""
+    from console.core import drillreport
+
+    detail = "the candidate answered " + "exactly like the baseline " * 10 + "ENDWORD"
+    prompt = "Summarize the incident timeline for the on-call handover please " * 2
+    rep = {
+        "drill": "d", "job_id": "j1", "node": "n", "who": "alice", "model": "m",
+        "deployment": "dep", "state": "succeeded", "error": None, "started": None,
+        "ended": None, "time_to_rebuild_s": None, "build_key": None, "cache": None,
+        "versions": {}, "gates": [], "benchmark": None, "baseline": None, "promoted": None,
+        "log_tail": [],
+        "steps": [{"name": "validate", "state": "succeeded", "duration_s": 1.0,
+                   "exit_code": 0, "spawn_to_first_output_s": None,
+                   "exit_to_recorded_s": None, "detail": detail}],
+        "validate": {"prompts": 1, "exact_match": 1.0, "first_n": 8, "unit": "tokens",
+                     "first_n_agreement": 1.0,
+                     "rows": [{"prompt": prompt, "exact": True, "agree_tokens": 8}]},
+    }  # fmt: skip
+    md = drillreport.markdown(rep)
+    assert "ENDWORD" in md  # the whole detail
+    row = next(line for line in md.splitlines() if line.startswith("| Summarize"))
+    shown = row.split("|")[1].strip()
+    assert shown.endswith(" …") and prompt.startswith(shown.removesuffix(" …"))
+    assert shown.removesuffix(" …").split()[-1] in prompt.split()

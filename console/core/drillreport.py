@@ -7,6 +7,7 @@ its SQLite store; the report is derived from that record, so the agent's
 
 from __future__ import annotations
 
+import textwrap
 import time
 from typing import Any
 
@@ -85,6 +86,11 @@ def _v(value: Any, unit: str = "", digits: int = 1) -> str:
     return f"{value}{unit}"
 
 
+def _words(text: str, width: int) -> str:
+    """At most `width` characters, cut between words with an ellipsis, never inside one."""
+    return textwrap.shorten(text, width, placeholder=" …") or text[: width - 1] + "…"
+
+
 def _when(t: float | None) -> str:
     return "unknown" if t is None else time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(t))
 
@@ -131,7 +137,7 @@ def markdown(rep: dict[str, Any]) -> str:
                     "" if s["exit_code"] is None else str(s["exit_code"]),
                     _ms(s["spawn_to_first_output_s"]),
                     _ms(s["exit_to_recorded_s"]),
-                    (s["detail"] or "")[:160],
+                    s["detail"] or "",  # whole: a postmortem quotes it, a cut misleads
                 ]
             )
         )
@@ -153,7 +159,7 @@ def markdown(rep: dict[str, Any]) -> str:
             _row(["---"] * 3),
         ]
         out += [
-            _row([r["prompt"][:60], "yes" if r["exact"] else "no", str(r["agree_tokens"])])
+            _row([_words(r["prompt"], 60), "yes" if r["exact"] else "no", str(r["agree_tokens"])])
             for r in val["rows"]
         ]
     bench = rep["benchmark"]
