@@ -297,7 +297,7 @@ def test_each_step_of_the_incident_says_the_truth_and_names_its_deployment():
     checks = incident.checks()
     assert [c.state for c in checks] == ["done"] * 5, [c.detail for c in checks]
     assert checks[4].detail == f"{TRT} carries the traffic (weight 100)"
-    assert checks[2].detail == f"moved by job f1, not needed now: {TRT} is current (weight 100)"
+    assert checks[2].detail == f"done by job f1; {TRT} is current again (weight 100)"
 
 
 def test_a_failed_try_is_said_and_the_step_stays_next():

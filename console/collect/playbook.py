@@ -119,7 +119,7 @@ def plan(
         Check(
             "TensorRT-LLM deployment",
             "failed" if why else "done",
-            "; ".join(why) or f"{source.id} is ready and current: nothing to do",
+            "; ".join(why) or f"{source.id} is ready and current",
         )
     )
 
@@ -176,11 +176,12 @@ def plan(
             + (f" (job {to_vllm.id})" if to_vllm is not None else ""),
         )
     elif rebuilt:
-        done_by = f"moved by job {to_vllm.id}, " if to_vllm is not None else ""
         step = Check(
             "fail over to vLLM",
             "done",
-            f"{done_by}not needed now: {source.id} is current (weight {w_src})",
+            f"done by job {to_vllm.id}; {source.id} is current again (weight {w_src})"
+            if to_vllm is not None
+            else f"not needed: {source.id} is current (weight {w_src})",
         )
     elif sb_ready:
         step = Check(

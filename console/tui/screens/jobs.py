@@ -75,12 +75,17 @@ def job_note(job: Job) -> Text:
     if job.error:
         return Text(job.error, style="red")
     if current is not None:
-        return Text(f"{current.name}: {current.detail or ''}")
+        return Text(f"{current.name}: {current.detail}" if current.detail else current.name)
     rebuilt = job.result.get("time_to_rebuild_s")
     if rebuilt:
         return Text(f"time to rebuild {fmt.seconds(rebuilt)}")
     cold = job.result.get("cold_start", {}).get("total_s")
-    return Text(f"cold start {cold:.1f} s" if cold else "")
+    if cold:
+        return Text(f"cold start {cold:.1f} s")
+    after = job.result.get("after")  # a failover's weights once it ended
+    if isinstance(after, dict) and after:
+        return Text("now " + " ".join(f"{d}={w}" for d, w in after.items() if w))
+    return Text("")
 
 
 def _ms(value: float | None) -> str:
@@ -309,7 +314,7 @@ class JobScreen(ViewScreen):
 
     def compose_body(self) -> ComposeResult:
         yield SafeStatic(id="job-info")
-        yield FleetTable([("STEP", 10), ("STATE", 10), ("TOOK", 8), ("DETAIL", None)], id="steps")
+        yield FleetTable([("STEP", 11), ("STATE", 10), ("TOOK", 8), ("DETAIL", None)], id="steps")
         yield Static(Text("engine log", style="bold"), id="log-title")
         with VerticalScroll(id="job-log"):
             yield SafeStatic(id="log")  # the engine's own output
@@ -449,7 +454,7 @@ class JobsScreen(ViewScreen):
     COLUMNS = [
         ("NODE", 11),
         ("JOB", 13),
-        ("KIND", 15),
+        ("KIND", 19),  # failover.emergency
         ("TARGET", 22),
         ("STATE", 10),
         ("TOOK", 8),
@@ -517,8 +522,9 @@ class JobsScreen(ViewScreen):
 
 
 class GatewayJobScreen(JobScreen):
-    """One of the gateway's failover jobs, live: its steps, then the routes before and
-    after and each shift's verification figures. Cancelling is the failover plan's."""
+    """One of the gateway's failover jobs, live: its steps (each shift's verification
+    figures in its detail), then the routes before and after. Cancelling is the failover
+    plan's."""
 
     def __init__(self, job_id: str) -> None:
         super().__init__(GATEWAY, job_id)
@@ -526,7 +532,7 @@ class GatewayJobScreen(JobScreen):
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action == "cancel_job":
-            return None  # the agent's cancel; a failover is cancelled where it was started
+            return False  # the agent's cancel; a failover is cancelled where it was started
         return super().check_action(action, parameters)
 
     async def fetch(self) -> None:
@@ -555,11 +561,12 @@ class GatewayJobScreen(JobScreen):
             t.append(f"data plane: {result['dataplane_is']}\n", style="dim")
         for name in ("before", "after"):
             weights = result.get(name)
-            shown = " ".join(f"{d}={w}" for d, w in weights.items()) if weights else "unknown"
+            pending = name == "after" and job.state in ("queued", "running")
+            shown = (
+                " ".join(f"{d}={w}" for d, w in weights.items())
+                if weights
+                else ("not yet" if pending else "unknown")
+            )
             t.append(f"{name:<7}", style="bold")
             t.append(f"{shown}\n")
-        for figures in result.get("verification") or []:
-            t.append(f"verified at {figures.get('step', '?')}%  ", style="bold")
-            rest = {k: v for k, v in figures.items() if k != "step"}
-            t.append(" ".join(f"{k}={v}" for k, v in rest.items()) + "\n", style="dim")
         self.query_one("#log", Static).update(t)
