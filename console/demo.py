@@ -17,7 +17,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from console.sim.fleetfile import TOKEN_ENV
+from console.sim.fleetfile import TOKEN_ENV, VIEWER_TOKEN_ENV, viewer_token_for
 
 
 def start_sim(nodes: int, out_dir: Path, token: str) -> tuple[subprocess.Popen[str], Path]:
@@ -43,15 +43,18 @@ def run_demo(*, no_tui: bool = False, nodes: int = 4) -> int:
     token = os.environ.get(TOKEN_ENV, "").strip()
     if not token:
         token = secrets.token_urlsafe(24)
-        if no_tui:  # a second console needs it; the built-in one reads it from here
-            print(
-                f"engineroom demo: {TOKEN_ENV} is not set; this run's token:\n"
-                f"  export {TOKEN_ENV}={token}\n"
-                "  then, in another terminal: engineroom --fleet PATH (the 'fleet: PATH' line)",
-                file=sys.stderr,
-                flush=True,
-            )
+    if no_tui:  # a second console needs them; the built-in one reads them from here
+        print(
+            f"engineroom demo: the tokens of this run:\n"
+            f"  export {TOKEN_ENV}={token}\n"
+            f"  export {VIEWER_TOKEN_ENV}={viewer_token_for(token)}\n"
+            "  then, in another terminal: engineroom --fleet PATH (the 'fleet: PATH' line),\n"
+            "  or the read-only web view: engineroom serve --web --fleet PATH",
+            file=sys.stderr,
+            flush=True,
+        )
     os.environ[TOKEN_ENV] = token  # the console reads the agents' token from here
+    os.environ[VIEWER_TOKEN_ENV] = viewer_token_for(token)  # and a web view its viewer token
     if no_tui:
         from console.sim.__main__ import main
 

@@ -45,11 +45,13 @@ from console.sim import nvml, trtllm_double
 from console.sim.engines import ENSEMBLE, TritonEngine, VllmEngine
 from console.sim.fleetfile import (
     TOKEN_ENV,
+    VIEWER_TOKEN_ENV,
     FleetText,
     listen_socket,
     model_tables,
     node_name,
     port_of,
+    viewer_token_for,
 )
 from console.sim.load import TICK_S, Traffic, Workload
 from console.sim.nvml import GpuSpec, SimulatedNvml, Tenant
@@ -344,12 +346,16 @@ class DemoFleet:
         )
         agent.engines.merge(processes, time.time())
         settings = fleet.agent
-        # The one demo token is an operator token (operators may also read); passed
-        # explicitly, so nothing is read from or left in this process's environment.
+        # The demo token is an operator token (operators may also read), and its viewer
+        # token reads only (the web view's); passed explicitly, so nothing is read from or
+        # left in this process's environment.
         tokens = Tokens.from_env(
             settings.viewer_token_env,
             settings.operator_token_env,
-            environ={settings.operator_token_env: token},
+            environ={
+                settings.operator_token_env: token,
+                settings.viewer_token_env: viewer_token_for(token),
+            },
         )
         config = uvicorn.Config(
             create_app(agent, tokens, runner=JobRunner.open(agent)),
@@ -370,7 +376,12 @@ class DemoFleet:
 
         from console.gateway.server import Gateway
 
-        gateway = Gateway(fleet, admin_token=token, state_dir=self.path.parent / "gateway")
+        gateway = Gateway(
+            fleet,
+            admin_token=token,
+            viewer_token=viewer_token_for(token),
+            state_dir=self.path.parent / "gateway",
+        )
         # A short shutdown, as for the engines: a simulated client's stream that waits in a
         # surge's queue must not hold the fleet's exit for aiohttp's default minute.
         runner = web.AppRunner(
@@ -420,6 +431,7 @@ class DemoFleet:
             {
                 "url": f"http://127.0.0.1:{port_of(gateway_sock)}",
                 "token_env": TOKEN_ENV,
+                "viewer_token_env": VIEWER_TOKEN_ENV,
                 "state_dir": str(self.path.parent / "gateway"),
             },
         )
@@ -431,6 +443,7 @@ class DemoFleet:
                 "probe_timeout_s": 2.0,
                 "discover": False,
                 "operator_token_env": TOKEN_ENV,
+                "viewer_token_env": VIEWER_TOKEN_ENV,
                 "state_dir": str(self.path.parent / "state"),
             },
         )
@@ -713,8 +726,9 @@ SIMULATED fleet, written by `python -m console.sim` (behind `engineroom demo`).
 
 The agents are real engineroom agents; the GPUs (NVML), the engines (vLLM-like and
 Triton/TensorRT-LLM-like servers) and their traffic are SIMULATED, all in one process on
-127.0.0.1. This file is valid only while that process runs. The token for every node is in
-the environment variable ENGINEROOM_DEMO_TOKEN.
+127.0.0.1. This file is valid only while that process runs. The operator token for every node
+(and the gateway's admin token) is in the environment variable ENGINEROOM_DEMO_TOKEN; the
+viewer token the web view reads with, in ENGINEROOM_DEMO_VIEWER_TOKEN.
 """
 
 

@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import socket
 import string
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-TOKEN_ENV = "ENGINEROOM_DEMO_TOKEN"
+TOKEN_ENV = "ENGINEROOM_DEMO_TOKEN"  # the agents' operator token and the gateway's admin token
+# The agents' and the gateway's viewer token: what the web view (`serve --web`) reads with.
+VIEWER_TOKEN_ENV = "ENGINEROOM_DEMO_VIEWER_TOKEN"
+
+
+def viewer_token_for(token: str) -> str:
+    """The demo's viewer token, derived from its operator token: every process that has the
+    one knows the other, and the web view reads with the viewer token only."""
+    return hmac.new(token.encode(), b"engineroom demo viewer", hashlib.sha256).hexdigest()[:32]
 
 
 def listen_socket(preferred: int | None = None) -> socket.socket:

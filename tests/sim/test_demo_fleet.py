@@ -179,3 +179,53 @@ def test_sigterm_stops_the_fleet_and_its_stand_in_processes(tmp_path):
     assert not [p for p in pids if psutil.pid_exists(p)]
     with pytest.raises(httpx.ConnectError):
         sim.get(f"{agent}/healthz", timeout=2)
+
+
+def test_the_demo_gives_the_web_view_a_viewer_token_that_reads_and_cannot_act(demo, tmp_path):
+    """Issue 28 #4: the demo had one token, an operator token, which the web view drops:
+    `serve --web` showed every node as "no token". The demo now declares a viewer token
+    (derived from its operator token), which a web session gets for every node."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from console.core.config import parse_fleet
+    from console.sim.fleetfile import VIEWER_TOKEN_ENV, viewer_token_for
+    from console.tui.webserve import session_environment
+    from tests.sim.conftest import ROOT, TOKEN
+
+    viewer = viewer_token_for(TOKEN)
+    text = demo.fleet.read_text()
+    server_env = {"ENGINEROOM_DEMO_TOKEN": TOKEN, VIEWER_TOKEN_ENV: viewer, "PATH": "/bin"}
+    session, _ = session_environment(parse_fleet(text), server_env, "ENGINEROOM_WEB_TOKEN")
+    assert session["ENGINEROOM_DEMO_TOKEN"] == viewer  # each node, and the gateway: viewer
+    assert TOKEN not in session.values()
+
+    # What a web session's console reads with: every node up, the gateway answering.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ENGINEROOM_")}
+    env.update(session)
+
+    def all_up() -> dict | None:
+        done = subprocess.run(
+            [sys.executable, "-m", "console.cli", "check", "--json", "--fleet", str(demo.fleet)],
+            capture_output=True, text=True, timeout=60, cwd=ROOT, env=env,
+        )  # fmt: skip
+        report = json.loads(done.stdout)
+        up = report["summary"]["nodes_up"] == len(report["nodes"])
+        return report if up and report["gateway"]["error"] is None else None
+
+    wait_until(all_up, 60, interval=1, what="every node up through the viewer token")
+    # ... and nothing that acts.
+    fleet = load_fleet(demo.fleet)
+    agent, gateway = fleet.nodes[0].agent, fleet.gateway
+    assert gateway is not None and gateway.url is not None
+    headers = {"Authorization": f"Bearer {viewer}"}
+    job = httpx.post(f"{agent}/v1/jobs", json={"kind": "engine.stop", "engine": "x"},
+                     headers=headers, timeout=10)  # fmt: skip
+    assert job.status_code == 403
+    model = fleet.models[0]
+    weights = {d.id: d.weight for d in model.deployments}
+    put = httpx.put(f"{gateway.url}/admin/routes/{model.name}", json={"weights": weights},
+                    headers=headers, timeout=10)  # fmt: skip
+    assert put.status_code == 403
