@@ -138,16 +138,20 @@ def test_what_the_console_keeps_is_bounded(monkeypatch: pytest.MonkeyPatch):
 
 
 class _Gateway(http.server.BaseHTTPRequestHandler):
-    """A gateway that answers GET /admin/jobs with whatever the test set."""
+    """A gateway that answers GET /admin/jobs with whatever the test set (the audit: no
+    row), and counts the calls."""
 
     answer = b"[]"
+    calls: list[str] = []
 
     def do_GET(self) -> None:  # http.server's name for it
+        self.calls.append(self.path)
+        body = self.answer if self.path == "/admin/jobs" else b"[]"
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(self.answer)))
+        self.send_header("Content-Length", str(len(body)))
         self.end_headers()
-        self.wfile.write(self.answer)
+        self.wfile.write(body)
 
     def log_message(self, *args: object) -> None:
         pass
@@ -184,5 +188,39 @@ async def test_a_gateway_job_list_that_is_not_one_is_said_in_one_line(odd_gatewa
         assert said in str(caught.value) and "\n" not in str(caught.value)
         assert await actions.read(client) == []
         assert actions.jobs == [] and actions.error is not None and said in actions.error
+    finally:
+        await client.close()
+
+
+async def test_the_gateways_jobs_are_read_every_few_seconds_and_each_poll_while_one_runs(
+    odd_gateway,
+):
+    """Not 50 jobs at every refresh for a screen that may not be open; but a failover's
+    progress stays live."""
+    _, url = odd_gateway
+    fleet = parse_fleet(FLEET + f'\n[gateway]\nurl = "{url}"\ntoken_env = "T_ODD_ADMIN"\n')
+    client = GatewayClient(fleet, timeout=5)
+    actions = operator_actions.GatewayActions(ActionTracker())
+    ended = {"id": "f00d", "kind": "failover.planned", "state": "succeeded", "who": "admin",
+             "created": T0, "params": {"model": "tiny", "to": "tiny-vllm"}}  # fmt: skip
+    _Gateway.answer, _Gateway.calls = json.dumps([ended]).encode(), []
+    try:
+        await actions.read(client)
+        assert _Gateway.calls == ["/admin/jobs", "/admin/audit"]
+        assert [j.id for j in actions.jobs] == ["f00d"] and actions.error is None
+        await actions.read(client)  # the next refresh: nothing due
+        assert len(_Gateway.calls) == 2
+        actions._next_read = 0.0  # AUDIT_EVERY_S later
+        await actions.read(client)
+        assert len(_Gateway.calls) == 4
+        _Gateway.answer = json.dumps([{**ended, "state": "running"}]).encode()
+        await actions.read(client)  # started since: seen at the next due read
+        assert len(_Gateway.calls) == 4
+        actions._next_read = 0.0
+        await actions.read(client)
+        assert actions.jobs[0].state == "running"
+        for _ in range(2):  # a failover runs: read at each poll
+            await actions.read(client)
+        assert len(_Gateway.calls) == 10
     finally:
         await client.close()

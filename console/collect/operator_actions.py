@@ -152,29 +152,32 @@ class ActionTracker:
 
 
 class GatewayActions:
-    """What a console keeps of the gateway's actions: its failover jobs (read at each
-    poll, for the Jobs screen) and the audit rows it has not shown yet (read every
-    AUDIT_EVERY_S, for Events). `error` says why they are not known now."""
+    """What a console keeps of the gateway's actions: its failover jobs (for Jobs and the
+    playbook) and the audit rows it has not shown yet (for Events). Read every
+    AUDIT_EVERY_S, and at each poll while a failover runs, so its progress stays live:
+    not 50 jobs a second for a screen that may not be open. `error` says why they are not
+    known now."""
 
     def __init__(self, tracker: ActionTracker) -> None:
         self.tracker = tracker
         self.jobs: list[Job] = []
         self.error: str | None = "not read yet"
-        self._next_audit = 0.0
+        self._next_read = 0.0
 
     async def read(self, client: GatewayClient) -> list[dict[str, Any]]:
-        """The jobs now; the records of the audit rows not seen before."""
+        """The records of the audit rows not seen before, when a read is due."""
+        running = any(j.state in ("queued", "running") for j in self.jobs)
+        if self.error is None and not running and time.monotonic() < self._next_read:
+            return []
         try:
-            self.jobs = [j for raw in await client.jobs() if (j := gateway_job(raw)) is not None]
-            self.error = None
-            if time.monotonic() < self._next_audit:
-                return []
-            records = self.tracker.audit(await client.audit())
-            self._next_audit = time.monotonic() + AUDIT_EVERY_S
-            return records
+            jobs = [j for raw in await client.jobs() if (j := gateway_job(raw)) is not None]
+            rows = await client.audit()
         except GatewayError as exc:
             self.lost(str(exc))
             return []
+        self.jobs, self.error = jobs, None
+        self._next_read = time.monotonic() + AUDIT_EVERY_S
+        return self.tracker.audit(rows)
 
     def lost(self, why: str) -> None:
         """The gateway did not answer: its jobs are unknown, not none."""
