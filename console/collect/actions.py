@@ -67,7 +67,7 @@ class AgentActions:
             ) from None
         try:
             data = json.loads(raw)
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, or nested past what decodes
             data = {"error": raw[:300].decode(errors="replace")}
         if status >= 400:
             error = data.get("error") if isinstance(data, dict) else None

@@ -23,6 +23,7 @@ from console.collect.actions import (
 )
 from console.core import drillreport
 from console.core.config import Fleet, MissingSecret
+from console.core.drillreport_check import ReportError, report_from
 from console.core.safetext import say
 from console.core.snapshot import Job
 
@@ -159,8 +160,13 @@ def show_drill(
     if found is None:
         print(f"engineroom: no drill job {job_id!r} on any agent", file=sys.stderr)
         return EXIT_FAILED
-    _, rep = found
-    print(json.dumps(rep, indent=2) if as_json else drillreport.markdown(rep), file=out, end="")
+    where, answer = found
+    try:  # the agent's JSON: typed before anything reads it
+        rep = report_from(answer)
+    except ReportError as exc:
+        say(f"engineroom: {where}: drill job {job_id!r}: {exc}", sys.stderr)
+        return EXIT_FAILED
+    print(json.dumps(answer, indent=2) if as_json else drillreport.markdown(rep), file=out, end="")
     return EXIT_OK
 
 
