@@ -261,7 +261,52 @@ async def test_the_console_records_what_it_sees(agent_factory, tmp_path, monkeyp
     recording = Recording(out)
     assert recording.torn is None and recording.head["by"] == "console"
     down = next(e for e in recording.events if e["subject"] == "gone")
-    assert down["kind"] == "raised" and "node down" in down["message"]
+    # Down from the start: it was raised before the recording began (issue 28 #3).
+    assert down["kind"] == "active" and "node down" in down["message"]
     replay = ReplayCollector(fleet_of(recording), recording=recording, at=recording.end)
     assert replay.states["local"].snapshot is not None
     assert replay.states["gone"].snapshot is None
+
+
+def test_alerts_live_when_recording_starts_are_active_at_start_and_later_ones_raised(
+    agent_factory, tmp_path
+):
+    """Issue 28 #3: the timeline listed alerts active for 15 minutes as "alert raised" at
+    the recording's first second. A node down from the start is "active at start"; one
+    that goes down while recording is "alert raised"."""
+    port = free_port()
+    agent = agent_factory(FLEET.format(state=tmp_path / "state", port=port), "local", port)
+    fleet = tmp_path / "console.toml"
+    fleet.write_text(
+        agent.fleet.read_text() + '\n[[nodes]]\nname = "gone"\nagent = "http://127.0.0.1:9"\n'
+    )
+    out = tmp_path / "night.rec"
+    log = tmp_path / "record.log"
+    env = agent_env(ENGINEROOM_TEST_VIEWER="viewer-token-0123")
+    with log.open("wb") as sink:
+        recorder = subprocess.Popen(
+            [sys.executable, "-m", "console.cli", "record", "--fleet", str(fleet),
+             "--out", str(out)],
+            stdout=sink, stderr=subprocess.STDOUT, env=env, cwd=ROOT, start_new_session=True,
+        )  # fmt: skip
+
+    def events() -> list[dict]:
+        if recorder.poll() is not None:
+            raise RuntimeError(f"record exited {recorder.returncode}: {log_tail(log)}")
+        return Recording(out).events if out.exists() and out.stat().st_size else []
+
+    try:
+        wait_until(lambda: any(e["subject"] == "gone" for e in events()), 60, what="gone recorded")
+        stop(agent.process, grace=5)  # "local" goes down while the recording runs
+        wait_until(lambda: any(e["subject"] == "local" for e in events()), 60, what="local down")
+        recorder.send_signal(signal.SIGTERM)
+        recorder.wait(30)
+    finally:
+        stop(recorder, grace=1)
+    kinds = {e["subject"]: e["kind"] for e in Recording(out).events if e["kind"] != "action"}
+    assert kinds == {"gone": "active", "local": "raised"}, kinds
+    timeline = run_cli("timeline", str(out))
+    assert timeline.returncode == 0, timeline.stderr
+    lines = timeline.stdout.splitlines()
+    assert any("alert active at start" in x and "gone" in x for x in lines), timeline.stdout
+    assert any("alert raised" in x and "local" in x for x in lines), timeline.stdout

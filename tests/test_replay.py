@@ -211,3 +211,32 @@ def test_time_cursor_playing_at_ten_times_on_models(snap_compare, incident):
         await pilot.pause(0.3)
 
     assert snap_compare(app, terminal_size=SIZE, run_before=models)
+
+
+async def test_replay_opens_where_the_data_starts_and_says_there_is_none_before(tmp_path):
+    """Issue 28 #3: a recording started at 07:23:18 opened replay at 07:19:02, the time of
+    an audited action older than the recording, with every node "down"."""
+    # The gateway's audit log, read as the recording began, holds an older action.
+    early = tmp_path / "early.rec"
+    writer = RecordingWriter(early, fleet_text=FLEET, fleet_source="fleet.toml", keyframe_s=20)
+    writer.event({"t": T0 - 256, "kind": "action", "severity": "info", "subject": "tiny",
+                  "message": "gateway: routes set: tiny-trt=100", "who": "bob"})  # fmt: skip
+    h200 = json.loads(H200.read_text())
+    for second in range(5):
+        t = T0 + second
+        writer.node("h200", {**h200, "node": {**h200["node"], "time": t}}, "up", None, t=t)
+        writer.node("cpu-1", None, "down", "connection refused", t=t)
+        writer.node("gone", None, "down", "connection refused", t=t)
+    writer.close()
+    recording = Recording(early)
+    assert recording.start == T0  # not the older action's time
+    assert any(e["t"] == T0 - 256 for e in recording.events)  # which is kept
+    app = replay_app(early)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        assert app.replay.at == T0
+        assert app.view is not None and app.view.summary.nodes_up == 1
+        await pilot.press("t", *keys("2026-11-30 23:50:00"), "enter")
+        await pilot.pause()
+        assert any("no data before the recording" in n for n in _notes(app)), _notes(app)
+        assert app.replay.at == T0

@@ -185,7 +185,7 @@ def deployment_alerts(
 @dataclass(frozen=True, slots=True)
 class Event:
     time: float  # unix seconds
-    kind: Literal["raised", "cleared", "action"]
+    kind: Literal["raised", "active", "cleared", "action"]  # active: raised before a recording
     severity: str
     subject: str
     message: str

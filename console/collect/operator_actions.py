@@ -23,7 +23,9 @@ from console.collect.alerts import Event
 from console.collect.gateway_client import GatewayClient, GatewayError
 from console.core.snapshot import Job, SnapshotError, job_from
 
-KINDS = ("raised", "cleared", "action")  # the kinds of event a record may have
+# The kinds of event a record may have; "active": an alert already raised when the
+# recording began (its start is not known).
+KINDS = ("raised", "active", "cleared", "action")
 MAX_KNOWN = 10_000  # jobs and audit rows remembered to tell what is new; oldest forgotten
 GATEWAY = "gateway"  # where a gateway job runs, in the Jobs screen's NODE column
 AUDIT_EVERY_S = 5.0  # the gateway's audit log: a few rows a minute at most

@@ -15,6 +15,7 @@ import contextlib
 import signal
 import sys
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -37,9 +38,16 @@ def open_writer(fleet: Fleet, out: str | Path, by: str, **settings: Any) -> Reco
 
 
 class Recorder:
-    def __init__(self, writer: RecordingWriter, refresh_s: float) -> None:
+    def __init__(
+        self, writer: RecordingWriter, refresh_s: float, nodes: Iterable[str] = ()
+    ) -> None:
+        """`nodes`: the fleet's declared nodes. Alerts raised before each has been read
+        once (and a refresh after) were there before the recording began: they are
+        written as "active" (active at start), not as raised at its first second."""
         self.writer = writer
         self.refresh_s = refresh_s
+        self._unread = set(nodes)
+        self._warm_at: float | None = None if self._unread else time.time()
         self._last: dict[str, object] = {}  # node -> the snapshot object last handed on
         self.actions = ActionTracker()  # how an action reads: the live Events' too
         self._newest_event: Event | None = None
@@ -51,6 +59,10 @@ class Recorder:
         new = snap is not None and self._last.get(state.name) is not snap
         status = state.status(self.refresh_s)
         self.writer.node(state.name, snap if new else None, status, state.error)
+        if self._unread and status != "waiting":
+            self._unread.discard(state.name)
+            if not self._unread:
+                self._warm_at = time.time()
         if new and snap is not None:
             self._last[state.name] = snap
             # An agent's job is an operator action: when it starts, moves a step, ends.
@@ -68,9 +80,13 @@ class Recorder:
                 fresh.append(event)
         if log.events:
             self._newest_event = log.events[0]
+        warm = self._warm_at
         for event in reversed(fresh):
+            kind = event.kind
+            if kind == "raised" and (warm is None or event.time <= warm + self.refresh_s):
+                kind = "active"  # seen as the recording began: raised before it, when unknown
             self.writer.event(
-                {"t": event.time, "kind": event.kind, "severity": event.severity,
+                {"t": event.time, "kind": kind, "severity": event.severity,
                  "subject": event.subject, "message": event.message}
             )  # fmt: skip
 
@@ -116,9 +132,9 @@ async def poll_gateway(fleet: Fleet, recorder: Recorder, stop: asyncio.Event) ->
 async def record(fleet: Fleet, out: str | Path, for_s: float | None) -> int:
     """`engineroom record`: the fleet into `out` until `for_s` passed or SIGTERM/SIGINT."""
     writer = open_writer(fleet, out, "record")
-    recorder = Recorder(writer, fleet.fleet.refresh_s)
+    recorder = Recorder(writer, fleet.fleet.refresh_s, (n.name for n in fleet.nodes))
     collector = Collector(fleet, on_update=recorder.node_updated)
-    views, log = ViewBuilder(fleet), EventLog()
+    views, log = ViewBuilder(fleet, hold=True), EventLog()  # alerts held as in the console
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

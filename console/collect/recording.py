@@ -311,7 +311,10 @@ class Recording:
         self.head = self._head()
         self.blocks = [i for i, kind in enumerate(self.frames.kinds) if kind == KEY]
         self._block_times = [self.frames.firsts[i] for i in self.blocks]
-        data_frames = [i for i, kind in enumerate(self.frames.kinds) if kind != HEAD]
+        # The recording spans its snapshots: an event may be older (an audited action the
+        # gateway logged before the recording began); replay never opens on a moment it
+        # has no data for, where every node would read "down" (issue 28).
+        data_frames = [i for i, kind in enumerate(self.frames.kinds) if kind in (KEY, MORE)]
         firsts, lasts = self.frames.firsts, self.frames.lasts
         self.start = min((firsts[i] for i in data_frames), default=self.head["started"])
         self.end = max((lasts[i] for i in data_frames), default=self.start)

@@ -27,7 +27,7 @@ from console.collect.recording import Cursor, FleetAt, Recording, RecordingError
 from console.core.config import ConfigError, Fleet, parse_fleet
 from console.core.snapshot import Snapshot
 
-MARKS = ("raised", "cleared", "action")  # what "next event" jumps to
+MARKS = ("raised", "active", "cleared", "action")  # what "next event" jumps to
 SPEEDS = (1.0, 10.0, 60.0)
 JUMP_S = 60.0
 

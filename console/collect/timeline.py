@@ -104,6 +104,14 @@ def _affected(entry: Entry, models: set[str], on_node: dict[str, set[str]]) -> s
     return {m for m in models if m in entry.what}
 
 
+# How an alert event reads in the timeline; "active": raised before the recording began.
+ALERT_KINDS = {
+    "raised": "alert raised",
+    "cleared": "alert cleared",
+    "active": "alert active at start",
+}
+
+
 def build(
     recording: Recording, start: float | None = None, end: float | None = None
 ) -> list[Entry]:
@@ -117,7 +125,7 @@ def build(
             continue
         kind = str(e.get("kind"))
         entries.append(
-            Entry(t, f"alert {kind}" if kind in ("raised", "cleared") else kind,
+            Entry(t, ALERT_KINDS.get(kind, kind),
                   str(e.get("subject", "?")), str(e.get("message", "")),
                   str(e.get("severity", "info")), e.get("who"), e.get("why"))
         )  # fmt: skip

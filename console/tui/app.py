@@ -133,7 +133,9 @@ class EngineroomApp(Workflows):
         self.recorder: Recorder | None = None
         if record is not None:  # --record FILE: what this console sees goes to a recording
             writer = open_writer(fleet, record, "console")
-            self.recorder = recorder = Recorder(writer, self.collector.refresh_s)
+            self.recorder = recorder = Recorder(
+                writer, self.collector.refresh_s, (n.name for n in fleet.nodes)
+            )
             chained = self.collector.on_update
 
             def recorded(state: NodeState) -> None:

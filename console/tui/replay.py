@@ -131,6 +131,15 @@ class ReplayApp(RefusingApp):
         except ValueError as exc:
             self.notify(str(exc), title="jump", severity="error")
             return
+        if not self.replay.first <= t <= self.replay.last:
+            where = "before" if t < self.replay.first else "after"
+            self.notify(
+                f"no data {where} the recording: it runs from {clock(self.replay.first)} "
+                f"to {clock(self.replay.last)}",
+                title="jump",
+                severity="warning",
+            )
+            t = min(max(t, self.replay.first), self.replay.last)
         self.playing = False
         self.replay.move_to(t)
         self._moved()

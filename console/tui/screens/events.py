@@ -18,7 +18,7 @@ from console.tui.screens.base import ViewScreen
 from console.tui.widgets.table import FleetTable, Row
 
 COLUMNS = [("TIME", 9), ("WHAT", 8), ("SUBJECT", 27), ("MESSAGE", None)]
-STYLE = {"raised": "bold red", "cleared": "green", "action": "cyan"}
+STYLE = {"raised": "bold red", "active": "yellow", "cleared": "green", "action": "cyan"}
 
 
 class EventsScreen(ViewScreen):
@@ -38,8 +38,12 @@ class EventsScreen(ViewScreen):
         events = console.events.events
         for i, e in enumerate(events):
             what = (
-                e.kind if e.kind != "raised" else ("CRIT" if e.severity == "critical" else "WARN")
-            )
+                ("CRIT" if e.severity == "critical" else "WARN")
+                if e.kind == "raised"
+                else "at start"
+                if e.kind == "active"
+                else e.kind
+            )  # "at start": already raised when the recording began
             cells = (
                 Text(time.strftime("%H:%M:%S", time.localtime(e.time))),
                 Text(what, style=STYLE.get(e.kind, "")),

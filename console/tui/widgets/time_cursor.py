@@ -35,11 +35,13 @@ class TimeCursor(Static):
         length = max(end - start, 1e-9)
         styles: dict[int, str] = {}
         for mark in replay.marks():
+            if not start <= mark.time <= end:
+                continue  # an audited action older than the recording: no place on the bar
             i = min(width - 1, int((mark.time - start) / length * width))
             bar[i] = "│"
             styles[i] = (
                 "bold red"
-                if mark.kind == "raised"
+                if mark.kind in ("raised", "active")
                 else ("green" if mark.kind == "cleared" else "bold cyan")
             )
         here = min(width - 1, int((at - start) / length * width))
