@@ -124,8 +124,8 @@ def test_every_screen_in_a_real_terminal_writes_outside_text_as_escapes(
         console.until(lambda b: b"bad: refused" in b, 30, "the refusal")
         console.command("drills", b"j-drill")
         console.command("start", b"refused")  # the form's plan, refused by the agent
-        console.type(b"\x1b")  # Esc closes the form
-        console.read(1)
+        console.type(b"\x1b")  # Esc closes the form: Drills is drawn again
+        console.until(lambda b: b"j-drill" in b, 30, "the form closed")
         console.command("models", b"m-bad")
         console.command("node real", b"vllm-")  # the real agent's engine
     finally:

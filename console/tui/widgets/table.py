@@ -458,10 +458,19 @@ def _with_margin(cells: Cells) -> Cells:
     terminal, since its text is a node's, an engine's, a job's (console.core.safetext):
     the one place every table's cells pass, made only for the rows drawn. A str becomes
     plain Text: never read as markup."""
-    first, *rest = (safe(c) if isinstance(c, Text | str) else c for c in cells)
+    first, *rest = map(_safe, cells)
     if isinstance(first, Text):
         first = Text(" ") + first
     return (first, *rest)
+
+
+def _safe(cell: RenderableType) -> RenderableType:
+    if isinstance(cell, Text):
+        plain = cell.plain
+        if plain.isascii() and plain.isprintable():  # most cells: nothing to look at
+            return cell
+        return safe(cell)
+    return safe(cell) if isinstance(cell, str) else cell
 
 
 def _differs(a: RenderableType, b: RenderableType) -> bool:
