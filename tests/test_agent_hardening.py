@@ -759,6 +759,20 @@ def test_a_request_body_over_the_limit_is_refused_unread(agent_factory, setup):
     small = post(agent.url, "/v1/jobs", {"kind": "nope"})
     assert small.status_code == 422  # an ordinary body still reads
 
+    # A Content-Length of 5,000 digits (int() refuses past 4,300): 413, not a 500.
+    port = int(agent.url.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(
+            b"POST /v1/jobs HTTP/1.1\r\nHost: x\r\n"
+            + f"Authorization: Bearer {OPERATOR_TOKEN}\r\n".encode()
+            + b"Content-Length: "
+            + b"9" * 5000
+            + b"\r\n\r\n{}"
+        )
+        head = sock.recv(64)
+    assert not head.startswith(b"HTTP/1.1 5"), head
+    assert "Traceback" not in agent.log.read_text()
+
 
 def test_connections_over_the_limit_get_503_and_the_agent_recovers(agent_factory, setup):
     """max_connections = 4: four snapshot streams are served, a fifth connection is not."""

@@ -475,3 +475,26 @@ def test_the_markdown_report_never_cuts_a_word():
     shown = row.split("|")[1].strip()
     assert shown.endswith(" …") and prompt.startswith(shown.removesuffix(" …"))
     assert shown.removesuffix(" …").split()[-1] in prompt.split()
+
+
+def test_a_manifest_too_big_or_too_deep_is_no_manifest(tmp_path):
+    """An engine folder is outside input for the agent: a manifest of gigabytes was read
+    whole, and one nested 100,000 deep raised RecursionError through the staleness
+    check (issue 27, a sibling of #5)."""
+    from console.agent import manifest
+
+    deep = tmp_path / "deep"
+    deep.mkdir()
+    (deep / manifest.MANIFEST).write_text("[" * 100_000 + "]" * 100_000)
+    big = tmp_path / "big"
+    big.mkdir()
+    with open(big / manifest.MANIFEST, "w") as f:
+        f.write('{"schema": 1, "pad": "')
+        f.write("x" * (manifest.MAX_MANIFEST_BYTES + 10))
+        f.write('"}')
+    good = tmp_path / "good"
+    good.mkdir()
+    (good / manifest.MANIFEST).write_text('{"schema": 1}')
+    assert manifest.read_manifest(deep) is None
+    assert manifest.read_manifest(big) is None
+    assert manifest.read_manifest(good) == {"schema": 1}

@@ -538,3 +538,21 @@ def test_a_client_that_hangs_up_is_counted_not_logged_as_a_gateway_failure(gatew
     text = gw.log.read_text()
     assert "failed on a request" not in text and "Traceback" not in text, text
     assert len(gw.log_lines("went away")) == 2
+
+
+def test_a_content_length_of_five_thousand_digits_is_refused_not_a_traceback(gateway):
+    """int() refuses a string of over 4,300 digits: FrontDoor's parse raised, the
+    connection dropped and asyncio logged a traceback (issue 27, a sibling of #2)."""
+    gw = gateway()
+    sock = connect(gw)
+    sock.sendall(
+        b"POST /v1/completions HTTP/1.1\r\nHost: gw\r\nContent-Length: "
+        + b"9" * 5000
+        + b"\r\n\r\n{}"
+    )
+    status, _ = read_answer(sock)
+    assert 400 <= status < 500, status
+    assert "Traceback" not in gw.log.read_text()
+    sock = connect(gw)  # and it goes on serving
+    sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: gw\r\n\r\n")
+    assert read_answer(sock)[0] == 200

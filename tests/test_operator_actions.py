@@ -224,3 +224,27 @@ async def test_the_gateways_jobs_are_read_every_few_seconds_and_each_poll_while_
         assert len(_Gateway.calls) == 10
     finally:
         await client.close()
+
+
+@pytest.mark.parametrize(
+    "row",
+    [
+        {"time": "yesterday", "who": "x", "action": "routes set", "params": {}},
+        {"time": float("nan"), "action": "routes set"},
+        {"time": [1, 2], "who": {"a": 1}, "action": ["job"], "params": []},
+        {"time": 10**400, "action": "job failover created", "params": {"id": [1]}},
+        "not a row",
+        None,
+    ],
+    ids=["text-time", "nan-time", "unhashable", "huge-time", "string", "none"],
+)
+def test_a_hostile_audit_row_costs_that_row_never_the_tracker(row):
+    """The gateway's audit rows are outside text: a time that is not one, a field that
+    is a list, a row that is not a dict raised in the tracker, which the console's
+    gateway poll and `engineroom record` call every few seconds."""
+    import math
+
+    tracker = ActionTracker()
+    records = tracker.audit([row, {"time": 1_796_083_200.0, "action": "routes set"}])
+    assert records and all(math.isfinite(r["t"]) and r["t"] > 0 for r in records)
+    assert [event_of(r).kind for r in records] == ["action"] * len(records)

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 MANIFEST = "engineroom-manifest.json"
+MAX_MANIFEST_BYTES = 4 * 2**20  # a manifest lists files and versions: kilobytes
 FACTS = ("driver", "cuda", "tensorrt", "tensorrt_llm", "gpu", "compute_capability")
 FACT_NAMES = {
     "driver": "driver",
@@ -204,9 +205,15 @@ def write_manifest(engine_dir: Path, manifest: dict[str, Any]) -> dict[str, Any]
 
 
 def read_manifest(engine_dir: Path) -> dict[str, Any] | None:
+    """The engine's manifest; None when there is none, or it is not one engineroom wrote:
+    over MAX_MANIFEST_BYTES, not JSON, nested too deep, or of another schema."""
     try:
-        data = json.loads((engine_dir / MANIFEST).read_text())
-    except (OSError, ValueError):
+        with open(engine_dir / MANIFEST, "rb") as f:
+            raw = f.read(MAX_MANIFEST_BYTES + 1)
+        if len(raw) > MAX_MANIFEST_BYTES:
+            return None
+        data = json.loads(raw)
+    except (OSError, ValueError, RecursionError):
         return None
     return data if isinstance(data, dict) and data.get("schema") == 1 else None
 

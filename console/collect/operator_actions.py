@@ -15,6 +15,7 @@ Jobs screen lists them beside the agents' jobs.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -28,6 +29,7 @@ from console.core.snapshot import Job, SnapshotError, job_from
 KINDS = ("raised", "active", "cleared", "action")
 MAX_KNOWN = 10_000  # jobs and audit rows remembered to tell what is new; oldest forgotten
 GATEWAY = "gateway"  # where a gateway job runs, in the Jobs screen's NODE column
+AUDIT_KEY = ("time", "who", "action")  # with the params: what tells one audit row apart
 AUDIT_EVERY_S = 5.0  # the gateway's audit log: a few rows a minute at most
 
 
@@ -117,8 +119,11 @@ class ActionTracker:
         newest first, as GET /admin/audit answers)."""
         out = []
         for row in reversed(rows):
-            params = row.get("params") if isinstance(row.get("params"), dict) else {}
-            key = (row.get("time"), row.get("who"), row.get("action"), str(params)[:200])
+            if not isinstance(row, dict):
+                continue  # not an audit row: nothing to say of it
+            raw = row.get("params")
+            params: dict[str, Any] = raw if isinstance(raw, dict) else {}
+            key = tuple(str(part)[:200] for part in (*map(row.get, AUDIT_KEY), params))
             if key in self._audit.items:
                 continue
             self._audit.put(key, None)
@@ -142,7 +147,7 @@ class ActionTracker:
         if job_id is not None:
             detail += f"{', ' if detail else ''}job {job_id}"
         return {
-            "t": float(row.get("time") or time.time()),
+            "t": _when(row.get("time")),
             "kind": "action",
             "severity": "info",
             "subject": str(params.get("model") or GATEWAY),
@@ -184,6 +189,15 @@ class GatewayActions:
     def lost(self, why: str) -> None:
         """The gateway did not answer: its jobs are unknown, not none."""
         self.jobs, self.error = [], why
+
+
+def _when(value: Any) -> float:
+    """An audit row's time; now, when the gateway sent none or not a time."""
+    try:
+        t = float(value)
+    except (TypeError, ValueError, OverflowError):
+        return time.time()
+    return t if math.isfinite(t) and t > 0 else time.time()
 
 
 def event_of(record: dict[str, Any]) -> Event:

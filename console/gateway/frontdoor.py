@@ -258,7 +258,8 @@ class FrontDoor(asyncio.Protocol):
             if name == b"content-length":
                 if length >= 0 or not value.isdigit():
                     return self._hand_over()
-                length = int(value)
+                # Past 18 digits it is over any cap (and int() refuses 4,300 digits).
+                length = int(value) if len(value) <= 18 else 10**18
             elif name in (b"transfer-encoding", b"expect", b"upgrade"):
                 return self._hand_over()
             elif name == b"authorization":
