@@ -18,6 +18,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import cast
 
+from console.core.safetext import for_terminal
+
 Reading = float | str | None  # a number; why it was refused; or not read
 Bounds = tuple[float, float, bool]  # low, high (inclusive), whole numbers only
 MAX_NAME = 253  # a host name's longest
@@ -71,9 +73,10 @@ model_bounds = MODEL_BOUNDS.get
 
 
 def shown(text: str, limit: int = 40) -> str:
-    """Outside text, quoted with every control character escaped, and cut."""
-    quoted = repr(text[: limit + 1])
-    return quoted if len(text) <= limit else quoted[:-1] + "…" + quoted[-1]
+    """Outside text, quoted, made safe by the one sanitizer (console.core.safetext), and
+    cut."""
+    cut = text[:limit] + ("…" if len(text) > limit else "")
+    return f"'{for_terminal(cut)}'"
 
 
 def number(text: str) -> float | None:
