@@ -297,3 +297,40 @@ async def test_a_standby_started_from_the_failover_plan_reopens_it_with_the_stan
                     timeout=60,
                     what="the standby stopped",
                 )
+
+
+async def test_a_port_override_that_detaches_the_engine_from_its_deployment_says_so(setup):
+    """Issue 28, dialogs that flow: a port override moves the engine away from the
+    endpoint its deployment names, so the gateway would route nothing to it."""
+    from textual.widgets import Input
+
+    text = setup("T_OPERATOR")
+    port = text.split("port = ", 1)[1].split("\n", 1)[0]
+    text += f"""
+[[models]]
+name = "tiny"
+  [[models.deployments]]
+  id = "tiny-standby"
+  node = "local"
+  engine = "vllm"
+  endpoint = "http://127.0.0.1:{port}"
+  profile = "tiny"
+  weight = 0
+"""
+    app = EngineroomApp(parse_fleet(text))
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: app.roles.get("local") == "operator", what="role learned")
+        app.start_vllm(model="tiny")
+        form = await until(
+            pilot, lambda: app.screen if isinstance(app.screen, StartVllmScreen) else None
+        )
+        await until(pilot, lambda: form.plan, what="the agent's plan")
+        assert "detached" not in str(form.query_one("#plan").render())  # its own port
+        other = str(free_port())
+        form.query_one("#o-port", Input).value = other
+        shown = await until(
+            pilot,
+            lambda: (p := str(form.query_one("#plan").render())) and "detached" in p and p,
+            what="the plan to say the engine is detached",
+        )
+        assert "tiny-standby (tiny) expects" in shown and f":{other}" in shown

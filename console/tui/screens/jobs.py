@@ -236,6 +236,9 @@ class StartVllmScreen(ModalScreen[tuple[str, str] | None]):
         if plan.get("env"):
             env = " ".join(f"{k}={v}" for k, v in plan["env"].items())
             t.append(f"  env: {env}\n")
+        apart = detached(self.console.fleet, name, str(plan["endpoint"]))
+        if apart:
+            t.append(f"note: {apart}\n", style="bold yellow")
         t.append("preflight\n", style="dim")
         for check in plan["checks"]:
             mark = ("  ok   ", "green") if check["ok"] else ("  FAIL ", "bold red")
@@ -267,6 +270,9 @@ class StartVllmScreen(ModalScreen[tuple[str, str] | None]):
             f"Start vLLM profile {name} on node {node} as engine {plan['engine_id']}.\n\n"
             f"{shlex.join(plan['argv'])}"
         )
+        apart = detached(self.console.fleet, name, str(plan["endpoint"]))
+        if apart:
+            body += f"\n\nNote: {apart}"
 
         self.console.confirm(
             f"Start {name} on {node}?",
@@ -284,6 +290,20 @@ class StartVllmScreen(ModalScreen[tuple[str, str] | None]):
             self.refresh_plan()
             return
         self.dismiss((node, job.id))
+
+
+def detached(fleet: Any, profile: str, endpoint: str) -> str | None:
+    """What a start at `endpoint` means for the deployments that name `profile`: said
+    when none of them would reach it (a port override moved it), since then the gateway
+    routes nothing to the new engine."""
+    named = [(m.name, d) for m in fleet.models for d in m.deployments if d.profile == profile]
+    if not named or any(d.endpoint.rstrip("/") == endpoint.rstrip("/") for _, d in named):
+        return None
+    where = ", ".join(f"{d.id} ({model}) expects {d.endpoint}" for model, d in named)
+    return (
+        f"the engine will listen at {endpoint}, but {where}: it would be detached from "
+        "its deployment, and the gateway would route nothing to it"
+    )
 
 
 def _current(profile: Any, key: str) -> str:
