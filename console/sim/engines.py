@@ -20,7 +20,7 @@ from typing import Any
 
 from aiohttp import web
 
-from console.sim.load import FINISH_REASONS, Histogram, Plan, Workload
+from console.sim.load import CLIENT_MARK, FINISH_REASONS, Histogram, Plan, Workload
 
 VLLM_VERSION = "0.32.0-sim"
 TRITON_VERSION = "2.51.0-sim"
@@ -289,7 +289,10 @@ class VllmEngine:
 
     def _plan(self, body: dict[str, Any], prompt: str, default_max: int | None) -> Plan:
         max_tokens = body.get("max_tokens", body.get("max_completion_tokens", default_max))
-        plan = self.workload.plan(time.monotonic(), max(1, len(prompt) // 4), max_tokens)
+        now = time.monotonic()
+        if CLIENT_MARK in prompt:  # a demo client's request: it stands for others
+            self.workload.arrived(now)
+        plan = self.workload.plan(now, max(1, len(prompt) // 4), max_tokens)
         if body.get("ignore_eos") and max_tokens is not None:
             plan.tokens = max_tokens
         return plan
@@ -618,7 +621,23 @@ class TritonEngine:
         return config
 
     # --- statistics, as /v2/models/stats reports them
-    def _model_stats(self, model: str) -> dict[str, Any]:
+    def _response_stats(self) -> dict[str, Any]:
+        """A streaming model's per-response statistics, as Triton reports them. Built once
+        for both decoupled models of a call: a few hundred entries, each its own dict."""
+        empty = _duration(0, 0)
+        return {
+            str(i): {
+                "compute_infer": _duration(sent, seconds * 0.98),
+                "compute_output": _duration(sent, seconds * 0.02),
+                "success": _duration(sent, seconds),
+                "fail": empty,
+                "empty_response": empty,
+                "cancel": empty,
+            }
+            for i, (sent, seconds) in enumerate(self.workload.responses())
+        }
+
+    def _model_stats(self, model: str, responses: dict[str, Any] | None = None) -> dict[str, Any]:
         w = self.workload
         requests = w.requests_total
         failed = w.finished["error"]
@@ -636,17 +655,6 @@ class TritonEngine:
             "compute_infer": _duration(ok, infer),
             "compute_output": _duration(ok, ok * 0.0001),
         }
-        responses: dict[str, Any] = {}
-        if model in DECOUPLED and w.responses:
-            for i, (sent, seconds) in enumerate(w.responses):
-                responses[str(i)] = {
-                    "compute_infer": _duration(sent, seconds * 0.98),
-                    "compute_output": _duration(sent, seconds * 0.02),
-                    "success": _duration(sent, seconds),
-                    "fail": _duration(0, 0),
-                    "empty_response": _duration(0, 0),
-                    "cancel": _duration(0, 0),
-                }
         return {
             "name": model,
             "version": "1",
@@ -661,7 +669,7 @@ class TritonEngine:
                 "cache_hit": _duration(0, 0),
                 "cache_miss": _duration(0, 0),
             },
-            "response_stats": responses,
+            "response_stats": (responses or {}) if model in DECOUPLED else {},
             "batch_stats": [{"batch_size": 1, **phases}],
             "memory_usage": [],
         }
@@ -671,7 +679,9 @@ class TritonEngine:
         if model is not None and model not in TRITON_MODELS:
             return self._unknown(model)
         names = [model] if model else list(TRITON_MODELS)
-        return web.json_response({"model_stats": [self._model_stats(n) for n in names]})
+        responses = self._response_stats() if DECOUPLED & set(names) else None
+        stats = [self._model_stats(n, responses) for n in names]
+        return web.json_response({"model_stats": stats})
 
     async def metrics(self, request: web.Request) -> web.Response:
         return web.Response(text=self.exposition(), content_type="text/plain")
@@ -739,7 +749,10 @@ class TritonEngine:
         if not isinstance(max_tokens, int) or max_tokens < 1:
             return self._error(f"expected input 'max_tokens' (an integer >= 1) for '{model}'")
         prompt_tokens = max(1, len(body["text_input"]) // 4)
-        plan = self.workload.plan(time.monotonic(), prompt_tokens, max_tokens)
+        now = time.monotonic()
+        if CLIENT_MARK in body["text_input"]:  # a demo client's request: it stands for others
+            self.workload.arrived(now)
+        plan = self.workload.plan(now, prompt_tokens, max_tokens)
         return plan, bool(body.get("stream", False))
 
     def _response(self, text: str) -> dict[str, Any]:

@@ -53,7 +53,14 @@ from console.sim.fleetfile import (
     port_of,
     viewer_token_for,
 )
-from console.sim.load import TICK_S, Traffic, Workload
+from console.sim.load import (
+    CLIENT_MARK,
+    STANDS_FOR_ENV,
+    TICK_S,
+    Routed,
+    Traffic,
+    Workload,
+)
 from console.sim.nvml import GpuSpec, SimulatedNvml, Tenant
 from plugins.base import Discovered
 
@@ -293,7 +300,11 @@ class DemoFleet:
         start = time.monotonic()
         workloads = []
         for i, (spec, sock, msock) in enumerate(zip(specs, http, metrics, strict=True)):
-            workload = Workload(spec.traffic, seed=i, start=start, responses=msock is not None)
+            # Its traffic is what the gateway sends it (console.sim.load, routed traffic).
+            routed = Routed(stands_for(specs, spec.model), prior=spec.traffic.rate)
+            workload = Workload(
+                spec.traffic, seed=i, start=start, responses=msock is not None, routed=routed
+            )
             workloads.append(workload)
             self._children.append(_stand_in(bin_dir, spec.kind))
             if msock is not None:
@@ -412,6 +423,9 @@ class DemoFleet:
             now = time.monotonic()
             for workload in workloads:
                 workload.tick(now)
+                # One engine's second at a time: the gateway and the engines' streams in
+                # this loop wait for one tick, not for twenty.
+                await asyncio.sleep(0)
 
     def _write(
         self,
@@ -494,7 +508,7 @@ class DemoFleet:
                     )
             models.append((model.name, model.slo, deployments))
         model_tables(out, models)
-        self._write_profiles(out, len(agent_socks))
+        self._write_profiles(out, specs, len(agent_socks))
         self._write_drills(out, specs, http)
         self.path.write_text(out.text(), encoding="utf-8")
 
@@ -519,11 +533,13 @@ class DemoFleet:
                 )
         return self._standby_list
 
-    def _write_profiles(self, out: FleetText, nodes: int) -> None:
+    def _write_profiles(self, out: FleetText, specs: list[EngineSpec], nodes: int) -> None:
         """Launch profiles on GPUs the layout leaves idle, for "Start vLLM" in the demo.
 
         They launch console.sim.standin_vllm (SIMULATED): vLLM's log lines, then the
-        simulated engine. The model directories hold only a config.json, for the preflight.
+        simulated engine, whose traffic is what the gateway sends it (STANDS_FOR_ENV: how
+        many users a client request stands for). The model directories hold only a
+        config.json, for the preflight.
         """
         models_dir = self.path.parent / "models"
         for standby in self._standbys(nodes):
@@ -545,6 +561,7 @@ class DemoFleet:
                     "overridable": ["port"],
                     "allowed_args": ["max_num_seqs", "gpu_memory_utilization"],
                     "stop_grace_s": 10.0,
+                    "env": {STANDS_FOR_ENV: f"{stands_for(specs, model):.4g}"},
                 },
             )
 
@@ -678,6 +695,14 @@ class DemoFleet:
 
 
 GATEWAY_RATE = 4.0  # SIMULATED client requests per second and model, through the gateway
+
+
+def stands_for(specs: list[EngineSpec], model: ModelInfo) -> float:
+    """Simulated requests per client request of `model`: its deployments' rates together
+    (what the model's users send) over the clients' own rate through the gateway."""
+    return sum(s.traffic.rate for s in specs if s.model is model) / GATEWAY_RATE
+
+
 GATEWAY_INFLIGHT = 32  # per model: beyond it an arrival is not sent (a bound, not a queue)
 
 
@@ -697,7 +722,9 @@ async def _gateway_clients(url: str, models: list[ModelInfo]) -> None:
     rng = random.Random(7)
 
     async def one(model: str) -> None:
-        body = {"model": model, "prompt": "hello", "max_tokens": 8, "stream": True}
+        # CLIENT_MARK: the engine that serves it counts it as many users' requests.
+        body = {"model": model, "prompt": f"{CLIENT_MARK}: hello", "max_tokens": 8,
+                "stream": True}  # fmt: skip
         with contextlib.suppress(aiohttp.ClientError, TimeoutError):
             async with http.post(url + "/v1/completions", json=body) as resp:
                 async for _ in resp.content.iter_any():

@@ -19,6 +19,15 @@ never less, as with real engines. Two things make that hold:
   say, 230 ms while its requests got 150 ms.)
 - an HTTP request's prompt costs at least a typical prompt of this traffic: the demo's
   clients send a few placeholder words for the traffic they stand for.
+
+Routed traffic (the demo fleet's engines, `Routed`): the arrivals follow where a router
+sends the demo's clients, not a rate of their own. Each client request that reaches the
+engine (its prompt carries CLIENT_MARK) stands for `stands_for` simulated requests, so the
+simulated rate is that many times the client requests the engine got over the last
+ROUTED_WINDOW_S. A deployment the gateway gives weight 0 gets no client request, so its
+simulated traffic falls to nothing, and the one that takes the traffic gets all of it,
+with the queueing its batch limit makes of it. Canaries, warm-ups and a drill's benchmark
+are served and counted, but stand for nobody else.
 """
 
 from __future__ import annotations
@@ -28,7 +37,7 @@ import math
 import random
 from bisect import bisect_left
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 # vLLM 0.32's bucket bounds (vllm/v1/metrics/loggers.py), as in the recorded fixtures.
 TTFT_BUCKETS = (
@@ -52,6 +61,13 @@ API_SERVER_PER_PROMPT_TOKEN_S = 2e-6
 TICK_S = 1.0
 WAITS_KEPT = 3600  # ticks of queue-wait history
 WARMUP_S = 120.0  # simulated history before the first scrape, so nothing starts from zero
+
+# Routed traffic: the window over which client requests set the simulated rate, and the
+# words in a demo client's prompt that make a request stand for others (console.sim.fleet).
+ROUTED_WINDOW_S = 20.0
+CLIENT_MARK = "SIMULATED client"
+ARRIVALS_KEPT = 100_000  # client arrivals remembered: a bound, far above the window's
+STANDS_FOR_ENV = "ENGINEROOM_SIM_STANDS_FOR"  # a standby process's `stands_for`
 
 # The two incidents a demo can show, on a cycle from the fleet's start (seconds).
 BREACH_CYCLE_S, BREACH_FROM_S, BREACH_FOR_S = 300.0, 45.0, 90.0
@@ -106,6 +122,17 @@ def spread_in_bucket(value: float, bounds: tuple[float, ...], u: float) -> float
 
 
 @dataclass(slots=True)
+class Routed:
+    """Arrivals that follow a router: `stands_for` simulated requests per client request
+    that reached the engine; until the first window has passed, `prior` requests per
+    second (the rate the fleet expects this deployment to get at its starting weight)."""
+
+    stands_for: float
+    prior: float
+    arrivals: deque[float] = field(default_factory=lambda: deque(maxlen=ARRIVALS_KEPT))
+
+
+@dataclass(slots=True)
 class Plan:
     """How one request will be answered: when its first token comes and how fast the rest."""
 
@@ -122,9 +149,16 @@ class Workload:
     """One engine's simulated traffic and its cumulative counters."""
 
     def __init__(
-        self, traffic: Traffic, *, seed: int, start: float, responses: bool = False
+        self,
+        traffic: Traffic,
+        *,
+        seed: int,
+        start: float,
+        responses: bool = False,
+        routed: Routed | None = None,
     ) -> None:
         self.traffic = traffic
+        self.routed = routed
         self.rng = random.Random(seed)
         self.start = start  # the fleet's start: incidents are scheduled from it
         self.phase = self.rng.uniform(0, 2 * math.pi)
@@ -149,8 +183,11 @@ class Workload:
         self.success_s_total = 0.0  # end-to-end time of the requests that did not fail
         self.prefix_queries = 0
         self.prefix_hits = 0
-        # Triton times every response of a streaming model: index -> (count, seconds).
-        self.responses: list[list[float]] | None = [] if responses else None
+        # Triton times every response of a streaming model. Kept per answer length (how
+        # many answers had n responses, their first responses' and later responses' time),
+        # so a finished request costs one addition; `responses()` makes the per-index view.
+        self.timed_responses = responses
+        self._by_length: dict[int, list[float]] = {}  # n -> [answers, first s, later s]
         self.last_finish = start
         self._now = start - WARMUP_S
         while self._now < start:
@@ -184,9 +221,35 @@ class Workload:
             now, SURGE_CYCLE_S, SURGE_FROM_S, SURGE_FOR_S
         )
 
+    def arrived(self, now: float) -> None:
+        """A client request reached the engine (routed traffic only)."""
+        if self.routed is not None:
+            self.routed.arrivals.append(now)
+
+    def routed_rate(self, now: float) -> float:
+        """Simulated requests per second that the client requests of the last window stand
+        for; the prior until a window has passed since the start."""
+        assert self.routed is not None
+        if now < self.start + ROUTED_WINDOW_S:
+            seen = sum(1 for t in self.routed.arrivals if t >= self.start)
+            known = max(0.0, now - self.start) / ROUTED_WINDOW_S
+            guessed = self.routed.prior * (1 - known)
+            return guessed + self.routed.stands_for * seen / ROUTED_WINDOW_S
+        arrivals = self.routed.arrivals
+        while arrivals and arrivals[0] < now - ROUTED_WINDOW_S:
+            arrivals.popleft()
+        return self.routed.stands_for * len(arrivals) / ROUTED_WINDOW_S
+
     def rate(self, now: float) -> float:
         t = self.traffic
         swing = 1 + 0.3 * math.sin(2 * math.pi * now / t.period_s + self.phase)
+        if self.routed is not None:
+            # Where the router sends the clients; their own arrivals make the bursts. A
+            # surge is a flood of the traffic routed here, so a drained deployment has none.
+            rate = self.routed_rate(now) * swing
+            if self.surging(now) and rate > 0:
+                rate = max(rate, 1.25 * self.capacity())
+            return max(0.0, rate * self.rng.gauss(1.0, 0.08))
         if now >= self._burst_until and self.rng.random() < TICK_S / 180:
             self._burst_until = now + self.rng.uniform(8, 20)
             self._burst_factor = self.rng.uniform(1.4, 2.0)
@@ -244,6 +307,8 @@ class Workload:
         admitted = min(self.waiting + arrivals, room)
         self.running += admitted - leaving
         self.waiting += arrivals - admitted
+        if self.running < 0.01:  # a fluid batch only tends to empty: a drained one is empty
+            self.running = 0.0
         context = t.prompt_tokens + t.output_tokens / 2
         self.kv_usage = min(0.995, self.batch * context / t.kv_tokens * self.rng.gauss(1, 0.03))
         if self.kv_usage > 0.95 and self.rng.random() < 0.3:
@@ -324,18 +389,37 @@ class Workload:
         self.e2e.observe(e2e)
         if reason != "error":
             self.success_s_total += e2e
-        if self.responses is not None:
-            self._record_responses(plan, tokens)
+        if self.timed_responses and tokens > 0:
+            n = min(tokens, self.traffic.max_output)
+            slot = self._by_length.setdefault(n, [0, 0.0, 0.0])
+            slot[0] += 1
+            slot[1] += plan.ttft_s - plan.queue_s
+            slot[2] += plan.itl_s  # each of its n - 1 later responses took this long
         self.last_finish = self._now
 
-    def _record_responses(self, plan: Plan, tokens: int) -> None:
-        assert self.responses is not None
-        while len(self.responses) < min(tokens, self.traffic.max_output):
-            self.responses.append([0, 0.0])
-        for i in range(min(tokens, self.traffic.max_output)):
-            slot = self.responses[i]
-            slot[0] += 1
-            slot[1] += (plan.ttft_s - plan.queue_s) if i == 0 else plan.itl_s
+    def responses(self) -> list[tuple[int, float]]:
+        """Per response index, (responses sent, seconds they took), as Triton times a
+        streaming model's responses; empty unless the workload times them."""
+        if not self._by_length:
+            return []
+        longest = max(self._by_length)
+        answers = [0] * (longest + 1)  # answers with exactly n responses
+        later = [0.0] * (longest + 1)  # the time of one later response, summed over them
+        first_s = 0.0
+        for n, (count, first, each) in self._by_length.items():
+            answers[n] += int(count)
+            later[n] += each
+            first_s += first
+        out: list[tuple[int, float]] = []
+        reaching, per_response = 0, 0.0  # answers with more than i responses, their time
+        suffix = [(0, 0.0)] * (longest + 1)
+        for n in range(longest, 0, -1):
+            reaching += answers[n]
+            per_response += later[n]
+            suffix[n] = (reaching, per_response)
+        out.append((suffix[1][0], first_s))
+        out += [suffix[i + 1] for i in range(1, longest)]
+        return out
 
     @property
     def requests_total(self) -> int:

@@ -5,8 +5,10 @@
 `engineroom demo` has no vLLM, so its profiles launch this instead: it takes vLLM's
 command line (unknown flags are ignored), prints the log lines vLLM prints at each
 cold-start phase, a few seconds apart, then serves the simulated vLLM engine of the demo
-(console.sim.engines) with light traffic. SIGTERM ends it the way vLLM ends. It is never
-used by a test of a real path: those run real vLLM.
+(console.sim.engines), whose traffic is what the gateway routes to it: each demo client
+request it gets stands for $ENGINEROOM_SIM_STANDS_FOR users' requests (console.sim.load,
+routed traffic), none before the gateway sends it any. SIGTERM ends it the way vLLM ends.
+It is never used by a test of a real path: those run real vLLM.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import sys
 import time
 
 from console.sim.engines import VllmEngine
-from console.sim.load import TICK_S, Traffic, Workload
+from console.sim.load import STANDS_FOR_ENV, TICK_S, Routed, Traffic, Workload
 
 # (seconds after start, line): what vLLM 0.32 logs on its way to ready (SIMULATED).
 PHASES = (
@@ -31,7 +33,8 @@ PHASES = (
     (6.0, "INFO [gpu_model_runner.py] Graph capturing finished in 1 secs, took 0.35 GiB"),
     (6.5, "INFO [entry.py] Starting vLLM server on http://{host}:{port}"),
 )
-TRAFFIC = Traffic(1.5, 900, 200, 128, 412_000, 0.08, 0.012)
+# vLLM's default batch limit (max_num_seqs 256): a standby takes a failed-over share.
+TRAFFIC = Traffic(1.5, 900, 200, 256, 412_000, 0.08, 0.012)
 
 
 def say(line: str) -> None:
@@ -53,7 +56,13 @@ async def serve(args: argparse.Namespace) -> None:
             say("INFO [launcher.py] [shutdown] API server: shutdown triggered during load")
             return
         say(line.format(host=args.host, port=args.port))
-    workload = Workload(TRAFFIC, seed=args.port, start=time.monotonic())
+    try:
+        stands_for = max(0.0, float(os.environ.get(STANDS_FOR_ENV, "1")))
+    except ValueError:
+        stands_for = 1.0
+    # No traffic until the gateway routes some here (prior 0).
+    routed = Routed(stands_for, prior=0.0)
+    workload = Workload(TRAFFIC, seed=args.port, start=time.monotonic(), routed=routed)
     engine = VllmEngine(workload, args.served_model_name, gpus=1)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
