@@ -61,6 +61,11 @@ def build_parser() -> argparse.ArgumentParser:
     _fleet_arg(tui)
     tui.add_argument("--read-only", action="store_true", help="disable every action")
     tui.add_argument("--record", default=None, metavar="FILE", help="record what it sees")
+    tui.add_argument(
+        "--slow-link",
+        action="store_true",
+        help="for a slow SSH link: redraw every 5 s, no animation, no mouse (docs/scale.md)",
+    )
 
     record = sub.add_parser("record", help="record the fleet headless (docs/recording.md)")
     _fleet_arg(record)
@@ -118,11 +123,30 @@ def build_parser() -> argparse.ArgumentParser:
     _fleet_arg(gateway)
     gateway.add_argument("--listen", type=_split_listen, default=None, metavar="HOST:PORT")
 
-    failover = sub.add_parser("failover", help="move a model's traffic to another deployment")
+    failover = sub.add_parser(
+        "failover",
+        help="move a model's traffic: all to one deployment, drain one, restore earlier weights",
+        description="One move of a model's weights, run as a job on the gateway: --to X "
+        "(all to X; a fail-back when it undoes the last move), --drain D (D's weight to the "
+        "others in proportion, or to --to), or --restore-before JOB (docs/gateway.md).",
+    )
     _fleet_arg(failover)
     failover.add_argument("model")
-    failover.add_argument("--to", required=True, metavar="DEPLOYMENT")
+    failover.add_argument(
+        "--to", metavar="DEPLOYMENT", help="all of the model there (with --drain: D's weight)"
+    )
+    move = failover.add_mutually_exclusive_group()
+    move.add_argument(
+        "--drain", metavar="DEPLOYMENT", help="its weight to 0, spread over the others"
+    )
+    move.add_argument(
+        "--restore-before", metavar="JOB", help="the weights from before that gateway job"
+    )
     failover.add_argument("--emergency", action="store_true", help="all weight at once")
+    failover.add_argument(
+        "--plan", action="store_true", help="show the weights before and after and the "
+        "preflight; start nothing",
+    )  # fmt: skip
     failover.add_argument("--why", default="", help="recorded in the audit log")
     failover.add_argument("--wait", action="store_true", help="follow the job to its end")
     failover.add_argument("--json", action="store_true")
@@ -230,16 +254,24 @@ def main(argv: list[str] | None = None) -> int:
 
             return run_gateway(args.fleet or _default_fleet(), args.listen)
         if args.command == "failover":
-            from console.collect.failover_cli import run_failover
+            from console.collect.failover_cli import Ask, run_failover
 
+            no_move = args.to is None and args.drain is None and args.restore_before is None
+            if no_move and not args.plan:
+                print("engineroom failover: name the move: --to, --drain or --restore-before "
+                      "(--plan alone proposes the healthiest --to)", file=sys.stderr)  # fmt: skip
+                return 2
+            if args.restore_before is not None and args.to is not None:
+                print("engineroom failover: --restore-before takes no --to", file=sys.stderr)
+                return 2
             return run_failover(
                 load_fleet(args.fleet or _default_fleet()),
-                args.model,
-                args.to,
+                Ask(args.model, args.to, args.drain, args.restore_before),
                 emergency=args.emergency,
                 why=args.why,
                 wait=args.wait,
                 as_json=args.json,
+                plan=args.plan,
             )
         if args.command == "haproxy":
             from console.gateway.haproxy_config import run_cli
@@ -287,6 +319,7 @@ def main(argv: list[str] | None = None) -> int:
                 load_fleet(args.fleet or _default_fleet()),
                 read_only=args.read_only,
                 record=args.record,
+                slow_link=args.slow_link,
             )
         if args.command in ("record", "replay", "timeline"):
             return _recordings(args)

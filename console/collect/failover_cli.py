@@ -1,8 +1,13 @@
-"""`engineroom failover MODEL --to DEPLOYMENT [--emergency] [--wait]`: a job on the gateway.
+"""`engineroom failover MODEL (--to D | --drain D [--to D] | --restore-before JOB)
+[--emergency] [--plan] [--wait] [--json]`: one move of a model's weights, a job on the
+gateway (docs/gateway.md).
 
 The job runs in the gateway: interrupting this command (or losing the SSH session) does
-not stop it. Exit codes: 0 accepted (with --wait: succeeded), 1 refused or failed, 2 the
-gateway did not answer, 3 a bad fleet file.
+not stop it. `--plan` shows the move (the weights before and after, per deployment), its
+preflight and the model's deployments ranked healthiest first (console.collect
+.failover_targets, as the console's failover screen preselects), and starts nothing.
+Exit codes: 0 accepted (with --wait: succeeded; with --plan: the preflight passed), 1
+refused or failed, 2 the gateway did not answer, 3 a bad fleet file.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ import asyncio
 import json
 import sys
 import time
+from dataclasses import dataclass
 from typing import Any, TextIO
 
 from console.collect.gateway_client import GatewayClient, GatewayError
@@ -41,50 +47,137 @@ def _wait_limit(fleet: Fleet, model: str) -> float:
     return len(plan.steps) * (plan.verify_s + 30) + plan.drain_timeout_s + 120
 
 
+@dataclass(frozen=True, slots=True)
+class Ask:
+    """The move asked for: `to` alone (all there), `drain` (onto `to` when given), or
+    `restore_before` (a gateway job's id)."""
+
+    model: str
+    to: str | None = None
+    drain: str | None = None
+    restore_before: str | None = None
+
+    def what(self) -> str:
+        if self.restore_before is not None:
+            return f"{self.model}: restore the weights from before job {self.restore_before}"
+        if self.drain is not None:
+            onto = f" onto {self.to}" if self.to else " onto the others"
+            return f"{self.model}: drain {self.drain}{onto}"
+        return f"{self.model} -> {self.to}"
+
+
 def run_failover(
     fleet: Fleet,
-    model: str,
-    to: str,
+    ask: Ask,
     *,
     emergency: bool = False,
     why: str = "",
     wait: bool = False,
     as_json: bool = False,
+    plan: bool = False,
     out: TextIO = sys.stdout,
 ) -> int:
     if fleet.gateway is None:
         raise ConfigError(f"{fleet.source}: no [gateway] section: failovers run in the gateway")
+    if not any(m.name == ask.model for m in fleet.models):
+        say(f"engineroom: failover: {ask.model!r} is not a model of {fleet.source}", sys.stderr)
+        return 1
+    if plan:
+        return asyncio.run(_plan(fleet, ask, as_json, out))
     mode = "emergency" if emergency else "planned"
-    return asyncio.run(_run(fleet, model, to, mode, why, wait, as_json, out))
+    return asyncio.run(_run(fleet, ask, mode, why, wait, as_json, out))
+
+
+def _refused(exc: GatewayError, what: str) -> int:
+    """Say why the gateway did not do `what`; the exit code."""
+    if exc.status is None:
+        say(f"engineroom: the gateway did not answer: {exc.reason}", sys.stderr)
+        return 2
+    if exc.status < 400:  # an answer, but not the one asked for: say what came
+        say(f"engineroom: the gateway answered {exc.reason}", sys.stderr)
+        return 2
+    say(f"engineroom: {what} refused: {exc.reason}", sys.stderr)
+    return 1
+
+
+def weights_lines(before: dict[str, int], after: dict[str, int], sources: list[str],
+                  targets: list[str]) -> list[str]:  # fmt: skip
+    """The plan's weights, one deployment a line: before -> after, and its part."""
+    width = max((len(d) for d in after), default=10)
+    lines = []
+    for deployment, weight in after.items():
+        part = ("gains traffic (verified)" if deployment in targets
+                else "loses traffic" if deployment in sources else "")  # fmt: skip
+        was = before.get(deployment, 0)
+        lines.append(f"  {deployment:<{width}}  {was:>4} -> {weight:<4} {part}".rstrip())
+    return lines
+
+
+def _show_move(plan: dict[str, Any] | None, out: TextIO) -> None:
+    if not plan or not isinstance(plan.get("weights_after"), dict):
+        return
+    say(f"move: {plan.get('summary') or plan.get('op')}", out)
+    sources = plan.get("sources") or []
+    say(f"source: {', '.join(sources) if sources else 'none'}", out)
+    say("weights before -> after:", out)
+    for line in weights_lines(plan.get("weights_before") or {}, plan["weights_after"],
+                              sources, plan.get("targets") or []):  # fmt: skip
+        say(line, out)
+
+
+async def _plan(fleet: Fleet, ask: Ask, as_json: bool, out: TextIO) -> int:
+    from console.collect.check import poll_once
+    from console.collect.failover_targets import preselected, rank
+
+    model = next(m for m in fleet.models if m.name == ask.model)
+    view, _, gateway, _ = await poll_once(fleet)
+    snapshot = (gateway.snapshot or {}).get("models", {}).get(ask.model)
+    exclude = [d for d in (ask.drain,) if d is not None]
+    ranked = rank(model, view.models.get(ask.model, []), snapshot, exclude)
+    if ask.to is None and ask.drain is None and ask.restore_before is None:
+        if not ranked or not ranked[0].ready:
+            say(f"engineroom: failover --plan: {preselected(ranked)}", sys.stderr)
+            return 1
+        ask = Ask(ask.model, to=ranked[0].id)
+    client = GatewayClient(fleet, timeout=CALL_DEADLINE_S + 30)  # the preflight's canary
+    try:
+        try:
+            result = await client.plan(ask.model, ask.to, drain=ask.drain,
+                                       restore_before=ask.restore_before)  # fmt: skip
+        except GatewayError as exc:
+            return _refused(exc, "the plan")
+    finally:
+        await client.close()
+    if as_json:
+        print(json.dumps({**result, "candidates": [c.__dict__ for c in ranked]}, indent=2),
+              file=out)  # fmt: skip
+        return 0 if result["ok"] else 1
+    say(f"plan: {ask.what()} (nothing is changed)", out)
+    _show_move(result, out)
+    say(f"preflight {'ok' if result['ok'] else 'FAILED'}: {result['detail']}", out)
+    if result.get("figures_from"):
+        say(f"verification figures: {result['figures_from']}", out)
+    say(f"targets, healthiest first ({preselected(ranked)}):", out)
+    for c in ranked:
+        say(f"  {c.id}: {c.why}", out)
+    return 0 if result["ok"] else 1
 
 
 async def _run(
-    fleet: Fleet,
-    model: str,
-    to: str,
-    mode: str,
-    why: str,
-    wait: bool,
-    as_json: bool,
-    out: TextIO,
+    fleet: Fleet, ask: Ask, mode: str, why: str, wait: bool, as_json: bool, out: TextIO
 ) -> int:
     client = GatewayClient(fleet, timeout=CALL_DEADLINE_S)
     try:
         try:
-            job = await client.failover(model, to, mode, why)
+            job = await client.failover(ask.model, ask.to, mode, why, drain=ask.drain,
+                                        restore_before=ask.restore_before)  # fmt: skip
         except GatewayError as exc:
-            if exc.status is None:
-                say(f"engineroom: the gateway did not answer: {exc.reason}", sys.stderr)
-                return 2
-            if exc.status < 400:  # an answer, but not a job: say what came
-                say(f"engineroom: the gateway answered {exc.reason}", sys.stderr)
-                return 2
-            say(f"engineroom: failover refused: {exc.reason}", sys.stderr)
-            return 1
+            return _refused(exc, "failover")
         if not as_json:
-            say(f"job {job['id']} ({job['kind']}) {model} -> {to}: running", out)
+            say(f"job {job['id']} ({job['kind']}) {ask.what()}: running", out)
+            _show_move(job.get("plan"), out)
         printed: set[tuple[str, str]] = set()
-        limit = _wait_limit(fleet, model)
+        limit = _wait_limit(fleet, ask.model)
         give_up = time.monotonic() + limit
         while wait and job["state"] not in JOB_FINAL:
             if time.monotonic() > give_up:

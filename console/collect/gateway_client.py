@@ -63,15 +63,17 @@ class GatewayClient:
         await self._client.aclose()
 
     async def _call(
-        self, method: str, path: str, body: BaseModel | None = None
+        self, method: str, path: str, body: BaseModel | dict[str, Any] | None = None
     ) -> tuple[int, dict[str, Any]]:
         """(status, the answer as a JSON object); GatewayError for anything else."""
+        if isinstance(body, BaseModel):
+            body = body.model_dump()
         try:
             status, raw = await apiclient.request(
                 self._client,
                 method,
                 path,
-                json=None if body is None else body.model_dump(),
+                json=body,
                 deadline_s=self.timeout,
             )
         except apiclient.NoAnswer as exc:
@@ -97,22 +99,51 @@ class GatewayClient:
         role = (await self._call("GET", "/admin/whoami"))[1].get("role")
         return role if role in ("admin", "viewer") else None
 
-    def _ask(self, **fields: str) -> FailoverRequest:
-        """A failover body; one the gateway would refuse is refused here, as it would."""
+    def _ask(self, **fields: str | None) -> FailoverRequest:
+        """A failover body (the fields given, none left null); one the gateway would refuse
+        is refused here, as it would."""
         try:
-            return FailoverRequest.model_validate(fields)
+            return FailoverRequest.model_validate(
+                {k: v for k, v in fields.items() if v is not None}
+            )
         except ValidationError as exc:
             raise GatewayError(self.url, 422, problems(exc)) from None
 
-    async def failover(self, model: str, to: str, mode: str, why: str) -> dict[str, Any]:
-        """The job the gateway started (a FailoverJob's fields)."""
-        ask = self._ask(model=model, to=to, mode=mode, why=why)
-        return self._as(FailoverJob, *await self._call("POST", "/admin/failover", ask))
+    async def failover(
+        self,
+        model: str,
+        to: str | None,
+        mode: str,
+        why: str,
+        *,
+        drain: str | None = None,
+        restore_before: str | None = None,
+    ) -> dict[str, Any]:
+        """The job the gateway started (a FailoverJob's fields): all of `model` to `to`
+        (a fail-back when it undoes the last move), `drain` a deployment (onto `to` when
+        given), or the weights from before job `restore_before`."""
+        ask = self._ask(
+            model=model, to=to, drain=drain, restore_before=restore_before, mode=mode, why=why
+        )
+        body = ask.model_dump(exclude_none=True)
+        status, data = await self._call("POST", "/admin/failover", body)
+        return self._as(FailoverJob, status, data)
 
-    async def plan(self, model: str, to: str) -> dict[str, Any]:
-        """The planned failover's preflight: {"ok": bool, "detail": str}."""
-        ask = self._ask(model=model, to=to)
-        return self._as(Plan, *await self._call("POST", "/admin/failover/plan", ask))
+    async def plan(
+        self,
+        model: str,
+        to: str | None,
+        *,
+        drain: str | None = None,
+        restore_before: str | None = None,
+    ) -> dict[str, Any]:
+        """The move and its preflight (a Plan's fields: ok, detail, the weights before and
+        after, the deployments that gain and lose traffic)."""
+        ask = self._ask(model=model, to=to, drain=drain, restore_before=restore_before)
+        body = ask.model_dump(exclude_none=True, include={"model", "to", "drain",
+                                                          "restore_before"})  # fmt: skip
+        status, data = await self._call("POST", "/admin/failover/plan", body)
+        return self._as(Plan, status, data)
 
     async def job(self, job_id: str) -> dict[str, Any]:
         return self._as(FailoverJob, *await self._call("GET", f"/admin/jobs/{job_id}"))

@@ -18,6 +18,8 @@ from pydantic import (
     StrictInt,
     StrictStr,
     ValidationError,
+    field_validator,
+    model_validator,
 )
 
 from console.core.wire import whole
@@ -47,13 +49,37 @@ class WeightsUpdate(_Body):
 
 
 class FailoverRequest(_Body):
-    """POST /admin/failover: move `model`'s traffic to its deployment `to`; the same body
-    to POST /admin/failover/plan, the planned failover's preflight alone."""
+    """POST /admin/failover: one move of `model`'s weights, as a job (docs/gateway.md):
+
+    - `to`: all of the model to that deployment; a fail-back (the weights from before the
+      last move, the other replicas' included) when that move took the traffic off it;
+    - `drain`: that deployment to 0, its weight spread over the others that have weight,
+      in proportion; with `to`, all of its weight to `to`;
+    - `restore_before`: the weights from before that job.
+
+    The same body to POST /admin/failover/plan: the move and its preflight alone."""
 
     model: StrictStr
-    to: StrictStr
+    to: StrictStr | None = None
+    drain: StrictStr | None = None
+    restore_before: StrictStr | None = None
     mode: FailoverMode = "planned"
     why: StrictStr = ""
+
+    @field_validator("to", "drain", "restore_before", mode="before")
+    @classmethod
+    def _not_null(cls, value: object) -> object:
+        if value is None:  # absent means absent: null is not a deployment
+            raise ValueError("a string, or leave it out")
+        return value
+
+    @model_validator(mode="after")
+    def _one_move(self) -> FailoverRequest:
+        if self.restore_before is not None and (self.to is not None or self.drain is not None):
+            raise ValueError("restore_before takes neither to nor drain")
+        if self.restore_before is None and self.to is None and self.drain is None:
+            raise ValueError("name the move: to, drain or restore_before")
+        return self
 
 
 # -- answers -------------------------------------------------------------------------------
@@ -83,8 +109,18 @@ class ModelRoutes(_Answer):
 
 
 class Plan(_Answer):
+    """POST /admin/failover/plan: the move and its preflight; changes nothing."""
+
     ok: bool
     detail: str
+    op: str | None = None  # failover, drain or restore
+    summary: str | None = None  # what moves where, and why these weights
+    weights_before: dict[str, int] | None = None  # the data plane's weights now
+    weights_after: dict[str, int] | None = None  # what the job would leave
+    targets: list[str] = Field(default_factory=list)  # gain traffic: checked, verified
+    sources: list[str] = Field(default_factory=list)  # lose traffic
+    dataplane: str | None = None
+    figures_from: str | None = None
 
 
 class JobStep(_Answer):
@@ -106,6 +142,7 @@ class FailoverJob(_Answer):
     updated: float | None = None
     params: dict[str, Any] = Field(default_factory=dict)
     steps: list[JobStep] = Field(default_factory=list)
+    plan: dict[str, Any] | None = None  # the move it set out to make (Plan's fields)
     before: dict[str, int] | None = None
     after: dict[str, int] | None = None
     error: str | None = None

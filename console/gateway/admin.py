@@ -187,12 +187,18 @@ class Admin:
 
     async def post_failover(self, request: web.Request) -> web.Response:
         ask = await _body(request, FailoverRequest)
-        job = self.gw.failovers.start(ask.model, ask.to, ask.mode, who="admin", why=ask.why)
+        job = await self.gw.failovers.start(
+            ask.model, ask.mode, "admin", ask.why,
+            to=ask.to, drain=ask.drain, restore_before=ask.restore_before,
+        )  # fmt: skip
         return web.json_response(job, status=202)
 
     async def plan_failover(self, request: web.Request) -> web.Response:
         ask = await _body(request, FailoverRequest)  # mode and why are not used here
-        return web.json_response(await self.gw.failovers.plan(ask.model, ask.to))
+        plan = await self.gw.failovers.plan(
+            ask.model, to=ask.to, drain=ask.drain, restore_before=ask.restore_before
+        )
+        return web.json_response(plan)
 
     async def get_job(self, request: web.Request) -> web.Response:
         job = self.gw.failovers.job(request.match_info["id"])

@@ -104,6 +104,12 @@ class DataPlane(abc.ABC):
     kind: ClassVar[str]
     #: It has per-deployment weights (a 10/50/100 shift is exact); False: mapped (describe).
     has_weights: ClassVar[bool] = True
+    #: The largest weight it takes (HAProxy: 256); None: no limit. A failover scales its
+    #: weights down, in proportion, to fit.
+    max_weight: ClassVar[int | None] = None
+    #: Its verification figures count the canaries a failover sends straight to a target
+    #: (the built-in gateway records them in its measures); False: they are added to them.
+    counts_canaries: ClassVar[bool] = False
 
     name: str  # the fleet.toml name ([[dataplanes]] name, or "gateway")
 

@@ -22,6 +22,7 @@ FIGURES_FROM = "the gateway's own measures of every request it relays"
 class BuiltinPlane(DataPlane):
     kind = BUILTIN
     name = BUILTIN
+    counts_canaries = True  # a failover's canaries go into the target's measures
 
     def __init__(self, table: RouteTable) -> None:
         self.table = table

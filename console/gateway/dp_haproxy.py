@@ -134,6 +134,7 @@ class Mark:
 
 class HAProxyPlane(DataPlane):
     kind = "haproxy"
+    max_weight = 256  # HAProxy's weights run from 0 to 256
 
     def __init__(self, section: DataPlaneSection, fleet: Fleet, store: GatewayStore) -> None:
         assert section.admin_socket is not None  # the fleet check requires it

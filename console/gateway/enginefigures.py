@@ -32,13 +32,26 @@ async def read_engine(
     http: aiohttp.ClientSession, model: str, dep: Deployment, timeout: float
 ) -> ModelReading | None:
     """The engine's reading for the model, or None when it cannot be read."""
+    return (await probe_model(http, model, dep, timeout))[0]
+
+
+async def probe_model(
+    http: aiohttp.ClientSession, model: str, dep: Deployment, timeout: float
+) -> tuple[ModelReading | None, str]:
+    """(the engine's reading for the model, or None; why there is none, in words)."""
     plugin = load_plugins().get(dep.engine)
     if plugin is None:
-        return None
+        return None, f"no engine plugin {dep.engine!r}"
     name = dep.engine_model or model
     target = EngineTarget(dep.id, dep.engine, dep.endpoint, dep.metrics_endpoint, [name])
     reading = await plugin.probe(target, ProbeContext(http, timeout, METRICS_MAX_BYTES))
-    return next((m for m in reading.models if m.name == name), None)
+    found = next((m for m in reading.models if m.name == name), None)
+    if found is not None:
+        return found, ""
+    why = reading.reason or (
+        f"the engine is {reading.state}" if reading.state != "ready" else f"no model {name}"
+    )
+    return None, why
 
 
 def p95_since(new: ModelReading | None, old: ModelReading | None, latency: str) -> float | None:

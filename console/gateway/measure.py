@@ -9,6 +9,7 @@ Prometheus histograms for `/metrics`.
 from __future__ import annotations
 
 import bisect
+import math
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -56,7 +57,14 @@ class Series:
 
 
 def _pct(values: list[float], q: float) -> float:
-    return values[min(len(values) - 1, int(q * len(values)))]
+    return nearest_rank(values, q)
+
+
+def nearest_rank(ordered: list[float], q: float) -> float:
+    """The q-quantile of sorted `ordered` by nearest rank: the ceil(q n)-th smallest. (The
+    index int(q n) was one rank high: the p95 of 20 samples was their slowest.)"""
+    rank = max(1, math.ceil(q * len(ordered) - 1e-9))
+    return ordered[min(len(ordered), rank) - 1]
 
 
 @dataclass
