@@ -9,7 +9,14 @@ from console.core.config import Profile
 from console.core.fetch import Response
 from console.core.launch import Launch, apply_overrides, flag_args, gpu_env
 from console.core.promtext import Exposition, MetricsGarbage, parse
-from console.core.readings import EngineReading, ModelReading, histograms_by, values_by
+from console.core.readings import (
+    EngineReading,
+    ModelReading,
+    capped_reasons,
+    histograms_by,
+    values_by,
+    values_by_pair,
+)
 from plugins import openai_server
 from plugins.base import (
     Discovered,
@@ -17,6 +24,7 @@ from plugins.base import (
     EngineTarget,
     ProbeContext,
     PromSeries,
+    flag_value,
 )
 
 # Current names first; the names renamed or removed since 0.10 follow as fallbacks.
@@ -24,6 +32,12 @@ KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
 ITL = ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds")
 TTFT = ("vllm:time_to_first_token_seconds",)
 E2E = ("vllm:e2e_request_latency_seconds",)
+# (hits, queries): in tokens; the gpu_ names until 0.11, gone in 0.12.
+PREFIX_CACHE = (
+    ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total"),
+    ("vllm:gpu_prefix_cache_hits_total", "vllm:gpu_prefix_cache_queries_total"),
+)
+WAITING_BY_REASON = "vllm:num_requests_waiting_by_reason"  # after 0.12; label `reason`
 DEFAULT_COMMAND = ("vllm", "serve")
 
 
@@ -41,6 +55,13 @@ class VllmPlugin(EnginePlugin):
         histograms={"ttft": TTFT[0], "itl": ITL[0], "e2e": E2E[0]},
         requests=("vllm:request_success_total",),
         errors=('vllm:request_success_total{finished_reason="error"}',),
+        generation_tokens="vllm:generation_tokens_total",
+        preemptions="vllm:num_preemptions_total",
+        prefix_cache=PREFIX_CACHE[0],
+        waiting_by_reason=(WAITING_BY_REASON, "reason"),
+        # prometheus_client's own, for the process that serves /metrics: the API server
+        # (absent with several API servers, whose registry is multiprocess)
+        process_cpu="process_cpu_seconds_total",
     )
     # vLLM's log lines that mark the cold-start phases, first match wins (V1 engine, 0.8-0.32).
     ready_phases = (
@@ -79,6 +100,15 @@ class VllmPlugin(EnginePlugin):
             tuple(applied.gpus),
             dict(args),
         )
+
+    def api_server_process(self, cmdline: list[str]) -> bool:
+        """One API server runs in the main process, the EngineCore in a child. With
+        several (`--api-server-count`, which defaults to the data-parallel size) the main
+        process only starts them: its CPU is not theirs."""
+        count = flag_value(cmdline, "--api-server-count", "-asc")
+        if count is None:
+            count = flag_value(cmdline, "--data-parallel-size", "-dp") or "1"
+        return count.strip() == "1"
 
     def discover(self, cmdline: list[str], listening: list[int]) -> Discovered | None:
         joined = " ".join(cmdline[:4])
@@ -159,6 +189,15 @@ def _models(exp: Exposition, served: list[str]) -> list[ModelReading]:
     errors = values_by(exp, "vllm:request_success_total", "model_name", finished_reason="error")
     prompt = values_by(exp, "vllm:prompt_tokens_total", "model_name")
     generated = values_by(exp, "vllm:generation_tokens_total", "model_name")
+    preempted = values_by(exp, "vllm:num_preemptions_total", "model_name")
+    by_reason = values_by_pair(exp, WAITING_BY_REASON, "model_name", "reason")
+    hits: dict[str, float] = {}
+    queries: dict[str, float] = {}
+    for hits_name, queries_name in PREFIX_CACHE:  # both from one generation of names
+        queries = values_by(exp, queries_name, "model_name")
+        if queries:
+            hits = values_by(exp, hits_name, "model_name")
+            break
     hists = {
         "ttft": _first_hist(exp, TTFT),
         "itl": _first_hist(exp, ITL),
@@ -173,6 +212,8 @@ def _models(exp: Exposition, served: list[str]) -> list[ModelReading]:
             requests_waiting=waiting.get(name),
             kv_cache_usage=kv.get(name),
         )
+        if name in by_reason:
+            model.waiting_by_reason = capped_reasons(by_reason[name])
         if name in finished:
             model.counters["requests"] = finished[name]
             model.counters["errors"] = errors.get(name, 0.0)
@@ -180,6 +221,11 @@ def _models(exp: Exposition, served: list[str]) -> list[ModelReading]:
             model.counters["prompt_tokens"] = prompt[name]
         if name in generated:
             model.counters["generation_tokens"] = generated[name]
+        if name in preempted:
+            model.counters["preemptions"] = preempted[name]
+        if name in queries and name in hits:
+            model.counters["prefix_cache_hits"] = hits[name]
+            model.counters["prefix_cache_queries"] = queries[name]
         for key, by_model in hists.items():
             if name in by_model:
                 model.histograms[key] = by_model[name]

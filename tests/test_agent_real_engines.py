@@ -10,6 +10,8 @@ import os
 import signal
 import time
 
+import httpx
+import psutil
 import pytest
 
 from tests.engines.servers import send_traffic_triton, send_traffic_vllm, wait_until
@@ -90,6 +92,29 @@ def test_the_snapshot_shows_both_engines_with_their_real_versions_and_models(
     model = vllm["models"][0]
     assert model["requests_running"] == 0  # a real gauge reading, not a default
     assert 0 <= model["kv_cache_usage"] <= 1
+    # The API server's CPU is that process's (not its EngineCore child's): psutil's CPU
+    # seconds for it are those vLLM's own /metrics exports as process_cpu_seconds_total,
+    # which Prometheus reads. One process, two paths.
+    server = psutil.Process(vllm["pid"])
+    core = [c for c in server.children(recursive=True) if "EngineCore" in " ".join(c.cmdline())]
+    assert core, "vLLM's EngineCore runs in a child process: its CPU is not counted"
+    ours = sum(server.cpu_times()[:2])
+    text = httpx.get(f"{vllm_server.base_url}/metrics", timeout=30).text
+    (line,) = [x for x in text.splitlines() if x.startswith("process_cpu_seconds_total ")]
+    theirs = float(line.split()[1])
+    # Read one after the other: the scrape itself costs the server some CPU.
+    assert ours <= theirs + 0.02 and theirs - ours < 0.5, (ours, theirs)
+    (cpu,) = wait_until(
+        lambda: (
+            (c,)
+            if (c := by_deployment(agent_over_both)["tiny-vllm"]["api_server_cpu_pct"]) is not None
+            else None
+        ),
+        timeout=10,
+        what="a second probe's CPU figure",
+    )
+    assert 0 <= cpu < 400
+    assert triton["api_server_cpu_pct"] is None  # one process: HTTP and the backends
 
 
 def test_traffic_gives_vllm_percentiles_and_triton_windowed_means(
@@ -99,6 +124,7 @@ def test_traffic_gives_vllm_percentiles_and_triton_windowed_means(
     first = agent.snapshot()["node"]["time"]
     # The agent must have a reading from before the traffic for the window's delta.
     wait_until(lambda: agent.snapshot()["node"]["time"] > first, timeout=10, what="a cycle")
+    before = prefix_cache(vllm_server.base_url)  # what the engine counted until now
     assert send_traffic_vllm(vllm_server.base_url, 6, stream=True) == 6
     assert send_traffic_vllm(vllm_server.base_url, 4, stream=False) == 4
     assert send_traffic_triton(triton_server.base_url, "ensemble", 6, stream=True) == 6
@@ -124,6 +150,25 @@ def test_traffic_gives_vllm_percentiles_and_triton_windowed_means(
     assert v["request_rate"] > 0
     assert v["error_rate"] == 0
     assert v["generation_tokens_rate"] > 0
+    # The engine figures the diagnoses read, as the engine counted them: 10 requests of 16
+    # tokens in the window, no preemption (a number, not unknown), nothing waiting.
+    assert v["generation_tokens_rate"] * v["window_s"] == pytest.approx(160, abs=0.5)
+    assert v["preemption_rate"] == 0
+    assert v["requests_waiting_by_reason"] == {"capacity": 0, "deferred": 0}
+    after = prefix_cache(vllm_server.base_url)
+    hits, queries = after[0] - before[0], after[1] - before[1]
+    if queries > 0:
+        assert v["prefix_cache_hit_rate"] == pytest.approx(hits / queries)
+    else:
+        assert v["prefix_cache_hit_rate"] is None  # nothing queried: unknown, not 0/0
+    # Triton exports none of them: unknown, never 0.
+    for figure in (
+        "generation_tokens_rate",
+        "preemption_rate",
+        "requests_waiting_by_reason",
+        "prefix_cache_hit_rate",
+    ):
+        assert t[figure] is None, figure
     e2e = t["latency"]["e2e_s"]
     assert e2e["source"] == "mean"  # Triton's default counters give means, and say so
     assert e2e["mean"] > 0
@@ -136,6 +181,20 @@ def test_traffic_gives_vllm_percentiles_and_triton_windowed_means(
     assert 'engineroom_model_ttft_seconds{node="local",engine="vllm-' in metrics
     assert 'engineroom_model_e2e_seconds{node="local",engine="triton-' in metrics
     assert 'kind="triton",model="ensemble",stat="mean"' in metrics
+    assert 'engineroom_model_generation_tokens_rate{node="local",engine="vllm-' in metrics
+    assert 'engineroom_engine_api_server_cpu_percent{node="local",engine="vllm-' in metrics
+    assert 'engineroom_model_generation_tokens_rate{node="local",engine="triton-' not in metrics
+
+
+def prefix_cache(base_url: str) -> tuple[float, float]:
+    """vLLM's prefix-cache (hits, queries) counters, read from its /metrics."""
+    text = httpx.get(f"{base_url}/metrics", timeout=30).text
+    found: dict[str, float] = {}
+    for line in text.splitlines():
+        for name in ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total"):
+            if line.startswith(name + "{"):
+                found[name] = found.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+    return found["vllm:prefix_cache_hits_total"], found["vllm:prefix_cache_queries_total"]
 
 
 def test_a_killed_vllm_turns_down_within_two_scrape_intervals(

@@ -20,6 +20,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 from console.collect.check import poll_once
@@ -27,6 +28,7 @@ from console.collect.promql import recording_rules
 from console.collect.view import DeploymentRow, FleetView
 from console.core.config import ConfigError, parse_fleet
 from console.core.plugin import plugin_kinds
+from console.core.snapshot import Engine, Snapshot
 from tests.conftest import VIEWER, run_cli, start_agent
 from tests.dcgm_exporter_double import uuid_of
 from tests.engines.servers import (
@@ -102,12 +104,24 @@ class Fleet:
         self.via_agents = parse_fleet(fleet_text(agent.url, vllm, triton))
         self.via_prometheus = parse_fleet(fleet_text(agent.url, vllm, triton, prom.url))
         self.traffic_at: float | None = None  # when the traffic of the p95 test ended
+        self.snapshots: dict[str, Snapshot | None] = {}
 
     def views(self) -> tuple[FleetView, FleetView]:
         """Both views, taken one right after the other."""
-        by_agent = asyncio.run(poll_once(self.via_agents))[0]
-        by_prom = asyncio.run(poll_once(self.via_prometheus))[0]
+        by_agent, agent_states, *_ = asyncio.run(poll_once(self.via_agents))
+        by_prom, prom_states, *_ = asyncio.run(poll_once(self.via_prometheus))
+        self.snapshots = {
+            "agent": agent_states["local"].snapshot,
+            "prometheus": prom_states["local"].snapshot,
+        }
         return by_agent, by_prom
+
+    def engine(self, source: str, engine_id: str) -> Engine:
+        """An engine in the snapshots of the last `views()`."""
+        snap = self.snapshots[source]
+        assert snap is not None
+        (found,) = [e for e in snap.engines if e.id == engine_id]
+        return found
 
 
 @pytest.fixture(scope="module")
@@ -297,6 +311,45 @@ def test_p95_figures_through_prometheus_match_the_agents_on_the_same_traffic(fle
     # timings, which the metrics port does not export: through Prometheus it is unknown
     # (`?`), never 0.
     assert tp.latency.ttft_s.p95 is None and tp.latency.ttft_s.mean is None
+    same_engine_figures(fleet, by_agent, by_prom)
+
+
+def same_engine_figures(fleet: Fleet, by_agent: FleetView, by_prom: FleetView) -> None:
+    """The figures the diagnoses read (issue 30) arrive through Prometheus as through the
+    agent: the same 10 requests of 16 tokens, no preemption, the same prefix-cache hit
+    rate and waiting reasons; Triton's unknown in both."""
+    a, p = rows(by_agent)["tiny-vllm"].stats, rows(by_prom)["tiny-vllm"].stats
+    assert a is not None and p is not None and a.window_s is not None
+    assert a.generation_tokens_rate is not None and p.generation_tokens_rate is not None
+    assert a.generation_tokens_rate * a.window_s == pytest.approx(160, abs=0.5)
+    # rate() over the 60 s window, extrapolated to its edges as for the counts above.
+    assert math.isclose(p.generation_tokens_rate * 60, 160, rel_tol=0.15)
+    assert a.preemption_rate == p.preemption_rate == 0
+    assert a.requests_waiting_by_reason == p.requests_waiting_by_reason
+    assert a.requests_waiting_by_reason == {"capacity": 0, "deferred": 0}
+    assert a.prefix_cache_hit_rate is not None and p.prefix_cache_hit_rate is not None
+    assert math.isclose(a.prefix_cache_hit_rate, p.prefix_cache_hit_rate, abs_tol=0.01)
+    ta, tp = rows(by_agent)["tiny-trt"].stats, rows(by_prom)["tiny-trt"].stats
+    assert ta is not None and tp is not None
+    for stats in (ta, tp):
+        assert stats.generation_tokens_rate is None and stats.preemption_rate is None
+        assert stats.prefix_cache_hit_rate is None and stats.requests_waiting_by_reason is None
+    # The API server's CPU: through Prometheus, vLLM's own process_cpu_seconds_total (the
+    # API server's, as the agent's test shows against psutil); Triton's is unknown. This
+    # module's agent discovers nothing (`discover = false`), so it knows no process of the
+    # declared engines: unknown there, never 0.
+    vllm_id = f"vllm-{fleet.vllm.port}"
+    prom_cpu = fleet.engine("prometheus", vllm_id).api_server_cpu_pct
+    assert prom_cpu is not None and 0 <= prom_cpu < 400
+    assert fleet.engine("agent", vllm_id).api_server_cpu_pct is None
+    assert fleet.engine("agent", vllm_id).pid is None
+    # What Prometheus holds is the CPU psutil reads for vLLM's API server (the process the
+    # agent measures where it knows it), a scrape ago at most.
+    (scraped,) = fleet.prom.query('process_cpu_seconds_total{job="vllm"}')
+    measured = sum(psutil.Process(fleet.vllm.process.pid).cpu_times()[:2])
+    assert 0 <= measured - float(scraped["value"][1]) < 0.5
+    triton_id = f"triton-{fleet.triton.http_port}"
+    assert fleet.engine("prometheus", triton_id).api_server_cpu_pct is None
 
 
 async def test_model_detail_opened_after_the_traffic_shows_it_from_prometheus(fleet):

@@ -9,6 +9,8 @@ import time
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
+import psutil
+
 from console.agent.discovery import EngineProcess, alive
 from console.core.config import Fleet
 from console.core.readings import EngineReading
@@ -43,6 +45,8 @@ class Tracked:
     windows: dict[str, ModelWindow] = field(default_factory=dict)
     gone_since: float | None = None
     profile: str | None = None  # started by this agent from this launch profile
+    # The API server process's CPU at the last probe: (pid, create time, monotonic s, CPU s)
+    cpu_mark: tuple[int, float, float, float] | None = None
 
 
 class EngineTracker:
@@ -158,6 +162,7 @@ class EngineTracker:
             config=reading.config,
             probe_ms=round(probe_ms, 2),
             profile=entry.profile,
+            api_server_cpu_pct=_api_server_cpu(entry, plugin, reading.state),
         )
         for model in reading.models:
             window = entry.windows.get(model.name)
@@ -200,3 +205,25 @@ class EngineTracker:
                 plugin = self.plugins.get(entry.target.kind)
                 if plugin is not None:
                     await plugin.forget(key)
+
+
+def _api_server_cpu(entry: Tracked, plugin: EnginePlugin, state: str) -> float | None:
+    """% of one core the engine's API server process used since the last probe (its own
+    threads, not its children: vLLM's EngineCore is one). None on the first probe of a
+    process, and where the process is gone or is not the API server alone."""
+    proc = entry.process
+    if proc is None or state == "down" or not plugin.api_server_process(proc.cmdline):
+        entry.cpu_mark = None
+        return None
+    try:
+        times = psutil.Process(proc.pid).cpu_times()
+    except psutil.Error:
+        entry.cpu_mark = None
+        return None
+    at, used = time.monotonic(), times.user + times.system
+    mark, entry.cpu_mark = entry.cpu_mark, (proc.pid, proc.create_time, at, used)
+    if mark is None or mark[:2] != (proc.pid, proc.create_time):
+        return None
+    if at <= mark[2] or used < mark[3]:
+        return None
+    return round(100 * (used - mark[3]) / (at - mark[2]), 2)

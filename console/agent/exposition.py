@@ -38,6 +38,17 @@ MODEL_FIELDS = (
     ("kv_cache_usage", "engineroom_model_kv_cache_usage_ratio", "KV cache in use, 0..1"),
     ("request_rate", "engineroom_model_request_rate", "finished requests per second (window)"),
     ("error_rate", "engineroom_model_error_ratio", "failed / finished (window)"),
+    (
+        "generation_tokens_rate",
+        "engineroom_model_generation_tokens_rate",
+        "generated tokens per second (window)",
+    ),
+    ("preemption_rate", "engineroom_model_preemption_rate", "preemptions per second (window)"),
+    (
+        "prefix_cache_hit_rate",
+        "engineroom_model_prefix_cache_hit_ratio",
+        "prefix-cache hits / queries, 0..1 (window)",
+    ),
 )
 LATENCY_STATS = (("p50", "p50"), ("p95", "p95"), ("p99", "p99"), ("mean", "mean"))
 STATES = ("ready", "loading", "unhealthy", "down")
@@ -125,6 +136,25 @@ def render(snap: Snapshot) -> str:
                         node=node, engine=engine.id, kind=engine.kind, model=model.name
                     )
                     f.sample(name, labels, value)
+    f.family(
+        "engineroom_model_requests_waiting_by_reason",
+        "requests queued, by why they wait (the engine's reasons)",
+    )
+    for engine in snap.engines:
+        for model in engine.models:
+            for reason, count in (model.requests_waiting_by_reason or {}).items():
+                labels = _labels(
+                    node=node, engine=engine.id, kind=engine.kind, model=model.name, reason=reason
+                )
+                f.sample("engineroom_model_requests_waiting_by_reason", labels, count)
+    f.family(
+        "engineroom_engine_api_server_cpu_percent",
+        "% of one core used by the engine's API server process over the agent's cycle",
+    )
+    for engine in snap.engines:
+        if engine.api_server_cpu_pct is not None:
+            labels = _labels(node=node, engine=engine.id, kind=engine.kind)
+            f.sample("engineroom_engine_api_server_cpu_percent", labels, engine.api_server_cpu_pct)
     for series in ("ttft", "itl", "e2e"):
         name = f"engineroom_model_{series}_seconds"
         f.family(name, f"{series} over the agent's window; stat is p50, p95, p99 or mean")

@@ -27,7 +27,23 @@ from console.core.snapshot import Percentiles, percentiles_from, plain
 
 EXIT = {"healthy": 0, "degraded": 1, "unreachable": 2}
 # The engine fields `check --json` gives (docs/check-json.md).
-_ENGINE_KEYS = ("id", "kind", "endpoint", "version", "state", "reason", "deployment_ids")
+_ENGINE_KEYS = (
+    "id",
+    "kind",
+    "endpoint",
+    "version",
+    "state",
+    "reason",
+    "deployment_ids",
+    "api_server_cpu_pct",
+)
+# A deployment's engine figures, as the snapshot names them (docs/check-json.md).
+_ENGINE_FIGURES = (
+    "generation_tokens_rate",
+    "preemption_rate",
+    "requests_waiting_by_reason",
+    "prefix_cache_hit_rate",
+)
 
 
 def _without(d: Any, *keys: str) -> dict[str, Any]:
@@ -285,6 +301,7 @@ def to_dict(
                         ),
                         "request_rate": r.stats.request_rate if r.stats else None,
                         "error_rate": r.stats.error_rate if r.stats else None,
+                        **{k: getattr(r.stats, k) if r.stats else None for k in _ENGINE_FIGURES},
                         "slo": r.slo,
                         "slo_ok": r.slo_ok,
                     }

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import cast
 
+from console.collect.promql import WAITING
 from console.core.safetext import for_terminal
 
 Reading = float | str | None  # a number; why it was refused; or not read
@@ -68,8 +69,21 @@ MODEL_BOUNDS: dict[str, Bounds] = {
     **{f"mean:{fig}": SECONDS for fig in LATENCIES},
     **{f"{fig}.count": COUNT for fig in LATENCIES},
     **{f"count:{fig}": COUNT for fig in LATENCIES},
+    # tokens and preemptions per second, hits / queries (both sources, the field's name)
+    "generation_tokens_rate": RATE,
+    "preemption_rate": RATE,
+    "prefix_cache_hit_rate": RATIO,
 }
-model_bounds = MODEL_BOUNDS.get
+# An engine's readings: its API server's CPU, % of one core (more than 100 is several).
+ENGINE_BOUNDS: dict[str, Bounds] = {"api_server_cpu": (0, 1e5, False)}
+
+
+def model_bounds(key: str) -> Bounds | None:
+    """The bounds of a model's reading; waiting requests by reason are counts."""
+    bounds = MODEL_BOUNDS.get(key)
+    if bounds is None and key.startswith(WAITING):  # "waiting:capacity", any reason
+        return RATE
+    return bounds
 
 
 def shown(text: str, limit: int = 40) -> str:

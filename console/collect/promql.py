@@ -51,17 +51,27 @@ AGENT_MODEL = {
     "engineroom_model_kv_cache_usage_ratio": "kv_cache_usage",
     "engineroom_model_request_rate": "request_rate",
     "engineroom_model_error_ratio": "error_rate",
+    "engineroom_model_generation_tokens_rate": "generation_tokens_rate",
+    "engineroom_model_preemption_rate": "preemption_rate",
+    "engineroom_model_prefix_cache_hit_ratio": "prefix_cache_hit_rate",
 }
+# Read with the model figures (one query): waiting requests by `reason`, and the engine's
+# API server CPU (no `model` label).
+AGENT_WAITING_BY_REASON = "engineroom_model_requests_waiting_by_reason"
+AGENT_API_SERVER_CPU = "engineroom_engine_api_server_cpu_percent"
 AGENT_LATENCY = {
     "engineroom_model_ttft_seconds": "ttft",
     "engineroom_model_itl_seconds": "itl",
     "engineroom_model_e2e_seconds": "e2e",
 }
+AGENT_MODEL_SERIES = (*AGENT_MODEL, *AGENT_LATENCY, AGENT_WAITING_BY_REASON, AGENT_API_SERVER_CPU)
 # The agent's latency gauges carry `stat` (p50, p95, p99, mean); older agents `quantile`.
 AGENT_QUANTILE = {"0.5": "p50", "0.95": "p95", "0.99": "p99", "mean": "mean"}
 AGENT_STATS = ("p50", "p95", "p99", "mean")
 QUANTILES = (("p50", "0.5"), ("p95", "0.95"), ("p99", "0.99"))
 TAG = "er_figure"  # the label our queries add to say which figure a sample is
+WAITING = "waiting:"  # a model reading's key for waiting requests by reason, then the reason
+API_SERVER_CPU = "api_server_cpu"  # the counters' tag of the engine's API server CPU
 
 
 SLICE = "<slice>"  # where a query's template takes a slice's label matcher
@@ -172,7 +182,7 @@ def fleet_queries(section: PrometheusSection, engines: dict[str, PromSeries]) ->
         ),
         _sliceable("agent_gpu", _sel(_any(AGENT_GPU))),
         _sliceable("agent_engine", f"{_sel('engineroom_engine_state')} == 1"),
-        _sliceable("agent_model", _sel(_any([*AGENT_MODEL, *AGENT_LATENCY]))),
+        _sliceable("agent_model", _sel(_any(AGENT_MODEL_SERIES))),
     ]
     for kind, ps in sorted(engines.items()):
         model = section.labels.model.get(kind, ps.model_label)
@@ -181,6 +191,9 @@ def fleet_queries(section: PrometheusSection, engines: dict[str, PromSeries]) ->
         gauges = f"sum by (__name__, {by}) ({_sel(_any(summed))})"
         if ps.kv_cache:
             gauges += f" or max by (__name__, {by}) ({_sel(ps.kv_cache)})"
+        if ps.waiting_by_reason:
+            series, reason = ps.waiting_by_reason
+            gauges += f" or sum by (__name__, {by}, {reason}) ({_sel(series)})"
         queries.append(_sliceable("gauges", gauges, kind))
         for figure, name in sorted(ps.histograms.items()):
             bucket, count, total = (_sel(f"{name}_{s}") for s in ("bucket", "count", "sum"))
@@ -208,6 +221,31 @@ def fleet_queries(section: PrometheusSection, engines: dict[str, PromSeries]) ->
         if ps.errors:
             errors = " + ".join(f"sum by ({by}) (rate({_sel(e)}[{window}]))" for e in ps.errors)
             terms.append(_tag(errors, "errors"))
+        for tag, counter in (
+            ("generation_tokens_rate", ps.generation_tokens),  # tagged as the field
+            ("preemption_rate", ps.preemptions),
+        ):
+            if counter:
+                terms.append(_tag(f"sum by ({by}) (rate({_sel(counter)}[{window}]))", tag))
+        if ps.prefix_cache:
+            hits, asked = (_sel(c) for c in ps.prefix_cache)
+            # Queries that did not move make 0/0, NaN: read as unknown, never 0.
+            terms.append(
+                _tag(
+                    f"sum by ({by}) (rate({hits}[{window}])) "
+                    f"/ sum by ({by}) (rate({asked}[{window}]))",
+                    "prefix_cache_hit_rate",
+                )
+            )
+        if ps.process_cpu:
+            # The engine's own scrape target only: every exporter has a process_cpu_seconds.
+            terms.append(
+                _tag(
+                    f"100 * sum by ({nl}) (rate({_sel(ps.process_cpu)}[{window}])) "
+                    f"and on ({nl}) group by ({nl}) ({_sel(ps.present)})",
+                    API_SERVER_CPU,
+                )
+            )
         for figure, (total, count) in sorted(ps.means.items()):
             total, count = _sel(total), _sel(count)
             terms.append(

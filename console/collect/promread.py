@@ -16,27 +16,32 @@ from urllib.parse import urlsplit
 from console.collect.promcheck import (
     AGENT_GPU_BOUNDS,
     DCGM_BOUNDS,
+    ENGINE_BOUNDS,
     Notes,
     Reading,
     checked,
     disagree,
     gpu_index,
-    model_bounds,
     number,
     reading,
     shown,
 )
+from console.collect.prommodel import agent_model, engine_model
 from console.collect.promql import (
+    AGENT_API_SERVER_CPU,
     AGENT_GPU,
     AGENT_LATENCY,
     AGENT_MODEL,
     AGENT_QUANTILE,
     AGENT_STATS,
+    AGENT_WAITING_BY_REASON,
+    API_SERVER_CPU,
     DCGM_DRIVER,
     DCGM_MODEL,
     DCGM_READINGS,
     DCGM_UUID,
     TAG,
+    WAITING,
     Query,
     Sample,
 )
@@ -49,16 +54,12 @@ from console.core.snapshot import (
     EngineState,
     Gpu,
     Host,
-    Latency,
-    ModelStats,
     NodeInfo,
-    Percentiles,
     Snapshot,
     XidEvent,
 )
 
 MIB = 2**20
-FIGURES = ("ttft", "itl", "e2e")
 STATES: dict[str, EngineState] = {s: s for s in ("ready", "loading", "unhealthy", "down")}
 MISSING = ["host", "jobs", "engine processes"]  # what Prometheus does not tell the console
 
@@ -84,6 +85,8 @@ class _Engine:
     deployments: tuple[str, ...] = ()
     models: dict[str, dict[str, Reading]] = field(default_factory=dict)  # direct
     agent_models: dict[str, dict[str, Reading]] = field(default_factory=dict)
+    cpu: Reading = None  # the API server's % of a core: from the engine's own series
+    agent_cpu: Reading = None  # from the agent's
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, _Engine) and self.__dict__ == other.__dict__
@@ -133,6 +136,8 @@ def merged(old: NodeReadings | None, new: NodeReadings) -> NodeReadings:
             base.deployments or e.deployments,
             _merged_models(base.models, e.models),
             _merged_models(base.agent_models, e.agent_models),
+            base.cpu if e.cpu is None else e.cpu,
+            base.agent_cpu if e.agent_cpu is None else e.agent_cpu,
         )
     return NodeReadings(
         {**old.gpus, **new.gpus},
@@ -322,10 +327,15 @@ class FleetReader:
             engine.version = labels.get("version")
             engine.state = labels.get("state")
             return
-        model = engine.agent_models.setdefault(labels.get("model", "?"), {})
         metric = labels.get("__name__", "")
+        if metric == AGENT_API_SERVER_CPU:
+            engine.agent_cpu = value
+            return
+        model = engine.agent_models.setdefault(labels.get("model", "?"), {})
         if metric in AGENT_MODEL:
             model[AGENT_MODEL[metric]] = value
+        elif metric == AGENT_WAITING_BY_REASON:
+            model[WAITING + labels.get("reason", "")] = value
         elif metric in AGENT_LATENCY:
             stat = labels.get("stat") or AGENT_QUANTILE.get(labels.get("quantile", ""))
             if stat in AGENT_STATS:
@@ -360,6 +370,7 @@ class FleetReader:
         ):
             if series:
                 gauges.setdefault(series, []).append(key)
+        by_reason, reason_label = ps.waiting_by_reason or (None, "")
         keys: dict[str, str] = {}  # a hist query's tag -> its figure's key ("ttft.p95")
         # A gauge is an exporter's sample; the others are Prometheus' arithmetic, where
         # NaN is no traffic in the window (0/0), not a bad sample.
@@ -367,13 +378,20 @@ class FleetReader:
         for sample in result:
             labels = sample.metric
             value = value_of(sample.value.text) if sample.value else None
+            tag = labels.get(TAG, "")
+            if tag == API_SERVER_CPU:  # the engine's, with no model label
+                node, eid, found = self._engine_of(labels, kind)
+                self._engine_at(nodes, node, eid, kind, found).cpu = value
+                continue
             at = (labels.get("instance"), labels.get(model_label), *map(labels.get, node_labels))
             model = where.get(at)
             if model is None:
                 model = where[at] = self._engine_model(kind, labels, model_label, nodes)
-            tag = labels.get(TAG, "")
             if family == "gauges":
-                for key in gauges.get(labels.get("__name__", ""), ()):
+                name = labels.get("__name__", "")
+                if name == by_reason:
+                    model[WAITING + labels.get(reason_label, "")] = value
+                for key in gauges.get(name, ()):
                     model[key] = value
             elif family == "hist":
                 key = keys.get(tag) or keys.setdefault(tag, f"{query.figure}.{tag}")
@@ -516,10 +534,15 @@ class FleetReader:
 
     def _engine(self, eid: str, e: _Engine, notes: Notes) -> Engine:
         if e.models:
-            models = [self._model(name, r, e.kind, notes) for name, r in sorted(e.models.items())]
+            ps, window_s = self.engines[e.kind], self.section.window_s
+            models = [
+                engine_model(name, r, ps, window_s, notes) for name, r in sorted(e.models.items())
+            ]
         else:
-            models = [_agent_model(name, r, notes) for name, r in sorted(e.agent_models.items())]
+            models = [agent_model(name, r, notes) for name, r in sorted(e.agent_models.items())]
         state = STATES.get(e.state or ("ready" if e.models else "down"), "unhealthy")
+        cpu = e.agent_cpu if e.cpu is None else e.cpu
+        checked_cpu = checked({API_SERVER_CPU: cpu}, ENGINE_BOUNDS.get, notes, f"engine {eid}")
         return Engine(
             id=eid,
             kind=e.kind,
@@ -529,62 +552,5 @@ class FleetReader:
             reason=e.reason,
             deployment_ids=list(e.deployments),
             models=models,
+            api_server_cpu_pct=checked_cpu[API_SERVER_CPU],
         )
-
-    def _model(
-        self, name: str, readings: dict[str, Reading], kind: str, notes: Notes
-    ) -> ModelStats:
-        ps = self.engines[kind]
-        r = checked(readings, model_bounds, notes, f"model {shown(name)}")
-        requests, errors = r.get("requests"), r.get("errors")
-        latency = {}
-        for figure in FIGURES:
-            if figure in ps.histograms and f"{figure}.count" in r:
-                latency[f"{figure}_s"] = Percentiles(
-                    p50=r.get(f"{figure}.p50"),
-                    p95=r.get(f"{figure}.p95"),
-                    p99=r.get(f"{figure}.p99"),
-                    mean=r.get(f"{figure}.mean"),
-                    count=r.get(f"{figure}.count"),
-                    source="histogram",
-                )
-            elif f"mean:{figure}" in r or f"count:{figure}" in r:
-                latency[f"{figure}_s"] = Percentiles(
-                    mean=r.get(f"mean:{figure}"),
-                    count=r.get(f"count:{figure}"),
-                    source="mean",
-                )
-        return ModelStats(
-            name=name,
-            requests_running=r.get("requests_running"),
-            requests_waiting=r.get("requests_waiting"),
-            kv_cache_usage=r.get("kv_cache_usage"),
-            request_rate=requests,
-            error_rate=(min(1.0, errors / requests) if requests and errors is not None else None),
-            latency=Latency(**latency),
-            window_s=self.section.window_s,
-        )
-
-
-def _agent_model(name: str, readings: dict[str, Reading], notes: Notes) -> ModelStats:
-    """A model from the agent's own series (Prometheus scrapes the agent, not the engine)."""
-    r = checked(readings, model_bounds, notes, f"model {shown(name)}")
-    latency = {}
-    for figure in FIGURES:
-        stats: dict[str, Any] = {
-            s: r.get(f"{figure}.{s}") for s in AGENT_STATS if f"{figure}.{s}" in r
-        }
-        if stats:
-            histogram = any(k != "mean" for k in stats)
-            latency[f"{figure}_s"] = Percentiles(
-                **stats, source="histogram" if histogram else "mean"
-            )
-    return ModelStats(
-        name=name,
-        requests_running=r.get("requests_running"),
-        requests_waiting=r.get("requests_waiting"),
-        kv_cache_usage=r.get("kv_cache_usage"),
-        request_rate=r.get("request_rate"),
-        error_rate=r.get("error_rate"),
-        latency=Latency(**latency),
-    )

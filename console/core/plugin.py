@@ -67,6 +67,14 @@ class PromSeries:
     mean_scale: float = 1.0
     requests: tuple[str, ...] = ()  # counters of finished requests, summed
     errors: tuple[str, ...] = ()  # selectors of failed ones, summed
+    generation_tokens: str | None = None  # counters
+    preemptions: str | None = None
+    prefix_cache: tuple[str, str] | None = None  # (hits, queries) counters
+    # a gauge of waiting requests with a label naming why: (series, that label)
+    waiting_by_reason: tuple[str, str] | None = None
+    # a counter of the API server process's CPU seconds, exported by the engine itself
+    # (the same process `api_server_cpu` names: then both sources give one figure)
+    process_cpu: str | None = None
 
 
 @dataclass(slots=True)
@@ -127,6 +135,13 @@ class EnginePlugin(abc.ABC):
     async def probe(self, target: EngineTarget, ctx: ProbeContext) -> EngineReading:
         """Read the engine once. Never raises for engine trouble: it returns a state
         (`down` when nothing answers, `unhealthy` with a reason when something is wrong)."""
+
+    def api_server_process(self, cmdline: list[str]) -> bool:
+        """Whether the engine process found with `cmdline` is its API server alone, its
+        compute in other processes (vLLM's EngineCore child), so that the process's CPU
+        is the API server's (`Engine.api_server_cpu_pct`). Where one process does both
+        (Triton), or it is not known, False: the API server's CPU is unknown."""
+        return False
 
     async def forget(self, target_id: str) -> None:  # noqa: B027 - optional hook
         """Release anything kept for an engine that is gone."""

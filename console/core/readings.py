@@ -16,8 +16,23 @@ from console.core.wire import EngineState
 
 # Latency series every plugin maps its engine's names onto.
 LATENCIES = ("ttft", "itl", "e2e")
-# Counters: finished requests, failed requests, prompt and generated tokens.
-COUNTERS = ("requests", "errors", "prompt_tokens", "generation_tokens")
+# Counters: finished requests, failed requests, prompt and generated tokens, preempted
+# requests, and the prefix cache's hits and queries (both in tokens, as vLLM counts them).
+COUNTERS = (
+    "requests",
+    "errors",
+    "prompt_tokens",
+    "generation_tokens",
+    "preemptions",
+    "prefix_cache_hits",
+    "prefix_cache_queries",
+)
+# Waiting requests by reason: an engine names its reasons (vLLM: capacity, deferred), and
+# label values are outside text. A model keeps this many, each name cut to this length;
+# the rest are summed under OTHER_REASON, so the counts still add up to the waiting total.
+MAX_WAITING_REASONS = 16
+MAX_REASON_CHARS = 64
+OTHER_REASON = "(other)"
 
 
 @dataclass(slots=True)
@@ -44,6 +59,8 @@ class ModelReading:
     requests_running: float | None = None
     requests_waiting: float | None = None
     kv_cache_usage: float | None = None
+    # reason -> requests waiting for it; None where the engine does not say why
+    waiting_by_reason: dict[str, float] | None = None
     counters: dict[str, float] = field(default_factory=dict)
     histograms: dict[str, Histogram] = field(default_factory=dict)
     means: dict[str, MeanCounter] = field(default_factory=dict)
@@ -105,6 +122,32 @@ def values_by(exp: Exposition, name: str, group: str, **match: str) -> dict[str,
             continue
         out[s.labels.get(group, "")] += s.value
     return dict(out)
+
+
+def values_by_pair(exp: Exposition, name: str, group: str, by: str) -> dict[str, dict[str, float]]:
+    """Sum of metric `name` per value of label `group`, then per value of label `by`
+    (vLLM's waiting requests per model, per reason), over the other labels."""
+    out: dict[str, dict[str, float]] = {}
+    for s in exp.samples:
+        if s.name == name:
+            inner = out.setdefault(s.labels.get(group, ""), {})
+            key = s.labels.get(by, "")
+            inner[key] = inner.get(key, 0.0) + s.value
+    return out
+
+
+def capped_reasons(counts: dict[str, float]) -> dict[str, float]:
+    """`counts` (reason -> waiting requests) within MAX_WAITING_REASONS names of at most
+    MAX_REASON_CHARS: the first names in order, the rest summed under OTHER_REASON."""
+    if len(counts) <= MAX_WAITING_REASONS and all(len(k) <= MAX_REASON_CHARS for k in counts):
+        return dict(counts)
+    out: dict[str, float] = {}
+    for reason in sorted(counts):
+        key = reason[:MAX_REASON_CHARS]
+        if key not in out and len(out) >= MAX_WAITING_REASONS - 1:
+            key = OTHER_REASON
+        out[key] = out.get(key, 0.0) + counts[reason]
+    return out
 
 
 # Clock-event ("throttle") reason bits, as NVML defines them (and dcgm-exporter exports as

@@ -120,6 +120,9 @@ class ModelStats(_Struct, kw_only=True):
     error_rate: float | None = None
     prompt_tokens_rate: float | None = None
     generation_tokens_rate: float | None = None
+    preemption_rate: float | None = None
+    prefix_cache_hit_rate: float | None = None
+    requests_waiting_by_reason: dict[str, float] | None = None
     latency: Latency = msgspec.field(default_factory=Latency)
     window_s: float | None = None
 
@@ -138,6 +141,7 @@ class Engine(_Struct, kw_only=True):
     config: dict[str, Any] = msgspec.field(default_factory=dict)
     probe_ms: float | None = None
     profile: str | None = None
+    api_server_cpu_pct: float | None = None
 
 
 class JobStep(_Struct, kw_only=True):

@@ -84,6 +84,9 @@ class ModelWindow:
             requests_running=new.requests_running,
             requests_waiting=new.requests_waiting,
             kv_cache_usage=new.kv_cache_usage,
+            requests_waiting_by_reason=None
+            if new.waiting_by_reason is None
+            else dict(new.waiting_by_reason),
         )
         if len(self._readings) < 2:
             return stats  # one reading: no rate or percentile is known yet
@@ -104,10 +107,14 @@ class ModelWindow:
         for key, attr in (
             ("prompt_tokens", "prompt_tokens_rate"),
             ("generation_tokens", "generation_tokens_rate"),
+            ("preemptions", "preemption_rate"),
         ):
             value = delta(key)
             if value is not None and span > 0:
                 setattr(stats, attr, value / span)
+        hits, queries = delta("prefix_cache_hits"), delta("prefix_cache_queries")
+        if hits is not None and queries is not None and queries > 0:  # never 0/0
+            stats.prefix_cache_hit_rate = min(1.0, hits / queries)
         stats.latency = Latency(
             **{f"{name}_s": self._percentiles(name, new, old) for name in LATENCIES}
         )

@@ -115,8 +115,21 @@ class ModelStats(_Wire):
     kv_cache_usage: float | None = None  # 0..1
     request_rate: float | None = None  # finished requests per second over the window
     error_rate: float | None = None  # failed / finished over the window
-    prompt_tokens_rate: float | None = None
+    prompt_tokens_rate: float | None = None  # tokens per second over the window
     generation_tokens_rate: float | None = None
+    preemption_rate: float | None = Field(
+        None, description="requests preempted per second over the window"
+    )
+    prefix_cache_hit_rate: float | None = Field(
+        None,
+        description="prefix-cache hits / queries (tokens) over the window, 0..1; "
+        "null when nothing was queried",
+    )
+    requests_waiting_by_reason: dict[str, float] | None = Field(
+        None,
+        description="reason (vLLM: capacity, deferred) -> requests waiting, at most 16; "
+        "null where the engine does not say why (vLLM up to 0.12, Triton, trtllm-serve)",
+    )
     latency: Latency = Field(default_factory=Latency)
     window_s: float | None = None  # the span the rates and percentiles cover
 
@@ -135,6 +148,13 @@ class Engine(_Wire):
     config: dict[str, Any] = Field(default_factory=dict)
     probe_ms: float | None = None
     profile: str | None = None  # set when this agent started it from a launch profile
+    api_server_cpu_pct: float | None = Field(
+        None,
+        description="% of one core used by the engine's API server process (vLLM's API "
+        "server, not its EngineCore child) over the agent's last cycle (read from "
+        "Prometheus: over its window); null where the engine has no API server apart from "
+        "its compute (Triton, trtllm-serve), or its process is not known to the agent",
+    )
 
 
 # A vLLM cold start's phases, in order (console.agent.jobs finds them in the engine's log).

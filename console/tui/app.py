@@ -148,7 +148,9 @@ class EngineroomApp(Workflows):
         self.actions = ActionTracker()  # operator actions seen, for Events (as a recording)
         self.gateway_actions = GatewayActions(self.actions)  # its failover jobs, its audit
         self.view: FleetView | None = None
-        self.views = ViewBuilder(fleet)  # redoes only the nodes that changed, each tick
+        # Redoes only the nodes that changed, each tick; holds alerts to their hysteresis
+        # (a replay shows the recording's alerts, at the recording's times).
+        self.views = ViewBuilder(fleet, hold=not self.offline)
         self.refresh_s = self.collector.refresh_s
         self._follow_updates()
         self.tick_ms: deque[tuple[float, float]] = deque(maxlen=300)  # (build, draw)
@@ -244,7 +246,10 @@ class EngineroomApp(Workflows):
         """Build the fleet view once and redraw only the screen the operator sees."""
         started = time.perf_counter()
         self.view = self.views.build(
-            self.collector.states, self.refresh_s, history=self.collector.history
+            self.collector.states,
+            self.refresh_s,
+            history=self.collector.history,
+            gateway=self.gateway_snapshot,  # the SLO is judged on what clients feel
         )
         self.events.update(self.view.alerts)
         if self.recorder is not None:
