@@ -601,7 +601,7 @@ async def test_fleet_and_models_patched_rows_are_the_rows_drawn_whole(
 
     from console.collect.collector import NodeState
     from console.tui.screens.models import ModelsScreen
-    from console.tui.widgets.table import Row
+    from console.tui.widgets.table import FleetTable, Row
 
     class Held(Collector):
         def start(self) -> None:  # the test sets the states
@@ -655,7 +655,9 @@ async def test_fleet_and_models_patched_rows_are_the_rows_drawn_whole(
         before = drawn_whole(models)
         assert before == seen(models._drawn.rows)
         assert ("m:x0", "bold red") in [(key, cells[0][1]) for key, cells in before]
-        rates = [cells[8][0] for key, cells in before if key.startswith("d:x0")]
+        labels = [c.label.plain for c in models.query_one("#models", FleetTable).ordered_columns]
+        rate = labels.index("RATE")
+        rates = [cells[rate][0] for key, cells in before if key.startswith("d:x0")]
         assert rates == ["1.0/s", "5.0/s", "1.0/s"]
         await pilot.press("n")  # Fleet, while Models misses two views
         await pilot.pause()

@@ -88,10 +88,12 @@ def replay_app(path: Path, at: float | None = None) -> ReplayApp:
     return app
 
 
-def _cell(app: ReplayApp, key: str, column: int) -> str:
-    row = app.screen.query_one(FleetTable).rows_by_key[key]
+def _cell(app: ReplayApp, key: str, column: str) -> str:
+    """The cell of the column labelled `column` (those the terminal's width holds)."""
+    table = app.screen.query_one(FleetTable)
+    row = table.rows_by_key[key]
     cells = row.cells() if callable(row.cells) else row.cells
-    cell = cells[column]
+    cell = cells[[c.label.plain for c in table.ordered_columns].index(column)]
     return cell.plain if isinstance(cell, Text) else str(cell)
 
 
@@ -99,14 +101,14 @@ def _notes(app: ReplayApp) -> list[str]:
     return list(app.said)  # type: ignore[attr-defined]
 
 
-WEIGHT = 12  # the Models table's weight column
+WEIGHT = "W"  # the Models table's weight column
 
 
 async def test_the_cursor_moves_through_the_incident_and_every_screen_shows_that_moment(
     incident,
 ):
     app = replay_app(incident)
-    async with app.run_test(size=SIZE) as pilot:
+    async with app.run_test(size=(200, 30)) as pilot:  # wide enough for Models' W column
         await pilot.pause(0.2)
         assert app.replay_label() == "2026-12-01 00:00:00 UTC"
         await pilot.press(*keys(":models\r"))

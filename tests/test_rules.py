@@ -4,7 +4,11 @@ Each case is one node's snapshot. The console's alerts come from it (view.build,
 TUI and `check` do); the same snapshot, rendered by the agent's /metrics code, is the input
 of `promtool test rules` over the file `engineroom rules` wrote. Both must raise the
 case's alerts and nothing else: the rules and the console cannot disagree. The cases
-include values just under each threshold, which must stay quiet in both.
+include values just under each threshold, which must stay quiet in both, a mean (never a
+p95: unknown, quiet), and a breach far over its SLO (critical, not a warning). Further
+down: a rule fires only after its `for:` and keeps firing its `keep_firing_for:` (the
+console's holds), a Triton `ensemble` fires its own deployment's rule only, and where the
+gateway measured a deployment its p95 decides (issue 28, #13).
 """
 
 from __future__ import annotations
@@ -133,6 +137,8 @@ class Case:
 GPU0 = {"node": "a", "gpu": "0"}
 VLLM = {"node": "a", "engine": "vllm-8001", "kind": "vllm", "model": "tiny"}
 TRT = {"node": "a", "engine": "triton-8000", "kind": "triton", "model": "ens.v1"}
+# An SLO figure of the vLLM deployment, judged at its engine (no gateway here).
+VLLM_SLO = {**VLLM, "deployment": "tiny-vllm", "measured_at": "engine", "fleet_model": "tiny"}
 
 CASES = {
     "all under their thresholds: quiet": Case(
@@ -215,19 +221,30 @@ CASES = {
     ),
     "p95 TTFT over the SLO": Case(
         engines=[vllm(latency=latency(0.6, 0.01)), standby(), triton()],
-        fires=[("EngineroomSloTtftP95", {**VLLM, "stat": "p95", "fleet_model": "tiny"}, 0.6)],
+        fires=[("EngineroomSloTtftP95", {**VLLM_SLO, "stat": "p95"}, 0.6)],
     ),
-    "ITL over the SLO where the engine gives only a mean": Case(
+    "88 times the TTFT SLO is critical, not a warning": Case(
+        engines=[vllm(latency=latency(44.0, 0.01)), standby(), triton()],
+        fires=[("EngineroomSloTtftP95", {**VLLM_SLO, "stat": "p95", "severity": "critical"}, 44)],
+    ),
+    "p95 ITL over the SLO": Case(
+        engines=[vllm(latency=latency(0.2, 0.08)), standby(), triton()],
+        fires=[("EngineroomSloItlP95", {**VLLM_SLO, "stat": "p95"}, 0.08)],
+    ),
+    "an ITL mean over the SLO is not a p95: unknown, quiet": Case(
         engines=[vllm(), standby(), triton(latency=latency(itl_mean=0.08))],
-        fires=[("EngineroomSloItlP95", {**TRT, "stat": "mean", "fleet_model": "tiny"}, 0.08)],
     ),
     "p95 request latency over the SLO": Case(
         engines=[vllm(latency=latency(e2e_p95=2.5)), standby(), triton()],
-        fires=[("EngineroomSloE2eP95", {**VLLM, "stat": "p95", "fleet_model": "tiny"}, 2.5)],
+        fires=[("EngineroomSloE2eP95", {**VLLM_SLO, "stat": "p95"}, 2.5)],
     ),
     "an error rate over the model's SLO": Case(
+        engines=[vllm(error_rate=0.03), standby(), triton()],
+        fires=[("EngineroomErrorRate", VLLM_SLO, 0.03)],
+    ),
+    "an error rate five times the model's SLO is critical": Case(
         engines=[vllm(error_rate=0.1), standby(), triton()],
-        fires=[("EngineroomErrorRate", {**VLLM, "fleet_model": "tiny"}, 0.1)],
+        fires=[("EngineroomErrorRate", {**VLLM_SLO, "severity": "critical"}, 0.1)],
     ),
     "a KV cache nearly full": Case(
         engines=[vllm(kv_cache_usage=0.96), standby(), triton()],
@@ -254,12 +271,7 @@ def console_alerts(snap: Snapshot) -> set[str]:
     console_snap = decode_snapshot(snap.model_dump_json())
     states = {"a": NodeState("a", "agent", snapshot=console_snap, last_ok=now)}
     view = build(FLEET, states, 1.0, now=now)
-    by_title = {(d.title, d.severity): d for d in alertrules.ALL}
-    named = set()
-    for alert in view.alerts:
-        defn = by_title[(alert.message.split(":", 1)[0], alert.severity)]
-        named.add(defn.alert)
-    return named
+    return {alert.rule.alert for alert in view.alerts if alert.rule is not None}
 
 
 def input_series(snap: Snapshot) -> list[dict[str, str]]:
@@ -302,7 +314,7 @@ def expected_alert(rule: dict[str, str], labels: dict[str, str], value: float) -
 
     rule_labels = {k: rule[k] for k in ("severity", "fleet") if k in rule}
     return {
-        "exp_labels": {**labels, **rule_labels},
+        "exp_labels": {**rule_labels, **labels},  # a case's severity: a breach's band
         "exp_annotations": {
             "summary": fill(rule["summary"]),
             "description": rule["description"],
@@ -393,15 +405,13 @@ def test_dcgm_exporter_and_vllm_histograms_fire_the_same_rules_without_an_agent(
     series = [
         {"series": f"DCGM_FI_DEV_GPU_TEMP{{{labels(hot)}}}", "values": "95x3"},
         {"series": f"DCGM_FI_DEV_GPU_TEMP{{{labels(cool)}}}", "values": "70x3"},
-        # "tiny": every request between 0.5 and 1 s (p95 0.975 s, over its 500 ms SLO);
-        # "ens.v1" is the same fleet model on Triton's name: all under 0.1 s, quiet.
+        # "tiny" on its deployment's endpoint: every request between 0.5 and 1 s (p95
+        # 0.975 s, over its 500 ms SLO); the same name on a vLLM no deployment of the
+        # fleet names (another team's, say): as slow, and none of this fleet's business.
         *(
-            {"series": f'{bucket}{{model_name="tiny",le="{le}"}}', "values": v}
+            {"series": f'{bucket}{{model_name="tiny",instance="{at}",le="{le}"}}', "values": v}
+            for at in ("127.0.0.1:8001", "10.0.0.9:8001")
             for le, v in (("0.1", "0x3"), ("0.5", "0x3"), ("1", "0+10x3"), ("+Inf", "0+10x3"))
-        ),
-        *(
-            {"series": f'{bucket}{{model_name="ens.v1",le="{le}"}}', "values": "0+10x3"}
-            for le in ("0.1", "0.5", "1", "+Inf")
         ),
     ]
     tests = [
@@ -417,7 +427,12 @@ def test_dcgm_exporter_and_vllm_histograms_fire_the_same_rules_without_an_agent(
             "exp_alerts": [
                 expected_alert(
                     rules["EngineroomSloTtftP95"],
-                    {"model_name": "tiny", "fleet_model": "tiny"},
+                    {
+                        "model_name": "tiny",
+                        "instance": "127.0.0.1:8001",
+                        "measured_at": "engine",
+                        "fleet_model": "tiny",
+                    },
                     0.975,
                 )
             ],
@@ -466,36 +481,55 @@ def test_hostile_names_break_no_rule_and_match_exactly_their_own_series(tmp_path
     assert result.returncode == 0, result.stdout + result.stderr
     assert text.count("\n") == render_rules(FLEET).count("\n")  # no line added
     assert "\u2028" not in text and "\r" not in text
-    # The hostile model's error rate fires its own rule, with the names as they are; another
-    # model, and one that the hostile name would match as a regex, fire the default one.
+    # The hostile model's deployment fires its model's error-rate rule, with the names as
+    # they are; an engine of no deployment fires the fleet's default, and so does one
+    # whose model the hostile name would match as a regex.
+    lookalike = HOSTILE.replace(".*", "xy")
+    deployment = HOSTILE + "tiny-vllm"
+
+    def engine(name: str, model: str) -> dict[str, str]:
+        return {"node": "a", "engine": name, "model": model}
+
+    def sample(metric: str, labels: dict[str, str], value: str) -> dict[str, str]:
+        shown = ",".join(f"{k}={json.dumps(v)}" for k, v in labels.items())
+        return {"series": f"{metric}{{{shown}}}", "values": f"{value}x3"}
+
     series = [
-        {"series": f"engineroom_model_error_ratio{{model={json.dumps(m)}}}", "values": "0.5x3"}
-        for m in (HOSTILE, "other", HOSTILE.replace(".*", "xy"))
+        sample(
+            "engineroom_deployment_state",
+            {"node": "a", "engine": "e1", "deployment": deployment, "state": "ready"},
+            "1",
+        ),
+        sample("engineroom_model_error_ratio", engine("e1", HOSTILE), "0.03"),
+        sample("engineroom_model_error_ratio", engine("e2", "other"), "0.5"),
+        sample("engineroom_model_error_ratio", engine("e3", lookalike), "0.5"),
     ]
 
-    def alert(model: str, limit: str, fleet_model: dict[str, str]) -> dict:
-        summary = f" {model}: error rate: 0.5 (over {limit})"
+    def alert(labels: dict[str, str], severity: str, summary: str) -> dict:
         return {
-            "exp_labels": {
-                "model": model,
-                "severity": "warning",
-                "fleet": "fleet {{ x }}\n",
-                **fleet_model,
-            },
+            "exp_labels": {**labels, "severity": severity, "fleet": "fleet {{ x }}\n"},
             "exp_annotations": {
                 "summary": summary,
                 "description": alertrules.ERROR_RATE.description,
             },
         }
 
+    mine = {
+        **engine("e1", HOSTILE),
+        "deployment": deployment,
+        "measured_at": "engine",
+        "fleet_model": HOSTILE,
+    }
     tests = [
         {
             "eval_time": "2m",
             "alertname": "EngineroomErrorRate",
             "exp_alerts": [
-                alert(HOSTILE, "0.02", {"fleet_model": HOSTILE}),
-                alert("other", "0.05", {}),
-                alert(HOSTILE.replace(".*", "xy"), "0.05", {}),
+                alert(mine, "warning", f"{deployment}: error rate: 0.03 at the engine (over 0.02)"),
+                *(
+                    alert(engine(e, m), "critical", f"a {e} {m}: error rate: 0.5 (over 0.05)")
+                    for e, m in (("e2", "other"), ("e3", lookalike))
+                ),
             ],
         }
     ]
@@ -518,3 +552,182 @@ def test_rules_written_through_a_symlink_keep_the_link(tmp_path):
     assert "- alert: EngineroomErrorRate" in target.read_text()
     assert target.stat().st_mode & 0o777 == 0o640
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fleet.toml", "repo", "rules.yml"]
+
+
+def test_a_rule_fires_only_after_its_for_and_keeps_firing_its_keep_firing_for(rules_file, tmp_path):
+    """The console's holds are the rules' (console/core/alertrules.py): a TTFT over its SLO
+    for 20 s raises nothing, for 30 s it does; gone, it still fires a minute on."""
+    over = snapshot(Case(engines=[vllm(latency=latency(0.6, 0.01)), standby(), triton()]))
+    under = snapshot(Case(engines=[vllm(latency=latency(0.3, 0.01)), standby(), triton()]))
+    hold, clear = alertrules.SLO_TTFT.raise_after_s, alertrules.SLO_TTFT.clear_after_s
+    assert (hold, clear) == (30, 60)
+    rules = rules_by_name(rules_file.read_text())
+    firing = [expected_alert(rules["EngineroomSloTtftP95"], {**VLLM_SLO, "stat": "p95"}, 0.6)]
+    # Every 10 s: over from 0 to 60 s, under from 70 s on.
+    low = {s["series"]: s["values"].removesuffix("x3") for s in input_series(under)}
+    series = [
+        {"series": s["series"], "values": f"{high}x6 {low.get(s['series'], high)}x12"}
+        for s in input_series(over)
+        if (high := s["values"].removesuffix("x3"))
+    ]
+    tests = [
+        {"eval_time": f"{t}s", "alertname": "EngineroomSloTtftP95", "exp_alerts": alerts}
+        for t, alerts in ((20, []), (30, firing), (110, firing), (130, []))
+    ]
+    unit = tmp_path / "test.yml"
+    unit.write_text(
+        json.dumps(
+            {
+                "rule_files": [str(rules_file)],
+                "evaluation_interval": "10s",
+                "tests": [{"interval": "10s", "input_series": series, "alert_rule_test": tests}],
+            }
+        )
+    )
+    result = promtool("test", "rules", str(unit))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+TWO_TRITONS = """
+[fleet]
+name = "tritons"
+[[nodes]]
+name = "a"
+agent = "http://127.0.0.1:1"
+[[nodes]]
+name = "b"
+agent = "http://127.0.0.1:2"
+[[models]]
+name = "small"
+slo = { ttft_p95_ms = 500 }
+  [[models.deployments]]
+  id = "small-trt"
+  node = "a"
+  engine = "triton"
+  endpoint = "http://127.0.0.1:8000"
+  engine_model = "ensemble"
+[[models]]
+name = "big"
+slo = { ttft_p95_ms = 5000 }
+  [[models.deployments]]
+  id = "big-trt"
+  node = "b"
+  engine = "triton"
+  endpoint = "http://127.0.0.1:9000"
+  engine_model = "ensemble"
+"""
+
+
+def test_a_triton_ensemble_fires_the_rule_of_its_own_deployment_only(tmp_path):
+    """Two models served by Triton as `ensemble`, on two nodes: the big one's TTFT of 1 s
+    is within its 5 s SLO and must not fire the small one's 500 ms rule, which matched
+    every series named `ensemble`; the small one's 600 ms fires its own, named by its
+    deployment. The console says the same."""
+    fleet = parse_fleet(TWO_TRITONS)
+    (tmp_path / "fleet.toml").write_text(TWO_TRITONS)
+    rules_file = tmp_path / "rules.yml"
+    result = run_cli("rules", "--fleet", str(tmp_path / "fleet.toml"), "--out", str(rules_file))
+    assert result.returncode == 0, result.stderr
+
+    def node(name: str, deployment: str, ttft: float) -> Snapshot:
+        engine = Engine(
+            id="triton-8000",
+            kind="triton",
+            endpoint="http://127.0.0.1:8000",
+            state="ready",
+            deployment_ids=[deployment],
+            models=[ModelStats(name="ensemble", latency=latency(ttft))],
+        )
+        return Snapshot(
+            node=NodeInfo(name=name, agent_version="0", time=0.0),
+            host=Host(),
+            gpu_status="ok",
+            engines=[engine],
+        )
+
+    snaps = {"a": node("a", "small-trt", 0.6), "b": node("b", "big-trt", 1.0)}
+    now = time.monotonic()
+    states = {
+        n: NodeState(n, "agent", snapshot=decode_snapshot(s.model_dump_json()), last_ok=now)
+        for n, s in snaps.items()
+    }
+    view = build(fleet, states, 1.0, now=now)
+    assert [(a.subject, a.title) for a in view.alerts] == [("small-trt", "SLO TTFT p95")]
+    rules = rules_by_name(rules_file.read_text())
+    labels = {
+        "node": "a",
+        "engine": "triton-8000",
+        "kind": "triton",
+        "model": "ensemble",
+        "stat": "p95",
+        "deployment": "small-trt",
+        "measured_at": "engine",
+        "fleet_model": "small",
+    }
+    tests = [
+        {
+            "eval_time": "2m",
+            "alertname": "EngineroomSloTtftP95",
+            "exp_alerts": [expected_alert(rules["EngineroomSloTtftP95"], labels, 0.6)],
+        }
+    ]
+    series = [s for snap in snaps.values() for s in input_series(snap)]
+    promtool_case(rules_file, tmp_path, series, tests)
+
+
+def gateway_series(deployment: str, slow: bool) -> list[dict[str, str]]:
+    """The gateway's TTFT histogram for a deployment of `tiny` (console/gateway/admin.py):
+    10 requests a minute, all between 0.5 and 1 s when `slow`, else under 0.5 s."""
+    labels = f'model="tiny",deployment="{deployment}",engine="vllm"'
+    return [
+        {
+            "series": f'engineroom_gateway_ttft_seconds_bucket{{{labels},le="{le}"}}',
+            "values": "0x3" if slow and le == "0.5" else "0+10x3",
+        }
+        for le in ("0.5", "1", "+Inf")
+    ]
+
+
+@pytest.mark.parametrize(
+    ("engine_ttft", "gateway_slow", "fires"),
+    [(0.3, True, "gateway"), (0.6, False, None)],
+    ids=["clients wait 640 ms, the engine 300 ms", "the engine 600 ms, clients under 500"],
+)
+def test_where_the_gateway_measured_a_deployment_its_p95_decides(
+    rules_file, tmp_path, engine_ttft, gateway_slow, fires
+):
+    """`check` judged a deployment ok at 640 ms through the gateway against a 500 ms SLO,
+    from the engine's figure. What clients feel decides, in the console and in the rules;
+    the engine's p95 only where the gateway has none."""
+    snap = snapshot(Case(engines=[vllm(latency=latency(engine_ttft, 0.01)), standby(), triton()]))
+    measure = {"up": True, "weight": 100, "requests": 40, "error_rate": 0.0}
+    measure["ttft_s"] = {"p95": 0.64 if gateway_slow else 0.3, "count": 40}
+    gateway = {"models": {"tiny": {"tiny-vllm": measure}}}
+    now = time.monotonic()
+    console_snap = decode_snapshot(snap.model_dump_json())
+    states = {"a": NodeState("a", "agent", snapshot=console_snap, last_ok=now)}
+    view = build(FLEET, states, 1.0, now=now, gateway=gateway)
+    slo = [a.message for a in view.alerts if a.title == "SLO TTFT p95"]
+    row = next(r for r in view.models["tiny"] if r.id == "tiny-vllm")
+    judged = row.verdict.of("ttft")
+    assert judged.measured_at == "gateway" and judged.value == measure["ttft_s"]["p95"]
+    if fires:
+        assert slo == ["SLO TTFT p95: 640 ms at the gateway, 1.28x the 500 ms SLO"]
+        assert row.slo_ok is False and row.verdict.level == "warning"
+    else:
+        assert slo == [] and row.verdict.of("ttft").level == "ok"
+
+    rules = rules_by_name(rules_file.read_text())
+    labels = {"model": "tiny", "deployment": "tiny-vllm", "measured_at": "gateway"}
+    expected = [
+        expected_alert(rules["EngineroomSloTtftP95"], {**labels, "fleet_model": "tiny"}, 0.975)
+    ]
+    tests = [
+        {
+            "eval_time": "2m",
+            "alertname": "EngineroomSloTtftP95",
+            "exp_alerts": expected if fires else [],
+        }
+    ]
+    series = [*input_series(snap), *gateway_series("tiny-vllm", gateway_slow)]
+    promtool_case(rules_file, tmp_path, series, tests)

@@ -4,23 +4,27 @@ Raised on: a node down or stale, a GPU over its temperature thresholds, uncorrec
 errors or XID events, a deployment over its SLO (p95 TTFT or ITL, e2e, error rate), a
 KV cache nearly full, a queue that keeps growing, an engine not ready.
 
-Names, severities, thresholds and comparisons come from console/core/alertrules.py, which
-the Prometheus rules of `engineroom rules` read too: the two cannot disagree.
+Names, severities, thresholds, comparisons and holds come from console/core/alertrules.py,
+which the Prometheus rules of `engineroom rules` read too: the two cannot disagree. A
+deployment's SLO alerts are its one verdict's (console/core/slo.py), which Models and
+`check` show. AlertTracker holds what a build finds (the conditions) to each alert's
+hysteresis; EventLog writes down what the tracker raised and cleared.
 """
 
 from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Container, Iterable
+from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import TYPE_CHECKING, Literal
 
 from console.collect.collector import NodeState, NodeStatus
 from console.collect.history import History
 from console.core import alertrules as rules
-from console.core.config import Fleet, Model
+from console.core.config import Fleet
+from console.core.slo import FIGURES, Judged, times_text
 from console.core.snapshot import Snapshot
 
 if TYPE_CHECKING:
@@ -36,21 +40,50 @@ class Alert:
     subject: str  # what it is about: "gpu-a1", "gpu-a1/gpu3", "llama-8b/llama8b-trt"
     message: str
     node: str | None = None
+    # Its definition, for the holds (None: the console's own, raised and cleared at once).
+    rule: rules.AlertDef | None = field(default=None, compare=False)
 
     @property
     def key(self) -> tuple[str, str]:
-        return (self.subject, self.message.split(":", 1)[0])
+        return (self.subject, self.title)
+
+    @property
+    def title(self) -> str:
+        return self.message.split(":", 1)[0]
 
 
 def _fmt_ms(seconds: float) -> str:
     return f"{seconds * 1000:.0f} ms"
 
 
+def _ratio(value: float) -> str:
+    return f"{value:.1%}" if value < 0.1 else f"{value:.0%}"
+
+
+def slo_alert(judged: Judged, subject: str, node: str | None) -> Alert:
+    """A figure over its SLO, worded with where it was measured and by how much:
+    "SLO TTFT p95: 640 ms at the gateway, 1.3x the 500 ms SLO"."""
+    defn = FIGURES[judged.figure]
+    value, limit = judged.value or 0.0, judged.limit or 0.0
+    shown = (_ratio(value), _ratio(limit)) if judged.figure == "errors" else (
+        _fmt_ms(value), _fmt_ms(limit))  # fmt: skip
+    scale = times_text(judged.times)
+    severity: Severity = "critical" if judged.level == "critical" else defn.severity
+    return Alert(
+        severity,
+        subject,
+        f"{defn.title}: {shown[0]} at the {judged.measured_at}, {scale} the {shown[1]} SLO",
+        node,
+        defn,
+    )
+
+
 def status_alert(name: str, state: NodeState, status: NodeStatus, now: float) -> Alert | None:
     """A node down or stale: its own alert, worded with its error and age."""
     if status == "down":
         down = rules.NODE_DOWN
-        return Alert(down.severity, name, f"{down.title}: {state.error or 'no answer'}", name)
+        detail = f"{down.title}: {state.error or 'no answer'}"
+        return Alert(down.severity, name, detail, name, down)
     if status == "stale":
         age = state.age(now) or 0.0
         return Alert(
@@ -59,6 +92,7 @@ def status_alert(name: str, state: NodeState, status: NodeStatus, now: float) ->
             f"{rules.NODE_STALE.title}: last snapshot {age:.0f} s ago"
             + (f" ({state.error})" if state.error else ""),
             name,
+            rules.NODE_STALE,
         )
     return None
 
@@ -68,7 +102,7 @@ def snapshot_alerts(fleet: Fleet, name: str, snap: Snapshot) -> list[Alert]:
     out: list[Alert] = []
 
     def add(defn: rules.AlertDef, subject: str, detail: str) -> None:
-        out.append(Alert(defn.severity, subject, f"{defn.title}: {detail}", name))
+        out.append(Alert(defn.severity, subject, f"{defn.title}: {detail}", name, defn))
 
     if snap.gpu_status != "ok" and snap.gpus:
         add(rules.NVML_DOWN, name, snap.gpu_status)
@@ -104,11 +138,9 @@ def snapshot_alerts(fleet: Fleet, name: str, snap: Snapshot) -> list[Alert]:
     return out
 
 
-def deployment_alerts(
-    fleet: Fleet, models: dict[str, Model], row: DeploymentRow, history: History | None
-) -> Iterable[Alert]:
-    """A deployment's engine not ready, over its SLO, its KV cache nearly full, its queue
-    growing. `models` is the fleet's models by name."""
+def deployment_alerts(fleet: Fleet, row: DeploymentRow, history: History | None) -> Iterable[Alert]:
+    """A deployment's engine not ready, over its SLO (its verdict's figures), its KV cache
+    nearly full, its queue growing."""
     t = fleet.thresholds
     # Deployment ids are unique in the fleet; an undeclared engine is named by its node.
     subject = row.id or f"{row.node}/{row.engine_id}"
@@ -122,44 +154,19 @@ def deployment_alerts(
     standby = row.weight == 0 and row.state == "down"  # a stopped standby takes no traffic
     if row.id and row.state in ("down", "unhealthy") and not standby:
         defn = rules.ENGINE_DOWN if row.state == "down" else rules.ENGINE_UNHEALTHY
-        yield Alert(
-            defn.severity, subject, f"{defn.title}: {row.reason or ''}".rstrip(": "), row.node
-        )
+        detail = f"{defn.title}: {row.reason or ''}".rstrip(": ")
+        yield Alert(defn.severity, subject, detail, row.node, defn)
     stats = row.stats
+    if row.verdict.level in ("warning", "critical"):  # the SLO, judged once (core/slo.py)
+        for judged in row.verdict.figures:
+            if judged.level in ("warning", "critical"):
+                yield slo_alert(judged, subject, row.node)
     if stats is None:
         return
-    model = models.get(row.model)
-    lat = stats.latency
-    checks = (
-        (rules.SLO_TTFT, lat.ttft_s),
-        (rules.SLO_ITL, lat.itl_s),
-        (rules.SLO_E2E, lat.e2e_s),
-    )
-    for defn, pct in checks:
-        value = pct.p95_or_mean
-        if value is None:  # unknown never alerts (20,000 deployments on a first look)
-            continue
-        limit = defn.threshold(fleet, model)
-        if defn.exceeds(value, limit):
-            kind = "" if pct.p95 is not None else " (mean)"
-            yield Alert(
-                defn.severity,
-                subject,
-                f"{defn.title}: {_fmt_ms(value)}{kind} over {_fmt_ms(limit or 0)}",
-                row.node,
-            )
-    if stats.error_rate is not None and rules.ERROR_RATE.exceeds(
-        stats.error_rate, rules.ERROR_RATE.threshold(fleet, model)
-    ):
-        yield Alert(
-            rules.ERROR_RATE.severity,
-            subject,
-            f"{rules.ERROR_RATE.title}: {stats.error_rate:.1%}",
-            row.node,
-        )
     kv = rules.KV_CACHE
     if stats.kv_cache_usage is not None and kv.exceeds(stats.kv_cache_usage, kv.threshold(fleet)):
-        yield Alert(kv.severity, subject, f"{kv.title}: {stats.kv_cache_usage:.0%} used", row.node)
+        detail = f"{kv.title}: {stats.kv_cache_usage:.0%} used"
+        yield Alert(kv.severity, subject, detail, row.node, kv)
     waiting_now = stats.requests_waiting
     # Only a queue at least queue_min long now can have been growing: skip the history
     # for every other deployment (most of them, every refresh).
@@ -179,7 +186,55 @@ def deployment_alerts(
                     f"{rules.QUEUE_GROWING.title}: {waiting[0]:.0f} -> "
                     f"{waiting[-1]:.0f} waiting over {t.queue_growth_polls} polls",
                     row.node,
+                    rules.QUEUE_GROWING,
                 )
+
+
+class AlertTracker:
+    """The alerts raised now, from the conditions each build finds, with each alert's
+    hysteresis (console/core/alertrules.py: raise_after_s, clear_after_s).
+
+    A condition is raised once it has held its rule's raise_after_s, or at once when its
+    node is at its first look (it was there before this console came: "active at start",
+    and a console that hid it for half a minute would be green while it knows better). A
+    raised alert stays, worded as last seen, until its condition has been gone for
+    clear_after_s. Its severity follows the condition's while it holds (a breach that
+    grows to critical is critical now). Costs a dict lookup per condition and per alert
+    raised, never a walk of the fleet."""
+
+    def __init__(self) -> None:
+        self._since: dict[tuple[str, str], float] = {}  # held, not raised yet: first seen
+        self._active: dict[tuple[str, str], Alert] = {}  # raised, in the order raised
+        self._gone: dict[tuple[str, str], float] = {}  # raised, its condition gone since
+
+    def update(self, conditions: list[Alert], now: float, looked: Container[str]) -> list[Alert]:
+        """The alerts raised as of `now` (monotonic seconds). `looked`: the nodes seen
+        before this build; a condition on any other node is at its first look."""
+        since, active, gone = self._since, self._active, self._gone
+        present: set[tuple[str, str]] = set()
+        for alert in conditions:
+            key = alert.key
+            present.add(key)
+            if key in active:
+                active[key] = alert
+                gone.pop(key, None)
+                continue
+            hold = alert.rule.raise_after_s if alert.rule is not None else 0.0
+            first = since.setdefault(key, now)
+            if hold <= 0 or now - first >= hold or alert.node is None or alert.node not in looked:
+                del since[key]
+                active[key] = alert
+        for key in [k for k in since if k not in present]:  # a blip shorter than its hold
+            del since[key]
+        if len(present) < len(active):
+            for key, alert in list(active.items()):
+                if key in present:
+                    continue
+                left = gone.setdefault(key, now)
+                clear = alert.rule.clear_after_s if alert.rule is not None else 0.0
+                if now - left >= clear:
+                    del active[key], gone[key]
+        return list(active.values())
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,14 +249,17 @@ class Event:
 class EventLog:
     """Alerts raised and cleared, and operator actions, newest first.
 
-    An alert clears only after it has been absent for `clear_after` updates in a row, so
-    a value hovering at its threshold does not fill the log with raise/clear pairs.
+    Its alerts are a tracker's (AlertTracker: the holds of console/core/alertrules.py),
+    so it writes down each change as it comes; `clear_after` (updates) only holds back
+    the clearing of alerts from a source without holds. A cleared event says what cleared
+    and how long it lasted, never the breach text again; an alert that turns critical
+    while raised is raised again, critical.
     """
 
-    def __init__(self, limit: int = 2000, clear_after: int = 5) -> None:
+    def __init__(self, limit: int = 2000, clear_after: int = 1) -> None:
         self.events: deque[Event] = deque(maxlen=limit)
         self.clear_after = clear_after
-        self._active: dict[tuple[str, str], Alert] = {}
+        self._active: dict[tuple[str, str], tuple[Alert, float]] = {}  # and when raised
         self._absent: dict[tuple[str, str], int] = {}
 
     def update(self, alerts: list[Alert], now: float | None = None) -> None:
@@ -209,18 +267,23 @@ class EventLog:
         current = {a.key: a for a in alerts}
         for key, alert in current.items():
             self._absent.pop(key, None)
-            if key not in self._active:
+            was = self._active.get(key)
+            escalated = (
+                was is not None and alert.severity == "critical" and was[0].severity != "critical"
+            )
+            if was is None or escalated:
                 self.events.appendleft(
                     Event(now, "raised", alert.severity, alert.subject, alert.message)
                 )
-            self._active[key] = alert
+            self._active[key] = (alert, now if was is None else was[1])
         for key in [k for k in self._active if k not in current]:
             self._absent[key] = self._absent.get(key, 0) + 1
             if self._absent[key] >= self.clear_after:
-                alert = self._active.pop(key)
+                alert, raised = self._active.pop(key)
                 del self._absent[key]
+                message = f"{alert.title} cleared after {lasted(now - raised)}"
                 self.events.appendleft(
-                    Event(now, "cleared", alert.severity, alert.subject, alert.message)
+                    Event(now, "cleared", alert.severity, alert.subject, message)
                 )
 
     def action(self, subject: str, message: str, now: float | None = None) -> None:
@@ -239,3 +302,13 @@ class EventLog:
                 return
             events.pop()
         events.insert(i, event)
+
+
+def lasted(seconds: float) -> str:
+    """How long an alert lasted: "8 s", "4 min 12 s", "2 h 5 min"."""
+    s = max(0, round(seconds))
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min {s % 60} s"
+    return f"{s // 3600} h {s % 3600 // 60} min"

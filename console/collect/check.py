@@ -23,6 +23,7 @@ from console.collect.promsource import PromSource, SourceHealth, fleet_source
 from console.collect.view import DeploymentRow, FleetView, build
 from console.core.config import Fleet
 from console.core.safetext import for_terminal
+from console.core.slo import Verdict, times_text
 from console.core.snapshot import Percentiles, percentiles_from, plain
 
 EXIT = {"healthy": 0, "degraded": 1, "unreachable": 2}
@@ -84,7 +85,9 @@ async def poll_once(
         states, gateway = await asyncio.gather(
             collector.poll_all(), read_gateway(fleet, collector.timeout_s)
         )
-        view = build(fleet, states, collector.refresh_s, history=collector.history)
+        view = build(
+            fleet, states, collector.refresh_s, history=collector.history, gateway=gateway.snapshot
+        )
         source = collector.health if isinstance(collector, PromSource) else None
         return view, states, gateway, source
 
@@ -124,7 +127,13 @@ async def _watch(fleet: Fleet, every: float, as_json: bool, out: TextIO) -> int:
             states, gateway = await asyncio.gather(
                 collector.poll_all(), read_gateway(fleet, collector.timeout_s)
             )
-            view = build(fleet, states, collector.refresh_s, history=collector.history)
+            view = build(
+                fleet,
+                states,
+                collector.refresh_s,
+                history=collector.history,
+                gateway=gateway.snapshot,
+            )
             text = (
                 to_json(view, states, gateway, source) if as_json else render(view, gateway, source)
             )
@@ -139,13 +148,26 @@ def _pct(value: float | None) -> str:
 
 
 def _ms(p: Percentiles | None) -> str:
-    if p is None:
+    """A p95, or "?": a windowed mean is never printed as one (the SLO column names it)."""
+    if p is None or p.p95 is None:
         return "?"
-    if p.p95 is not None:
-        return _seconds(p.p95)
-    if p.mean is not None:
-        return "~" + _seconds(p.mean)  # a windowed mean, not a percentile
-    return "?"
+    return _seconds(p.p95)
+
+
+def slo_text(verdict: Verdict) -> str:
+    """The SLO column: "ok", "WARN 1.3x ttft at the gateway", "CRIT 88x itl at the
+    engine", "? mean only (ttft 75ms, itl 10ms)", "? no figure", "? no SLO"."""
+    worst = verdict.worst
+    if worst is not None:
+        tag = "CRIT" if worst.level == "critical" else "WARN"
+        return f"{tag} {times_text(worst.times)} {worst.figure} at the {worst.measured_at}"
+    if verdict.level == "ok":
+        return "ok"
+    means = [f"{j.figure} {_seconds(j.mean)} mean" for j in verdict.figures if j.mean is not None]
+    if means:
+        return f"? mean only ({', '.join(means)}), no p95"
+    bound = [j for j in verdict.figures if j.limit is not None]
+    return "? no SLO" if not bound else "? no figure"
 
 
 def _seconds(value: float) -> str:
@@ -215,7 +237,7 @@ def render(
 
 def _deployment_line(r: DeploymentRow, gw: dict[str, Any] | None) -> str:
     lat = r.stats.latency if r.stats else None
-    slo = {True: "ok", False: "BREACH", None: "?"}[r.slo_ok]
+    slo = slo_text(r.verdict)
     engine = for_terminal(f"{r.engine} {r.version or '?'}")  # cut after, never inside a sequence
     engine = engine if len(engine) < 20 else engine[:18] + "…"
     name = r.id or "(undeclared)"
@@ -304,6 +326,7 @@ def to_dict(
                         **{k: getattr(r.stats, k) if r.stats else None for k in _ENGINE_FIGURES},
                         "slo": r.slo,
                         "slo_ok": r.slo_ok,
+                        "slo_verdict": r.verdict.as_dict(),
                     }
                     for r in rows
                 ],

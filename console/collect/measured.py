@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+from console.core.slo import number
 from console.core.snapshot import Percentiles
 
 Place = Literal["engine", "gateway"]
@@ -29,11 +30,17 @@ def gateway_measure(snapshot: dict[str, Any] | None, model: str, deployment: str
     return found if isinstance(found, dict) else None
 
 
-def gateway_ttft_p95(measure: dict[str, Any] | None) -> float | None:
+def gateway_p95(measure: dict[str, Any] | None, figure: str) -> float | None:
+    """The gateway's p95 of `figure` ("ttft_s", "itl_s", "e2e_s") for a deployment; None
+    where it has none (no request in its window) or what it sent is not a duration."""
     if measure is None:
         return None
-    p95 = (measure.get("ttft_s") or {}).get("p95")
-    return float(p95) if isinstance(p95, int | float) else None
+    found = measure.get(figure)
+    return number(found.get("p95")) if isinstance(found, dict) else None
+
+
+def gateway_ttft_p95(measure: dict[str, Any] | None) -> float | None:
+    return gateway_p95(measure, "ttft_s")
 
 
 # A gateway p95 under the engine's by no more than this share of the engine's is the two

@@ -25,10 +25,11 @@ import json
 import re
 import sys
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 
 from console.collect.promql import matcher
 from console.core import alertrules as rules
-from console.core.alertrules import AlertDef
+from console.core.alertrules import AlertDef, Severity
 from console.core.atomicfile import replace_text
 from console.core.config import Fleet, Model
 from console.core.plugin import EnginePlugin, load_plugins
@@ -52,6 +53,7 @@ class Rule:
     expr: str
     summary: str  # a template: {{ $labels.x }}, {{ $value }}
     labels: dict[str, str] = field(default_factory=dict)
+    severity: Severity | None = None  # the band's, where a breach scales (else the alert's)
 
 
 def _num(value: float) -> str:
@@ -136,64 +138,168 @@ def engine_rules(fleet: Fleet) -> list[Rule]:
     ]
 
 
+def _instance(endpoint: str) -> str | None:
+    """The `instance` label Prometheus gives a scrape of `endpoint` (its host:port)."""
+    parts = urlsplit(endpoint)
+    if not parts.hostname:
+        return None
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+    return f"{host}:{port}"
+
+
+def _bands(defn: AlertDef, limit: float) -> list[tuple[Severity, str]]:
+    """(severity, comparison) for each band of a breach: over the limit a warning, and past
+    critical_times the limit critical (the console's verdict, console/core/slo.py)."""
+    if defn.critical_times is None:
+        return [(defn.severity, f" > {_num(limit)}")]
+    top = _num(defn.critical_times * limit)
+    return [(defn.severity, f" > {_num(limit)} <= {top}"), ("critical", f" > {top}")]
+
+
+@dataclass(frozen=True, slots=True)
+class _Judged:
+    """How one model's deployments are read: the gateway's figure by model and
+    deployment, else the agent's by the deployment it reports serving (so a Triton
+    `ensemble` of another model, or another deployment, is never this model's)."""
+
+    model: Model
+    window: str
+
+    @property
+    def deployments(self) -> str:
+        """The agent's series of this model's deployments, joined on (node, engine)."""
+        ids = _one_of("deployment", [d.id for d in self.model.deployments])
+        return (
+            f" * on(node, engine) group_left(deployment) "
+            f"group by (node, engine, deployment) (engineroom_deployment_state{{{ids}}})"
+        )
+
+    def gateway(self, series: str, band: str = "") -> str:
+        model = matcher("model", [self.model.name])
+        return (
+            f"histogram_quantile(0.95, sum by (le, model, deployment) "
+            f"(rate(engineroom_gateway_{series}_seconds_bucket{{{model}}}[{self.window}])))" + band
+        )
+
+    def gateway_errors(self, band: str = "") -> str:
+        model = matcher("model", [self.model.name])
+        rate = "sum by (model, deployment) (rate(engineroom_gateway_{}_total{{{}}}[{}]))"
+        return (
+            f"{rate.format('failures', model, self.window)} / "
+            f"{rate.format('requests', model, self.window)}{band}"
+        )
+
+    def either(self, gateway: str, engine: str, known: str) -> str:
+        """The gateway's figure where it has one (`known`: its figure, not NaN), else the
+        engine's; each says where it was measured."""
+        return (
+            f'label_replace({gateway}, "measured_at", "gateway", "", "") or '
+            f'(label_replace({engine}, "measured_at", "engine", "", "") '
+            f"unless on(deployment) ({known} >= 0))"
+        )
+
+
+def _native(
+    judged: _Judged,
+    series: str,
+    band: str,
+    plugins: dict[str, EnginePlugin],
+) -> list[str]:
+    """Each engine plugin's own histogram (vLLM's, Triton's), for a fleet whose
+    Prometheus scrapes the engines and no agent or gateway: matched by the scrape target
+    of each of this model's deployments of that kind (`instance`), never by a model name
+    alone; read only where neither the agents nor the gateway report the model."""
+    model = judged.model
+    names = _one_of("model", _served_names(model))
+    gateway = matcher("model", [model.name])
+    absent = (
+        f"unless on() (count(engineroom_model_{series}_seconds{{{names}}}) "
+        f"or count(engineroom_gateway_{series}_seconds_bucket{{{gateway}}}))"
+    )
+    out = []
+    for kind in sorted({d.engine for d in model.deployments}):
+        prom = getattr(plugins.get(kind), "prometheus", None)
+        name = prom.histograms.get(series) if prom is not None else None
+        mine = [d for d in model.deployments if d.engine == kind]
+        targets = [t for d in mine if (t := _instance(d.metrics_endpoint or d.endpoint))]
+        if prom is None or name is None or not targets:
+            continue
+        served = [model.name, *(d.engine_model for d in mine if d.engine_model)]
+        where = f"{_one_of(prom.model_label, served)},{_one_of('instance', targets)}"
+        scale = f" * {_num(prom.histogram_scale)}" if prom.histogram_scale != 1 else ""
+        quantile = (
+            f"histogram_quantile(0.95, sum by (le, instance, {prom.model_label}) "
+            f"(rate({name}_bucket{{{where}}}[{judged.window}])))"
+        )
+        out.append(
+            f'(label_replace({quantile}{scale}{band}, "measured_at", "engine", "", "") {absent})'
+        )
+    return out
+
+
 def model_rules(fleet: Fleet, plugins: dict[str, EnginePlugin]) -> list[Rule]:
+    """Each model's SLO, judged per deployment as the console's verdict judges it: the
+    gateway's p95 where the gateway measured the deployment, else the engine's p95 (a mean
+    is never a p95: no rule reads one); a warning over the limit, critical past
+    critical_times it."""
     out: list[Rule] = []
     window = f"{max(int(fleet.agent.window_s), 1)}s"
-    where = "{{ $labels.node }}{{ $labels.instance }} {{ $labels.model }}{{ $labels.model_name }}"
+    where = "{{ $labels.deployment }}{{ $labels.instance }}"
     for model in fleet.models:
-        names = _served_names(model)
-        kinds = sorted({d.engine for d in model.deployments})
+        if not model.deployments:
+            continue
+        judged = _Judged(model, window)
+        names = _one_of("model", _served_names(model))
         labels = {"fleet_model": model.name}
         for series, defn in LATENCY.items():
             limit = defn.threshold(fleet, model)
             if limit is None:
                 continue
-            agent = f"engineroom_model_{series}_seconds"
-            parts = [
-                f'({agent}{{stat="p95",{_one_of("model", names)}}} or ignoring(stat) '
-                f'{agent}{{stat="mean",{_one_of("model", names)}}}) > {_num(limit)}'
-            ]
-            for kind in kinds:
-                prom = getattr(plugins.get(kind), "prometheus", None)
-                name = prom.histograms.get(series) if prom is not None else None
-                if prom is None or name is None:
-                    continue
-                scale = f" * {_num(prom.histogram_scale)}" if prom.histogram_scale != 1 else ""
-                parts.append(
-                    f"histogram_quantile(0.95, sum by (le, instance, {prom.model_label}) "
-                    f"(rate({name}_bucket{{{_one_of(prom.model_label, names)}}}[{window}])))"
-                    f"{scale} > {_num(limit)}"
+            engine = f'engineroom_model_{series}_seconds{{stat="p95",{names}}}'
+            for severity, band in _bands(defn, limit):
+                parts = [
+                    judged.either(
+                        judged.gateway(series, band),
+                        engine + judged.deployments + band,
+                        judged.gateway(series),
+                    ),
+                    *_native(judged, series, band, plugins),
+                ]
+                summary = (
+                    f"{where}: {defn.title}: {{{{ $value }}}} s at the "
+                    f"{{{{ $labels.measured_at }}}} (over {_num(limit)} s)"
                 )
-            out.append(
-                Rule(
-                    defn,
-                    " or ".join(parts),
-                    f"{where}: {defn.title}: {{{{ $value }}}} s over {_num(limit)} s",
-                    labels,
-                )
-            )
+                out.append(Rule(defn, " or ".join(parts), summary, labels, severity))
         errors = rules.ERROR_RATE.threshold(fleet, model)
-        if errors is not None:
-            out.append(
-                Rule(
-                    rules.ERROR_RATE,
-                    f"engineroom_model_error_ratio{{{_one_of('model', names)}}} > {_num(errors)}",
-                    f"{where}: {rules.ERROR_RATE.title}: {{{{ $value }}}} (over {_num(errors)})",
-                    labels,
-                )
+        assert errors is not None  # the fleet's default where the model sets none
+        engine = f"engineroom_model_error_ratio{{{names}}}"
+        for severity, band in _bands(rules.ERROR_RATE, errors):
+            expr = judged.either(
+                judged.gateway_errors(band),
+                engine + judged.deployments + band,
+                judged.gateway_errors(),
             )
-    # A model no fleet model names still gets the fleet's default error rate, as in the console.
-    declared = [n for m in fleet.models for n in _served_names(m)]
-    other = f"{{{_none_of('model', declared)}}}" if declared else ""
+            summary = (
+                f"{where}: {rules.ERROR_RATE.title}: {{{{ $value }}}} at the "
+                f"{{{{ $labels.measured_at }}}} (over {_num(errors)})"
+            )
+            out.append(Rule(rules.ERROR_RATE, expr, summary, labels, severity))
+    # An engine that serves no declared deployment gets the fleet's default error rate,
+    # as in the console (its rows are the undeclared ones).
     default = rules.ERROR_RATE.threshold(fleet, None)
     assert default is not None
-    out.append(
-        Rule(
-            rules.ERROR_RATE,
-            f"engineroom_model_error_ratio{other} > {_num(default)}",
-            f"{where}: {rules.ERROR_RATE.title}: {{{{ $value }}}} (over {_num(default)})",
+    other = "engineroom_model_error_ratio unless on(node, engine) engineroom_deployment_state"
+    plain = "{{ $labels.node }} {{ $labels.engine }} {{ $labels.model }}"
+    for severity, band in _bands(rules.ERROR_RATE, default):
+        out.append(
+            Rule(
+                rules.ERROR_RATE,
+                f"({other}){band}",
+                f"{plain}: {rules.ERROR_RATE.title}: {{{{ $value }}}} (over {_num(default)})",
+                severity=severity,
+            )
         )
-    )
     kv = rules.KV_CACHE.threshold(fleet)
     assert kv is not None
     parts = [f"engineroom_model_kv_cache_usage_ratio >= {_num(kv)}"]
@@ -201,6 +307,7 @@ def model_rules(fleet: Fleet, plugins: dict[str, EnginePlugin]) -> list[Rule]:
         prom = getattr(plugins[kind], "prometheus", None)
         if prom is not None and prom.kv_cache:
             parts.append(f"{prom.kv_cache} >= {_num(kv)}")
+    where = "{{ $labels.node }}{{ $labels.instance }} {{ $labels.model }}{{ $labels.model_name }}"
     out.append(
         Rule(
             rules.KV_CACHE,
@@ -254,11 +361,13 @@ def render(fleet: Fleet, plugins: dict[str, EnginePlugin] | None = None) -> str:
     for group, group_rules in build(fleet, plugins).items():
         lines += [f"  - name: {_q(group)}", "    rules:"]
         for rule in group_rules:
-            labels = {"severity": rule.defn.severity, "fleet": fleet.fleet.name, **rule.labels}
+            severity = rule.severity or rule.defn.severity
+            labels = {"severity": severity, "fleet": fleet.fleet.name, **rule.labels}
             labels = {k: _literal(v) for k, v in labels.items()}
             lines += [
                 f"      - alert: {rule.defn.alert}",
                 f"        expr: {_q(rule.expr)}",
+                *_holds(rule.defn),
                 "        labels:",
                 *(f"          {k}: {_q(v)}" for k, v in labels.items()),
                 "        annotations:",
@@ -266,6 +375,21 @@ def render(fleet: Fleet, plugins: dict[str, EnginePlugin] | None = None) -> str:
                 f"          description: {_q(rule.defn.description)}",
             ]
     return "\n".join(lines) + "\n"
+
+
+def _holds(defn: AlertDef) -> list[str]:
+    """The alert's hysteresis (console/core/alertrules.py) as the rule's `for:` and
+    `keep_firing_for:` (Prometheus 2.42 and later): the console's holds, the same."""
+    out = []
+    if defn.raise_after_s > 0:
+        out.append(f"        for: {_duration(defn.raise_after_s)}")
+    if defn.clear_after_s > 0:
+        out.append(f"        keep_firing_for: {_duration(defn.clear_after_s)}")
+    return out
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:g}s" if seconds % 60 else f"{seconds / 60:g}m"
 
 
 def run_rules(fleet: Fleet, out: str | None) -> int:

@@ -9,31 +9,24 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from console.collect.alerts import (
-    NOT_REPORTED,
     Alert,
+    AlertTracker,
     deployment_alerts,
     snapshot_alerts,
     status_alert,
 )
 from console.collect.collector import STALE_AFTER, NodeState, NodeStatus
+from console.collect.deployments import DeploymentRow, deployment_row, rejudged, undeclared_row
 from console.collect.history import History
-from console.core import alertrules
+from console.core import slo
 from console.core.config import Deployment, Fleet, Model
-from console.core.snapshot import (
-    GPUS_NOT_READ,
-    Engine,
-    Gpu,
-    ModelStats,
-    Percentiles,
-    Snapshot,
-    TrtEngine,
-)
+from console.core.snapshot import GPUS_NOT_READ, Engine, Gpu, Snapshot
 
-SloState = Literal["ok", "breach", "unknown"]
+__all__ = ["DeploymentRow", "FleetView", "NodeRow", "Summary", "ViewBuilder", "build"]
 UNDECLARED_KEPT = 10_000  # models served but not in fleet.toml, each made once
 CHANGES_KEPT = 64  # builds whose changed nodes are kept for screens that skipped them
 
@@ -64,34 +57,6 @@ class GpuCell:
     node: str
     node_status: NodeStatus
     gpu: Gpu
-
-
-@dataclass(slots=True)
-class DeploymentRow:
-    model: str
-    id: str  # "" for an engine found on a node but declared nowhere
-    node: str
-    engine: str  # plugin kind
-    engine_id: str | None
-    version: str | None
-    state: str
-    reason: str | None
-    weight: int | None
-    stats: ModelStats | None
-    slo: dict[str, SloState] = field(default_factory=dict)  # ttft, itl, e2e, errors
-    trt: TrtEngine | None = None  # a TensorRT-LLM engine's provenance: current, stale, unknown
-
-    @property
-    def standby(self) -> bool:
-        """Declared with weight 0 and down: a standby nobody started, not an outage."""
-        return self.weight == 0 and self.state == "down"
-
-    @property
-    def slo_ok(self) -> bool | None:
-        known = [v for v in self.slo.values() if v != "unknown"]
-        if not known:
-            return None
-        return all(v == "ok" for v in known)
 
 
 @dataclass
@@ -145,6 +110,9 @@ class FleetView:
     serial: int = 0
     at: dict[str, int] = field(default_factory=dict)
     places: dict[str, list[tuple[str, int]]] = field(default_factory=dict)
+    # What this build found, before the holds: `alerts` are these where the builder holds
+    # (the console's, ViewBuilder(hold=True)), else the same list.
+    conditions: list[Alert] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -187,97 +155,6 @@ def engine_summary(engines: list[Engine]) -> str:
         label = f"{e.kind} {e.version or '?'}"
         counts[label] = counts.get(label, 0) + 1
     return ", ".join(f"{label} x{n}" if n > 1 else label for label, n in counts.items())
-
-
-def _slo_state(value: float | None, limit: float | None, defn: alertrules.AlertDef) -> SloState:
-    """The SLO column's word; the alert's own comparison, so the column and the alert
-    (and the Prometheus rule) agree."""
-    if limit is None or value is None:
-        return "unknown"
-    return "breach" if defn.exceeds(value, limit) else "ok"
-
-
-def slo_states(model: Model, stats: ModelStats | None, error_limit: float) -> dict[str, SloState]:
-    lat = stats.latency if stats else None
-    slo = model.slo
-
-    def latency(
-        pct: Percentiles | None, limit: float | None, defn: alertrules.AlertDef
-    ) -> SloState:
-        # No limit, nothing to compare: the undeclared models of a discovered fleet (20,000
-        # rows at 10,000 nodes, each made again when its node's readings change).
-        if limit is None or pct is None:
-            return "unknown"
-        value = pct.p95_or_mean
-        return _slo_state(None if value is None else value * 1000.0, limit, defn)
-
-    return {
-        "ttft": latency(lat.ttft_s if lat else None, slo.ttft_p95_ms, alertrules.SLO_TTFT),
-        "itl": latency(lat.itl_s if lat else None, slo.itl_p95_ms, alertrules.SLO_ITL),
-        "e2e": latency(lat.e2e_s if lat else None, slo.e2e_p95_ms, alertrules.SLO_E2E),
-        "errors": _slo_state(
-            stats.error_rate if stats else None,
-            slo.error_rate if slo.error_rate is not None else error_limit,
-            alertrules.ERROR_RATE,
-        ),
-    }
-
-
-def _find_engine(snap: Snapshot | None, deployment_id: str) -> Engine | None:
-    if snap is None:
-        return None
-    for engine in snap.engines:
-        if deployment_id in engine.deployment_ids:
-            return engine
-    return None
-
-
-def _model_stats(engine: Engine | None, names: list[str]) -> ModelStats | None:
-    if engine is None:
-        return None
-    for model in engine.models:
-        if model.name in names:
-            return model
-    return engine.models[0] if len(engine.models) == 1 else None
-
-
-def deployment_row(
-    model: Model,
-    dep: Deployment,
-    state: NodeState | None,
-    refresh_s: float,
-    error_limit: float,
-    now: float,
-    status: NodeStatus | None = None,
-) -> DeploymentRow:
-    if status is None:
-        status = state.status(refresh_s, now) if state else "unknown"
-    snap = state.snapshot if state and status in ("up", "stale") else None
-    engine = _find_engine(snap, dep.id)
-    stats = _model_stats(engine, [n for n in (dep.engine_model, model.name) if n])
-    engine_state: str
-    if engine is not None:
-        engine_state, reason = engine.state, engine.reason
-    elif snap is not None:
-        engine_state, reason = "unknown", NOT_REPORTED
-    elif status == "no token" and state is not None:
-        engine_state, reason = "unknown", f"node {dep.node}: no token ({state.error})"
-    else:
-        engine_state, reason = "unknown", f"node {dep.node} is {status}"
-    return DeploymentRow(
-        model=model.name,
-        id=dep.id,
-        node=dep.node,
-        engine=dep.engine,
-        engine_id=engine.id if engine else None,
-        version=engine.version if engine else None,
-        state=engine_state,
-        reason=reason,
-        weight=dep.weight,
-        stats=stats,
-        slo=slo_states(model, stats, error_limit),
-        trt=next((t for t in snap.trt_engines if t.deployment == dep.id), None) if snap else None,
-    )
 
 
 @dataclass(slots=True)
@@ -340,11 +217,19 @@ class ViewBuilder:
     changed since the last build; at 1,000 nodes the whole fleet cost about 100 ms a
     refresh (issue 15), and agents that cycle slower than the console refreshes send a
     new snapshot only every other refresh or less.
+
+    `hold`: the alerts are held to their hysteresis (AlertTracker), as the console's are;
+    without, a build's alerts are what it found (`check` reads the fleet once).
     """
 
-    def __init__(self, fleet: Fleet) -> None:
+    def __init__(self, fleet: Fleet, hold: bool = False) -> None:
         self.fleet = fleet
         self._models = {m.name: m for m in fleet.models}
+        self._bounds: dict[str, tuple[float | None, ...]] = {}  # each model's SLO limits
+        self._gateway: dict | None = None  # the gateway snapshot the rows were judged on
+        self._tracker = AlertTracker() if hold else None
+        self._looked: set[str] = set()  # nodes seen with a snapshot in an earlier build
+        self._fresh: set[str] = set()  # ... and those first seen since the last build
         self._undeclared: dict[str, Model] = {}  # models seen served, not in fleet.toml
         self._declared: dict[str, list[tuple[Model, Deployment]]] = {}
         for model in fleet.models:
@@ -383,13 +268,18 @@ class ViewBuilder:
         refresh_s: float,
         now: float | None = None,
         history: History | None = None,
+        gateway: dict | None = None,
     ) -> FleetView:
         """The view as of `now`. Each node's status is worked out again (it moves with
         time), but the last view is patched where only some nodes changed: a refresh of a
         tenth of 10,000 nodes rebuilt the 10,000 lines, 20,000 deployment rows and 80,000
-        GPU cells of the whole fleet (60 ms a tick, issue 16)."""
+        GPU cells of the whole fleet (60 ms a tick, issue 16). `gateway`: its admin
+        snapshot, whose figures judge the deployments it measured (a new one judges the
+        declared deployments again, not the rest of their nodes)."""
         now = time.monotonic() if now is None else now
-        walked = self._walk(states, refresh_s, now, history)
+        rejudge = gateway is not self._gateway
+        self._gateway = gateway
+        walked = self._walk(states, refresh_s, now, history, rejudge)
         kept = self._kept
         view = None
         if kept is not None and kept.names == walked.names:
@@ -419,7 +309,12 @@ class ViewBuilder:
         return {name for serial, names in log if serial > drawn for name in names}
 
     def _walk(
-        self, states: dict[str, NodeState], refresh_s: float, now: float, history: History | None
+        self,
+        states: dict[str, NodeState],
+        refresh_s: float,
+        now: float,
+        history: History | None,
+        rejudge: bool = False,
     ) -> _Walked:
         """Every node's status and part; which nodes' lines or alerts may have changed."""
         walked = _Walked(list(states))
@@ -437,6 +332,8 @@ class ViewBuilder:
             part = self._parts.get(name)
             if part is None or part.snapshot is not state.snapshot or part.status != status:
                 part = self._part(name, state, status, refresh_s, now, history)
+            elif rejudge and part.rows:
+                part = self._rejudged(part, history)
             parts[name] = part
             counts[status] += 1
             line = part.line
@@ -495,7 +392,7 @@ class ViewBuilder:
         view = FleetView(self._summary(walked, len(cells)), node_rows, cells, models, [], by_node)
         view.at, view.places = kept.index, kept.places
         self._kept = kept
-        return self._with_alerts(view, kept, parts, walked.ghosts)
+        return self._with_alerts(view, kept, parts, walked.ghosts, now)
 
     def _patched(
         self, kept: _Kept, states: dict[str, NodeState], walked: _Walked, now: float
@@ -543,7 +440,7 @@ class ViewBuilder:
             nodes[kept.index[name]] = line
         view = FleetView(self._summary(walked, len(cells)), nodes, cells, models, [], by_node)
         view.at, view.places = kept.index, kept.places
-        return self._with_alerts(view, kept, parts, ghosts)
+        return self._with_alerts(view, kept, parts, ghosts, now)
 
     def _with_alerts(
         self,
@@ -551,17 +448,25 @@ class ViewBuilder:
         kept: _Kept,
         parts: dict[str, _NodePart],
         ghosts: dict[str, _NodePart],
+        now: float,
     ) -> FleetView:
-        """Each node's own alerts in fleet order, then each deployment's in the Models order."""
-        alerts: list[Alert] = []
+        """Each node's own alerts in fleet order, then each deployment's in the Models
+        order; held to their hysteresis where this builder holds."""
+        found: list[Alert] = []
         index = kept.index
         for name in sorted(kept.own, key=index.__getitem__):
-            alerts.extend(kept.own[name])
+            found.extend(kept.own[name])
         for rows in view.models.values() if kept.row_alerting else ():
             for row in rows:
                 part = parts.get(row.node) or ghosts[row.node]
-                alerts.extend(part.row_alerts.get(id(row), ()))
-        view.alerts = alerts
+                found.extend(part.row_alerts.get(id(row), ()))
+        alerts = found
+        if self._tracker is not None:
+            alerts = self._tracker.update(found, now, self._looked)
+        if self._fresh:  # first seen in this build: at their next, no longer a first look
+            self._looked |= self._fresh
+            self._fresh = set()
+        view.alerts, view.conditions = alerts, found
         view.summary.alerts = len(alerts)
         view.summary.critical = sum(a.severity == "critical" for a in alerts)
         kept.view = view
@@ -634,38 +539,26 @@ class ViewBuilder:
         now: float,
         history: History | None,
     ) -> _NodePart:
-        fleet = self.fleet
-        error_limit = fleet.thresholds.error_rate
+        fleet, gateway = self.fleet, self._gateway
         snap = state.snapshot if state is not None else None
         shown = snap if status in ("up", "stale") else None
+        if shown is not None and name not in self._looked:
+            self._fresh.add(name)
         rows = {
-            dep.id: deployment_row(model, dep, state, refresh_s, error_limit, now, status)
+            dep.id: deployment_row(
+                model, dep, state, refresh_s, self.bounds(model.name), now, status, gateway
+            )
             for model, dep in self._declared.get(name, ())
         }
         declared = {row.engine_id for row in rows.values() if row.engine_id}
         extra = [
-            DeploymentRow(
-                model=stats.name,
-                id="",
-                node=name,
-                engine=engine.kind,
-                engine_id=engine.id,
-                version=engine.version,
-                state=engine.state,
-                reason=engine.reason,
-                weight=None,
-                stats=stats,
-                slo=slo_states(self.model(stats.name), stats, error_limit),
-            )
+            undeclared_row(name, engine, stats, self.bounds(stats.name))
             for engine in (shown.engines if shown else ())
             if engine.id not in declared
             for stats in engine.models
         ]
-        row_alerts = {}
         placed = [*rows.values(), *extra]
-        for row in placed:
-            if found := list(deployment_alerts(fleet, self._models, row, history)):
-                row_alerts[id(row)] = found
+        row_alerts = self._row_alerts(placed, history)
         part = _NodePart(
             snapshot=snap,
             status=status,
@@ -685,6 +578,44 @@ class ViewBuilder:
             self._line(name, state, part, alerts + (status in ("down", "stale")))
         return part
 
+    def _row_alerts(
+        self, rows: list[DeploymentRow], history: History | None
+    ) -> dict[int, list[Alert]]:
+        out = {}
+        for row in rows:
+            if found := list(deployment_alerts(self.fleet, row, history)):
+                out[id(row)] = found
+        return out
+
+    def _rejudged(self, part: _NodePart, history: History | None) -> _NodePart:
+        """The part with its declared rows judged on the new gateway snapshot; the same
+        part when no verdict changed (the rest of the node is as it was)."""
+        gateway = self._gateway
+        rows = {
+            dep_id: rejudged(row, self.bounds(row.model), gateway)
+            for dep_id, row in part.rows.items()
+        }
+        if all(rows[i] is row for i, row in part.rows.items()):
+            return part
+        placed = [*rows.values(), *part.extra]
+        kept = {id(r): part.row_alerts[id(r)] for r in part.extra if id(r) in part.row_alerts}
+        return replace(
+            part,
+            rows=rows,
+            placed=placed,
+            row_alerts={**self._row_alerts(list(rows.values()), history), **kept},
+            built=False,
+        )
+
+    def bounds(self, model: str) -> tuple[float | None, ...]:
+        """A model's SLO limits (console.core.slo.limits), worked out once per model."""
+        found = self._bounds.get(model)
+        if found is None:
+            found = slo.limits(self.fleet, self.model(model))
+            if len(self._bounds) < UNDECLARED_KEPT:
+                self._bounds[model] = found
+        return found
+
 
 def build(
     fleet: Fleet,
@@ -692,6 +623,7 @@ def build(
     refresh_s: float,
     now: float | None = None,
     history: History | None = None,
+    gateway: dict | None = None,
 ) -> FleetView:
     """One FleetView (for `engineroom check` and tests); the console keeps a ViewBuilder."""
-    return ViewBuilder(fleet).build(states, refresh_s, now, history)
+    return ViewBuilder(fleet).build(states, refresh_s, now, history, gateway)

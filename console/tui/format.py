@@ -9,7 +9,9 @@ from __future__ import annotations
 from rich.text import Span, Text
 from textual.markup import escape
 
+from console.core.alertrules import SLO_CRITICAL_TIMES
 from console.core.safetext import for_terminal, marks
+from console.core.slo import Verdict, times_text
 from console.core.snapshot import Percentiles
 
 UNKNOWN = Text("?", style="dim")
@@ -47,9 +49,13 @@ def temp(value: float | None, warn: float, crit: float) -> Text:
 
 
 def gib(used: int | None, total: int | None = None) -> Text:
+    """Memory in at most nine characters: 126/140G, and past 999 GiB in TiB: 0.7/1.1T (a
+    node of eight 141 GiB GPUs; "1128/1128G" ran into the next column)."""
     if used is None:
         return UNKNOWN
     if total:
+        if round(total / 2**30) >= 1000:
+            return Text(f"{used / 2**40:.1f}/{total / 2**40:.1f}T")
         return Text(f"{used / 2**30:.0f}/{total / 2**30:.0f}G")
     return Text(f"{used / 2**30:.1f}G")
 
@@ -59,6 +65,15 @@ def watts(value: float | None, limit: float | None = None) -> Text:
         return UNKNOWN
     near = limit is not None and value >= 0.95 * limit
     return Text(f"{value:.0f}W", style="yellow" if near else "")
+
+
+def power(value: float | None, limit: float | None) -> Text:
+    """Draw and limit in at most ten characters: 623/700W, 1000/1200W, ?/700W."""
+    shown = Text("?" if value is None else f"{value:.0f}", style="dim" if value is None else "")
+    if value is not None and limit is not None and value >= 0.95 * limit:
+        shown.stylize("yellow")
+    shown.append("/" + ("?" if limit is None else f"{limit:.0f}") + "W")
+    return shown
 
 
 def seconds(value: float | None) -> str:
@@ -98,6 +113,46 @@ def latency(p: Percentiles | None, which: str = "p95", limit_ms: float | None = 
     if limit_ms is not None:
         style = "bold red" if value * 1000 > limit_ms else "green"
     return Text(prefix + seconds(value), style=style)
+
+
+def over_style(value_s: float, limit_ms: float | None) -> str:
+    """A latency's colour by the SLO verdict's scale (console/core/slo.py): green within
+    its limit, yellow over it, bold red past SLO_CRITICAL_TIMES times it."""
+    if limit_ms is None:
+        return ""
+    ms = value_s * 1000
+    if ms > SLO_CRITICAL_TIMES * limit_ms:
+        return "bold red"
+    return "bold yellow" if ms > limit_ms else "green"
+
+
+def p95(value: float | None, limit_ms: float | None = None) -> Text:
+    """A p95 cell: "?" where there is none, never a mean in its place."""
+    if value is None:
+        return UNKNOWN
+    return Text(seconds(value), style=over_style(value, limit_ms))
+
+
+def mean(p: Percentiles | None) -> Text:
+    """A windowed mean, in a column of its own: shown only where the engine gave no p95
+    (where it did, the p95 says more)."""
+    if p is None or p.mean is None or p.p95 is not None:
+        return Text("-", style="dim")
+    return Text(seconds(p.mean), style="italic")
+
+
+def verdict(v: Verdict, standby: bool = False) -> Text:
+    """The SLO cell: "ok", the worst figure's multiple of its limit ("1.3x", "88x"), "?"
+    unknown, "?mean" unknown for want of a p95; "-" for a standby or a model with no SLO."""
+    worst = v.worst
+    if worst is not None:
+        shown = times_text(worst.times)
+        return Text(shown, style="bold red" if worst.level == "critical" else "bold yellow")
+    if v.level == "ok":
+        return Text("ok", style="green")
+    if standby or all(j.limit is None for j in v.figures):
+        return Text("-", style="dim")
+    return Text("?mean" if v.only_means else "?", style="yellow" if v.only_means else "dim")
 
 
 def rate(value: float | None) -> Text:
@@ -177,6 +232,16 @@ def fit(value: str, width: int, style: str = "") -> Text:
     if len(value) < width:
         return Text(value, style=style)
     return Text(value[: max(0, width - 2)] + "…", style=style)
+
+
+def cut(value: Text, width: int) -> Text:
+    """Styled text in a column `width` wide, as `fit` cuts free text: an ellipsis where it
+    was cut, and one space always left before the next column."""
+    if value.cell_len < width:
+        return value
+    out = value.copy()
+    out.truncate(max(1, width - 1), overflow="ellipsis")
+    return out
 
 
 STATUS_STYLE = {

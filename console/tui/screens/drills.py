@@ -30,6 +30,7 @@ from console.collect.playbook import Check
 from console.collect.view import FleetView
 from console.core.snapshot import Job, JobStep, TrtEngine
 from console.tui import format as fmt
+from console.tui.columns import Fitted
 from console.tui.polling import Poll
 from console.tui.screens.base import ViewScreen
 from console.tui.screens.jobs import STATE_STYLE, job_note, took
@@ -123,6 +124,8 @@ class DrillsScreen(ViewScreen):
         ("BY", 12),
         ("STEP / RESULT", None),
     ]
+    # At 80 columns these go first (console/tui/columns.py): the ENGINE badge stays.
+    DEFS_SPARE, HISTORY_SPARE = (4, 3, 1), (5, 4)
 
     def __init__(self) -> None:
         super().__init__()
@@ -130,9 +133,15 @@ class DrillsScreen(ViewScreen):
         self.problems: list[str] = []
 
     def compose_body(self) -> ComposeResult:
-        yield FleetTable(self.DEFS, id="drill-defs")
-        yield FleetTable(self.HISTORY, id="drill-history")
+        self.defs = Fitted(self, self.DEFS, "drill-defs", self._redraw, self.DEFS_SPARE)
+        self.jobs = Fitted(self, self.HISTORY, "drill-history", self._redraw, self.HISTORY_SPARE)
+        yield from self.defs.compose()
+        yield from self.jobs.compose()
         yield SafeStatic(id="drill-detail")
+
+    def _redraw(self) -> None:
+        if self.console.view is not None:
+            self.show_view(self.console.view)
 
     def on_mount(self) -> None:
         super().on_mount()
@@ -175,40 +184,43 @@ class DrillsScreen(ViewScreen):
         return sorted(found.values(), key=lambda nj: nj[1].created or 0, reverse=True)
 
     def draw(self, view: FleetView) -> None:
+        if not (self.defs.ready() and self.jobs.ready()):
+            return
         jobs = self._jobs()
+        fit, width = self.defs.fit, dict(self.DEFS)
         defs: list[Row] = []
         for name, drill in self.console.fleet.drills.items():
             node = drill_node(self.console, name) or "?"
             last = next((j for _, j in jobs if j.params.get("drill") == name), None)
             cells = (
-                Text(name, style="bold"),
-                Text(node),
-                Text(drill.deployment),
-                Text(drill.pipeline),
-                Text(drill.precision),
+                fmt.fit(name, width["DRILL"] or 0, "bold"),
+                fmt.fit(node, width["NODE"] or 0),
+                fmt.fit(drill.deployment, width["DEPLOYMENT"] or 0),
+                fmt.fit(drill.pipeline, width["PIPELINE"] or 0),
+                fmt.fit(drill.precision, width["PRECISION"] or 0),
                 trt_badge(trt_of(self.console, node, drill.deployment)),
-                _last_text(last),
+                fmt.cut(_last_text(last), fit.room),
             )
-            defs.append(Row(f"d:{name}", cells, {"drill": name, "node": node}, name))
+            defs.append(Row(f"d:{name}", fit.pick(cells), {"drill": name, "node": node}, name))
         if not defs:
-            defs.append(
-                empty_row(len(self.DEFS), "no [drills.NAME] in fleet.toml (docs/drills.md)")
-            )
+            why = "no [drills.NAME] in fleet.toml (docs/drills.md)"
+            defs.append(empty_row(len(fit.shown), fmt.fit(why, fit.room).plain))
         self.query_one("#drill-defs", FleetTable).show(defs, self.filter)
         rows: list[Row] = []
         for node, job in jobs:
             note = job_note(job)
+            fit, width = self.jobs.fit, dict(self.HISTORY)
             cells = (
-                Text(job.id, style="bold"),
-                Text(str(job.params.get("drill", "?"))),
-                Text(node),
+                fmt.fit(job.id, width["JOB"] or 0, "bold"),
+                fmt.fit(str(job.params.get("drill", "?")), width["DRILL"] or 0),
+                fmt.fit(node, width["NODE"] or 0),
                 Text(job.state, style=STATE_STYLE.get(job.state, "")),
                 Text(took(job)),
-                Text(job.who or "?"),
-                note,
+                fmt.fit(job.who or "?", width["BY"] or 0),
+                fmt.cut(note, fit.room),
             )
             fields = {"drill": job.params.get("drill"), "node": node, "state": job.state}
-            rows.append(Row(f"{node}/{job.id}", cells, fields, f"{node} {job.id}"))
+            rows.append(Row(f"{node}/{job.id}", fit.pick(cells), fields, f"{node} {job.id}"))
         self.query_one("#drill-history", FleetTable).show(rows, self.filter)
         self._draw_detail(jobs)
 

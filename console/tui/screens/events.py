@@ -14,6 +14,8 @@ from textual.app import ComposeResult
 
 from console.collect.gateway_client import GatewayClient
 from console.collect.view import FleetView
+from console.tui import format as fmt
+from console.tui.columns import Fitted
 from console.tui.screens.base import ViewScreen
 from console.tui.widgets.table import FleetTable, Row
 
@@ -25,15 +27,23 @@ class EventsScreen(ViewScreen):
     where = "Events"
 
     def compose_body(self) -> ComposeResult:
-        yield FleetTable(COLUMNS, id="events")
+        self.fitted = Fitted(self, COLUMNS, "events", self._redraw)
+        yield from self.fitted.compose()
+
+    def _redraw(self) -> None:
+        if self.console.view is not None:
+            self.show_view(self.console.view)
 
     def draw(self, view: FleetView) -> None:
+        if not self.fitted.ready():
+            return
+        room = self.fitted.fit.room  # MESSAGE: the width left, its text cut to it
         rows = []
         console = self.console
         if not console.offline and GatewayClient.configured(console.fleet):
             blind = console.gateway_actions.error
             if blind:  # the gateway's actions are unknown, not none
-                why = Text(f"the gateway's actions are unknown: {blind}", style="yellow")
+                why = fmt.fit(f"the gateway's actions are unknown: {blind}", room, "yellow")
                 rows.append(Row("gateway", (Text(""), Text("?"), Text("gateway"), why)))
         events = console.events.events
         for i, e in enumerate(events):
@@ -47,8 +57,8 @@ class EventsScreen(ViewScreen):
             cells = (
                 Text(time.strftime("%H:%M:%S", time.localtime(e.time))),
                 Text(what, style=STYLE.get(e.kind, "")),
-                Text(e.subject),
-                Text(e.message),
+                fmt.fit(e.subject, 27),
+                fmt.fit(e.message, room),
             )
             rows.append(
                 Row(

@@ -9,36 +9,42 @@ from textual.widgets import DataTable
 
 from console.collect.view import FleetView, NodeRow
 from console.tui import format as fmt
+from console.tui.columns import Fitted
 from console.tui.screens.base import ViewScreen
 from console.tui.widgets.gpu_grid import GpuGrid
 from console.tui.widgets.table import FleetTable, Row
 
 COLUMNS = [
-    ("NODE", 13),
-    ("STATUS", 10),  # "no token", "stale/ssh"
+    ("NODE", 13),  # longer names end in an ellipsis
+    ("STATUS", 10),  # "no token", "stale/ssh"; "no token/ssh" ends in one
     ("GPUS", 5),
     ("UTIL", 5),
     ("MAX", 5),
     ("MEM", 10),
     ("TEMP", 5),
     ("ALRT", 5),
-    ("ENGINES", None),
+    ("ENGINES", None),  # the room left; longer lists end in an ellipsis
 ]
+WIDTH = dict(COLUMNS)
 
 
-def node_cells(n: NodeRow, warn: float, crit: float) -> Row:
+def node_cells(n: NodeRow, warn: float, crit: float, room: int = 1000) -> Row:
+    """`room`: the ENGINES column's width at this terminal's (columns.Fitted)."""
+
     def cells() -> tuple[Text, ...]:
-        status = fmt.status(n.status, "/ssh" if n.transport == "ssh" else "")
-        detail = Text(n.engines or "-")
+        status = fmt.cut(fmt.status(n.status, "/ssh" if n.transport == "ssh" else ""), 10)
+        detail = fmt.fit(n.engines or "-", room)
         if n.status == "no token":
-            detail = Text(f"no token ({n.error})", style="yellow")
+            detail = fmt.fit(f"no token ({n.error})", room, "yellow")
         elif n.status != "up" and n.error:
-            detail = Text(n.error, style="red")
+            detail = fmt.fit(n.error, room, "red")
         elif n.gpu_status and n.gpu_status != "ok" and not n.gpus:
-            detail = Text(f"{n.engines or '-'}  ({n.gpu_status})", style="dim")
-        alerts = Text(str(n.alerts), style="bold red") if n.alerts else Text("0", style="dim")
+            detail = fmt.fit(f"{n.engines or '-'}  ({n.gpu_status})", room, "dim")
+        alerts = (
+            Text(fmt.number(n.alerts), style="bold red") if n.alerts else Text("0", style="dim")
+        )
         return (
-            Text(n.name, style="bold"),
+            fmt.fit(n.name, WIDTH["NODE"] or 0, "bold"),
             status,
             fmt.count(n.gpus),
             fmt.pct(n.util_avg),
@@ -77,12 +83,23 @@ class FleetScreen(ViewScreen):
         # The last draw unfiltered: the view's number, its lines and the rows made of them.
         # The next patches the nodes that changed since (ViewBuilder.changed_since).
         self._drawn: tuple[int, list[NodeRow], list[Row]] | None = None
+        self._room = 0  # the ENGINES column's width the rows were made for
 
     def compose_body(self) -> ComposeResult:
-        yield FleetTable(COLUMNS, id="nodes")
+        self.fitted = Fitted(self, COLUMNS, "nodes", self._redraw)
+        yield from self.fitted.compose()
         yield GpuGrid(id="grid")
 
+    def _redraw(self) -> None:
+        if self.console.view is not None:
+            self.show_view(self.console.view)
+
     def draw(self, view: FleetView) -> None:
+        if not self.fitted.ready():
+            return
+        room = self.fitted.fit.room
+        if room != self._room:  # the rows made so far are cut to the old width
+            self._made, self._drawn, self._room = {}, None, room
         t = self.console.fleet.thresholds
         table = self.query_one(FleetTable)
         changed = None
@@ -95,7 +112,7 @@ class FleetScreen(ViewScreen):
                 i = view.at[name]
                 n = view.nodes[i]
                 if lines[i] is not n:
-                    rows[i] = node_cells(n, t.gpu_temp_warn_c, t.gpu_temp_crit_c)
+                    rows[i] = node_cells(n, t.gpu_temp_warn_c, t.gpu_temp_crit_c, room)
             self._drawn = (view.serial, view.nodes, rows)
             table.show(rows, same_keys=True)
             self.drawn_nodes = view.summary.nodes_up
@@ -108,7 +125,7 @@ class FleetScreen(ViewScreen):
             row = (
                 old[1]
                 if old is not None and old[0] is n
-                else node_cells(n, t.gpu_temp_warn_c, t.gpu_temp_crit_c)
+                else node_cells(n, t.gpu_temp_warn_c, t.gpu_temp_crit_c, room)
             )
             made[id(n)] = (n, row)
             rows.append(row)

@@ -9,38 +9,56 @@ from textual.widgets import DataTable
 
 from console.collect.view import FleetView
 from console.tui import format as fmt
+from console.tui.columns import Fitted
 from console.tui.screens.base import ViewScreen
 from console.tui.widgets.table import FleetTable, Row
 
 COLUMNS = [
-    ("NODE", 12),
+    ("NODE", 11),  # longer names end in an ellipsis
     ("GPU", 4),
     ("UTIL", 5),
     ("MEM", 10),
     ("TEMP", 5),
-    ("POWER", 10),
-    ("ECC", 4),
-    ("CLOCK EVENTS", 19),
-    ("PROCESSES", None),
+    ("POWER", 11),  # "1000/1200W"
+    ("ECC", 5),  # "9999"
+    ("CLOCK EVENTS", 19),  # "software thermal slowdown" ends in an ellipsis
+    ("PROCESSES", None),  # the room left, at least columns.MIN_ROOM
 ]
+WIDTH = dict(COLUMNS)
+# NVML's clock-event reasons (console/core/readings.py) as the column can hold them.
+SHORT = {
+    "applications clocks setting": "app clocks",
+    "software power cap": "sw power cap",
+    "hardware slowdown": "hw slowdown",
+    "software thermal slowdown": "sw thermal",
+    "hardware thermal slowdown": "hw thermal",
+    "hardware power brake": "hw power brake",
+    "display clock setting": "display clock",
+}
+SPARE = (5, 3)  # at 80 columns POWER goes first, then MEM: heat and throttling stay
 
 
 class GpusScreen(ViewScreen):
     where = "GPUs"
 
     def compose_body(self) -> ComposeResult:
-        yield FleetTable(COLUMNS, id="gpus")
+        self.fitted = Fitted(self, COLUMNS, "gpus", self._redraw, SPARE)
+        yield from self.fitted.compose()
+
+    def _redraw(self) -> None:
+        if self.console.view is not None:
+            self.show_view(self.console.view)
 
     def draw(self, view: FleetView) -> None:
+        if not self.fitted.ready():
+            return
+        fit = self.fitted.fit
         t = self.console.fleet.thresholds
         rows = []
         for cell in view.gpus:
             g = cell.gpu
             procs = ", ".join(f"{p.engine_id or p.name or p.pid}" for p in g.processes or [])
-            reasons = ", ".join(r for r in g.clock_event_reasons or [] if r != "idle")
-            power = Text.assemble(
-                fmt.watts(g.power_w, g.power_limit_w), "/", fmt.watts(g.power_limit_w)
-            )
+            reasons = ", ".join(SHORT.get(r, r) for r in g.clock_event_reasons or [] if r != "idle")
             ecc = fmt.count(g.ecc_uncorrected)
             if g.ecc_uncorrected:
                 ecc.stylize("bold red")
@@ -50,15 +68,15 @@ class GpusScreen(ViewScreen):
                 else None
             )
             cells = (
-                Text(cell.node, style="dim" if cell.node_status != "up" else ""),
+                fmt.fit(cell.node, WIDTH["NODE"] or 0, "dim" if cell.node_status != "up" else ""),
                 Text(str(g.index)),
                 fmt.pct(g.utilization_pct),
                 fmt.gib(g.memory_used_bytes, g.memory_total_bytes),
                 fmt.temp(g.temperature_c, t.gpu_temp_warn_c, t.gpu_temp_crit_c),
-                power,
+                fmt.power(g.power_w, g.power_limit_w),
                 ecc,
-                Text(reasons, style="yellow" if reasons else ""),
-                Text(procs or "-", style="" if procs else "dim"),
+                fmt.fit(reasons, WIDTH["CLOCK EVENTS"] or 0, "yellow" if reasons else ""),
+                fmt.fit(procs or "-", fit.room, "" if procs else "dim"),
             )
             fields = {
                 "node": cell.node,
@@ -73,7 +91,7 @@ class GpusScreen(ViewScreen):
             rows.append(
                 Row(
                     f"{cell.node}/{g.index}",
-                    cells,
+                    fit.pick(cells),
                     fields,
                     f"{cell.node} gpu{g.index} {g.name} {procs} {reasons}",
                 )

@@ -26,6 +26,7 @@ from console.collect.view import FleetView
 from console.core.snapshot import Job
 from console.core.wire import COLD_START_PHASES
 from console.tui import format as fmt
+from console.tui.columns import Fitted
 from console.tui.polling import Poll
 from console.tui.screens.base import ViewScreen
 from console.tui.widgets.safe_static import SafeStatic
@@ -481,9 +482,15 @@ class JobsScreen(ViewScreen):
         ("BY", 12),
         ("STEP / RESULT", None),
     ]
+    SPARE = (6, 5, 3)  # at 80 columns BY, TOOK and TARGET go first (console/tui/columns.py)
 
     def compose_body(self) -> ComposeResult:
-        yield FleetTable(self.COLUMNS, id="jobs")
+        self.fitted = Fitted(self, self.COLUMNS, "jobs", self._redraw, self.SPARE)
+        yield from self.fitted.compose()
+
+    def _redraw(self) -> None:
+        if self.console.view is not None:
+            self.show_view(self.console.view)
 
     def _gateway(self) -> Any:
         """The gateway's actions as the console last read them; None without a gateway
@@ -494,6 +501,9 @@ class JobsScreen(ViewScreen):
         return console.gateway_actions
 
     def draw(self, view: FleetView) -> None:
+        if not self.fitted.ready():
+            return
+        fit = self.fitted.fit
         rows: list[Row] = []
         found: list[tuple[str, Job]] = []
         for node, state in self.console.collector.states.items():
@@ -504,31 +514,29 @@ class JobsScreen(ViewScreen):
             found += [(GATEWAY, j) for j in gateway.jobs]
             if gateway.error:  # unknown, not none
                 blanks = [Text("")] * (len(self.COLUMNS) - 2)
-                why = Text(f"failover jobs unknown: {gateway.error}", style="yellow")
-                rows.append(Row(f"@{GATEWAY}", (Text(GATEWAY), *blanks, why)))
+                why = fmt.fit(f"failover jobs unknown: {gateway.error}", fit.room, "yellow")
+                rows.append(Row(f"@{GATEWAY}", fit.pick((Text(GATEWAY), *blanks, why))))
         found.sort(key=lambda nj: nj[1].created or 0, reverse=True)
         for node, job in found:
             note = job_note(job)
+            width = dict(self.COLUMNS)
             cells = (
-                Text(node),
-                Text(job.id, style="bold"),
-                Text(job.kind),
-                Text(job_target(job)),
+                fmt.fit(node, width["NODE"] or 0),
+                fmt.fit(job.id, width["JOB"] or 0, "bold"),
+                fmt.fit(job.kind, width["KIND"] or 0),
+                fmt.fit(job_target(job), width["TARGET"] or 0),
                 Text(job.state, style=STATE_STYLE.get(job.state, "")),
                 Text(took(job)),
-                Text(job.who or "?"),
-                note,
+                fmt.fit(job.who or "?", width["BY"] or 0),
+                fmt.cut(note, fit.room),
             )
             fields = {"node": node, "kind": job.kind, "state": job.state}
             # "@": no node is named so (fleet.toml ids start with a letter or a digit).
             key = f"@{GATEWAY}/{job.id}" if node == GATEWAY else f"{node}/{job.id}"
-            rows.append(Row(key, cells, fields, f"{node} {job.kind} {job.id}"))
+            rows.append(Row(key, fit.pick(cells), fields, f"{node} {job.kind} {job.id}"))
         if not rows:
-            rows.append(
-                empty_row(
-                    len(self.COLUMNS), "no job in the last 10 minutes: s on a Node starts vLLM"
-                )
-            )
+            none = "no job in the last 10 minutes: s on a Node starts vLLM"
+            rows.append(empty_row(len(fit.shown), fmt.fit(none, fit.room).plain))
         self.query_one(FleetTable).show(rows, self.filter)
 
     @on(DataTable.RowSelected, "#jobs")

@@ -1,13 +1,19 @@
 """Models: each model with all its deployments across engines, side by side.
 
-Latency is coloured against the model's SLO from fleet.toml; "~" marks a windowed mean
-where the engine has no histogram (Triton's default). The header's second line says where
+SLO is each deployment's one verdict (console/core/slo.py), judged on what clients feel:
+"ok", how many times its limit the worst figure is ("1.3x" a warning in yellow, "88x"
+critical in red), "?" when a figure it is bound by is unknown, "?mean" when the engine
+gives only windowed means (Triton's counters): a mean is never a p95. The p95 columns
+show p95s only; the means have columns of their own, labelled `mean`. Latencies are
+coloured against the model's SLO by the same scale. The header's second line says where
 each latency was measured: at the engine (its own histograms, from the moment the engine
 got the request) or at the gateway (as clients feel it); GAP is the difference
 (console.collect.measured).
 
 Every column is one character wider than the widest value its formatter can produce, so
-a value never runs into the next column (the table has no cell padding).
+a value never runs into the next column (the table has no cell padding). Where the
+terminal is too narrow for them all, whole columns are dropped from the right, and the
+line under the table names them (console/tui/columns.py).
 """
 
 from __future__ import annotations
@@ -21,11 +27,18 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.widgets import DataTable
 
-from console.collect.measured import gap_text, gateway_measure, gateway_ttft_p95, ttft_gap_s
+from console.collect.measured import (
+    gap_text,
+    gateway_measure,
+    gateway_p95,
+    gateway_ttft_p95,
+    ttft_gap_s,
+)
 from console.collect.view import DeploymentRow, FleetView
 from console.core.config import Fleet, Model, Slo
-from console.core.snapshot import Percentiles
+from console.core.slo import Level
 from console.tui import format as fmt
+from console.tui.columns import Fitted
 from console.tui.screens.base import ViewScreen
 from console.tui.widgets.table import FleetTable, Row
 
@@ -35,11 +48,14 @@ from console.tui.widgets.table import FleetTable, Row
 COLUMNS = [
     ("MODEL / DEPLOYMENT", 22),  # widened by name_width() for long ids and the badge
     ("STATE", 10),  # "unhealthy"
-    ("TTFT95\nengine", 7),  # latencies: at most six characters ("~999ms", "~9.99s")
+    ("SLO", 6),  # "ok", "1.3x", "88x", "?mean": the verdict (console/core/slo.py)
+    ("TTFT95\nengine", 7),  # latencies: at most five characters ("999ms", "9.99s")
     ("TTFT95\ngateway", 8),
     ("GAP\ngw-eng", 8),  # "+999ms"
     ("ITL95\nengine", 7),
+    ("ITL95\ngateway", 8),
     ("E2E95\nengine", 7),
+    ("E2E95\ngateway", 8),
     ("ENGINE", 18),  # "triton 2.51.0-sim"
     ("RATE", 7),  # "9.9k/s"
     ("QUEUE", 6),  # "9999", "12k"
@@ -48,8 +64,16 @@ COLUMNS = [
     ("W", 5),  # "9999"
     ("NODE", 9),  # widened by node_width()
     ("TTFT50\nengine", 7),
+    ("TTFT\nmean", 7),  # Triton's counters give means: here, never in a p95 column
+    ("ITL\nmean", 7),
 ]
-NAME, ENGINE, NODE = 0, 7, 13
+NAME, ENGINE, NODE = 0, 10, 16
+LEVEL_STYLE: dict[Level, str] = {
+    "ok": "green",
+    "warning": "bold yellow",
+    "critical": "bold red",
+    "unknown": "dim",
+}
 
 
 BADGE = " REBUILD REQUIRED"
@@ -94,29 +118,38 @@ def deployment_row(
     kv_warn: float,
     error_limit: float,
     gw: dict[str, Any] | None = None,
+    shown: Fitted | None = None,
 ) -> Row:
-    """`gw`: this deployment in the gateway's snapshot (live weight, its own TTFT)."""
+    """`gw`: this deployment in the gateway's snapshot (live weight, its own TTFT);
+    `shown`: the columns the terminal's width holds (all of them without)."""
     # Everything but the key is worked out when first asked for: a draw makes 2,000 of
     # these at 1,000 nodes, and formats only the ~40 on screen (and a filter the fields).
     s = r.stats
     lat = s.latency if s else None
     slo = model.slo
+    widths = dict(shown.spec) if shown is not None else {}
+    name_w = widths.get(COLUMNS[NAME][0]) or 1000
+    node_w = widths.get(COLUMNS[NODE][0]) or 1000
+    pick = shown.fit.pick if shown is not None else None
 
     def cells() -> tuple[Text, ...]:
         gap = ttft_gap_s(lat.ttft_s if lat else None, gw)
         name = Text("   " + (r.id or f"({r.engine_id}, undeclared)"))
-        if r.slo_ok is False:
-            name.stylize("bold red")
+        if r.verdict.level in ("warning", "critical"):
+            name.stylize(LEVEL_STYLE[r.verdict.level])
         if r.trt is not None and r.trt.state == "stale":
             name.append(BADGE, style="bold black on yellow")
         return (
-            name,
+            fmt.cut(name, name_w),
             fmt.engine_state(r.state, r.standby),
-            fmt.latency(lat.ttft_s if lat else None, "p95", slo.ttft_p95_ms),
-            _gateway_ttft(gw, slo.ttft_p95_ms, r.standby),
+            fmt.verdict(r.verdict, r.standby),
+            fmt.p95(lat.ttft_s.p95 if lat else None, slo.ttft_p95_ms),
+            _at_gateway(gw, "ttft_s", slo.ttft_p95_ms, r.standby),
             _gap(gap, gw, slo.ttft_p95_ms),
-            fmt.latency(lat.itl_s if lat else None, "p95", slo.itl_p95_ms),
-            fmt.latency(lat.e2e_s if lat else None, "p95", slo.e2e_p95_ms),
+            fmt.p95(lat.itl_s.p95 if lat else None, slo.itl_p95_ms),
+            _at_gateway(gw, "itl_s", slo.itl_p95_ms, r.standby),
+            fmt.p95(lat.e2e_s.p95 if lat else None, slo.e2e_p95_ms),
+            _at_gateway(gw, "e2e_s", slo.e2e_p95_ms, r.standby),
             fmt.fit(f"{r.engine} {r.version or '?'}", COLUMNS[ENGINE][1] or 0),
             fmt.rate(s.request_rate if s else None),
             fmt.count(s.requests_waiting if s else None),
@@ -126,8 +159,10 @@ def deployment_row(
                 slo.error_rate if slo.error_rate is not None else error_limit,
             ),
             _weight(r.weight, gw),
-            Text(r.node),  # the column is as wide as the longest node name
-            fmt.latency(lat.ttft_s if lat else None, "p50"),
+            fmt.fit(r.node, node_w),
+            fmt.p95(lat.ttft_s.p50 if lat else None),
+            fmt.mean(lat.ttft_s if lat else None),
+            fmt.mean(lat.itl_s if lat else None),
         )
 
     def fields() -> dict[str, Any]:  # made only when a filter asks
@@ -142,11 +177,17 @@ def deployment_row(
             "state": state,
             "weight": r.weight,
             "rate": s.request_rate if s else None,
-            "ttft_p95": lat.ttft_s.p95_or_mean if lat else None,
+            "ttft_p95": lat.ttft_s.p95 if lat else None,
             "gw_ttft_p95": gateway_ttft_p95(gw),
+            "gw_itl_p95": gateway_p95(gw, "itl_s"),
+            "gw_e2e_p95": gateway_p95(gw, "e2e_s"),
             "ttft_gap": gap,
-            "itl_p95": lat.itl_s.p95_or_mean if lat else None,
-            "e2e_p95": lat.e2e_s.p95_or_mean if lat else None,
+            "itl_p95": lat.itl_s.p95 if lat else None,
+            "e2e_p95": lat.e2e_s.p95 if lat else None,
+            "ttft_mean": lat.ttft_s.mean if lat else None,
+            "itl_mean": lat.itl_s.mean if lat else None,
+            "slo": r.verdict.level,
+            "slo_times": worst.times if (worst := r.verdict.worst) else None,
             "queue": s.requests_waiting if s else None,
             "kv": s.kv_cache_usage if s else None,
             "errors": s.error_rate if s else None,
@@ -160,7 +201,7 @@ def deployment_row(
         return f"{r.model} {r.id} {r.engine} {r.node} {state}{badge}"
 
     key = f"d:{r.model}:{r.id or r.node + '/' + (r.engine_id or '')}"
-    return Row(key, cells, fields, text)
+    return Row(key, cells if pick is None else lambda: pick(cells()), fields, text)
 
 
 def _weight(declared: int | None, gw: dict[str, Any] | None) -> Text:
@@ -172,16 +213,16 @@ def _weight(declared: int | None, gw: dict[str, Any] | None) -> Text:
     return Text(shown, style="bold cyan" if live != declared else "")
 
 
-def _gateway_ttft(gw: dict[str, Any] | None, slo_ms: float | None, standby: bool) -> Text:
+def _at_gateway(
+    gw: dict[str, Any] | None, figure: str, slo_ms: float | None, standby: bool
+) -> Text:
+    """A p95 the gateway measured (TTFT, ITL, e2e), as clients felt it."""
     if gw is None:
         return Text("-", style="dim")
     if not gw.get("up", True):
         # A stopped standby is not an outage: one word for one state, as STATE says.
         return Text("standby", style="dim") if standby else Text("down", style="bold red")
-    p95 = gateway_ttft_p95(gw)
-    if p95 is None:
-        return Text("?", style="dim")
-    return fmt.latency(Percentiles(p95=p95), "p95", slo_ms)
+    return fmt.p95(gateway_p95(gw, figure), slo_ms)
 
 
 def _gap(gap: float | None, gw: dict[str, Any] | None, slo_ms: float | None) -> Text:
@@ -202,8 +243,9 @@ def _gap(gap: float | None, gw: dict[str, Any] | None, slo_ms: float | None) -> 
     return Text(fmt.signed_seconds(gap), style="bold yellow" if breaks else "")
 
 
-def model_head(name: str, model: Model, breach: bool, error_limit: float) -> tuple[Text, ...]:
-    """The model's row: its name, and its SLO limits above the columns they bound."""
+def model_head(name: str, model: Model, level: Level, error_limit: float) -> tuple[Text, ...]:
+    """The model's row: its name (coloured by its worst deployment's verdict), and its SLO
+    limits above the columns they bound."""
     slo = model.slo
 
     def limit(ms: float | None) -> Text:
@@ -211,38 +253,47 @@ def model_head(name: str, model: Model, breach: bool, error_limit: float) -> tup
 
     err = slo.error_rate if slo.error_rate is not None else error_limit
     blank = Text("")
-    return (
-        Text(name, style="bold red" if breach else "bold"),
-        Text(
+    style = LEVEL_STYLE[level] if level in ("warning", "critical") else "bold"
+    cells = {
+        NAME: Text(name, style=style),
+        1: Text(
             "SLO" if any((slo.ttft_p95_ms, slo.itl_p95_ms, slo.e2e_p95_ms)) else "no SLO",
             style="dim italic",
         ),
-        limit(slo.ttft_p95_ms),  # the engine's TTFT95
-        limit(slo.ttft_p95_ms),  # and the gateway's: clients feel that one
-        blank,
-        limit(slo.itl_p95_ms),
-        limit(slo.e2e_p95_ms),
-        blank,
-        blank,
-        blank,
-        blank,
-        Text(f"<{fmt.percent(err)}", style="dim italic"),
-        *[blank] * (len(COLUMNS) - 12),
-    )
+        3: limit(slo.ttft_p95_ms),  # the engine's TTFT95
+        4: limit(slo.ttft_p95_ms),  # and the gateway's: clients feel that one
+        6: limit(slo.itl_p95_ms),
+        7: limit(slo.itl_p95_ms),
+        8: limit(slo.e2e_p95_ms),
+        9: limit(slo.e2e_p95_ms),
+        14: Text(f"<{fmt.percent(err)}", style="dim italic"),
+    }
+    return tuple(cells.get(i, blank) for i in range(len(COLUMNS)))
+
+
+def _over(r: DeploymentRow | None) -> int | None:
+    """How far over its SLO a row is: 0 a warning, 1 critical, None neither."""
+    level = r.verdict.level if r is not None else None
+    return 1 if level == "critical" else 0 if level == "warning" else None
+
+
+def _level(counts: list[int]) -> Level:
+    """A model's worst verdict from its rows' counts [warning, critical]."""
+    return "critical" if counts[1] else "warning" if counts[0] else "ok"
 
 
 @dataclass
 class _Drawn:
     """Models' last draw without a filter: the view's number, the gateway snapshot it
     read, the table rows, and for each model where its row is and how many of its
-    deployments break their SLO; the deployment row each table row was made of (None
-    for a model's own)."""
+    deployments are over their SLO (a warning, critical); the deployment row each table
+    row was made of (None for a model's own)."""
 
     serial: int
     gateway: dict[str, Any] | None
     rows: list[Row]
     offsets: dict[str, int] = field(default_factory=dict)
-    breaches: dict[str, int] = field(default_factory=dict)
+    breaches: dict[str, list[int]] = field(default_factory=dict)  # [warning, critical]
     entries: list[DeploymentRow | None] = field(default_factory=list)
 
 
@@ -257,22 +308,32 @@ class ModelsScreen(ViewScreen):
     ]
 
     def compose_body(self) -> ComposeResult:
-        yield FleetTable(columns(self.console.fleet), id="models", header_height=2)
+        spec = columns(self.console.fleet)
+        self.fitted = Fitted(self, spec, "models", self._relaid, header_height=2)
+        yield from self.fitted.compose()
 
     def __init__(self) -> None:
         super().__init__()
         # Each deployment's table row, by its view row's identity: a view keeps the rows
         # of a node whose snapshot did not change, so a draw makes rows only for those
         # that did (20,000 deployments at 10,000 nodes, on the key that opens Models).
-        # With it, whether the row breaks its SLO.
-        self._made: dict[int, tuple[DeploymentRow, dict[str, Any] | None, Row, bool]] = {}
-        # Each model's own row, by its name and whether it breaks its SLO (500 models).
-        self._heads: dict[tuple[str, bool], Row] = {}
+        # With it, how far over its SLO the row is (0, 1 a warning, 2 critical).
+        self._made: dict[int, tuple[DeploymentRow, dict[str, Any] | None, Row, int]] = {}
+        # Each model's own row, by its name and its worst verdict (500 models).
+        self._heads: dict[tuple[str, Level], Row] = {}
         # The last draw unfiltered, which the next patches where nodes changed since
         # (ViewBuilder.changed_since) instead of walking 21,000 rows.
         self._drawn: _Drawn | None = None
 
+    def _relaid(self) -> None:
+        """Other columns for the terminal's width: every row is made again."""
+        self._made, self._heads, self._drawn = {}, {}, None
+        if self.console.view is not None:
+            self.show_view(self.console.view)
+
     def draw(self, view: FleetView) -> None:
+        if not self.fitted.ready():
+            return
         gateway = self.console.gateway_snapshot
         drawn = self._drawn
         if (
@@ -285,8 +346,12 @@ class ModelsScreen(ViewScreen):
             return
         self._draw_all(view, gateway)
 
+    def _row(self, r: DeploymentRow, name: str, gw: dict[str, Any] | None) -> Row:
+        t = self.console.fleet.thresholds
+        model = self.console.views.model(name)
+        return deployment_row(r, model, t.kv_cache_warn, t.error_rate, gw, self.fitted)
+
     def _patch(self, view: FleetView, drawn: _Drawn, changed: set[str]) -> None:
-        fleet = self.console.fleet
         gateway = drawn.gateway
         rows, entries = drawn.rows.copy(), drawn.entries
         touched: set[str] = set()
@@ -298,58 +363,53 @@ class ModelsScreen(ViewScreen):
                 if old is r:
                     continue
                 touched.add(name)
-                drawn.breaches[name] += (r.slo_ok is False) - (
-                    old is not None and old.slo_ok is False
-                )
+                counts = drawn.breaches[name]
+                if (was := _over(old)) is not None:
+                    counts[was] -= 1
+                if (now := _over(r)) is not None:
+                    counts[now] += 1
                 gw = gateway_measure(gateway, name, r.id) if gateway else None
-                rows[at] = deployment_row(
-                    r,
-                    self.console.views.model(name),
-                    fleet.thresholds.kv_cache_warn,
-                    fleet.thresholds.error_rate,
-                    gw,
-                )
+                rows[at] = self._row(r, name, gw)
                 entries[at] = r
         for name in touched:
-            rows[drawn.offsets[name]] = self._head(name, drawn.breaches[name] > 0)
+            rows[drawn.offsets[name]] = self._head(name, _level(drawn.breaches[name]))
         drawn.serial, drawn.rows = view.serial, rows
         self.query_one(FleetTable).show(rows, same_keys=True)
 
-    def _head(self, name: str, breach: bool) -> Row:
-        head = self._heads.get((name, breach))
+    def _head(self, name: str, level: Level) -> Row:
+        head = self._heads.get((name, level))
         if head is None:
             model = self.console.views.model(name)
-            cells = model_head(name, model, breach, self.console.fleet.thresholds.error_rate)
-            head = self._heads[(name, breach)] = Row(f"m:{name}", cells, {"model": name}, name)
+            cells = model_head(name, model, level, self.console.fleet.thresholds.error_rate)
+            head = Row(f"m:{name}", self.fitted.fit.pick(cells), {"model": name}, name)
+            self._heads[(name, level)] = head
         return head
 
     def _draw_all(self, view: FleetView, gateway: dict[str, Any] | None) -> None:
-        fleet = self.console.fleet
         rows: list[Row] = []
         made, kept = {}, self._made
-        heads: dict[tuple[str, bool], Row] = {}
+        heads: dict[tuple[str, Level], Row] = {}
         drawn = _Drawn(view.serial, gateway, rows)
         for name, deployments in view.models.items():
-            model = self.console.views.model(name)
             shown = []
-            breach = 0
+            counts = [0, 0]
             for r in deployments:
                 gw = gateway_measure(gateway, name, r.id) if gateway else None
                 old = kept.get(id(r))
                 if old is None or old[0] is not r or old[1] is not gw:
-                    row = deployment_row(
-                        r, model, fleet.thresholds.kv_cache_warn, fleet.thresholds.error_rate, gw
-                    )
-                    old = (r, gw, row, r.slo_ok is False)
+                    over = _over(r)
+                    old = (r, gw, self._row(r, name, gw), -1 if over is None else over)
                 made[id(r)] = old
                 shown.append(old[2])
-                breach += old[3]
+                if old[3] >= 0:
+                    counts[old[3]] += 1
             if self.filter is not None:
                 shown = [r for r in shown if self.filter.matches(r.fields, r.text)]
                 if not shown:
                     continue
-            head = heads[(name, breach > 0)] = self._head(name, breach > 0)
-            drawn.offsets[name], drawn.breaches[name] = len(rows), breach
+            level = _level(counts)
+            head = heads[(name, level)] = self._head(name, level)
+            drawn.offsets[name], drawn.breaches[name] = len(rows), counts
             drawn.entries.append(None)
             drawn.entries.extend(deployments)
             rows.append(head)

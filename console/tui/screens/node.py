@@ -12,6 +12,7 @@ from console.collect.history import Series
 from console.collect.view import FleetView, engine_summary
 from console.core.snapshot import Snapshot
 from console.tui import format as fmt
+from console.tui.columns import Fitted
 from console.tui.screens.base import ViewScreen
 from console.tui.widgets.safe_static import SafeStatic
 from console.tui.widgets.table import FleetTable, Row, empty_row
@@ -26,8 +27,9 @@ GPU_COLUMNS = [
     ("temp", 9),
     ("POWER", 6),
     ("power", 9),
-    ("RUNS", None),
+    ("RUNS", None),  # the room left; a longer list ends in an ellipsis
 ]
+GPU_SPARE = (2, 8, 6, 4)  # at 80 columns the histories go first, util's widest
 ENGINE_COLUMNS = [
     ("ENGINE", 14),
     ("KIND", 8),
@@ -36,6 +38,7 @@ ENGINE_COLUMNS = [
     ("MODELS", 26),  # "mistral-7b-instruct-v0.3"; longer lists end in an ellipsis
     ("REASON", None),
 ]
+ENGINE_SPARE = (1,)  # KIND: the engine's id names it too
 STANDBY_REASON = "not started: a standby (weight 0)"
 
 
@@ -56,8 +59,14 @@ class NodeScreen(ViewScreen):
 
     def compose_body(self) -> ComposeResult:
         yield SafeStatic(id="node-info")  # the host, versions, errors: the agent's words
-        yield FleetTable(GPU_COLUMNS, id="node-gpus")
-        yield FleetTable(ENGINE_COLUMNS, id="node-engines")
+        self.gpu_fit = Fitted(self, GPU_COLUMNS, "node-gpus", self._redraw, GPU_SPARE)
+        self.engine_fit = Fitted(self, ENGINE_COLUMNS, "node-engines", self._redraw, ENGINE_SPARE)
+        yield from self.gpu_fit.compose()
+        yield from self.engine_fit.compose()
+
+    def _redraw(self) -> None:
+        if self.console.view is not None:
+            self.show_view(self.console.view)
 
     def draw(self, view: FleetView) -> None:
         state = self.console.collector.states.get(self.node)
@@ -122,13 +131,16 @@ class NodeScreen(ViewScreen):
         if blocked:
             t.append(f"\nactions disabled: {blocked}", style="dim yellow")
         info.update(t)
-        self._draw_gpus(snap)
-        self._draw_engines(snap)
+        if self.gpu_fit.ready() and self.engine_fit.ready():
+            self._draw_gpus(snap)
+            self._draw_engines(snap)
 
     def _draw_gpus(self, snap: Snapshot | None) -> None:
         rows: list[Row] = []
         thresholds = self.console.fleet.thresholds
         history = self.console.collector.history
+        fit = self.gpu_fit.fit
+        room = fit.room
         if snap is not None:
             models = {e.id: ", ".join(m.name for m in e.models) for e in snap.engines}
             for g in snap.gpus:
@@ -160,7 +172,7 @@ class NodeScreen(ViewScreen):
                     fmt.sparkline(series("power"), lo=0, hi=g.power_limit_w or 700, width=8).append(
                         " "
                     ),
-                    Text("; ".join(runs) or "idle", style="" if runs else "dim"),
+                    fmt.fit("; ".join(runs) or "idle", room, "" if runs else "dim"),
                 )
                 fields = {
                     "gpu": g.index,
@@ -168,13 +180,14 @@ class NodeScreen(ViewScreen):
                     "temp": g.temperature_c,
                     "power": g.power_w,
                 }
-                rows.append(Row(str(g.index), cells, fields, " ".join(runs)))
+                rows.append(Row(str(g.index), fit.pick(cells), fields, " ".join(runs)))
         self.query_one("#node-gpus", FleetTable).show(rows, self.filter)
 
     def _draw_engines(self, snap: Snapshot | None) -> None:
         rows: list[Row] = []
         weights = {d.id: d.weight for m in self.console.fleet.models for d in m.deployments}
         width = dict(ENGINE_COLUMNS)
+        fit = self.engine_fit.fit
         if snap is not None:
             for e in snap.engines:
                 # The same word as on Models: every deployment it serves has weight 0.
@@ -182,13 +195,12 @@ class NodeScreen(ViewScreen):
                     weights.get(d) == 0 for d in e.deployment_ids
                 )
                 if standby and e.state == "down":
-                    reason = Text(STANDBY_REASON, style="dim")
+                    reason = fmt.fit(STANDBY_REASON, fit.room, "dim")
                 elif e.reason:
-                    reason = Text(e.reason, style="yellow")
+                    reason = fmt.fit(e.reason, fit.room, "yellow")
                 else:
-                    reason = Text(
-                        f"started from profile {e.profile}" if e.profile else "", style="dim"
-                    )
+                    profile = f"started from profile {e.profile}" if e.profile else ""
+                    reason = fmt.fit(profile, fit.room, "dim")
                 cells = (
                     fmt.fit(e.id, width["ENGINE"] or 0, style="bold"),
                     fmt.fit(e.kind, width["KIND"] or 0),
@@ -198,14 +210,15 @@ class NodeScreen(ViewScreen):
                     reason,
                 )
                 state = "standby" if standby and e.state == "down" else e.state
-                rows.append(Row(e.id, cells, {"engine": e.kind, "state": state}, e.id))
+                fields = {"engine": e.kind, "state": state}
+                rows.append(Row(e.id, fit.pick(cells), fields, e.id))
         if not rows:
             why = (
                 "no engine process or deployment found on this node"
                 if snap is not None
                 else "no snapshot from this node: nothing is known about its engines"
             )
-            rows.append(empty_row(len(ENGINE_COLUMNS), why))
+            rows.append(empty_row(len(fit.shown), fmt.fit(why, fit.room).plain))
         self.query_one("#node-engines", FleetTable).show(rows)
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
