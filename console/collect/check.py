@@ -237,7 +237,7 @@ def render(
 
 def _deployment_line(r: DeploymentRow, gw: dict[str, Any] | None) -> str:
     lat = r.stats.latency if r.stats else None
-    slo = slo_text(r.verdict)
+    slo = "-" if r.standby else slo_text(r.verdict)  # a standby takes no traffic to judge
     engine = for_terminal(f"{r.engine} {r.version or '?'}")  # cut after, never inside a sequence
     engine = engine if len(engine) < 20 else engine[:18] + "…"
     name = r.id or "(undeclared)"

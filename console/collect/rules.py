@@ -6,11 +6,16 @@ severity, threshold, comparison and wording), written over the series the agent 
 histograms, a rule accepts those too, joined with `or`:
 
 - GPU temperature, XID, ECC, row remapping: `engineroom_gpu_*` or `DCGM_FI_DEV_*`;
-- SLO TTFT/ITL/e2e p95: the agent's windowed p95 (its mean where the engine has no
-  p95, as in the console) or `histogram_quantile(0.95, ...)` over each engine plugin's
-  own histograms (vLLM's `vllm:*`), over the agent's window;
+- SLO TTFT/ITL/e2e p95 and the error rate: per deployment, as the console's verdict
+  judges (console/core/slo.py): the gateway's figure where it measured the deployment,
+  else the agent's p95 of the deployment's engine (never a mean), else each engine
+  plugin's own histograms at the deployments' scrape targets; a warning over the limit,
+  critical past critical_times it;
 - KV cache: the agent's ratio or the plugin's KV gauge;
-- engine down/unhealthy, error rate, REBUILD REQUIRED: the agent's series only.
+- engine down/unhealthy, REBUILD REQUIRED: the agent's series only.
+
+Each rule holds as the console's alert does: `for:` and `keep_firing_for:` are the
+definition's raise_after_s and clear_after_s.
 
 The output is YAML that `promtool check rules` accepts, in a stable order, so a diff of two
 runs shows what changed in the fleet. Names from the fleet are outside text: in a label

@@ -27,7 +27,14 @@ GAP gw-eng        gateway minus engine p95: the API server, the network and the 
                   yellow when the gap is what breaks the SLO. ~0: the gateway reads
                   faster, within the two figures' error; ?: faster by more (the two
                   windows do not hold the same requests yet). Never negative.
-ITL95 E2E95 TTFT50  the engine's histograms too; ~ marks a windowed mean (no histogram)
+ITL95 E2E95       the engine's and the gateway's p95, side by side; TTFT50 the engine's
+TTFT/ITL mean     a windowed mean, where the engine has no histogram (Triton): never a
+                  p95, so never in a p95 column, and never judged against the SLO
+SLO               the verdict, on what clients feel (the gateway's p95, else the
+                  engine's): ok; 1.28x the limit, a warning (yellow); past 2x, critical
+                  (red); ? unknown, ?mean only means: unknown is never ok
+hidden at this    the columns a narrow terminal cannot hold, named under the table
+  width
 standby           a deployment with weight 0 that is not running: no traffic, no alert
 no token          this console has no token for the node (its token_env is not set)
 """
