@@ -23,6 +23,7 @@ import pytest
 from rich.text import Text
 from textual.coordinate import Coordinate
 from textual.widgets import Static
+from textual_plotext import PlotextPlot
 
 from console.collect.measured import gap_text
 from console.collect.replay import ReplayCollector
@@ -34,6 +35,7 @@ from console.sim.load import SURGE_FOR_S, SURGE_FROM_S, Plan, Workload
 from console.tui import format as fmt
 from console.tui.app import EngineroomApp
 from console.tui.screens.help import HelpScreen
+from console.tui.screens.model_detail import ModelDetailScreen
 from console.tui.screens.models import COLUMNS, ModelsScreen
 from console.tui.screens.node import NodeScreen
 from console.tui.widgets.table import FleetTable, Row
@@ -561,3 +563,22 @@ def test_check_right_after_vllm_start_wait_reads_the_engine_ready(
         for record in engine_records(state):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(record["pgid"], signal.SIGKILL)
+
+
+async def test_model_detail_says_which_line_is_a_mean():
+    """Its plots are titled p95; a deployment whose engine gives only a mean (Triton's
+    counters) is drawn too, and its legend says so: a mean never reads as a p95."""
+    fleet = parse_fleet(WIDEST_FLEET)
+    app = EngineroomApp(fleet, collector=ReplayCollector(fleet, widest_snapshots()))
+    async with app.run_test(size=(160, 40)) as pilot:
+        await pilot.press(*keys(":model tiny"), "enter")
+
+        def legend() -> str | None:
+            screen = app.screen
+            if not isinstance(screen, ModelDetailScreen) or not screen.is_mounted:
+                return None
+            text = screen.query_one("#ttft-plot", PlotextPlot).plt.build()
+            return text if "tiny-trt" in text else None
+
+        text = await until(pilot, legend, what="the TTFT plot with both deployments")
+        assert "tiny-trt (mean)" in text and "tiny-vllm (mean)" not in text

@@ -109,6 +109,9 @@ class ModelDetailScreen(ViewScreen):
                     xs, ys = zip(*points, strict=True)
                     # plotext's output is read as ANSI: a label must hold no sequence.
                     label = for_terminal(r.id or r.engine_id)[:18]
+                    pct = getattr(r.stats.latency, series.replace("_p95", "_s"))
+                    if pct.p95 is None and pct.mean is not None:
+                        label += " (mean)"  # no histogram: a mean, never taken for a p95
                     plt.plot(list(xs), list(ys), label=label)
             if limit is not None and longest:
                 plt.hline(limit, "red")
