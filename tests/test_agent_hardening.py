@@ -593,7 +593,8 @@ def test_a_second_start_on_a_gpu_held_by_a_loading_start_is_refused_naming_the_j
     # NVML still shows GPU 0 idle: the first engine has not loaded anything yet.
     other = {"kind": "vllm.start", "profile": "double", "overrides": {"port": free_port()}}
     plan = post(agent.url, "/v1/jobs/plan", other, token=VIEWER).json()
-    assert not plan["ok"] and f"held by job {first_id}" in plan["checks"][0]["detail"]
+    (gpus,) = [c for c in plan["checks"] if c["name"] == "gpus"]  # one verdict per GPU
+    assert not plan["ok"] and f"held by job {first_id}" in gpus["detail"]
     second = post(agent.url, "/v1/jobs", other)
     assert second.status_code == 409, second.text
     assert second.json()["error"].startswith(f"gpus: GPU 0 is held by job {first_id}")

@@ -125,8 +125,6 @@ class EngineJobs:
         """What a vllm.start would run and whether its preflight passes; starts nothing."""
         name, profile, launch, endpoint, engine = self._launch(request.profile, request.overrides)
         checks = await self._preflight(launch, profile, engine)
-        if (held := self._held(launch.gpus)) is not None:
-            checks.insert(0, preflight.Check("gpus", False, held))
         return {
             "profile": name,
             "engine_id": engine,
@@ -174,7 +172,10 @@ class EngineJobs:
             running = f"{engine} has a job running ({busy})"
         elif (managed := self.supervisor.engines.get(engine)) is not None and managed.alive():
             running = f"{engine} is already running (started by job {managed.job_id})"
-        return await asyncio.to_thread(preflight.run, launch, profile, gpus, gpu_status, running)
+        held = self._holders(launch.gpus)  # the GPUs' one verdict is in the gpus check
+        return await asyncio.to_thread(
+            preflight.run, launch, profile, gpus, gpu_status, running, held
+        )
 
     def _busy(self, engine: str) -> str | None:
         for job_id, active in self.runner.active.items():
@@ -201,6 +202,21 @@ class EngineJobs:
                     f"(started by job {managed.job_id})"
                 )
         return None
+
+    def _holders(self, gpus: tuple[int, ...]) -> dict[int, str]:
+        """Each of `gpus` an open job or a running engine holds: by whom, in words."""
+        out: dict[int, str] = {}
+        for job_id, active in self.runner.active.items():
+            for index in set(gpus) & set(active.gpus):
+                out.setdefault(
+                    index, f"job {job_id} ({active.record.kind} of {active.engine_id}, "
+                    f"{active.state})",
+                )  # fmt: skip
+        for engine, managed in self.supervisor.engines.items():
+            if managed.alive():
+                for index in set(gpus) & set(managed.gpus):
+                    out.setdefault(index, f"engine {engine} (started by job {managed.job_id})")
+        return out
 
     async def _submit_start(self, request: VllmStart, who: str) -> Active:
         name, profile, launch, endpoint, engine = self._launch(request.profile, request.overrides)

@@ -91,12 +91,18 @@ def gpu_check(
     readings: list[Gpu],
     gpu_status: str,
     args: Mapping[str, ArgValue] | None = None,
+    held: Mapping[int, str] | None = None,
 ) -> Check:
     """The GPUs are there, idle, and have the memory share the launch asks for (`args`:
-    the flags as launched, overrides applied; the profile's when not given)."""
+    the flags as launched, overrides applied; the profile's when not given). `held`: the
+    GPUs an open job or an engine this agent started holds, and by whom. One verdict per
+    GPU: a held GPU is held, whatever NVML shows of it now (an engine that is loading has
+    not touched its GPU yet, and NVML reads it idle: issue 28 listed "GPU 1 is held by
+    engine vllm-18015" and "GPU 1 idle, 140.4 GiB free" side by side)."""
     if not gpus:
         return Check("gpus", True, "no GPUs requested")
-    if not readings:
+    holders = held or {}
+    if not readings and not holders:
         return Check("gpus", False, f"GPUs {list(gpus)} requested, but NVML reports: {gpu_status}")
     by_index = {g.index: g for g in readings}
     flags = profile.args if args is None else args
@@ -104,6 +110,12 @@ def gpu_check(
     share = float(share) if isinstance(share, int | float) else DEFAULT_GPU_MEMORY_UTILIZATION
     problems, fine = [], []
     for index in gpus:
+        if index in holders:
+            problems.append(f"GPU {index} is held by {holders[index]}")
+            continue
+        if not readings:
+            problems.append(f"GPU {index}: NVML reports {gpu_status}")
+            continue
         gpu = by_index.get(index)
         if gpu is None:
             problems.append(f"GPU {index} does not exist (this node has {sorted(by_index)})")
@@ -139,14 +151,16 @@ def run(
     readings: list[Gpu],
     gpu_status: str,
     running_engine: str | None,
+    held: Mapping[int, str] | None = None,
 ) -> list[Check]:
-    """Every check, in the order an operator reads them."""
+    """Every check, in the order an operator reads them; one check per thing checked
+    (`held`: gpu_check's)."""
     checks = []
     if running_engine is not None:
         checks.append(Check("engine", False, running_engine))
     checks += [
         port_check(launch.port),
-        gpu_check(launch.gpus, profile, readings, gpu_status, launch.args),
+        gpu_check(launch.gpus, profile, readings, gpu_status, launch.args, held),
         model_check(profile.model),
         binary_check(launch.argv, {**os.environ, **launch.env}),
     ]

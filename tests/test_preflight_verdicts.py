@@ -1,0 +1,68 @@
+"""The start preflight gives one verdict per GPU (issue 28, defect 8: the Start vLLM form
+listed `FAIL gpus GPU 1 is held by engine vllm-18015` and `ok gpus GPU 1 idle, 140.4 GiB
+free` in one list). A real agent in this process over the NVML TEST DOUBLE
+(tests/nvml_double.py): a GPU held by a loading start reads idle to NVML."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from tests.conftest import VIEWER
+from tests.engines.servers import free_port, wait_until
+from tests.nvml_double import FakeGpu, FakeNvml
+from tests.test_agent_hardening import (
+    GIB,
+    OPERATOR_TOKEN,
+    InProcessAgent,
+    fleet_text,
+    job_of,
+    post,
+    setup,  # noqa: F401 - the fixture the agent's fleet file is written with
+)
+
+
+@pytest.fixture
+def two_gpu_agent(setup) -> Iterator[InProcessAgent]:  # noqa: F811
+    nvml = FakeNvml([FakeGpu(mem_used=0, mem_total=140 * GIB) for _ in range(2)])
+    text = fleet_text(setup, free_port(), env='DOUBLE_NEVER_READY = "1"', gpus="[0, 1]",
+                      agent_extra="discover = false")  # fmt: skip
+    agent = InProcessAgent(text, nvml)
+    yield agent
+    agent.close()
+
+
+def test_a_gpu_a_loading_start_holds_gets_one_verdict_in_the_plan(two_gpu_agent):
+    agent = two_gpu_agent
+    first = post(agent.url, "/v1/jobs", {"kind": "vllm.start", "profile": "double"})
+    assert first.status_code == 202, first.text
+    first_id = first.json()["id"]
+    try:
+        wait_until(
+            lambda: job_of(agent.url, first_id)["steps"][2]["state"] == "running", 20,
+            what="the first start loading",
+        )  # fmt: skip
+        # NVML reads both GPUs idle: the loading engine has touched neither yet.
+        other = {"kind": "vllm.start", "profile": "double", "overrides": {"port": free_port()}}
+        plan = post(agent.url, "/v1/jobs/plan", other, token=VIEWER).json()
+        gpus = [c for c in plan["checks"] if c["name"] == "gpus"]
+        assert len(gpus) == 1, plan["checks"]  # one verdict for the GPUs, not two
+        (check,) = gpus
+        assert not check["ok"] and not plan["ok"]
+        held = f"held by job {first_id} (vllm.start of "
+        assert check["detail"].count(held) == 2, check["detail"]  # GPU 0 and GPU 1, once each
+        assert "idle" not in check["detail"], check["detail"]
+    finally:
+        httpx.delete(
+            f"{agent.url}/v1/jobs/{first_id}",
+            headers={"Authorization": f"Bearer {OPERATOR_TOKEN}"},
+            timeout=60,
+        )
+    # The hold ends with the job: the GPUs read idle again, one verdict still.
+    plan = post(agent.url, "/v1/jobs/plan", other, token=VIEWER).json()
+    (check,) = [c for c in plan["checks"] if c["name"] == "gpus"]
+    assert check["ok"] and check["detail"] == (
+        "GPU 0 idle, 140.0 GiB free; GPU 1 idle, 140.0 GiB free"
+    )
