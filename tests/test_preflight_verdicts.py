@@ -66,3 +66,43 @@ def test_a_gpu_a_loading_start_holds_gets_one_verdict_in_the_plan(two_gpu_agent)
     assert check["ok"] and check["detail"] == (
         "GPU 0 idle, 140.0 GiB free; GPU 1 idle, 140.0 GiB free"
     )
+
+
+@pytest.fixture
+def ready_gpu_agent(setup) -> Iterator[InProcessAgent]:  # noqa: F811
+    nvml = FakeNvml([FakeGpu(mem_used=0, mem_total=140 * GIB)])
+    text = fleet_text(setup, free_port(), env="", gpus="[0]", agent_extra="discover = false")
+    agent = InProcessAgent(text, nvml)
+    yield agent
+    agent.close()
+
+
+def test_a_running_engine_holds_its_gpu_once_and_its_restart_is_not_held_by_itself(
+    ready_gpu_agent,
+):
+    agent = ready_gpu_agent
+    start = post(agent.url, "/v1/jobs", {"kind": "vllm.start", "profile": "double"})
+    assert start.status_code == 202, start.text
+    done = wait_until(
+        lambda: (j := job_of(agent.url, start.json()["id"]))["state"] != "running" and j,
+        60, what="the engine started",
+    )  # fmt: skip
+    assert done["state"] == "succeeded", done
+    engine = done["result"]["engine_id"]
+    other = {"kind": "vllm.start", "profile": "double", "overrides": {"port": free_port()}}
+    plan = post(agent.url, "/v1/jobs/plan", other, token=VIEWER).json()
+    (check,) = [c for c in plan["checks"] if c["name"] == "gpus"]
+    assert (
+        check["detail"] == f"GPU 0 is held by engine {engine} (started by job {start.json()['id']})"
+    )
+    # A restart holds the engine's GPU from its stop to its start: its own preflight
+    # must not read that hold as another's.
+    restart = post(agent.url, "/v1/jobs", {"kind": "engine.restart", "engine": engine})
+    assert restart.status_code == 202, restart.text
+    again = wait_until(
+        lambda: (j := job_of(agent.url, restart.json()["id"]))["state"] != "running" and j,
+        90, what="the restart",
+    )  # fmt: skip
+    assert again["state"] == "succeeded", again
+    stop = post(agent.url, "/v1/jobs", {"kind": "engine.stop", "engine": engine})
+    wait_until(lambda: job_of(agent.url, stop.json()["id"])["state"] != "running", 60)

@@ -163,8 +163,10 @@ class EngineJobs:
         return name, profile, launch, endpoint, make_engine_id(profile.engine, endpoint)
 
     async def _preflight(
-        self, launch: Launch, profile: Profile, engine: str
+        self, launch: Launch, profile: Profile, engine: str, job: str | None = None
     ) -> list[preflight.Check]:
+        """The start's checks; `job`: the job that runs them (a restart), whose own hold on
+        the GPUs is not another's."""
         gpus, gpu_status = await self.agent.fresh_gpus()
         running = None
         busy = self._busy(engine)
@@ -172,7 +174,7 @@ class EngineJobs:
             running = f"{engine} has a job running ({busy})"
         elif (managed := self.supervisor.engines.get(engine)) is not None and managed.alive():
             running = f"{engine} is already running (started by job {managed.job_id})"
-        held = self._holders(launch.gpus)  # the GPUs' one verdict is in the gpus check
+        held = self._holders(launch.gpus, job)  # the GPUs' one verdict: the gpus check
         return await asyncio.to_thread(
             preflight.run, launch, profile, gpus, gpu_status, running, held
         )
@@ -203,10 +205,13 @@ class EngineJobs:
                 )
         return None
 
-    def _holders(self, gpus: tuple[int, ...]) -> dict[int, str]:
-        """Each of `gpus` an open job or a running engine holds: by whom, in words."""
+    def _holders(self, gpus: tuple[int, ...], but: str | None = None) -> dict[int, str]:
+        """Each of `gpus` an open job (other than job `but`) or a running engine holds: by
+        whom, in words."""
         out: dict[int, str] = {}
         for job_id, active in self.runner.active.items():
+            if job_id == but:
+                continue
             for index in set(gpus) & set(active.gpus):
                 out.setdefault(
                     index, f"job {job_id} ({active.record.kind} of {active.engine_id}, "
@@ -435,7 +440,7 @@ class EngineJobs:
             name, profile, launch, endpoint, _ = self._launch(managed.profile, managed.overrides)
         except JobRefused as exc:
             raise StepFailed(f"preflight: {exc}") from None
-        checks = await self._preflight(launch, profile, "")
+        checks = await self._preflight(launch, profile, "", ctx.id)
         detail = "; ".join(f"{c.name}: {c.detail}" for c in checks)
         if not all(c.ok for c in checks):
             step.detail = detail
