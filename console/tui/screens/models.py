@@ -68,6 +68,10 @@ COLUMNS = [
     ("ITL\nmean", 7),
 ]
 NAME, ENGINE, NODE = 0, 10, 16
+# The columns a narrow terminal drops first, in this order (console/tui/columns.py): the
+# means and TTFT50, where it runs and on what, e2e (an SLO seldom bounds it), then the
+# load; the live weight (W), the verdict and TTFT stay longest.
+SPARE = (19, 18, 17, 16, 10, 9, 8, 11, 14, 13, 12, 5, 15, 7, 6)
 LEVEL_STYLE: dict[Level, str] = {
     "ok": "green",
     "warning": "bold yellow",
@@ -309,7 +313,7 @@ class ModelsScreen(ViewScreen):
 
     def compose_body(self) -> ComposeResult:
         spec = columns(self.console.fleet)
-        self.fitted = Fitted(self, spec, "models", self._relaid, header_height=2)
+        self.fitted = Fitted(self, spec, "models", self._relaid, SPARE, header_height=2)
         yield from self.fitted.compose()
 
     def __init__(self) -> None:
