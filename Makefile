@@ -114,6 +114,7 @@ bench: $(VENV)/.test-deps engines router sshd nginx prometheus haproxy
 	$(BIN)/python -m bench.dataplanes
 	$(BIN)/python -m bench.gateway_soak
 	$(BIN)/python -m bench.console_scale
+	$(BIN)/python -m bench.console_bandwidth --out docs/evidence/bench-bandwidth.txt
 	$(BIN)/python -m bench.prom_scale --recorded --compare
 	$(BIN)/python -m bench.recording
 

@@ -18,10 +18,12 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from textual import on
+from textual import events, on
 from textual.app import SystemCommand
 from textual.binding import Binding
+from textual.driver import Driver
 from textual.screen import Screen
+from textual.widgets import Input
 
 from console.collect import tune_gc
 from console.collect.alerts import EventLog
@@ -46,6 +48,7 @@ from console.tui.screens.jobs import JobScreen, JobsScreen, StartVllmScreen
 from console.tui.screens.model_detail import ModelDetailScreen
 from console.tui.screens.models import ModelsScreen
 from console.tui.screens.node import NodeScreen
+from console.tui.terminal_driver import DiffDriver
 from console.tui.widgets.command_line import CommandLine
 from console.tui.widgets.confirm import ConfirmScreen
 from console.tui.workflows import Workflows
@@ -62,6 +65,9 @@ VIEWS = {
 
 
 EXIT_GRACE_S = 5.0  # the longest a console's exit may take (see EngineroomApp.exit)
+# --slow-link: the screen is redrawn this often at most (or at the fleet's refresh_s if
+# longer); the fleet is still read, and its alerts judged, at every refresh.
+SLOW_LINK_REDRAW_S = 5.0
 
 # The `:` commands, (usage, what): help and the unknown-command hint list these.
 COLON_COMMANDS: list[tuple[str, str]] = [
@@ -110,9 +116,11 @@ class EngineroomApp(Workflows):
         Binding("j", "goto('jobs')", "jobs", id="jobs"),
         Binding("d", "goto('drills')", "drills", id="drills"),
         Binding("q", "quit", "quit", id="quit"),
+        Binding("ctrl+l", "redraw", "redraw", id="redraw", show=False),
     ]
 
     offline = False  # a replay: no agent, gateway or role is asked anything
+    terminal_driver: DiffDriver | None = None  # set by the driver, on a terminal
     # Set by run_tui (a console in its own process): what to clean up if exit blocks.
     exit_watchdog: Callable[[], object] | None = None
     _exiting = False
@@ -124,6 +132,7 @@ class EngineroomApp(Workflows):
         read_only: bool = False,
         collector: Collector | None = None,
         record: str | Path | None = None,
+        slow_link: bool = False,
     ) -> None:
         super().__init__()
         self.fleet = fleet
@@ -152,6 +161,11 @@ class EngineroomApp(Workflows):
         # (a replay shows the recording's alerts, at the recording's times).
         self.views = ViewBuilder(fleet, hold=not self.offline)
         self.refresh_s = self.collector.refresh_s
+        # --slow-link: redraw less, and nothing that moves by itself (docs/scale.md).
+        self.slow_link = slow_link
+        self.redraw_s = max(SLOW_LINK_REDRAW_S, self.refresh_s) if slow_link else None
+        if slow_link:
+            self.animation_level = "none"
         self._follow_updates()
         self.tick_ms: deque[tuple[float, float]] = deque(maxlen=300)  # (build, draw)
         self.roles: dict[str, str] = {}  # node -> the role its token has on the agent
@@ -185,6 +199,15 @@ class EngineroomApp(Workflows):
         every = self.refresh_s * (2 if self.collector.refreshes else 1)
         self._ticker = self.set_interval(every, self.tick)
         self.collector.on_refreshed = self._refresh_landed
+
+    def get_driver_class(self) -> type[Driver]:
+        """Textual's terminal driver, writing only the cells that changed (issue 28: the
+        console over an SSH link); any other (the web view's, the tests', one named in
+        TEXTUAL_DRIVER) as it is."""
+        driver = super().get_driver_class()
+        if driver.__name__ == "LinuxDriver" and not os.environ.get("TEXTUAL_DRIVER"):
+            return DiffDriver
+        return driver
 
     def _hung_up(self) -> None:
         """The terminal is gone: what is still written goes to /dev/null, then leave."""
@@ -257,10 +280,28 @@ class EngineroomApp(Workflows):
         built = time.perf_counter()
         # The timer can fire once more while the app closes, after its screens are gone.
         screen = self.screen_stack[-1] if self.screen_stack else None
-        if isinstance(screen, ViewScreen) and screen.is_mounted:
+        if isinstance(screen, ViewScreen) and screen.is_mounted and self._redraw_due(screen):
             screen.show_view(self.view)
         # The console's own cost, kept for the scale benchmark and the debug log.
         self.tick_ms.append(((built - started) * 1000, (time.perf_counter() - built) * 1000))
+
+    def _redraw_due(self, screen: ViewScreen) -> bool:
+        """Every refresh; with --slow-link once `redraw_s` has passed since the screen was
+        last drawn (a key that changes what it shows draws it at once)."""
+        if self.redraw_s is None:
+            return True
+        return time.monotonic() - screen.drawn_at >= self.redraw_s - self.refresh_s / 2
+
+    def on_descendant_focus(self, event: events.DescendantFocus) -> None:
+        if self.slow_link and isinstance(event.widget, Input):
+            event.widget.cursor_blink = False  # a blinking cursor is two writes a second
+
+    def action_redraw(self) -> None:
+        """Write the whole screen again (Ctrl+L), as if the terminal showed nothing."""
+        if self.terminal_driver is not None:
+            self.terminal_driver.redraw()
+        self.screen.refresh(repaint=True)
+        self.refresh(repaint=True)
 
     # navigation
     def _open(self, screen: ViewScreen) -> None:
@@ -517,9 +558,12 @@ def run_tui(
     read_only: bool = False,
     record: str | None = None,
     cleanup: Callable[[], object] = lambda: None,
+    slow_link: bool = False,
 ) -> int:
-    """The console in this process; `cleanup` runs if its exit blocks (EngineroomApp.exit)."""
+    """The console in this process; `cleanup` runs if its exit blocks (EngineroomApp.exit).
+    `slow_link`: redraw every SLOW_LINK_REDRAW_S, no animation, and the mouse left to the
+    terminal (its every move was a report up the link and a hover redrawn down it)."""
     # A node whose token variable is not set shows as "no token"; the rest is watched.
-    app = EngineroomApp(fleet, read_only=read_only, record=record)
+    app = EngineroomApp(fleet, read_only=read_only, record=record, slow_link=slow_link)
     app.exit_watchdog = cleanup
-    return app.run() or 0
+    return app.run(mouse=not slow_link) or 0

@@ -73,6 +73,7 @@ class ViewScreen(Screen[None]):
             self.console.replay_label(),
             self.console.source_problem(),
             self.console.source_note(),
+            self.console.redraw_s,
         )
         self.drawn_at = time.monotonic()
 

@@ -2,17 +2,20 @@
 
 A thousand nodes make eight thousand cells, so the grid draws only the lines on screen
 (Textual's line API): each refresh stores the cells and where each node's first line
-is, and render_line finds and builds the few visible lines.
+is, and render_line finds and builds the few visible lines. A refresh repaints only the
+lines on screen whose cells show something else: repainting the whole grid sent every
+line of it to the terminal again each second (issue 28).
 """
 
 from __future__ import annotations
 
 from bisect import bisect_right
 from itertools import accumulate
+from typing import cast
 
 from rich.segment import Segment
 from rich.style import Style
-from textual.geometry import Size
+from textual.geometry import Region, Size
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
@@ -51,6 +54,7 @@ class GpuGrid(ScrollView):
         self._temp_crit = 90.0
         self._label_width = 8
         self._sized = -1  # the width the lines were laid out for
+        self._painted: dict[int, tuple[object, ...]] = {}  # line on screen -> what it shows
 
     def show(
         self, by_node: list[tuple[str, list[GpuCell]]], temp_crit: float, same_nodes: bool = False
@@ -61,7 +65,10 @@ class GpuGrid(ScrollView):
         self._temp_crit = temp_crit
         if same_nodes and len(by_node) == len(self._by_node) and self._sized == self.size.width:
             self._by_node = by_node
-            self.refresh()
+            width = self.size.width
+            for y in range(self.size.height):
+                if self._painted.get(y) != self._shows(y):
+                    self.refresh(Region(0, y, width, 1))
             return
         self._sized = self.size.width
         self._label_width = min(14, max((len(n) for n, _ in by_node), default=4) + 1)
@@ -84,22 +91,36 @@ class GpuGrid(ScrollView):
         first = part * self._per_line
         return (node if part == 0 else "", cells[first : first + self._per_line])
 
-    def render_line(self, y: int) -> Strip:
+    def _shows(self, y: int) -> tuple[object, ...]:
+        """What line `y` on screen shows: its label and each cell's text, style and mark."""
         index = y + self.scroll_offset.y
         if not self._lines and index == 0:
-            return Strip([Segment("no GPUs reported", Style(dim=True))])
+            return ("no GPUs reported",)
         if index >= self._lines:
-            return Strip.blank(self.size.width)
+            return ()
         label, cells = self._line(index)
-        label = for_terminal(label)[: self._label_width - 1]  # a node's name: outside text
-        segments = [Segment(f"{label:<{self._label_width}}", _LABEL)]
+        shown: list[object] = [index, label]
         for cell in cells:
             gpu = cell.gpu
             util = gpu.utilization_pct
             stale = cell.node_status != "up"
-            segments.append(Segment(" ? " if util is None else f"{util:3.0f}", _style(util, stale)))
             hot = gpu.temperature_c is not None and gpu.temperature_c >= self._temp_crit
             broken = bool(gpu.ecc_uncorrected or gpu.xid_events or gpu.errors)
             # "!" beside a GPU that is too hot or reports ECC/XID/NVML errors
-            segments.append(Segment("!" if (hot or broken) and not stale else " ", _MARK))
+            mark = "!" if (hot or broken) and not stale else " "
+            shown += (" ? " if util is None else f"{util:3.0f}", _style(util, stale), mark)
+        return tuple(shown)
+
+    def render_line(self, y: int) -> Strip:
+        shown = self._painted[y] = self._shows(y)
+        if len(shown) == 1:
+            return Strip([Segment(str(shown[0]), Style(dim=True))])
+        if not shown:
+            return Strip.blank(self.size.width)
+        label = for_terminal(str(shown[1]))[: self._label_width - 1]  # a node's name
+        segments = [Segment(f"{label:<{self._label_width}}", _LABEL)]
+        for i in range(2, len(shown), 3):
+            text, style, mark = shown[i : i + 3]
+            segments.append(Segment(str(text), cast(Style, style)))
+            segments.append(Segment(str(mark), _MARK))
         return Strip(segments).crop(self.scroll_offset.x, self.scroll_offset.x + self.size.width)

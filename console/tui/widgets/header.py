@@ -15,6 +15,8 @@ class FleetHeader(Static):
     FleetHeader.prod { background: $error; color: $text; }
     """
 
+    _shown: tuple[object, ...] = ()  # what the line shows: its text, styles and class
+
     def show(
         self,
         s: Summary,
@@ -24,11 +26,13 @@ class FleetHeader(Static):
         replay: str | None = None,
         source_problem: str | None = None,
         source_note: str | None = None,
+        redraw_s: float | None = None,
     ) -> None:
         """`replay`: the replayed time, shown with REPLAY where the environment goes, so
         nobody takes a recording for the fleet. `source_problem`: why the figures may be
         old (Prometheus slow, down or erring), said before anything else on the line;
-        `source_note`: what a healthy Prometheus source costs, said last."""
+        `source_note`: what a healthy Prometheus source costs, said last; `redraw_s`: how
+        often a --slow-link console redraws, so nobody takes a number for this second's."""
         self.set_class(s.environment.lower() == "prod" and replay is None, "prod")
         t = Text()
         t.append(f" {s.name} ", style="bold black on yellow" if simulated else "bold reverse")
@@ -71,6 +75,12 @@ class FleetHeader(Static):
         t.append(f"  {where}", style="bold cyan")
         if source_note is not None:
             t.append(f"  {source_note}", style="dim")
+        if redraw_s is not None:
+            t.append(f"  slow link: redrawn every {redraw_s:g} s", style="dim")
         # One line, always: no layout pass each refresh. Names and Prometheus' errors are
-        # outside text.
-        self.update(safe(t), layout=False)
+        # outside text. The same line is not repainted: an idle fleet's header is.
+        shown = safe(t)
+        key = (shown.plain, shown.spans, self.has_class("prod"))
+        if key != self._shown:
+            self._shown = key
+            self.update(shown, layout=False)

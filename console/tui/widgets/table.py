@@ -171,7 +171,6 @@ class FleetTable(DataTable[RenderableType]):
             return
         top = int(self.scroll_offset.y)
         height = max(1, self.size.height or 50)
-        labels = [label for label, _ in self._columns_spec]
         for key in self._order[max(0, top - 2) : top + height + 2]:
             row = self.rows_by_key.get(key)
             if row is None or key not in self._shown:  # not added yet (see _rebuild)
@@ -180,9 +179,20 @@ class FleetTable(DataTable[RenderableType]):
             before = self._shown.get(key)
             for i, cell in enumerate(cells):
                 if before is None or _differs(before[i], cell):
-                    self.update_cell(key, labels[i], cell)
+                    self._set_cell(key, i, cell)
             self._shown[key] = cells
             self._fit(cells)
+
+    def _set_cell(self, key: str, column: int, cell: RenderableType) -> None:
+        """DataTable.update_cell, repainting that cell only: update_cell repaints the
+        whole table (its refresh()), and Textual then wrote every line of it to the
+        terminal, each from the table's left edge, at every refresh (issue 28)."""
+        row_key = RowKey(key)
+        self._data[row_key][self._column_keys[column]] = cell
+        self._update_count += 1  # DataTable's own render caches are keyed by it
+        row = self._row_locations.get(row_key)
+        if row is not None:
+            self.refresh_coordinate(Coordinate(row, column))
 
     def _fit(self, cells: Cells) -> bool:
         """Widen an auto-width column that a cell outgrew; True when one was.
