@@ -184,7 +184,7 @@ def run_console(
             out[name] = measure(term, window_s, 1.0)
     finally:
         term.close()
-    if "--slow-link" not in (root / "console" / "cli.py").read_text():
+    if "SLOW_LINK_REDRAW_S" not in (root / "console" / "tui" / "app.py").read_text():
         return out
     term = Terminal(console_argv(fleet, True), env, root)
     try:

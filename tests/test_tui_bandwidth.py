@@ -274,6 +274,11 @@ CASES = {
         "\x1b[10;1Hbottom\nafter",
         frame((8, 1, "eight"), (10, 1, "ten")),
     ],
+    "writes off the screen, below it and past its right edge": [
+        "\x1b[?7l" + frame((3, 1, "kept"), (10, 1, "last row")),  # no wrap, as Textual
+        frame((12, 2, "below"), (3, 35, "0123456789")),
+        frame((3, 1, "kept"), (4, 1, "more")),
+    ],
     "attributes added to, and colours with 0 in them": [
         frame((9, 1, "\x1b[1m\x1b[38;5;0;48;5;15mbold black\x1b[0m plain")),
         frame((9, 1, "\x1b[1m\x1b[38;5;0;48;5;15mbold blank\x1b[0m plain")),
@@ -311,3 +316,14 @@ def test_a_terminal_of_another_size_is_written_in_full():
     assert diff.feed(line) == ""
     diff.resized((80, 24))
     assert "nodes 2 up" in diff.feed(line)
+
+
+def test_what_is_kept_of_the_screen_is_the_screen_at_most():
+    """Writes beyond the terminal's size go through as they came and keep nothing: what
+    ScreenDiff holds is bounded by the terminal it writes to."""
+    diff = ScreenDiff()
+    diff.resized((40, 10))
+    far = "\x1b[100000;1Hfar\x1b[3;39H" + "x" * 100_000
+    assert diff.feed(far).endswith("x" * 100_000)  # written as it came
+    assert all(y < 10 and len(row) <= 41 for y, row in diff._chars.items())
+    assert diff.feed("\x1b[3;1Hkept") == "\x1b[3;1Hkept"

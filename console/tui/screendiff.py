@@ -107,8 +107,10 @@ class ScreenDiff:
                 _, cr, lf, ctrl, text,
             ) = match.groups()  # fmt: skip
             if line is not None:
-                self._at = (max(0, int(line_x) - 1), max(0, int(line_y) - 1))
-                self._line(line)
+                if self._place(int(line_x) - 1, int(line_y) - 1):
+                    self._line(line)
+                else:
+                    self._barrier(match.group(0))
             elif seg_text is not None:
                 self._set_sgr(seg_sgr)
                 self._text(seg_text)
@@ -134,10 +136,20 @@ class ScreenDiff:
         return "".join(out)
 
     # reading Textual's stream
+    def _place(self, x: int, y: int) -> bool:
+        """The cursor to (x, y); False off the screen (what the shadow keeps is the
+        terminal's size at most: what goes there is written as it came)."""
+        x, y = max(0, x), max(0, y)
+        if self.size is not None and (x >= self.size[0] or y >= self.size[1]):
+            return False
+        self._at = (x, y)
+        return True
+
     def _csi(self, whole: str, params: str, mid: str, final: str) -> None:
         if final in "Hf" and not mid and not params.startswith("?"):
             row, _, col = params.partition(";")
-            self._at = (max(0, int(col or 1) - 1), max(0, int(row or 1) - 1))
+            if not self._place(int(col or 1) - 1, int(row or 1) - 1):
+                self._barrier(whole)
         elif final == "m" and not mid:
             self._set_sgr(params)
         elif final in "ABCDG" and not mid and (params.isdigit() or not params):
@@ -174,6 +186,8 @@ class ScreenDiff:
         else:
             dx, dy = {"A": (0, -n), "B": (0, n), "C": (n, 0), "D": (-n, 0)}[final]
             x, y = x + dx, y + dy
+        if self.size is not None:  # a terminal stops the cursor at its edges
+            x, y = min(x, self.size[0] - 1), min(y, self.size[1] - 1)
         self._at = (max(0, x), max(0, y))
 
     def _osc(self, whole: str, body: str) -> None:
@@ -216,6 +230,9 @@ class ScreenDiff:
                     pen = after[("", sgr)] = _sgr_after("", sgr)
                 cells += text
                 pens += [pen] * len(text)
+        if not self._fits(len(cells)):
+            self._barrier(line)
+            return
         self._put(cells, pens, self._at[0] if self._at else 0)
 
     def _text(self, text: str) -> None:
@@ -240,7 +257,14 @@ class ScreenDiff:
                     continue
                 cells.append(ch)
                 cells.extend([""] * (width - 1))
+        if not self._fits(len(cells)):
+            self._barrier(text)
+            return
         self._put(cells, [self._pen] * len(cells), lo)
+
+    def _fits(self, cells: int) -> bool:
+        """Whether `cells` at the cursor end within the screen's width."""
+        return self.size is None or self._at is None or self._at[0] + cells <= self.size[0]
 
     def _row(self, y: int) -> tuple[list[Cell], list[str | None]]:
         """Row y as this write leaves it (so far)."""
