@@ -136,3 +136,29 @@ async def test_models_says_which_columns_it_dropped(width):
         prefix = "hidden at this width, widen to see: "
         assert text.startswith(prefix + ", ".join(hidden)[: len(text) - len(prefix) - 1])
         assert "ENGINE" in hidden and "NODE" in hidden
+
+
+async def test_a_terminal_made_narrower_lays_every_table_out_again():
+    """The screenshots' Fleet at 80x24 scrolled sideways: its ENGINES column kept the
+    width it had at 140 columns. Every table is made anew for the new width."""
+    app = recorded_app()
+    async with app.run_test(size=(140, 30)) as pilot:
+        for command in ("nodes", "gpus", "models", "node h200"):
+            await pilot.resize_terminal(140, 30)
+            await pilot.press(*keys(":" + command), "enter")
+            await until(pilot, lambda: app.screen.query(FleetTable), what=f":{command}")
+            await pilot.pause(0.3)
+            await pilot.resize_terminal(80, 24)
+
+            def fitted() -> list[FleetTable] | None:
+                tables = list(app.screen.query(FleetTable))
+                ok = tables and all(t.size.width == 80 and t.row_count for t in tables)
+                return tables if ok else None
+
+            tables = await until(pilot, fitted, what=f":{command} at 80 columns")
+            await pilot.pause(0.3)
+            for table in app.screen.query(FleetTable):
+                assert table.max_scroll_x == 0, (command, table.id, table.virtual_size)
+                assert overruns(table) == [], (command, table.id)
+            assert tables
+            await pilot.press("escape")

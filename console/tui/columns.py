@@ -2,10 +2,10 @@
 
 A table has columns of fixed width and at most one of free width, the last (ENGINES,
 PROCESSES, RUNS, REASON). Where they do not all fit, a screen drops whole columns, those
-it can spare first, and says which ("hidden at this width, widen to see: ..."), instead of letting the
-terminal cut one mid-value; the free column gets the room that is left, and its cells
-are cut to it with an ellipsis (format.fit). The screens' tables have no cell padding:
-each fixed width counts the one space that separates a value from the next.
+it can spare first, and says which ("hidden at this width, widen to see: ..."), instead
+of letting the terminal cut one mid-value; the free column gets the room that is left,
+and its cells are cut to it with an ellipsis (format.fit). The screens' tables have no
+cell padding: each fixed width counts the one space that separates a value from the next.
 """
 
 from __future__ import annotations
@@ -122,11 +122,12 @@ class Fitted:
             return False
         width = self.screen.app.size.width
         laid = layout(self.spec, width, self.spare)
-        if laid.shown == self.fit.shown:
-            self.fit = laid  # the same columns: the free one's room may differ
-            if width != self._noted and not laid.every:
+        if laid == self.fit:
+            if width != self._noted and not laid.every:  # the note is cut to the width
                 self.screen.query_one(f"#{self.id}-hidden", Static).update(self._note())
             return True
+        # Other columns, or another room for the free one: a table made anew, since a
+        # free-width column never narrows once a cell widened it (FleetTable._fit).
         self.fit, self.busy = laid, True
         self.screen.call_after_refresh(self._relayout)
         return False
