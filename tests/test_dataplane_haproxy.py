@@ -621,4 +621,6 @@ def test_killing_the_active_engine_behind_haproxy_fails_over_by_itself(stack_fac
     assert len(load.failed) <= 0.01 * total, (len(load.failed), total, load.failed[:3])
     assert hap.live_weights() == {"a": 100, "b": 0} == hap.file_weights()
     (job,) = [j for j in hap.gateway.admin("GET", "/admin/jobs").json() if j["who"] == "auto"]
-    assert job["state"] == "succeeded" and job["kind"] == "failover.emergency"
+    # The dead deployment drained: its weight to the healthy one (no other had any).
+    assert job["state"] == "succeeded" and job["kind"] == "drain.emergency", job
+    assert job["params"]["drain"] == "b"

@@ -7,8 +7,10 @@ The gateway runs as its own process (`engineroom gateway`), as in production.
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -84,6 +86,18 @@ class Gateway:
             return job if job["state"] in ("succeeded", "failed", "cancelled") else None
 
         return wait_until(ended, timeout, interval=0.2, what=f"failover {job_id}")
+
+
+def shown(widget: object) -> str:
+    """What a Static shows, as plain text: its Rich renderable rendered 200 columns wide."""
+    from rich.console import Console
+
+    content = getattr(widget, "content", "")
+    if isinstance(content, str):
+        return content
+    console = Console(width=200, record=True, file=io.StringIO(), color_system=None)
+    console.print(content)
+    return console.export_text()
 
 
 def start_gateway(workdir: Path, text: str, port: int) -> Gateway:
@@ -289,6 +303,53 @@ def test_planned_failover_and_back_under_16_streaming_clients_drops_nothing(gate
     assert sum(1 for a in audit if a["action"] == "routes set") >= 6
 
 
+def test_draining_a_replica_under_16_streaming_clients_drops_nothing_then_restore(
+    gateway_factory,
+):
+    """Two replicas carry the model; draining one spreads its weight over the other,
+    verified like a failover, with no failed request; restoring the weights from before
+    the drain gives it its share back."""
+    gw = gateway_factory()
+    both = {"tiny-trt": 100, "tiny-vllm": 100}
+    assert gw.admin("PUT", "/admin/routes/tiny", json={"weights": both}).status_code == 200
+    load = Load(gw.url).start()
+    try:
+        wait_until(lambda: load.ok >= 20, 60, what="traffic on both replicas")
+        plan = gw.admin("POST", "/admin/failover/plan", json={"model": "tiny", "drain": "tiny-trt"})
+        assert plan.status_code == 200 and plan.json()["ok"], plan.text
+        assert plan.json()["weights_after"] == {"tiny-trt": 0, "tiny-vllm": 200}
+        assert plan.json()["sources"] == ["tiny-trt"] and plan.json()["targets"] == ["tiny-vllm"]
+        drain = gw.admin("POST", "/admin/failover", json={"model": "tiny", "drain": "tiny-trt"})
+        assert drain.status_code == 202, drain.text
+        job = gw.wait_job(drain.json()["id"])
+        assert job["state"] == "succeeded" and job["kind"] == "drain.planned", job
+        assert job["after"] == {"tiny-trt": 0, "tiny-vllm": 200}
+        assert [v["deployment"] for v in job["verification"]] == ["tiny-vllm"] * 3
+        assert all(v["requests"] >= 20 for v in job["verification"]), job["verification"]
+        served = gw.admin("GET", "/admin/snapshot").json()["models"]["tiny"]
+        ok_before = load.ok
+        wait_until(lambda: load.ok >= ok_before + 20, 60, what="traffic after the drain")
+        now = gw.admin("GET", "/admin/snapshot").json()["models"]["tiny"]
+        assert now["tiny-trt"]["inflight"] == 0 and served["tiny-trt"]["inflight"] == 0
+        restore = gw.admin(
+            "POST", "/admin/failover", json={"model": "tiny", "restore_before": job["id"]}
+        )
+        assert restore.status_code == 202, restore.text
+        back = gw.wait_job(restore.json()["id"])
+        assert back["state"] == "succeeded" and back["kind"] == "restore.planned", back
+        assert back["after"] == both
+        again = gw.admin(
+            "POST", "/admin/failover", json={"model": "tiny", "restore_before": job["id"]}
+        )
+        assert again.status_code == 409 and "already" in again.json()["error"]
+    finally:
+        load.finish()
+    print(f"\ndrain and restore: {load.ok} streams ok, {len(load.failed)} failed")
+    assert load.failed == [], load.failed[:5]
+    audit = gw.admin("GET", "/admin/audit").json()
+    assert any(a["action"] == "job drain.planned created" for a in audit), audit[:5]
+
+
 def test_a_target_that_breaks_the_slo_is_rolled_back(gateway_factory):
     gw = gateway_factory(itl=0.01)  # no engine meets a 10 us ITL
     load = Load(gw.url, clients=4).start()
@@ -357,7 +418,9 @@ def test_killing_the_active_engine_under_load_fails_over_by_itself(
     weights = {d["id"]: d["weight"] for d in routes["deployments"]}
     assert weights == {"tiny-trt": 0, "tiny-vllm": 100}
     (job,) = [j for j in gw.admin("GET", "/admin/jobs").json() if j["who"] == "auto"]
-    assert job["state"] == "succeeded" and job["kind"] == "failover.emergency"
+    # The dead deployment drained: its weight to the healthy one (no other had any).
+    assert job["state"] == "succeeded" and job["kind"] == "drain.emergency", job
+    assert job["params"]["drain"] == "tiny-trt"
 
 
 def test_sighup_reloads_deployments_without_dropping_requests(gateway_factory, vllm_server):
@@ -526,14 +589,14 @@ async def test_the_console_fails_over_after_the_model_name_is_typed(gateway_fact
         await pilot.pause(0.5)
         screen = app.screen
         assert isinstance(screen, FailoverScreen)
-        plan = str(screen.query_one("#plan-table").render())
-        assert "tiny-trt" in plan and "tiny-vllm" in plan and "engine    gateway" in plan
+        plan = shown(screen.query_one("#plan-table"))
+        assert "tiny-trt" in plan and "tiny-vllm" in plan and re.search(r"engine +gateway", plan)
         assert screen.query_one("#target", Select).value == "tiny-vllm"
         for _ in range(100):  # the preflight, shown before anyone confirms
-            if "preflight ok" in str(screen.query_one("#preflight").render()):
+            if "preflight ok" in shown(screen.query_one("#preflight")):
                 break
             await pilot.pause(0.1)
-        assert "canary TTFT" in str(screen.query_one("#preflight").render())
+        assert "canary TTFT" in shown(screen.query_one("#preflight"))
         screen.query_one("#mode", Select).value = "emergency"
         go = screen.query_one("#go", Button)
         screen.query_one("#confirm", Input).value = "tin"
@@ -548,6 +611,95 @@ async def test_the_console_fails_over_after_the_model_name_is_typed(gateway_fact
                 break
             await pilot.pause(0.1)
         assert screen.job and screen.job["state"] == "succeeded", screen.job
-        assert "SUCCEEDED" in str(screen.query_one("#progress").render())
+        assert "SUCCEEDED" in shown(screen.query_one("#progress"))
     routes = gw.admin("GET", "/admin/routes").json()["tiny"]["deployments"]
     assert {d["id"]: d["weight"] for d in routes} == {"tiny-trt": 0, "tiny-vllm": 100}
+
+
+async def test_the_console_drains_a_replica_and_restores_from_the_keyboard(gateway_factory):
+    """The failover screen's moves, keyboard first: drain one replica onto the others,
+    the confirmation naming it, then restore the weights from before that drain."""
+    from textual.widgets import Input, Select
+
+    from console.core.config import load_fleet
+    from console.tui.app import EngineroomApp
+    from console.tui.screens.failover import FailoverScreen
+
+    gw = gateway_factory()
+    both = {"tiny-trt": 100, "tiny-vllm": 100}
+    assert gw.admin("PUT", "/admin/routes/tiny", json={"weights": both}).status_code == 200
+    os.environ["ENGINEROOM_ADMIN_TOKEN"] = ADMIN
+    app = EngineroomApp(load_fleet(gw.fleet))
+
+    async def until(predicate, what: str, tries: int = 300):
+        for _ in range(tries):
+            if result := predicate():
+                return result
+            await pilot.pause(0.1)
+        raise AssertionError(f"{what}: not within {tries / 10:g} s")
+
+    async with app.run_test(size=(120, 40)) as pilot:
+        await until(lambda: app.gateway_role == "admin", "the gateway's role")
+        await until(lambda: app.gateway_snapshot is not None, "the gateway's snapshot")
+        app.fail_over("tiny")
+        screen = await until(
+            lambda: app.screen if isinstance(app.screen, FailoverScreen) else None, "the plan"
+        )
+        await until(lambda: screen.plan is not None, "the gateway's plan")
+        # The healthiest preselected (console.collect.failover_targets), and the plan says why.
+        target = screen.query_one("#target", Select).value
+        assert target == screen.first_choice
+        # No agent answers for this fleet's node: the engines' states are unknown, and so
+        # the reason says (never "ready" on what was not read).
+        await until(
+            lambda: (
+                f"preselected {target}: unknown, SLO unknown, KV ?, queue ?"
+                in shown(screen.query_one("#preflight"))
+            ),
+            "the reason for the preselection",
+        )
+        assert app.focused is screen.query_one("#target", Select)  # the first field to fill
+        await pilot.press("shift+tab")  # the move, then choose "drain one"
+        assert app.focused is screen.query_one("#move", Select)
+        await pilot.press("enter", "down", "enter")
+        await until(lambda: screen.ask()["drain"] is not None, "drain chosen")
+        await until(lambda: (screen.plan or {}).get("op") == "drain", "the drain's plan", tries=400)
+        drained = screen.ask()["drain"]
+        assert screen.plan["sources"] == [drained]
+        other = "tiny-vllm" if drained == "tiny-trt" else "tiny-trt"
+        assert screen.plan["weights_after"] == {drained: 0, other: 200}
+        confirm = screen.query_one("#confirm", Input)
+        assert f"drain {drained} onto the others" in confirm.placeholder
+        table = shown(screen.query_one("#plan-table"))
+        assert "100→0" in table and "100→200" in table, table
+        confirm.focus()
+        await pilot.press(*"tiny", "enter")
+        await until(lambda: screen.job and screen.job.get("state") == "succeeded", "the drain")
+        assert screen.job["kind"] == "drain.planned"
+        drain_id = screen.job["id"]
+        await pilot.press("escape")
+
+        app.fail_over("tiny")
+        screen = await until(
+            lambda: (
+                app.screen
+                if isinstance(app.screen, FailoverScreen) and app.screen is not screen
+                else None
+            ),
+            "the plan again",
+        )
+        await until(lambda: screen.plan is not None, "the gateway's plan again")
+        screen.query_one("#move", Select).value = "restore"
+        await until(
+            lambda: screen.ask()["restore_before"] == drain_id, "the drain listed", tries=100
+        )
+        await until(lambda: (screen.plan or {}).get("op") == "restore", "the restore's plan")
+        assert screen.plan["weights_after"] == both
+        assert f"restore the weights from before job {drain_id}" in (
+            screen.query_one("#confirm", Input).placeholder
+        )
+        screen.query_one("#confirm", Input).focus()
+        await pilot.press(*"tiny", "enter")
+        await until(lambda: screen.job and screen.job.get("state") == "succeeded", "the restore")
+    routes = gw.admin("GET", "/admin/routes").json()["tiny"]["deployments"]
+    assert {d["id"]: d["weight"] for d in routes} == both

@@ -47,11 +47,13 @@ class Candidate:
         """Sorts healthiest first (lower is healthier)."""
         slo_rank = {True: 0, None: 1, False: 2}[self.slo_ok]
         queued = 1.0 if self.queue is None else (0.0 if self.queue <= 0 else 0.5)
-        kv = 2.0 if self.kv is None else self.kv
+        # In steps of a tenth: a KV cache at 21 % and one at 19 % are as roomy, and the
+        # declared order decides, so the choice does not flip from one refresh to the next.
+        kv = 2.0 if self.kv is None else round(self.kv, 1)
         if self.ttft_p95_s is None:
             p95 = math.inf
         else:
-            p95 = self.ttft_p95_s * 1000 / slo_ms if slo_ms else self.ttft_p95_s
+            p95 = round(self.ttft_p95_s * 1000 / slo_ms, 1) if slo_ms else self.ttft_p95_s
         return (0.0 if self.ready else 1.0, slo_rank, queued, kv, p95)
 
 
@@ -80,7 +82,7 @@ def candidate(row: Row, gateway: Mapping[str, Any] | None, slo_ms: float | None)
     words = [
         "ready"
         if ready
-        else (f"{row.state}, down at the gateway" if down_at_gateway else row.state),
+        else (f"engine {row.state}, down at the gateway" if down_at_gateway else row.state),
         {True: "p95 within SLO", False: "over its SLO", None: "SLO unknown"}[row.slo_ok],
         f"KV {'?' if kv is None else f'{kv:.0%}'}",
         f"queue {'?' if queue is None else f'{queue:g}'}",

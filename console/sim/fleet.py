@@ -86,8 +86,10 @@ MODELS = {
             "llama-3.1-8b-instruct",
             "llama8b",
             {"ttft_p95_ms": 500, "itl_p95_ms": 60, "error_rate": 0.01},
-            vllm=Traffic(6.0, 1500, 250, 128, 120_000, 0.09, 0.011),
-            triton=Traffic(7.0, 1500, 220, 128, 140_000, 0.07, 0.009, max_output=256),
+            # KV caches an H200 holds for an 8B model: one replica can take the model's
+            # traffic in a failover without filling it.
+            vllm=Traffic(6.0, 1500, 250, 128, 300_000, 0.09, 0.011),
+            triton=Traffic(7.0, 1500, 220, 128, 320_000, 0.07, 0.009, max_output=256),
         ),
         ModelInfo(
             "llama-3.1-70b-instruct",

@@ -160,9 +160,11 @@ class Workflows(App[int]):
             ),
         )
 
-    def fail_over(self, model: str, target: str | None = None) -> None:
+    def fail_over(self, model: str, target: str | None = None, source: str | None = None) -> None:
         """The failover plan for `model`, its target preselected when given (the
-        playbook's step names one)."""
+        playbook's step names one); with `source`, the plan drains it (onto `target` when
+        given, else over the others): in a model with replicas, the move that takes one
+        deployment's traffic off and leaves the others theirs."""
         from console.collect.gateway_client import GatewayClient
 
         if self.read_only:
@@ -187,7 +189,8 @@ class Workflows(App[int]):
             )
             return
         self.push_screen(
-            FailoverScreen(model, target=target), lambda why: self._after_plan(model, why)
+            FailoverScreen(model, target=target, source=source),
+            lambda why: self._after_plan(model, why),
         )
 
     def _after_plan(self, model: str, why: str | None) -> None:

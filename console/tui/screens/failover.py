@@ -1,9 +1,14 @@
-"""Fail over: the plan for one model, a typed confirmation, then the job live.
+"""Fail over: one move of a model's weights, planned, confirmed by typing the model's name,
+then the job live.
 
-The plan shows every deployment of the model side by side (engine and version, state,
-the engine's own TTFT p95 and the gateway's, queue, KV cache, live weight, in flight),
-the steps the gateway will take, and asks the operator to type the model's name. The
-job runs in the gateway: closing the console does not stop it.
+The moves (docs/gateway.md): all of the model to one deployment (a fail-back when it
+undoes the last move), drain one deployment (its weight to the others in proportion, or
+onto one), or restore the weights from before an earlier job. The target is preselected
+healthiest first (console.collect.failover_targets), and the plan says why. The plan shows
+every deployment side by side (engine and version, state, the engine's own TTFT p95 and
+the gateway's, queue, KV cache, the weight before and after the move, in flight), the
+gateway's preflight and the steps. The job runs in the gateway: closing the console does
+not stop it.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from textual.containers import Horizontal, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Select, Static
 
+from console.collect.failover_targets import Candidate, preselected, rank
 from console.collect.gateway_client import GatewayClient, GatewayError
 from console.core.snapshot import percentiles_from
 from console.tui import format as fmt
@@ -28,69 +34,129 @@ from console.tui.polling import Poll
 from console.tui.screens.jobs import STATE_STYLE
 from console.tui.widgets.safe_static import SafeStatic
 
+MOVES = [("all to one", "to"), ("drain one", "drain"), ("restore earlier", "restore")]
+OTHERS = "others"  # the onto choice: spread over the other deployments, in proportion
+
 
 class FailoverScreen(ModalScreen[str | None]):
     """Dismissed with "standby" when the operator asks to start a vLLM standby first."""
 
     BINDINGS = [Binding("escape", "close", "close")]
+    AUTO_FOCUS = "#target"  # the first field to fill: what takes (or loses) the traffic
     DEFAULT_CSS = """
     FailoverScreen { align: center middle; }
     FailoverScreen > VerticalScroll { width: 96%; height: 94%; border: thick $warning;
                                       background: $surface; padding: 0 1; }
     FailoverScreen Horizontal { height: auto; margin-top: 1; }
-    FailoverScreen Select { width: 1fr; max-width: 44; margin-right: 2; }
-    FailoverScreen Input { width: 1fr; max-width: 60; margin-top: 1; background: $boost; }
+    FailoverScreen Select { width: 1fr; max-width: 40; margin-right: 1; }
+    FailoverScreen #move { max-width: 19; }
+    FailoverScreen #how { margin-top: 0; }
+    FailoverScreen #mode { max-width: 23; }
+    FailoverScreen #onto.hidden { display: none; }
+    FailoverScreen Input { width: 1fr; max-width: 80; margin-top: 1; background: $boost; }
     FailoverScreen Button { margin-right: 2; }
     FailoverScreen #preflight, FailoverScreen #plan-table { margin-top: 1; }
     """
 
-    def __init__(self, model: str, target: str | None = None) -> None:
+    def __init__(self, model: str, target: str | None = None, source: str | None = None) -> None:
         super().__init__()
         self.model = model
         self.target = target  # preselected, e.g. the standby the console just started
+        self.source = source  # a deployment to drain (onto `target` when given)
         self.job: dict[str, Any] | None = None
+        self.plan: dict[str, Any] | None = None  # the gateway's answer for the move shown
+        self.jobs: list[dict[str, Any]] = []  # the model's earlier jobs, for a restore
+        self.first_choice: str | None = None  # the target the screen opened with
 
     @property
     def console(self) -> Any:
         return self.app
 
-    def _deployments(self) -> list[Any]:
-        return next(m for m in self.console.fleet.models if m.name == self.model).deployments
+    def _model(self) -> Any:
+        return next(m for m in self.console.fleet.models if m.name == self.model)
+
+    def _live(self) -> dict[str, Any]:
+        snap = self.console.gateway_snapshot or {}
+        result: dict[str, Any] = snap.get("models", {}).get(self.model, {})
+        return result
+
+    def _weights(self) -> dict[str, int]:
+        live = self._live()
+        return {d.id: live.get(d.id, {}).get("weight", d.weight) for d in self._model().deployments}
+
+    def _rows(self) -> list[Any]:
+        view = self.console.view
+        return list(view.models.get(self.model, [])) if view else []
+
+    def ranked(self, exclude: list[str]) -> list[Candidate]:
+        """The deployments but `exclude`, healthiest first."""
+        return rank(self._model(), self._rows(), self._live() or None, exclude)
+
+    # -- the fields ------------------------------------------------------------------------
+
+    def _carriers(self) -> list[str]:
+        """Deployments that carry all of the model now: no target for "all to"."""
+        weights = self._weights()
+        total = sum(weights.values())
+        return [d for d, w in weights.items() if total and w == total]
+
+    def _target_options(self, move: str) -> list[tuple[str, str]]:
+        if move == "restore":
+            return [(self._job_label(j), j["id"]) for j in self.jobs] or [
+                ("(no earlier job of this model with weights)", "")
+            ]
+        if move == "drain":
+            weights = self._weights()
+            # The least healthy first: what one drains is the sick one.
+            order = [c.id for c in reversed(self.ranked([]))]
+            return [(f"drain {d}", d) for d in order if weights.get(d, 0) > 0] or [
+                ("(no deployment has weight)", "")
+            ]
+        return [(f"to {c.id}", c.id) for c in self.ranked(self._carriers())] or [
+            ("(no other deployment)", "")
+        ]
+
+    @staticmethod
+    def _job_label(job: dict[str, Any]) -> str:
+        when = time.strftime("%H:%M", time.localtime(job.get("created") or 0))
+        return f"before job {job['id']} ({job.get('kind', '?')}, {when})"
+
+    def _onto_options(self, drained: str) -> list[tuple[str, str]]:
+        ranked = self.ranked([drained] if drained else [])
+        return [("onto the others, in proportion", OTHERS)] + [
+            (f"onto {c.id}", c.id) for c in ranked
+        ]
 
     def compose(self) -> ComposeResult:
-        deployments = self._deployments()
-        live = self._live()
-        heaviest = max(deployments, key=lambda d: live.get(d.id, {}).get("weight", d.weight))
-        targets = [(f"to {d.id} ({d.engine})", d.id) for d in deployments if d.id != heaviest.id]
-        if self.target is not None and any(t[1] == self.target for t in targets):
-            targets.sort(key=lambda t: t[1] != self.target)
-        # Not focusable itself: the first field is, so Tab goes field to field. The fields
-        # come first, so that at 80x24 the target and the confirmation are on screen.
+        move = "drain" if self.source else "to"
+        targets = self._target_options(move)
+        first = self.source if move == "drain" else self.target
+        value = next((t[1] for t in targets if t[1] == first), targets[0][1])
+        onto = self._onto_options(value if move == "drain" else "")
+        onto_value = next((o[1] for o in onto if self.source and o[1] == self.target), OTHERS)
+        self.first_choice = value if move == "to" else onto_value
+        # Not focusable itself: the fields are, so Tab goes field to field. They come first,
+        # so that at 80x24 the target and the confirmation are on screen.
         with VerticalScroll(can_focus=False):
             yield Label(Text(f"Fail over {self.model}", style="bold"))
             with Horizontal():
+                yield Select(MOVES, value=move, allow_blank=False, id="move", compact=True)
+                yield Select(targets, value=value, allow_blank=False, id="target", compact=True)
+            with Horizontal(id="how"):
+                yield Select(onto, value=onto_value, allow_blank=False, id="onto", compact=True,
+                             classes="" if move == "drain" else "hidden")  # fmt: skip
                 yield Select(
-                    targets or [("(no other deployment)", "")],
-                    value=targets[0][1] if targets else "",
-                    allow_blank=False,
-                    id="target",
-                    compact=True,
-                )
-                yield Select(
-                    [("planned (in verified steps)", "planned"),
-                     ("emergency (all at once)", "emergency")],
+                    [("planned (verified)", "planned"), ("emergency (at once)", "emergency")],
                     value="planned",
                     allow_blank=False,
                     id="mode",
                     compact=True,
                 )  # fmt: skip
-            yield Input(
-                placeholder=f"type {self.model} to confirm, then Enter",
-                id="confirm",
-                compact=True,
-            )
+            ask = _ask(move, value, onto_value)
+            yield Input(placeholder=self._confirm_text(ask), id="confirm", compact=True)
             with Horizontal():
-                yield Button("Fail over", id="go", variant="error", disabled=True, compact=True)
+                yield Button(self._go_label(ask), id="go", variant="error", disabled=True,
+                             compact=True)  # fmt: skip
                 yield Button("Start a vLLM standby first", id="standby", compact=True)
                 yield Button("Close (esc)", id="close", compact=True)
             yield SafeStatic(id="progress")
@@ -104,42 +170,89 @@ class FailoverScreen(ModalScreen[str | None]):
         self.progress_poll.now()
         self._preflight()
 
+    # -- what is asked -----------------------------------------------------------------------
+
+    def ask(self) -> dict[str, str | None]:
+        """The move the fields say: {to, drain, restore_before} (the others None)."""
+        return _ask(
+            str(self.query_one("#move", Select).value),
+            str(self.query_one("#target", Select).value),
+            str(self.query_one("#onto", Select).value),
+        )
+
+    def what(self) -> str:
+        """The move in words, as the confirmation names it."""
+        return _what(self.ask())
+
+    def _confirm_text(self, ask: dict[str, str | None] | None = None) -> str:
+        what = _what(ask if ask is not None else self.ask())
+        return f"type {self.model} to confirm: {what}"
+
+    def _go_label(self, ask: dict[str, str | None] | None = None) -> str:
+        ask = ask if ask is not None else self.ask()
+        return "Restore" if ask["restore_before"] else "Drain" if ask["drain"] else "Fail over"
+
     @work(exclusive=True, group="preflight")
     async def _preflight(self) -> None:
-        """The gateway's preflight for the chosen target, before anyone confirms."""
-        target = str(self.query_one("#target", Select).value)
+        """The gateway's plan for the move the fields say, before anyone confirms."""
+        ask = self.ask()
         box = self.query_one("#preflight", Static)
-        if not target:
-            box.update("")
+        self.plan = None
+        if not any(ask.values()):
+            box.update(Text(self._why_preselected()))
+            self._draw_plan()
             return
-        box.update(Text(f"preflight of {target}: asking the gateway ...", style="dim"))
+        box.update(Text(f"{self._why_preselected()}\nplan: asking the gateway ...", style="dim"))
         client = GatewayClient(self.console.fleet, timeout=40)
         try:
-            result = await client.plan(self.model, target)
+            result = await client.plan(self.model, ask["to"], drain=ask["drain"],
+                                       restore_before=ask["restore_before"])  # fmt: skip
         except GatewayError as exc:
-            box.update(Text(f"preflight: {exc}", style="bold red"))
+            if self.is_attached:
+                box.update(Text(f"plan: {exc}", style="bold red"))
             return
         finally:
             await client.close()
+        if not self.is_attached:  # closed while the gateway was asked
+            return
+        self.plan = result
+        text = Text(self._why_preselected() + "\n", style="dim")
+        text.append(f"move: {result.get('summary') or self.what()}\n", style="bold")
+        sources = result.get("sources") or []
+        text.append(f"source: {', '.join(sources) if sources else 'none'}\n")
         mark = ("preflight ok: ", "green") if result["ok"] else ("preflight FAILED: ", "bold red")
-        text = Text(mark[0], style=mark[1])
+        text.append(mark[0], style=mark[1])
         text.append(result["detail"])
         if result.get("figures_from"):  # where the shifts' verification windows read from
             text.append(f"\nverification figures: {result['figures_from']}", style="dim")
         box.update(text)
+        self._draw_plan()
 
-    def _live(self) -> dict[str, Any]:
-        snap = self.console.gateway_snapshot or {}
-        result: dict[str, Any] = snap.get("models", {}).get(self.model, {})
-        return result
+    def _why_preselected(self) -> str:
+        """Why the fields hold what they hold: the chosen deployment's health in words."""
+        move = str(self.query_one("#move", Select).value)
+        if move == "restore":
+            return "restore: the weights each earlier job found when it began"
+        chosen = str(self.query_one("#target", Select).value)
+        if move == "drain":
+            onto = str(self.query_one("#onto", Select).value)
+            if onto == OTHERS:
+                return "drain: its weight goes to the deployments that have weight, in proportion"
+            chosen = onto
+        found = [c for c in self.ranked([]) if c.id == chosen]
+        if not found:
+            return preselected([])
+        word = "preselected " if chosen == self.first_choice else ""
+        return f"{word}{chosen}: {found[0].why}"
+
+    # -- the plan ------------------------------------------------------------------------------
 
     def _draw_plan(self) -> None:
         live = self._live()
-        rows = {
-            r.id: r
-            for r in (self.console.view.models.get(self.model, []) if self.console.view else [])
-        }
-        slo = next(m for m in self.console.fleet.models if m.name == self.model).slo
+        rows = {r.id: r for r in self._rows()}
+        slo = self._model().slo
+        after = (self.plan or {}).get("weights_after") or {}
+        before = (self.plan or {}).get("weights_before") or {}
         # A table that fits the dialog: at 80 columns its cells are cut, never wrapped.
         table = Table(box=None, padding=(0, 1, 0, 0), pad_edge=False, expand=False)
         table.add_column("DEPLOYMENT", no_wrap=True, min_width=10)
@@ -151,9 +264,9 @@ class FailoverScreen(ModalScreen[str | None]):
         table.add_column("TTFT95\ngateway", justify="right", no_wrap=True)
         table.add_column("QUEUE", justify="right", no_wrap=True)
         table.add_column("KV", justify="right", no_wrap=True)
-        table.add_column("WEIGHT", justify="right", no_wrap=True)
+        table.add_column("WEIGHT\n→ after", justify="right", no_wrap=True)
         table.add_column("INFL", justify="right", no_wrap=True)
-        for dep in self._deployments():
+        for dep in self._model().deployments:
             row = rows.get(dep.id)
             gw = live.get(dep.id, {})
             stats = row.stats if row else None
@@ -162,6 +275,11 @@ class FailoverScreen(ModalScreen[str | None]):
             queue = stats.requests_waiting if stats else None
             kv = stats.kv_cache_usage if stats else None
             limit = slo.ttft_p95_ms
+            now = before.get(dep.id, gw.get("weight", dep.weight))
+            weight = Text(str(now))
+            if dep.id in after:
+                changed = after[dep.id] != now
+                weight.append(f"→{after[dep.id]}", style="bold" if changed else "dim")
             table.add_row(
                 dep.id,
                 f"{dep.engine} {(row.version if row else None) or '?'}",
@@ -172,7 +290,7 @@ class FailoverScreen(ModalScreen[str | None]):
                             limit_ms=limit),
                 "?" if queue is None else f"{queue:g}",
                 "?" if kv is None else f"{kv:.0%}",
-                str(gw.get("weight", dep.weight)),
+                weight,
                 str(gw.get("inflight", "?")),
             )  # fmt: skip
         lines = Group(table, Text(self._data_plane(), style="dim"))
@@ -184,7 +302,7 @@ class FailoverScreen(ModalScreen[str | None]):
     def _data_plane(self) -> str:
         """Which data plane carries the model's traffic: the gateway's own columns (TTFT,
         in flight) mean something only when it is the built-in one."""
-        model = next(m for m in self.console.fleet.models if m.name == self.model)
+        model = self._model()
         if model.dataplane == "gateway":
             return "data plane: the built-in gateway (the gateway columns are its own)\n"
         plane = next((p for p in self.console.fleet.dataplanes if p.name == model.dataplane), None)
@@ -195,30 +313,69 @@ class FailoverScreen(ModalScreen[str | None]):
         )
 
     def _draw_steps(self) -> None:
-        plan = next(m for m in self.console.fleet.models if m.name == self.model).failover
+        plan = self._model().failover
         mode = self.query_one("#mode", Select).value
-        target = self.query_one("#target", Select).value
+        gaining = ", ".join((self.plan or {}).get("targets") or []) or "the deployments that gain"
         if mode == "emergency":
-            text = f"1. readiness of {target}  2. all weight to {target} at once  3. done"
+            text = f"1. readiness of {gaining}  2. the weights after, at once  3. done"
         else:
             shifts = ", ".join(f"{p}%" for p in plan.steps)
             text = (
-                f"1. preflight: {target} healthy, serves the model, canary meets the SLO, has room"
-                f"\n2. warm-up: {plan.warmup_requests} requests\n3. shift {shifts}, each verified "
-                f"for {plan.verify_s:g} s (a breach rolls back)\n4. drain the source "
+                f"1. preflight: {gaining} healthy, serving, canary meets the SLO, room"
+                f"\n2. warm-up: {plan.warmup_requests} requests to each that had no traffic"
+                f"\n3. shift {shifts} of the way, each verified for {plan.verify_s:g} s "
+                f"(a breach rolls back)\n4. drain what is left at weight 0 "
                 f"(up to {plan.drain_timeout_s:g} s)\n5. done"
             )
         self.query_one("#steps", Static).update(Text(text, style="dim"))
 
+    # -- reacting --------------------------------------------------------------------------
+
     @on(Select.Changed)
     def _changed(self, event: Select.Changed) -> None:
+        if not self.is_mounted:
+            return
+        if event.select.id == "move":
+            move = str(event.value)
+            target = self.query_one("#target", Select)
+            target.set_options(self._target_options(move))
+            self.query_one("#onto", Select).set_class(move != "drain", "hidden")
+            if move == "restore":
+                self._read_jobs()
+        if event.select.id in ("move", "target"):
+            onto = self.query_one("#onto", Select)
+            drained = str(self.query_one("#target", Select).value)
+            onto.set_options(self._onto_options(drained))
+            onto.value = OTHERS
+        self.query_one("#confirm", Input).placeholder = self._confirm_text()
+        self.query_one("#go", Button).label = self._go_label()
         self._draw_steps()
-        if event.select.id == "target" and self.is_mounted:
+        if event.select.id != "mode":
             self._preflight()
+
+    @work(exclusive=True, group="jobs")
+    async def _read_jobs(self) -> None:
+        """The model's earlier jobs that recorded the weights they found, newest first."""
+        client = GatewayClient(self.console.fleet)
+        try:
+            jobs = await client.jobs()
+        except GatewayError as exc:
+            self.notify(str(exc), title="the gateway's jobs", severity="error", timeout=10)
+            return
+        finally:
+            await client.close()
+        if not self.is_attached:
+            return
+        self.jobs = [
+            j for j in jobs
+            if j.get("params", {}).get("model") == self.model and j.get("before")
+        ]  # fmt: skip
+        if str(self.query_one("#move", Select).value) == "restore":
+            self.query_one("#target", Select).set_options(self._target_options("restore"))
 
     @on(Input.Changed, "#confirm")
     def _typed(self, event: Input.Changed) -> None:
-        ready = event.value.strip() == self.model and self.job is None
+        ready = event.value.strip() == self.model and self.job is None and any(self.ask().values())
         self.query_one("#go", Button).disabled = not ready
 
     @on(Button.Pressed, "#close")
@@ -234,39 +391,46 @@ class FailoverScreen(ModalScreen[str | None]):
     @on(Button.Pressed, "#go")
     def _go(self) -> None:
         """The button, or Enter in the confirmation field once it names the model."""
-        if self.job is not None:
+        if self.job is not None or not any(self.ask().values()):
             return
         if self.query_one("#confirm", Input).value.strip() != self.model:
             return
-        self._start(str(self.query_one("#target", Select).value),
-                    str(self.query_one("#mode", Select).value))  # fmt: skip
+        self._start(self.ask(), str(self.query_one("#mode", Select).value))
 
     @work(exclusive=True, group="failover")
-    async def _start(self, target: str, mode: str) -> None:
+    async def _start(self, ask: dict[str, str | None], mode: str) -> None:
         client = GatewayClient(self.console.fleet)
         try:
-            self.job = await client.failover(self.model, target, mode, "from the console")
+            job = await client.failover(self.model, ask["to"], mode, "from the console",
+                                        drain=ask["drain"],
+                                        restore_before=ask["restore_before"])  # fmt: skip
         except GatewayError as exc:
             self.notify(str(exc), title="failover refused", severity="error", timeout=15)
             return
         finally:
             await client.close()
-        self.query_one("#go", Button).disabled = True
-        self._draw_job()
+        self.job = job
+        if self.is_attached:
+            self.query_one("#go", Button).disabled = True
+            self._draw_job()
 
     async def _tick(self) -> None:
+        if not self.is_attached:
+            return
         self._draw_plan()
         if self.job is None or self.job.get("state") not in (None, "running"):
             return
         client = GatewayClient(self.console.fleet)
         try:
-            self.job = await client.job(self.job["id"])
+            job = await client.job(self.job["id"])
         except GatewayError as exc:
             self.query_one("#progress", Static).update(Text(str(exc), style="red"))
             return
         finally:
             await client.close()
-        self._draw_job()
+        if self.is_attached:  # the job and its drawing change together
+            self.job = job
+            self._draw_job()
 
     def _draw_job(self) -> None:
         job = self.job
@@ -277,6 +441,8 @@ class FailoverScreen(ModalScreen[str | None]):
         t.append(f"\njob {job['id']} {job['kind']}  ", style="bold")
         t.append(job["state"].upper(), style=STATE_STYLE.get(job["state"], ""))
         t.append(f"  {fmt.seconds(took)}\n")
+        if (job.get("plan") or {}).get("summary"):
+            t.append(f"  {job['plan']['summary']}\n")
         if job.get("dataplane_is"):
             t.append(f"  data plane: {job['dataplane_is']}\n", style="dim")
         for step in job.get("steps", []):
@@ -288,3 +454,22 @@ class FailoverScreen(ModalScreen[str | None]):
         if job.get("after"):
             t.append(f"routes before {job.get('before')}  after {job.get('after')}\n")
         self.query_one("#progress", Static).update(t)
+
+
+def _ask(move: str, target: str, onto: str) -> dict[str, str | None]:
+    """The move of the fields' values: {to, drain, restore_before} (the others None)."""
+    chosen = target or None
+    if move == "restore":
+        return {"to": None, "drain": None, "restore_before": chosen}
+    if move == "drain":
+        return {"to": None if onto == OTHERS else onto, "drain": chosen, "restore_before": None}
+    return {"to": chosen, "drain": None, "restore_before": None}
+
+
+def _what(ask: dict[str, str | None]) -> str:
+    """A move in words, as the confirmation names it."""
+    if ask["restore_before"]:
+        return f"restore the weights from before job {ask['restore_before']}"
+    if ask["drain"]:
+        return f"drain {ask['drain']} onto {ask['to'] or 'the others'}"
+    return f"all of it to {ask['to'] or '?'}"
