@@ -266,6 +266,37 @@ def served_by(stack: Stack) -> dict[str, int]:
     return {s: int(rows[s]["stot"]) for s in ("a", "b")}
 
 
+def test_draining_a_server_through_haproxy_then_restoring_drops_no_stream(stack_factory):
+    """Two servers with weight: draining one puts its weight on the other (HAProxy's
+    runtime API, then the file), verified on HAProxy's counts; restoring the weights from
+    before the drain puts it back. No client sees a failed request."""
+    hap = stack_factory(weights=(100, 100))
+    load = Load(hap.front).start()
+    try:
+        wait_until(lambda: load.ok >= 16, 60, what="traffic through HAProxy")
+        resp = hap.gateway.admin("POST", "/admin/failover", json={"model": "tiny", "drain": "a"})
+        assert resp.status_code == 202, resp.text
+        job = hap.gateway.wait_job(resp.json()["id"])
+        assert job["state"] == "succeeded" and job["kind"] == "drain.planned", job
+        assert job["after"] == {"a": 0, "b": 200}
+        assert hap.live_weights() == {"a": 0, "b": 200} == hap.file_weights()
+        checked = [v for v in job["verification"] if "show stat" in v["source"]]
+        assert len(checked) == 3 and all(v["deployment"] == "b" for v in checked), job
+        before = served_by(hap)
+        wait_until(lambda: served_by(hap)["b"] > before["b"] + 16, 60, what="traffic on b")
+        assert served_by(hap)["a"] == before["a"]  # drained: nothing new
+        resp = hap.gateway.admin(
+            "POST", "/admin/failover", json={"model": "tiny", "restore_before": job["id"]}
+        )
+        back = hap.gateway.wait_job(resp.json()["id"])
+        assert back["state"] == "succeeded" and back["kind"] == "restore.planned", back
+        assert hap.live_weights() == {"a": 100, "b": 100} == hap.file_weights()
+        wait_until(lambda: served_by(hap)["a"] > before["a"] + 4, 60, what="traffic on a")
+    finally:
+        load.finish()
+    assert load.failed == [], load.failed[:5]
+
+
 def test_planned_failover_and_back_through_haproxy_drops_no_stream(stack_factory):
     hap = stack_factory()
     load = Load(hap.front).start()

@@ -239,9 +239,9 @@ def complete(url: str, n: int, max_tokens: int = 2) -> None:
 
 
 def settle(pair: Pair, on: str = "a") -> None:
-    """Back to a start: only `on` registered, nothing running on either engine."""
+    """Back to a start: only `on` registered ("ab": both), nothing running on either."""
     plane = pair.plane()
-    weights = {"a": 100 if on == "a" else 0, "b": 100 if on == "b" else 0}
+    weights = {"a": 100 if "a" in on else 0, "b": 100 if "b" in on else 0}
     drive(plane, lambda: plane.set_weights("tiny", weights, "test", "reset"))
     wait_until(lambda: running(pair.a) == 0 and running(pair.b) == 0, 60, what="engines idle")
 
@@ -402,6 +402,44 @@ def test_planned_failover_and_failback_through_the_router_drop_no_stream(
     audit = gateway.admin("GET", "/admin/audit").json()
     changes = [a for a in audit if a["action"] == "data plane workers"]
     assert len(changes) >= 6 and all(a["params"]["dataplane"] == "router" for a in changes)
+
+
+def test_draining_a_worker_through_the_router_then_restoring_drops_no_stream(
+    pair: Pair, gateway_on: Callable[..., Gateway]
+):
+    """Both engines registered: draining one removes it from the router (its streams run
+    to their end) and the other takes the traffic; restoring the weights from before the
+    drain registers it again. No client sees a failed request."""
+    gateway = gateway_on("ab")
+    assert pair.router.listed() == sorted([pair.a.base_url, pair.b.base_url])
+    load = Load(pair.router.url, clients=8).start()
+    try:
+        wait_until(lambda: load.ok >= 16, 120, what="traffic through the router")
+        resp = gateway.admin("POST", "/admin/failover", json={"model": "tiny", "drain": "a"})
+        assert resp.status_code == 202, resp.text
+        # The router has shares, not weights: two workers registered are 50 each.
+        assert resp.json()["plan"]["weights_before"] == {"a": 50, "b": 50}
+        assert resp.json()["plan"]["weights_after"] == {"a": 0, "b": 100}
+        job = gateway.wait_job(resp.json()["id"], timeout=300)
+        assert job["state"] == "succeeded" and job["kind"] == "drain.planned", job
+        assert pair.router.listed() == [pair.b.base_url]
+        assert running(pair.a) == 0  # the drain waited for the engine's own count
+        before = served(pair.a)
+        mark = load.ok + 16
+        wait_until(lambda: load.ok > mark, 120, what="traffic after the drain")
+        assert served(pair.a) == before  # removed: nothing new reaches it
+        resp = gateway.admin(
+            "POST", "/admin/failover", json={"model": "tiny", "restore_before": job["id"]}
+        )
+        assert resp.status_code == 202, resp.text
+        back = gateway.wait_job(resp.json()["id"], timeout=300)
+        assert back["state"] == "succeeded" and back["kind"] == "restore.planned", back
+        assert pair.router.listed() == sorted([pair.a.base_url, pair.b.base_url])
+        mark = load.ok + 16
+        wait_until(lambda: load.ok > mark and served(pair.a) > before, 120, what="a serving")
+    finally:
+        load.finish()
+    assert load.failed == [], load.failed[:5]
 
 
 def test_emergency_failover_through_the_router(pair: Pair, gateway_on: Callable[..., Gateway]):
