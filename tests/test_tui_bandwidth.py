@@ -99,7 +99,8 @@ def test_an_idle_fleet_screen_writes_little_and_a_change_shows_within_a_refresh(
 ):
     """Idle, the screen writes less than IDLE_BYTES_PER_REFRESH a refresh, with the
     console's driver and with Textual's own (nothing is repainted that did not change);
-    a node going stale, then down, shows at the refresh after the collector says so."""
+    Ctrl+L writes the whole screen again; a node going stale, then down, shows at the
+    refresh after the collector says so."""
     fleet, agents = small_fleet
     env = {"TEXTUAL_DRIVER": TEXTUAL_DRIVER} if driver == "Textual's own" else {}
     written = tmp_path / "written.bin"
@@ -116,6 +117,10 @@ def test_an_idle_fleet_screen_writes_little_and_a_change_shows_within_a_refresh(
         assert per_refresh < IDLE_BYTES_PER_REFRESH, (
             f"{per_refresh:.0f} bytes a refresh, idle ({driver} driver)"
         )
+        # Ctrl+L writes the whole screen again (its 50 rows, each at least its position).
+        written_before = written.stat().st_size
+        term.keys("C-l")
+        wait_until(lambda: written.stat().st_size - written_before > 50 * 200, 10, what="C-l")
         stop(agents[1].process, grace=5)
         gone = time.monotonic()  # its last snapshot was taken before this
         for status, after in (("stale", STALE_AFTER), ("down", DOWN_AFTER)):
