@@ -350,6 +350,28 @@ def test_draining_a_replica_under_16_streaming_clients_drops_nothing_then_restor
     assert any(a["action"] == "job drain.planned created" for a in audit), audit[:5]
 
 
+def test_a_window_with_few_requests_is_judged_on_at_least_20(gateway_factory):
+    """A p95 over a handful of requests is their slowest: one slow request failed a healthy
+    fail-back (issue 28, defect 7). With no client traffic at all, each verification
+    window is made up to MIN_SAMPLES requests with canaries straight to the target."""
+    from console.gateway.verify import MIN_SAMPLES
+
+    gw = gateway_factory()
+    resp = gw.admin("POST", "/admin/failover", json={"model": "tiny", "to": "tiny-vllm"})
+    assert resp.status_code == 202, resp.text
+    job = gw.wait_job(resp.json()["id"])
+    assert job["state"] == "succeeded", job
+    windows = job["verification"]
+    assert len(windows) == 3 and MIN_SAMPLES == 20
+    for window in windows:
+        assert window["requests"] >= MIN_SAMPLES, window
+        assert (
+            "20 canaries straight to the target (0 requests in the window)" in (window["source"])
+        ), window
+    served = gw.admin("GET", "/admin/snapshot").json()["models"]["tiny"]["tiny-vllm"]
+    assert served["ttft_s"]["count"] >= 3 * MIN_SAMPLES  # in the gateway's own measures
+
+
 def test_a_target_that_breaks_the_slo_is_rolled_back(gateway_factory):
     gw = gateway_factory(itl=0.01)  # no engine meets a 10 us ITL
     load = Load(gw.url, clients=4).start()
