@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import pytest
 
 from console.agent.gpu import GpuSampler
-from console.sim.load import Traffic, Workload
+from console.sim.load import Routed, Traffic, Workload
 from console.sim.nvml import GpuSpec, NVMLError_Timeout, SimulatedNvml, Tenant
 from tests.engines.servers import wait_until
 
@@ -85,3 +85,34 @@ def test_counters_and_histograms_only_grow():
     cumulative = workload.ttft.cumulative()
     assert cumulative == sorted(cumulative)
     assert list(itertools.accumulate(workload.ttft.counts)) == cumulative
+
+
+def test_routed_traffic_follows_the_client_requests_and_queues_past_the_batch():
+    """The demo's engines take the traffic the gateway sends them (issue 28, defect 14):
+    each client request stands for `stands_for` users' requests over the last window. None
+    sent: the engine empties. More than its batch takes: a queue, and first tokens wait."""
+    traffic = Traffic(7.0, 1500, 220, 128, 320_000, 0.07, 0.009, max_output=256)
+    workload = Workload(traffic, seed=3, start=0.0, responses=True, routed=Routed(10.0, 7.0))
+    capacity = workload.capacity()
+
+    def run(seconds: range, per_second: float) -> None:
+        carry = 0.0
+        for t in seconds:
+            carry += per_second
+            while carry >= 1:
+                workload.arrived(float(t))
+                carry -= 1
+            workload.tick(float(t))
+
+    run(range(1, 61), 0.7)  # what the fleet expects: about its 7 requests a second
+    assert 4.0 < workload.rate(60.0) < 10.0 and workload.waiting < 1
+    assert workload.batch > 0 and 0 < workload.kv_usage < 0.5
+    run(range(61, 121), 0.0)  # weight 0: no client request reaches it
+    assert workload.rate(120.0) == 0.0
+    assert workload.batch == 0 and workload.kv_usage == 0.0 and workload.waiting < 1e-9
+    served = workload.requests_total
+    run(range(121, 241), 0.5 * capacity)  # five times what its batch finishes
+    assert workload.rate(240.0) > 1.5 * capacity
+    assert workload.waiting > 100 and workload.batch >= traffic.max_seqs - 1
+    assert workload.requests_total > served
+    assert workload.plan(240.0, prompt_tokens=10, max_tokens=8).queue_s > 1.0
