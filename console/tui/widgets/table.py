@@ -191,8 +191,17 @@ class FleetTable(DataTable[RenderableType]):
         self._data[row_key][self._column_keys[column]] = cell
         self._update_count += 1  # DataTable's own render caches are keyed by it
         row = self._row_locations.get(row_key)
-        if row is not None:
-            self.refresh_coordinate(Coordinate(row, column))
+        if row is None:
+            return
+        # Where the cell is: DataTable's refresh_coordinate sums the heights of every row
+        # above it (2,000 on Models at 1,000 nodes, for each cell); every row here is one
+        # line (add_row's height).
+        columns = self.ordered_columns
+        x = self._row_label_column_width + sum(c.get_render_width(self) for c in columns[:column])
+        y = row + (self.header_height if self.show_header else 0)
+        region = Region(x, y, columns[column].get_render_width(self), 1)
+        if self.window_region.overlaps(region):
+            self.refresh(region.translate(-self.scroll_offset))
 
     def _fit(self, cells: Cells) -> bool:
         """Widen an auto-width column that a cell outgrew; True when one was.
