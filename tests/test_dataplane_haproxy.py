@@ -51,6 +51,7 @@ from tests.test_gateway import (
     Gateway,
     Load,
     nice_group,
+    shown,
     start_gateway,
 )
 
@@ -454,13 +455,13 @@ async def test_the_failover_plan_and_progress_screens_name_haproxy(stack_factory
         await pilot.pause(0.5)
         screen = app.screen
         assert isinstance(screen, FailoverScreen)
-        plan = str(screen.query_one("#plan-table").render())
+        plan = shown(screen.query_one("#plan-table"))
         assert "data plane edge (haproxy)" in plan, plan
         for _ in range(200):
-            if "preflight ok" in str(screen.query_one("#preflight").render()):
+            if "preflight ok" in shown(screen.query_one("#preflight")):
                 break
             await pilot.pause(0.1)
-        preflight = str(screen.query_one("#preflight").render())
+        preflight = shown(screen.query_one("#preflight"))
         assert "data plane: HAProxy 'edge' via its admin socket" in preflight, preflight
         assert "verification figures: HAProxy's show stat" in preflight, preflight
         screen.query_one("#mode", Select).value = "emergency"
@@ -473,7 +474,7 @@ async def test_the_failover_plan_and_progress_screens_name_haproxy(stack_factory
                 break
             await pilot.pause(0.1)
         assert screen.job and screen.job["state"] == "succeeded", screen.job
-        progress = str(screen.query_one("#progress").render())
+        progress = shown(screen.query_one("#progress"))
         assert "SUCCEEDED" in progress and "data plane: HAProxy 'edge'" in progress, progress
 
     assert hap.live_weights() == {"a": 0, "b": 100}

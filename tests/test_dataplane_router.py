@@ -36,7 +36,7 @@ from tests.conftest import ROOT
 from tests.engines import servers
 from tests.engines.fixtures import VLLM_READY_TIMEOUT_S, VLLM_TEST_ARGS
 from tests.engines.servers import VllmServer, free_ports, log_tail, stop, wait_until
-from tests.test_gateway import ADMIN, Gateway, Load, nice_group, start_gateway
+from tests.test_gateway import ADMIN, Gateway, Load, nice_group, shown, start_gateway
 
 # The first test also waits for two vLLM servers to start: on a loaded 2-core machine that
 # alone has taken over 300 s (pyproject's default per-test deadline).
@@ -528,13 +528,13 @@ async def test_the_failover_plan_and_progress_screens_name_the_router(
         await pilot.pause(0.5)
         screen = app.screen
         assert isinstance(screen, FailoverScreen)
-        plan = str(screen.query_one("#plan-table").render())
+        plan = shown(screen.query_one("#plan-table"))
         assert "data plane router (vllm-router)" in plan, plan
         for _ in range(300):
-            if "preflight ok" in str(screen.query_one("#preflight").render()):
+            if "preflight ok" in shown(screen.query_one("#preflight")):
                 break
             await pilot.pause(0.1)
-        preflight = str(screen.query_one("#preflight").render())
+        preflight = shown(screen.query_one("#preflight"))
         assert "preflight ok" in preflight, preflight
         assert "verification figures: requests and failures from the vLLM router's" in preflight
         screen.query_one("#mode", Select).value = "emergency"
@@ -547,7 +547,7 @@ async def test_the_failover_plan_and_progress_screens_name_the_router(
                 break
             await pilot.pause(0.1)
         assert screen.job and screen.job["state"] == "succeeded", screen.job
-        progress = str(screen.query_one("#progress").render())
+        progress = shown(screen.query_one("#progress"))
         assert "SUCCEEDED" in progress and "data plane: vLLM router at" in progress, progress
     assert pair.router.listed() == [pair.b.base_url]
 

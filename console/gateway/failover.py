@@ -75,6 +75,18 @@ class Failovers:
                             self.table.weights[name] = await plane.weights(name)
         return plane
 
+    async def warm(self) -> None:
+        """At the gateway's start: start every data plane a model names and read its
+        weights, so the routes (and the console's plan) show what it routes by from the
+        first answer, not fleet.toml's until a first job. One that cannot be read now is
+        left to its first job, which says why."""
+        for name, model in self.table.models.items():
+            if model.dataplane == BUILTIN:
+                continue
+            with contextlib.suppress(DataPlaneError, TimeoutError):
+                async with asyncio.timeout(WEIGHTS_DEADLINE_S):
+                    await self.plane(name)
+
     # -- bookkeeping -------------------------------------------------------------------
 
     def settle_interrupted(self) -> None:

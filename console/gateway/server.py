@@ -105,6 +105,7 @@ class Gateway:
         )
         self.failovers.http = self.http
         self.failovers.settle_interrupted()
+        self._tasks.append(asyncio.create_task(self.failovers.warm(), name="dataplanes"))
         self._tasks.append(
             asyncio.create_task(
                 health_loop(
