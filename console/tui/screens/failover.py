@@ -119,7 +119,8 @@ class FailoverScreen(ModalScreen[str | None]):
     @staticmethod
     def _job_label(job: dict[str, Any]) -> str:
         when = time.strftime("%H:%M", time.localtime(job.get("created") or 0))
-        return f"before job {job['id']} ({job.get('kind', '?')}, {when})"
+        op = str(job.get("kind", "?")).split(".")[0]
+        return f"before {job['id']}, {op} {when}"
 
     def _onto_options(self, drained: str) -> list[tuple[str, str]]:
         ranked = self.ranked([drained] if drained else [])
