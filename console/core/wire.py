@@ -118,15 +118,15 @@ class ModelStats(_Wire):
     prompt_tokens_rate: float | None = None  # tokens per second over the window
     generation_tokens_rate: float | None = None
     preemption_rate: float | None = Field(
-        None, description="requests preempted per second over the window"
+        default=None, description="requests preempted per second over the window"
     )
     prefix_cache_hit_rate: float | None = Field(
-        None,
+        default=None,
         description="prefix-cache hits / queries (tokens) over the window, 0..1; "
         "null when nothing was queried",
     )
     requests_waiting_by_reason: dict[str, float] | None = Field(
-        None,
+        default=None,
         description="reason (vLLM: capacity, deferred) -> requests waiting, at most 16; "
         "null where the engine does not say why (vLLM up to 0.12, Triton, trtllm-serve)",
     )
@@ -149,7 +149,7 @@ class Engine(_Wire):
     probe_ms: float | None = None
     profile: str | None = None  # set when this agent started it from a launch profile
     api_server_cpu_pct: float | None = Field(
-        None,
+        default=None,
         description="% of one core used by the engine's API server process (vLLM's API "
         "server, not its EngineCore child) over the agent's last cycle (read from "
         "Prometheus: over its window); null where the engine has no API server apart from "
