@@ -255,6 +255,9 @@ def test_each_step_of_the_incident_says_the_truth_and_names_its_deployment():
     # Enter on step 3 opens the failover plan to the standby (vLLM), not to Triton.
     assert states(checks)[2] == ("next", "fail_over", STANDBY)
     assert checks[2].detail.startswith(f"{TRT} still carries weight 100")
+    # ... and it drains the TensorRT-LLM deployment onto it: the other replicas keep
+    # theirs (with traffic that follows the weights, "all to the standby" moved theirs too).
+    assert checks[2].source == TRT and "drains it onto" in checks[2].detail
     assert [c.state for c in checks[3:]] == ["waiting", "waiting"]
 
     # 3. The failover running, then done: all of the model on the standby.

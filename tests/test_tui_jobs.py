@@ -334,3 +334,47 @@ name = "tiny"
             what="the plan to say the engine is detached",
         )
         assert "tiny-standby (tiny) expects" in shown and f":{other}" in shown
+
+
+async def test_cancelling_the_standby_form_returns_to_the_failover_plan(setup, monkeypatch):
+    """Issue 28, dialogs that flow: "start a standby first", then Esc on the form, left the
+    operator on the screen under the plan, the plan gone."""
+    from console.tui.screens.failover import FailoverScreen
+
+    text = setup("T_OPERATOR").replace(
+        "[agent]", f'[gateway]\nurl = "http://127.0.0.1:{free_port()}"\ntoken_env = "T_GW"\n[agent]'
+    )
+    text += """
+[[models]]
+name = "tiny"
+  [[models.deployments]]
+  id = "tiny-a"
+  node = "local"
+  engine = "vllm"
+  endpoint = "http://127.0.0.1:9"
+  weight = 100
+  [[models.deployments]]
+  id = "tiny-standby"
+  node = "local"
+  engine = "vllm"
+  endpoint = "http://127.0.0.1:8"
+  profile = "tiny"
+  weight = 0
+"""
+    monkeypatch.setenv("T_GW", "admin-token-of-no-gateway")
+    app = EngineroomApp(parse_fleet(text))
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: app.roles.get("local") == "operator", what="role learned")
+        app.fail_over("tiny")
+        plan = await until(
+            pilot, lambda: app.screen if isinstance(app.screen, FailoverScreen) else None
+        )
+        await until(pilot, lambda: plan.is_mounted and plan.query("#standby"), what="mounted")
+        plan.query_one("#standby").press()
+        await until(pilot, lambda: isinstance(app.screen, StartVllmScreen), what="the form")
+        await pilot.press("escape")
+        back = await until(
+            pilot, lambda: app.screen if isinstance(app.screen, FailoverScreen) else None,
+            what="the failover plan, back after the form was cancelled",
+        )  # fmt: skip
+        assert back.model == "tiny"

@@ -31,6 +31,7 @@ class Check:
     detail: str
     action: str | None = None  # what Enter does when this is the next step
     target: str | None = None  # the deployment the action acts on
+    source: str | None = None  # a failover's: the deployment whose traffic moves off
 
 
 def drill_rebuilding(fleet: Fleet, deployment: str) -> str | None:
@@ -187,10 +188,11 @@ def plan(
         step = Check(
             "fail over to vLLM",
             "next",
-            f"{source.id} still carries weight {w_src}: Enter opens the failover plan to "
-            f"{standby.id}" + _failed(to_vllm),
+            f"{source.id} still carries weight {w_src}: Enter opens the plan that drains it "
+            f"onto {standby.id}, the other replicas keeping theirs" + _failed(to_vllm),
             "fail_over",
             standby.id,
+            source.id,
         )
     else:
         step = Check(

@@ -22,7 +22,7 @@ from textual import events, on
 from textual.app import SystemCommand
 from textual.binding import Binding
 from textual.driver import Driver
-from textual.screen import Screen
+from textual.screen import ModalScreen, Screen
 from textual.widgets import Input
 
 from console.collect import tune_gc
@@ -406,7 +406,9 @@ class EngineroomApp(Workflows):
         self.push_screen(view)
 
     def action_go_back(self) -> None:
-        if isinstance(self.screen, HelpScreen):
+        if isinstance(self.screen, ModalScreen):
+            # Dismissed, not popped: whoever opened the dialog hears it was cancelled (the
+            # failover plan comes back when its standby form is).
             self.screen.dismiss(None)
             return
         lines = self.screen.query(CommandLine)

@@ -229,6 +229,8 @@ class Workflows(App[int]):
                 self.open_job(*result)
                 if then_fail_over and model is not None:
                     self.run_worker(self._continue_failover(*result, model), group="standby")
+            elif then_fail_over and model is not None:  # cancelled: back to the plan
+                self.fail_over(model)
 
         self.push_screen(StartVllmScreen(choices, model), started)
 

@@ -397,7 +397,9 @@ class PlaybookScreen(ViewScreen):
         if step.action == "start_standby" and found is not None:
             console.start_vllm(node=found[1].node, model=self.model)
         elif step.action in ("fail_over", "fail_back"):
-            console.fail_over(self.model, step.target)  # the plan opens on the step's target
+            # The plan opens on the step's target; a failover drains the step's source onto
+            # it, so that in a model with replicas the others keep their traffic.
+            console.fail_over(self.model, step.target, source=step.source)
         elif step.action == "run_drill" and step.target is not None:
             drill = playbook.drill_rebuilding(console.fleet, step.target)
             if drill is not None:
