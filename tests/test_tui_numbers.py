@@ -582,3 +582,18 @@ async def test_model_detail_says_which_line_is_a_mean():
 
         text = await until(pilot, legend, what="the TTFT plot with both deployments")
         assert "tiny-trt (mean)" in text and "tiny-vllm (mean)" not in text
+        assert "ms" in text  # the axis reads in a latency's units (issue 28 #15)
+
+
+def test_a_latency_axis_reads_616s_not_616000_0():
+    """Issue 28 #15: a chart axis read `616000.0` for milliseconds."""
+    import plotext
+
+    from console.tui.screens.model_detail import _latency_axis
+
+    plotext.clear_figure()
+    plotext.plotsize(60, 15)
+    plotext.plot([-60, -30, 0], [0.2, 300.0, 616.0])
+    _latency_axis(plotext, [0.2, 300.0, 616.0])
+    shown = plotext.build()
+    assert "616s" in shown and "616000" not in shown and "616.0" not in shown

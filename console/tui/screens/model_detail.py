@@ -15,6 +15,7 @@ from console.collect.promsource import HistoryLine, PromError, PromSource
 from console.collect.view import DeploymentRow, FleetView
 from console.core.config import Model
 from console.core.safetext import for_terminal
+from console.tui import format as fmt
 from console.tui.polling import Poll
 from console.tui.screens.base import ViewScreen
 from console.tui.screens.models import slo_text
@@ -78,9 +79,9 @@ class ModelDetailScreen(ViewScreen):
             t = t.append(f"  {self.history_error}", style="bold red")
         info.update(t)
         history = self.console.collector.history
-        for series, plot_id, title, limit in (
-            ("ttft_p95", "#ttft-plot", "TTFT p95 (ms)", model.slo.ttft_p95_ms),
-            ("itl_p95", "#itl-plot", "ITL p95 (ms)", model.slo.itl_p95_ms),
+        for series, plot_id, title, limit_ms in (
+            ("ttft_p95", "#ttft-plot", "TTFT p95", model.slo.ttft_p95_ms),
+            ("itl_p95", "#itl-plot", "ITL p95", model.slo.itl_p95_ms),
         ):
             widget = self.query_one(plot_id, PlotextPlot)
             plt = widget.plt
@@ -88,9 +89,10 @@ class ModelDetailScreen(ViewScreen):
             plt.clear_figure()
             plt.title(title)
             plt.xlabel("seconds ago")
-            longest = 0
+            # Each line as (xs, ys in seconds, label), drawn once the axis' unit is known.
+            lines: list[tuple[list[float], list[float], str]] = []
             if self.history_lines is not None:
-                longest = self._plot_history(plt, rows, series.removesuffix("_p95"))
+                lines = self._history(rows, series.removesuffix("_p95"))
             for r in rows if self.history_lines is None else ():
                 if r.engine_id is None or r.stats is None:
                     continue
@@ -98,12 +100,9 @@ class ModelDetailScreen(ViewScreen):
                 if rings is None:
                     continue
                 values = rings[series].values()
-                longest = max(longest, len(values))
                 step = self.console.refresh_s
                 points = [
-                    ((i - len(values) + 1) * step, v * 1000)
-                    for i, v in enumerate(values)
-                    if v is not None
+                    ((i - len(values) + 1) * step, v) for i, v in enumerate(values) if v is not None
                 ]
                 if points:
                     xs, ys = zip(*points, strict=True)
@@ -112,26 +111,44 @@ class ModelDetailScreen(ViewScreen):
                     pct = getattr(r.stats.latency, series.replace("_p95", "_s"))
                     if pct.p95 is None and pct.mean is not None:
                         label += " (mean)"  # no histogram: a mean, never taken for a p95
-                    plt.plot(list(xs), list(ys), label=label)
-            if limit is not None and longest:
-                plt.hline(limit, "red")
-            if longest == 0:
+                    lines.append((list(xs), list(ys), label))
+            limit = None if limit_ms is None else limit_ms / 1000
+            for line_xs, line_ys, line_label in lines:
+                plt.plot(line_xs, line_ys, label=line_label)
+            if lines:
+                if limit is not None:
+                    plt.hline(limit, "red")
+                _latency_axis(plt, [y for _, line_ys, _ in lines for y in line_ys] + [limit or 0.0])
+            else:
                 plt.title(f"{title}: no data yet")
             widget.refresh()
 
-    def _plot_history(self, plt: Any, rows: list[DeploymentRow], figure: str) -> int:
+    def _history(
+        self, rows: list[DeploymentRow], figure: str
+    ) -> list[tuple[list[float], list[float], str]]:
         """Each deployment's line from the range queries, x in seconds before now."""
         now = time.time()
         names = {(r.node, r.engine_id): r.id or r.engine_id or "?" for r in rows}
-        drawn = 0
+        out = []
         for line in self.history_lines or ():
             name = names.get((line.node, line.engine_id))
             if line.figure != figure or name is None or not line.points:
                 continue
-            plt.plot(
-                [t - now for t, _ in line.points],
-                [v * 1000 for _, v in line.points],
-                label=for_terminal(name)[:18],
+            out.append(
+                (
+                    [t - now for t, _ in line.points],
+                    [v for _, v in line.points],
+                    for_terminal(name)[:18],
+                )
             )
-            drawn = max(drawn, len(line.points))
-        return drawn
+        return out
+
+
+def _latency_axis(plt: Any, values: list[float]) -> None:
+    """The y axis in the units a latency reads in (42ms, 1.20s, 616s, 10m), never a raw
+    number of milliseconds such as 616000.0."""
+    top = max(values) if values else 0.0
+    if top <= 0:
+        return
+    ticks = [top * i / 4 for i in range(5)]
+    plt.yticks(ticks, [fmt.seconds(t) for t in ticks])
