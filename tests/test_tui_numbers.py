@@ -597,3 +597,14 @@ def test_a_latency_axis_reads_616s_not_616000_0():
     _latency_axis(plotext, [0.2, 300.0, 616.0])
     shown = plotext.build()
     assert "616s" in shown and "616000" not in shown and "616.0" not in shown
+
+
+def test_the_failover_plan_spells_a_mean_out_and_never_colours_it_by_the_slo():
+    """Issue 28 #7: the failover plan's TTFT95 column showed Triton's mean as "~75ms", in
+    green against the SLO, as if it were a p95."""
+    from console.tui import format as fmt
+
+    mean_only = fmt.latency(Percentiles(mean=0.075, source="mean"), limit_ms=500)
+    assert mean_only.plain == "75ms mean" and "green" not in str(mean_only.style)
+    p95 = fmt.latency(Percentiles(p95=0.075, mean=0.05), limit_ms=500)
+    assert p95.plain == "75ms" and str(p95.style) == "green"

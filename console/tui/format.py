@@ -100,19 +100,16 @@ def signed_seconds(value: float | None) -> str:
 
 
 def latency(p: Percentiles | None, which: str = "p95", limit_ms: float | None = None) -> Text:
-    """A latency cell coloured against the SLO; a mean-only value is marked with "~"."""
+    """A percentile cell coloured against the SLO. Where the engine gives only a mean, the
+    mean is shown spelled "75ms mean" and never coloured by the SLO: it is not a p95."""
     if p is None:
         return UNKNOWN
     value = getattr(p, which)
-    prefix = ""
     if value is None and p.mean is not None:
-        value, prefix = p.mean, "~"
+        return Text(f"{seconds(p.mean)} mean", style="yellow")
     if value is None:
         return UNKNOWN
-    style = ""
-    if limit_ms is not None:
-        style = "bold red" if value * 1000 > limit_ms else "green"
-    return Text(prefix + seconds(value), style=style)
+    return Text(seconds(value), style=over_style(value, limit_ms) or "")
 
 
 def over_style(value_s: float, limit_ms: float | None) -> str:
