@@ -21,5 +21,5 @@ def test_make_demo_then_q_leaves_nothing_in_tmp(tmp_path):
         term.wait_for("gpu-a1", timeout=90, what="the demo fleet on screen")
         assert list(tmp.glob("engineroom-demo-*")), "the demo's folder is where TMPDIR says"
         term.keys("q")
-        term.wait_for("Pane is dead", timeout=60, what="the demo ended")
+        term.wait_exit(60, what="the demo ended")
     assert list(tmp.iterdir()) == []

@@ -30,7 +30,7 @@ import pytest
 
 from console.collect.actions import ActionError, AgentActions
 from console.collect.collector import Collector
-from console.collect.failover_cli import run_failover
+from console.collect.failover_cli import Ask, run_failover
 from console.collect.gateway_client import GatewayClient
 from console.core.config import MissingSecret, load_fleet
 from console.gateway.routes import FleetFileChanged, save_to_fleet
@@ -297,7 +297,7 @@ async def test_no_console_client_sends_a_token_through_a_proxy_from_the_environm
         await client.close()
 
     out = io.StringIO()
-    code = await asyncio.to_thread(run_failover, fleet, "tiny", "tiny-b", out=out)
+    code = await asyncio.to_thread(run_failover, fleet, Ask("tiny", to="tiny-b"), out=out)
     assert code in (0, 1), out.getvalue()  # answered (accepted or refused), not unreachable
 
     async with Collector(fleet, mode="poll") as collector:  # aiohttp: the snapshots
@@ -325,7 +325,7 @@ def test_the_gateway_client_without_its_token_says_which_variable_and_sends_noth
     with pytest.raises(MissingSecret, match="T_ADMIN is not set"):
         GatewayClient(fleet)
     with pytest.raises(MissingSecret, match="T_ADMIN is not set"):
-        run_failover(fleet, "tiny", "tiny-b", out=io.StringIO())
+        run_failover(fleet, Ask("tiny", to="tiny-b"), out=io.StringIO())
 
 
 # -- answers: a total deadline and a size cap ---------------------------------------------
@@ -482,7 +482,7 @@ def test_the_failover_command_reads_a_bounded_answer_and_says_what_came(
     monkeypatch.setenv("T_ADMIN", "admin-secret-for-the-test")
     tracemalloc.start()
     try:
-        got = run_failover(load_fleet(path), "tiny", "tiny-b", out=io.StringIO())
+        got = run_failover(load_fleet(path), Ask("tiny", to="tiny-b"), out=io.StringIO())
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()

@@ -314,10 +314,14 @@ class Recording:
         # The recording spans its snapshots: an event may be older (an audited action the
         # gateway logged before the recording began); replay never opens on a moment it
         # has no data for, where every node would read "down" (issue 28).
-        data_frames = [i for i, kind in enumerate(self.frames.kinds) if kind in (KEY, MORE)]
+        # It ends with whatever came last: the alert a node's last answer raised is written
+        # after that answer.
+        kinds = self.frames.kinds
+        data_frames = [i for i, kind in enumerate(kinds) if kind in (KEY, MORE)]
         firsts, lasts = self.frames.firsts, self.frames.lasts
         self.start = min((firsts[i] for i in data_frames), default=self.head["started"])
-        self.end = max((lasts[i] for i in data_frames), default=self.start)
+        ends = (lasts[i] for i, kind in enumerate(kinds) if kind != HEAD)
+        self.end = max(self.start, max(ends, default=self.start))
         self._load_events()
 
     def _index(self, f: Any) -> None:

@@ -13,6 +13,7 @@ import shlex
 import shutil
 import signal
 import subprocess
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -46,17 +47,23 @@ class Terminal:
             + " "
             + shlex.join(argv)
         )
+        # The server's options come from its own file, read before the pane starts: a
+        # program that ends at once still leaves its pane (and what it said) to read.
+        self.conf = Path(tempfile.mkdtemp(prefix="er-tmux-")) / "tmux.conf"
+        self.conf.write_text("set -g remain-on-exit on\nset -g history-limit 100\n")
         self._tmux(
             "new-session", "-d", "-s", "t", "-x", str(width), "-y", str(height),
             "-c", str(cwd), command,
         )  # fmt: skip
-        self._tmux("set-option", "-t", "t", "remain-on-exit", "on")
         self.pid = int(self._tmux("display", "-p", "-t", "t", "#{pane_pid}"))
 
     def _tmux(self, *args: str) -> str:
         assert TMUX is not None
         done = subprocess.run(
-            [TMUX, "-L", self.socket, *args], capture_output=True, text=True, timeout=20
+            [TMUX, "-L", self.socket, "-f", str(self.conf), *args],
+            capture_output=True,
+            text=True,
+            timeout=20,
         )
         if done.returncode != 0:
             raise RuntimeError(f"tmux {' '.join(args)}: {done.stderr.strip()}")
@@ -80,6 +87,17 @@ class Terminal:
             return y < len(rows) and text in rows[y]
 
         self.wait_for(there, timeout, what=f"the cursor on the row of {text!r}")
+
+    def exited(self) -> bool:
+        """Whether the program in the terminal has ended (tmux keeps its pane)."""
+        return self._tmux("display", "-p", "-t", "t", "#{pane_dead}").strip() == "1"
+
+    def wait_exit(self, timeout: float = 30.0, what: str = "the program ended") -> None:
+        deadline = time.monotonic() + timeout
+        while not self.exited():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{what}: not within {timeout} s; it shows:\n{self.text()}")
+            time.sleep(0.1)
 
     def text(self) -> str:
         return "\n".join(self.screen())
@@ -117,6 +135,7 @@ class Terminal:
         to leave on its own checks that itself)."""
         with contextlib.suppress(RuntimeError, subprocess.TimeoutExpired):
             self._tmux("kill-server")
+        shutil.rmtree(self.conf.parent, ignore_errors=True)
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             try:
