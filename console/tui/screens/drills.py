@@ -336,6 +336,7 @@ class PlaybookScreen(ViewScreen):
     DEFAULT_CSS = """
     PlaybookScreen #playbook-head { height: auto; padding: 0 1; }
     PlaybookScreen #playbook { height: 1fr; }
+    PlaybookScreen #playbook-step { height: auto; padding: 0 1; border-top: solid $panel; }
     """
     BINDINGS = [Binding("enter", "next_step", "do the step marked ▶", id="next_step")]
     COLUMNS = [("", 3), ("STEP", 30), ("STATE", 9), ("DETAIL", None)]
@@ -349,6 +350,7 @@ class PlaybookScreen(ViewScreen):
     def compose_body(self) -> ComposeResult:
         yield SafeStatic(id="playbook-head")
         yield FleetTable(self.COLUMNS, id="playbook")
+        yield SafeStatic(id="playbook-step")  # the step to do, whole: the table cuts it
 
     def draw(self, view: FleetView) -> None:
         console = self.console
@@ -370,16 +372,29 @@ class PlaybookScreen(ViewScreen):
         )
         self.query_one("#playbook-head", Static).update(head)
         rows = []
+        # The detail gets what the fixed columns leave (cut with an ellipsis; the step to
+        # do is shown whole below the table).
+        room = (self.size.width or 80) - 3 - sum(w or 0 for _, w in self.COLUMNS)
         for i, check in enumerate(self.checks, 1):
             style = PLAY_STYLE.get(check.state, "")
             cells = (
                 Text(f" {PLAY_MARK.get(check.state, ' ')}", style=style),
                 Text(f"{i}. {check.name}", style=style),
                 Text(check.state, style=style),
-                Text(check.detail),
+                fmt.fit(check.detail, max(room, 8)),
             )
             rows.append(Row(str(i), cells, {"state": check.state}, check.name))
         self.query_one("#playbook", FleetTable).show(rows)
+        step = next((c for c in self.checks if c.state == "next"), None) or next(
+            (c for c in self.checks if c.state != "done"), None
+        )
+        shown = Text()
+        if step is not None:
+            n = self.checks.index(step) + 1
+            shown.append(f"{PLAY_MARK.get(step.state, ' ')} {n}. {step.name} ({step.state}): ",
+                         style=PLAY_STYLE.get(step.state, "bold"))  # fmt: skip
+            shown.append(step.detail)
+        self.query_one("#playbook-step", Static).update(shown)
 
     @on(DataTable.RowSelected, "#playbook")
     def _selected(self, _: DataTable.RowSelected) -> None:

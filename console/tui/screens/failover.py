@@ -136,6 +136,14 @@ class FailoverScreen(ModalScreen[str | None]):
         onto = self._onto_options(value if move == "drain" else "")
         onto_value = next((o[1] for o in onto if self.source and o[1] == self.target), OTHERS)
         self.first_choice = value if move == "to" else onto_value
+        # What the fields were given: a Select's first Changed (on mount) repeats it, and
+        # must not reset the fields a playbook step preselected.
+        self._shown: dict[str, object] = {
+            "move": move,
+            "target": value,
+            "onto": onto_value,
+            "mode": "planned",
+        }
         # Not focusable itself: the fields are, so Tab goes field to field. They come first,
         # so that at 80x24 the target and the confirmation are on screen.
         with VerticalScroll(can_focus=False):
@@ -336,6 +344,10 @@ class FailoverScreen(ModalScreen[str | None]):
     def _changed(self, event: Select.Changed) -> None:
         if not self.is_mounted:
             return
+        which = str(event.select.id)
+        if self._shown.get(which) == event.value:
+            return  # what it already showed: nothing the operator changed
+        self._shown[which] = event.value
         if event.select.id == "move":
             move = str(event.value)
             target = self.query_one("#target", Select)

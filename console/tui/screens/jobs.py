@@ -421,6 +421,9 @@ class JobScreen(ViewScreen):
                 t.append(f"time to rebuild {fmt.seconds(rebuilt)}", style="bold")
         info.update(t)
         rows = []
+        # DETAIL gets what the other columns leave, cut with an ellipsis, never by the
+        # terminal's edge mid-word (the margin, STEP, STATE, TOOK and a scrollbar).
+        room = max(8, (self.size.width or 80) - 1 - 11 - 10 - 8 - 2)
         for step in job.steps:
             duration = (
                 fmt.seconds((step.ended or time.time()) - step.started) if step.started else "-"
@@ -432,7 +435,7 @@ class JobScreen(ViewScreen):
                         Text(step.name, style="bold"),
                         Text(step.state, style=STATE_STYLE.get(step.state, "")),
                         Text(duration),
-                        Text(step.detail or "", overflow="fold"),
+                        fmt.fit(step.detail or "", room),
                     ),
                 )
             )
