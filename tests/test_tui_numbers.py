@@ -217,8 +217,12 @@ def test_values_take_their_unit_after_rounding():
     assert fmt.rate(9.96).plain == "10/s" and fmt.rate(999.6).plain == "1.0k/s"
     assert fmt.percent(0.0996) == "10%" and fmt.percent(0.005) == "0.5%"
     assert fmt.number(99_999) == "100k" and fmt.number(999_600) == "1M"
-    widest = [fmt.latency(Percentiles(mean=v)).plain for v in (0.9994, 9.994, 999.4, 5999, 3.6e9)]
-    assert max(len(w) for w in widest) == 6, widest
+    values = (0.9994, 9.994, 999.4, 5999, 3.6e9)
+    widest = [fmt.latency(Percentiles(p95=v)).plain for v in values]
+    assert max(len(w) for w in widest) == 5, widest
+    # A mean is spelled out, never passed off as a p95: the same five, then " mean".
+    means = [fmt.latency(Percentiles(mean=v)).plain for v in values]
+    assert max(len(m) for m in means) == 10 and all(m.endswith(" mean") for m in means), means
 
 
 async def test_the_error_slo_above_err_says_half_a_percent_not_zero():

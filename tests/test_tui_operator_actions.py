@@ -20,6 +20,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from textual.widgets import Select
 
 from console.collect.replay import ReplayCollector
 from console.core.config import parse_fleet
@@ -146,6 +147,8 @@ async def test_a_vllm_start_and_a_failover_show_on_events_and_jobs(agent_and_gat
         agent_row = await until(
             pilot,
             lambda: line(f"job {start} vllm.start tiny failed", "(by alice)"),
+            # The failure was seen as it happened ("running", then "failed") or only at
+            # its end: the line says the same, whole at this width (it was cut once).
             timeout=60,
             what="the vLLM start, ended, on Events",
         )
@@ -298,6 +301,23 @@ async def test_the_gateways_live_weights_make_the_failover_step_done(
                 what="the failover plan",
             )
             assert plan.target == "tiny-vllm"  # vLLM, the standby: not Triton
+            # The plan drains Triton onto it, as the step says, and keeps saying so once its
+            # fields are mounted (their first Changed events reset them to the defaults).
+            fields = await until(
+                pilot,
+                lambda: plan.is_mounted
+                and plan.query("#onto")
+                and (plan.query_one("#move", Select).value, plan.query_one("#target", Select).value,
+                     plan.query_one("#onto", Select).value),
+                what="the plan's fields",
+            )  # fmt: skip
+            await pilot.pause()
+            assert fields == ("drain", "tiny-trt", "tiny-vllm")
+            assert (
+                plan.query_one("#move", Select).value,
+                plan.query_one("#target", Select).value,
+                plan.query_one("#onto", Select).value,
+            ) == ("drain", "tiny-trt", "tiny-vllm")
             await pilot.press("escape")
             await until(pilot, lambda: app.screen is screen, what="back on the playbook")
 

@@ -98,7 +98,15 @@ class ActionTracker:
                 f"{k}={v}" for k, v in job.params.items() if k != "why" and k not in target and v
             )
         else:
-            what = ", ".join(f"{n} {s}" for n, s in steps.items() if before[1].get(n) != s)
+            # A step that failed is named by the job's error ("load: the engine exited"):
+            # said once, so the line reads the same whether its failure was seen as it
+            # happened or only at the end.
+            said = job.error if job.state == "failed" and job.error else ""
+            what = ", ".join(
+                f"{n} {s}"
+                for n, s in steps.items()
+                if before[1].get(n) != s and not (s == "failed" and said.startswith(f"{n}:"))
+            )
         message = head + (f": {what}" if what else "")
         if job.state == "failed" and job.error:
             message += f": {job.error}"
