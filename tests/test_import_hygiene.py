@@ -126,3 +126,114 @@ def test_the_layering_check_sees_a_lazy_import(tmp_path, monkeypatch):
     assert layer_violations("console/core", ["console.agent"]) == [
         "console/core/config.py:2 imports console.agent.drill_plan"
     ]
+
+
+# -- import circles and module size (issue 29) -------------------------------------------
+# Every import counts, a lazy one or one under TYPE_CHECKING too: a back-reference to a
+# parent goes through a small protocol, never the concrete class's module.
+
+MAX_MODULE_LINES = 600
+
+
+def _module_names(root: Path, package: str) -> dict[str, Path]:
+    names = {}
+    for path in sorted((root / package).rglob("*.py")):
+        dotted = ".".join(path.relative_to(root).with_suffix("").parts)
+        names[dotted.removesuffix(".__init__")] = path
+    return names
+
+
+def import_graph(root: Path, package: str) -> dict[str, set[str]]:
+    """Each module of `package` and the modules of `package` it imports: `from a.b import c`
+    is an edge to a.b.c where that is a module, else to a.b."""
+    names = _module_names(root, package)
+    graph: dict[str, set[str]] = {name: set() for name in names}
+    for name, path in names.items():
+        here = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            targets: list[str] = []
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parts = here.split(".")[: len(here.split(".")) - node.level + 1]
+                    base = ".".join(parts + ([node.module] if node.module else []))
+                targets = [
+                    f"{base}.{alias.name}" if f"{base}.{alias.name}" in names else base
+                    for alias in node.names
+                ]
+            graph[name] |= {t for t in targets if t in names and t != name}
+    return graph
+
+
+def import_circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected groups of more than one module (Tarjan's, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    circles: list[list[str]] = []
+    for start in sorted(graph):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, edges = work[-1]
+            child = next(edges, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                group = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    group.append(member)
+                    if member == node:
+                        break
+                if len(group) > 1:
+                    circles.append(sorted(group))
+    return circles
+
+
+@pytest.mark.parametrize("package", ["console", "plugins"])
+def test_no_module_imports_itself_through_a_circle(package):
+    assert import_circles(import_graph(ROOT, package)) == []
+
+
+def test_the_circle_check_sees_a_circle_through_a_lazy_import(tmp_path):
+    pkg = tmp_path / "console" / "feature"
+    pkg.mkdir(parents=True)
+    (tmp_path / "console" / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from console.feature import b\n")
+    (pkg / "b.py").write_text("def f():\n    from .c import g\n")
+    (pkg / "c.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                              "    from console.feature.a import A\n")  # fmt: skip
+    (pkg / "d.py").write_text("from console.feature import c\n")
+    assert import_circles(import_graph(tmp_path, "console")) == [
+        ["console.feature.a", "console.feature.b", "console.feature.c"]
+    ]
+
+
+@pytest.mark.parametrize("package", ["console", "plugins", "bench"])
+def test_no_module_is_over_600_lines(package):
+    long = [
+        f"{path.relative_to(ROOT)}: {n} lines"
+        for path in sorted((ROOT / package).rglob("*.py"))
+        if (n := len(path.read_text().splitlines())) > MAX_MODULE_LINES
+    ]
+    assert long == []
