@@ -532,7 +532,3 @@ class Cursor:
             self._fetch()
         self.state.t = t if self.ended_at is None else min(t, self.ended_at)
         return changed
-
-    def next_time(self) -> float | None:
-        """When the next record is (for stepping one recorded moment at a time)."""
-        return None if self._next is None else float(self._next.t)

@@ -204,7 +204,6 @@ class SnapshotError(ValueError):
 
 
 _snapshot = msgspec.json.Decoder(Snapshot)
-_job = msgspec.json.Decoder(Job)
 
 
 def decode_snapshot(body: bytes | str) -> Snapshot:
@@ -236,13 +235,6 @@ def job_from(data: Any) -> Job:
     try:
         return msgspec.convert(data, Job)
     except msgspec.ValidationError as e:
-        raise SnapshotError(f"not a job: {e}") from None
-
-
-def decode_job(body: bytes | str) -> Job:
-    try:
-        return _job.decode(body)
-    except (msgspec.ValidationError, msgspec.DecodeError) as e:
         raise SnapshotError(f"not a job: {e}") from None
 
 

@@ -9,8 +9,6 @@ percentiles, and None (unknown) where the engine exposes no histogram.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import aiohttp
 
 from console.core.config import Deployment
@@ -19,13 +17,6 @@ from console.core.readings import Histogram, ModelReading
 from console.core.window import quantile
 
 METRICS_MAX_BYTES = 8 * 1024 * 1024
-
-
-@dataclass(slots=True)
-class EngineMark:
-    """One reading of the engine's counters, the start of a window."""
-
-    reading: ModelReading | None
 
 
 async def read_engine(
