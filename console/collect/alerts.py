@@ -18,20 +18,17 @@ from collections import deque
 from collections.abc import Container, Iterable
 from dataclasses import dataclass, field
 from itertools import pairwise
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from console.collect.collector import NodeState, NodeStatus
+from console.collect.deployments import NOT_REPORTED, DeploymentRow
 from console.collect.history import History
 from console.core import alertrules as rules
 from console.core.config import Fleet
 from console.core.slo import FIGURES, Judged, times_text
 from console.core.snapshot import Snapshot
 
-if TYPE_CHECKING:
-    from console.collect.view import DeploymentRow
-
 Severity = rules.Severity
-NOT_REPORTED = "the agent does not report this deployment"
 
 
 @dataclass(frozen=True, slots=True)

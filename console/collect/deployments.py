@@ -12,12 +12,14 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from console.collect.alerts import NOT_REPORTED
 from console.collect.collector import NodeState, NodeStatus
 from console.collect.measured import gateway_measure
 from console.core.config import Deployment, Model
 from console.core.slo import UNKNOWN, Verdict, Word, judge
 from console.core.snapshot import Engine, ModelStats, Snapshot, TrtEngine
+
+# A declared deployment its node's agent does not report (the alerts raise on it).
+NOT_REPORTED = "the agent does not report this deployment"
 
 
 @dataclass(slots=True)
