@@ -2,8 +2,8 @@
 
     make bench        (or: .venv/bin/python -m bench.gateway_overhead [--requests N])
 
-Upstream: bench/sse_upstream.py (Starlette on uvicorn, 8 SSE chunks, no delay), as in
-reference/measurements.md. Three paths to it, measured in one run, interleaved:
+Upstream: bench/sse_upstream.py (Starlette on uvicorn, 8 SSE chunks, no delay), the
+baseline docs/gateway.md compares with. Three paths to it, measured in one run, interleaved:
 direct, through `engineroom gateway`, and through nginx (Debian's package; proxy_buffering
 off, upstream keepalive) as a plain reverse proxy.
 

@@ -1,5 +1,5 @@
 """A minimal OpenAI-shaped upstream for the gateway benchmark: Starlette on uvicorn, every
-completion streamed as 8 SSE chunks with no delay (as in reference/measurements.md).
+completion streamed as 8 SSE chunks with no delay, so a proxy's cost is all that is timed.
 
     python bench/sse_upstream.py PORT
 """

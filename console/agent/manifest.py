@@ -1,7 +1,8 @@
 """Engine manifests, the engine cache and "rebuild required".
 
 A TensorRT-LLM engine's `config.json` records the TensorRT-LLM version but not the
-TensorRT version or the GPU it was built for (reference/engine-apis.md 3.2): TensorRT
+TensorRT version or the GPU it was built for (EngineConfig.to_dict in TensorRT-LLM's
+tensorrt_llm/builder.py, github.com/NVIDIA/TensorRT-LLM, 1.2 releases): TensorRT
 only refuses a mismatched plan when it deserializes it. So a drill's build step writes a
 sidecar, `engineroom-manifest.json`, into the engine directory:
 
