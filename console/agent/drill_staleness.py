@@ -17,17 +17,15 @@ import logging
 import subprocess
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from console.agent import manifest
 from console.agent.auth import child_env
 from console.agent.drill_plan import plan, values
+from console.agent.jobtypes import JobHost
 from console.agent.processes import capped_output
 from console.core.config import Deployment, Drill, Model
 from console.core.wire import TrtEngine
-
-if TYPE_CHECKING:
-    from console.agent.jobs import JobRunner
 
 log = logging.getLogger(__name__)
 
@@ -38,9 +36,9 @@ REFRESH_S = 10.0  # and compares manifests with the node this often
 
 
 class TrtStaleness:
-    def __init__(self, jobs: JobRunner, root: Path) -> None:
-        self.jobs = jobs
-        self.agent = jobs.agent
+    def __init__(self, host: JobHost, root: Path) -> None:
+        self.host = host
+        self.agent = host.agent
         self.hasher = manifest.WeightsHasher(root / "weights-hashes.json")
         self.probed: dict[str, tuple[float, dict[str, Any]]] = {}  # drill -> (when, output)
         self.engines: list[TrtEngine] = []
@@ -215,7 +213,7 @@ class TrtStaleness:
         return list(self.engines)
 
     def _last_drill(self, deployment: str) -> dict[str, Any] | None:
-        for record in self.jobs.store.jobs(500, ("drill.run",)):
+        for record in self.host.store.jobs(500, ("drill.run",)):
             if record.state not in ("succeeded", "failed"):
                 continue
             stored = (record.result or {}).get("result", {})
@@ -231,7 +229,7 @@ class TrtStaleness:
         return None
 
     def _last_success(self, deployment: str) -> float | None:
-        for record in self.jobs.store.jobs(500, ("drill.run",)):
+        for record in self.host.store.jobs(500, ("drill.run",)):
             stored = (record.result or {}).get("result", {})
             if (
                 record.state == "succeeded"

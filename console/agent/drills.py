@@ -30,7 +30,7 @@ import contextlib
 import logging
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import aiohttp
 
@@ -39,14 +39,11 @@ from console.agent.auth import child_env
 from console.agent.drill_plan import plan, values
 from console.agent.drill_processes import Run, read_json_object
 from console.agent.drill_staleness import TrtStaleness, last_json
-from console.agent.jobtypes import Active, JobContext, JobRefused, StepFailed
+from console.agent.jobtypes import Active, JobContext, JobHost, JobRefused, StepFailed
 from console.agent.preflight import port_check
 from console.agent.store import JobRecord
 from console.core.config import Deployment, Drill, Model
 from console.core.wire import DrillResult, DrillRun, Job, JobStep
-
-if TYPE_CHECKING:
-    from console.agent.jobs import JobRunner
 
 log = logging.getLogger(__name__)
 
@@ -56,9 +53,9 @@ STEPS = ("preflight", "convert", "build", "validate", "benchmark", "promote")
 class DrillRunner:
     kinds: tuple[str, ...] = ("drill.run",)
 
-    def __init__(self, jobs: JobRunner, root: Path, trt: TrtStaleness) -> None:
-        self.jobs = jobs
-        self.agent = jobs.agent
+    def __init__(self, host: JobHost, root: Path, trt: TrtStaleness) -> None:
+        self.host = host
+        self.agent = host.agent
         self.trt = trt  # the node's drills, its facts, and the version probes' answers
         self.root = root / "drills"
         self.root.mkdir(parents=True, exist_ok=True)
@@ -82,7 +79,7 @@ class DrillRunner:
                 f"drill: no drill {name!r} on node {self.agent.node} ({', '.join(mine) or 'none'})",
             )
         drill = mine[name]
-        for job_id, active in self.jobs.active.items():
+        for job_id, active in self.host.active.items():
             if active.record.kind != "drill.run":
                 continue
             if active.record.params.get("drill") == name:
@@ -93,7 +90,7 @@ class DrillRunner:
                     f"drill: job {job_id} ({active.record.params.get('drill')}) is rebuilding "
                     f"{drill.deployment} already",
                 )
-        record = self.jobs.store.create_job("drill.run", who, {"drill": name})
+        record = self.host.store.create_job("drill.run", who, {"drill": name})
         result = DrillResult(drill=name, deployment=drill.deployment, model=drill.model)
         active = Active(
             record,
@@ -101,7 +98,7 @@ class DrillRunner:
             result=result.model_dump(include={"drill", "deployment", "model"}),
         )
         (self.root / record.id).mkdir(parents=True, exist_ok=True)
-        self.jobs.run(active, lambda ctx: self._run(ctx, name, drill), log=self.log_file(record.id))
+        self.host.run(active, lambda ctx: self._run(ctx, name, drill), log=self.log_file(record.id))
         return active
 
     def resume(self, record: JobRecord) -> bool:
@@ -398,7 +395,7 @@ class DrillRunner:
                 if p.served_model_name in (model.name, baseline.engine_model)
             }
         )
-        for record in self.jobs.store.jobs(500, ("vllm.start", "engine.restart")):
+        for record in self.host.store.jobs(500, ("vllm.start", "engine.restart")):
             if record.state != "succeeded":
                 continue
             stored = (record.result or {}).get("result", {})

@@ -28,12 +28,12 @@ import contextlib
 import logging
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from console.agent import preflight, processes
 from console.agent.discovery import EngineProcess, alive
 from console.agent.engines import engine_id as make_engine_id
-from console.agent.jobtypes import Active, JobContext, JobRefused, StepFailed, ready
+from console.agent.jobtypes import Active, JobContext, JobHost, JobRefused, StepFailed, ready
 from console.agent.launch import Launch, LaunchError, engine_launch, ready_phases
 from console.agent.store import JobRecord
 from console.agent.supervisor import Managed
@@ -51,9 +51,6 @@ from console.core.wire import (
 )
 from plugins.base import Discovered, EngineTarget, local_url
 
-if TYPE_CHECKING:
-    from console.agent.jobs import JobRunner
-
 log = logging.getLogger(__name__)
 
 READY_POLL_S = 0.1
@@ -63,10 +60,10 @@ SETTLE_CYCLES = 3  # snapshot cycles a ready engine may take to show as ready in
 class EngineJobs:
     kinds: tuple[str, ...] = ("vllm.start", "engine.stop", "engine.restart")
 
-    def __init__(self, runner: JobRunner) -> None:
-        self.runner = runner
-        self.agent = runner.agent
-        self.supervisor = runner.supervisor
+    def __init__(self, host: JobHost) -> None:
+        self.host = host
+        self.agent = host.agent
+        self.supervisor = host.supervisor
         self.gone: dict[str, dict[str, Any]] = {}  # engines that exited while no agent ran
 
     # -- startup --------------------------------------------------------------------
@@ -96,7 +93,7 @@ class EngineJobs:
         profile = self.agent.fleet.profiles.get(managed.profile)
         timeout = profile.ready_timeout_s if profile else 900.0
         active.result["note"] = "the agent restarted during the load and re-adopted the engine"
-        self.runner.run(active, lambda ctx: self._load(ctx, managed, timeout, self.grace(managed)))
+        self.host.run(active, lambda ctx: self._load(ctx, managed, timeout, self.grace(managed)))
         return True
 
     def interrupted(self, record: JobRecord) -> list[str]:
@@ -180,14 +177,14 @@ class EngineJobs:
         )
 
     def _busy(self, engine: str) -> str | None:
-        for job_id, active in self.runner.active.items():
+        for job_id, active in self.host.active.items():
             if active.engine_id == engine:
                 return job_id
         return None
 
     def _held(self, gpus: tuple[int, ...], but: str | None = None) -> str | None:
         """Which open job or running engine (other than engine `but`) holds one of `gpus`."""
-        for job_id, active in self.runner.active.items():
+        for job_id, active in self.host.active.items():
             if (shared := sorted(set(gpus) & set(active.gpus))) and active.engine_id != but:
                 return (
                     f"GPU {', '.join(map(str, shared))} is held by job {job_id} "
@@ -209,7 +206,7 @@ class EngineJobs:
         """Each of `gpus` an open job (other than job `but`) or a running engine holds: by
         whom, in words."""
         out: dict[int, str] = {}
-        for job_id, active in self.runner.active.items():
+        for job_id, active in self.host.active.items():
             if job_id == but:
                 continue
             for index in set(gpus) & set(active.gpus):
@@ -235,7 +232,7 @@ class EngineJobs:
                 checks=[c.to_json() for c in checks],
             )
         params = {"profile": name, "overrides": request.overrides or {}}
-        record = self.runner.store.create_job("vllm.start", who, params)
+        record = self.host.store.create_job("vllm.start", who, params)
         now = time.time()
         result = EngineJobResult(engine_id=engine, endpoint=endpoint, argv=list(launch.argv))
         active = Active(
@@ -255,9 +252,7 @@ class EngineJobs:
             engine_id=engine,
             gpus=launch.gpus,  # held until the job ends (_held)
         )
-        self.runner.run(
-            active, lambda ctx: self._start_engine(ctx, name, profile, launch, endpoint)
-        )
+        self.host.run(active, lambda ctx: self._start_engine(ctx, name, profile, launch, endpoint))
         return active
 
     async def _submit_stop(self, engine: str, who: str, *, restart: bool) -> Active:
@@ -292,15 +287,13 @@ class EngineJobs:
                 gpus = self._launch(managed.profile, managed.overrides)[2].gpus
             if (held := self._held(gpus, but=engine)) is not None:
                 raise JobRefused(409, f"gpus: {held}")
-        record = self.runner.store.create_job(kind, who, {"engine": engine})
+        record = self.host.store.create_job(kind, who, {"engine": engine})
         steps = [JobStep(name="stop")]
         if restart:
             steps += [JobStep(name="preflight"), JobStep(name="spawn"), JobStep(name="load")]
         result = EngineJobResult(engine_id=engine).model_dump(exclude_none=True)
         active = Active(record, steps, result=result, engine_id=engine, gpus=gpus)
-        self.runner.run(
-            active, lambda ctx: self._stop_engine(ctx, engine, managed, restart=restart)
-        )
+        self.host.run(active, lambda ctx: self._stop_engine(ctx, engine, managed, restart=restart))
         return active
 
     # -- running ----------------------------------------------------------------------

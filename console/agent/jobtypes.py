@@ -1,12 +1,14 @@
 """What the job runner (console.agent.jobs) and each kind of job share: a running job,
-the context its work is given, the interface of a job kind, the two ways a job does not
-succeed, and the readiness check of an OpenAI-compatible server.
+the context its work is given, the interface of a job kind, what a kind may ask of the
+runner (JobHost), the two ways a job does not succeed, and the readiness check of an
+OpenAI-compatible server.
 
 A job kind (console.agent.engine_jobs, console.agent.drills) is registered with the runner
 under its kind names. The runner parses the request, audits a refusal, runs the work as
 an asyncio task, and saves the job at every change; the kind checks the request, names
 the steps, and does the work through its JobContext: begin, end or skip a step, record a
-gate, save the result, write to the job's log.
+gate, save the result, write to the job's log. A kind reaches back to the runner only
+through JobHost, so the runner's module is never imported by the kinds it registers.
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from console.agent.store import JobRecord
+from console.agent.node import NodeAgent
+from console.agent.store import JobRecord, Store
+from console.agent.supervisor import Supervisor
 from console.core.fetch import FetchError, fetch
 from console.core.wire import Gate, Job, JobStep
 
@@ -122,13 +126,26 @@ class JobContext:
 Work = Callable[[JobContext], Awaitable[None]]
 
 
+class JobHost(Protocol):
+    """What a job kind may use of the runner that registered it (console.agent.jobs)."""
+
+    agent: NodeAgent
+    store: Store
+    supervisor: Supervisor
+    active: dict[str, Active]  # the jobs running now, by id
+
+    def run(self, active: Active, work: Work, log: Path | None = None) -> JobContext:
+        """Run the work as the job's task; its context saves every change."""
+        ...
+
+
 class JobKind(Protocol):
     """One or more kinds of job (their names in `kinds`), registered with the runner."""
 
     kinds: tuple[str, ...]
 
     async def submit(self, request: Any, who: str) -> Active:
-        """Check the request (JobRefused if it may not run), then run it (runner.run)."""
+        """Check the request (JobRefused if it may not run), then run it (JobHost.run)."""
         ...
 
     def log_path(self, job: Job) -> Path | None:
