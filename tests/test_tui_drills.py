@@ -12,7 +12,8 @@ from console.collect.replay import ReplayCollector
 from console.core.config import parse_fleet
 from console.core.snapshot import decode_snapshot
 from console.tui.app import EngineroomApp
-from console.tui.screens.drills import PlaybookScreen, step_bars
+from console.tui.screens.drills import PlaybookScreen
+from console.tui.screens.jobtext import step_bars
 from console.tui.widgets.table import FleetTable
 from tests.tui_support import FLEET, ROOT, keys, until
 

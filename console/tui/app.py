@@ -35,6 +35,7 @@ from console.collect.view import FleetView, ViewBuilder
 from console.core.config import Fleet
 from console.tui import format as fmt
 from console.tui.filtering import FilterError, parse_filter
+from console.tui.host import ConsoleHost
 from console.tui.polling import Poll
 from console.tui.screens.base import ViewScreen
 from console.tui.screens.drills import DrillsScreen, PlaybookScreen
@@ -552,6 +553,11 @@ class EngineroomApp(Workflows):
                 "Start vLLM", "from a launch profile, with preflight", self.start_vllm
             )
         yield SystemCommand("Keys", "every key and command", self.action_help)
+
+
+# The screens see the app only as a ConsoleHost (console/tui/host.py): mypy checks here that
+# it is one, so a screen cannot use what the app does not have.
+_HOST: type[ConsoleHost] = EngineroomApp
 
 
 def run_tui(

@@ -7,20 +7,17 @@ top is redrawn, so a hidden screen costs nothing.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, cast
 
 from textual.app import ComposeResult
 from textual.screen import Screen
 
 from console.collect.view import FleetView
 from console.tui.filtering import Filter
+from console.tui.host import ConsoleHost, host_of
 from console.tui.widgets.command_line import CommandLine
 from console.tui.widgets.footer import StableFooter
 from console.tui.widgets.header import FleetHeader
 from console.tui.widgets.time_cursor import TimeCursor
-
-if TYPE_CHECKING:
-    from console.tui.app import EngineroomApp
 
 
 class ViewScreen(Screen[None]):
@@ -32,8 +29,8 @@ class ViewScreen(Screen[None]):
         self.drawn_at = 0.0  # monotonic time of the last draw (for the key-to-screen bench)
 
     @property
-    def console(self) -> EngineroomApp:
-        return cast("EngineroomApp", self.app)
+    def console(self) -> ConsoleHost:
+        return host_of(self)
 
     def compose(self) -> ComposeResult:
         yield FleetHeader()

@@ -16,7 +16,6 @@ the next step, each behind its own confirmation.
 from __future__ import annotations
 
 import time
-from typing import Any
 
 from rich.text import Text
 from textual import on
@@ -28,45 +27,17 @@ from console.collect import playbook
 from console.collect.actions import ActionError, AgentActions
 from console.collect.playbook import Check
 from console.collect.view import FleetView
-from console.core.snapshot import Job, JobStep, TrtEngine
+from console.core.snapshot import Job, TrtEngine
 from console.tui import format as fmt
 from console.tui.columns import Fitted
+from console.tui.host import ConsoleHost
 from console.tui.polling import Poll
 from console.tui.screens.base import ViewScreen
-from console.tui.screens.jobs import STATE_STYLE, job_note, took
+from console.tui.screens.jobtext import STATE_STYLE, job_note, step_bars, took
 from console.tui.widgets.safe_static import SafeStatic
 from console.tui.widgets.table import FleetTable, Row, empty_row
 
 HISTORY_EVERY_S = 5.0
-BAR = "█"
-
-
-def step_bars(steps: list[JobStep], width: int = 36, now: float | None = None) -> Text:
-    """Each step's duration as a bar, scaled to the longest; a running step grows live."""
-    now = time.time() if now is None else now
-    spans = {
-        s.name: (s.ended or now) - s.started
-        for s in steps
-        if s.started is not None and s.state != "skipped"
-    }
-    longest = max(spans.values(), default=0.0) or 1.0
-    text = Text()
-    for step in steps:
-        span = spans.get(step.name)
-        style = STATE_STYLE.get(step.state, "")
-        text.append(f"{step.name:<10} ", style="bold")
-        if span is None:
-            text.append(" " * width)
-            text.append(f"  {'':>7}  ")
-        else:
-            n = max(1, round(width * span / longest))
-            text.append((BAR * n).ljust(width), style=style or "white")
-            text.append(f"  {fmt.seconds(span):>7}  ")
-        text.append(step.state, style=style)
-        if step.state == "skipped" and step.detail:
-            text.append(f"  {step.detail.partition(' /')[0][:60]}", style="dim")
-        text.append("\n")
-    return text
 
 
 def trt_badge(trt: TrtEngine | None) -> Text:
@@ -81,7 +52,7 @@ def trt_badge(trt: TrtEngine | None) -> Text:
     return Text("unknown provenance", style="yellow")
 
 
-def trt_of(console: Any, node: str, deployment: str) -> TrtEngine | None:
+def trt_of(console: ConsoleHost, node: str, deployment: str) -> TrtEngine | None:
     state = console.collector.states.get(node)
     snap = state.snapshot if state is not None else None
     if snap is None:
@@ -89,7 +60,7 @@ def trt_of(console: Any, node: str, deployment: str) -> TrtEngine | None:
     return next((t for t in snap.trt_engines if t.deployment == deployment), None)
 
 
-def drill_node(console: Any, name: str) -> str | None:
+def drill_node(console: ConsoleHost, name: str) -> str | None:
     drill = console.fleet.drills.get(name)
     found = console.fleet.deployment(drill.deployment) if drill else None
     return found[1].node if found else None

@@ -28,10 +28,13 @@ from textual.widgets import Button, Input, Label, Select, Static
 
 from console.collect.failover_targets import Candidate, preselected, rank
 from console.collect.gateway_client import GatewayClient, GatewayError
+from console.collect.view import DeploymentRow
+from console.core.config import Model
 from console.core.snapshot import percentiles_from
 from console.tui import format as fmt
+from console.tui.host import ConsoleHost, host_of
 from console.tui.polling import Poll
-from console.tui.screens.jobs import STATE_STYLE
+from console.tui.screens.jobtext import STATE_STYLE
 from console.tui.widgets.safe_static import SafeStatic
 
 MOVES = [("all to one", "to"), ("drain one", "drain"), ("restore earlier", "restore")]
@@ -69,10 +72,10 @@ class FailoverScreen(ModalScreen[str | None]):
         self.first_choice: str | None = None  # the target the screen opened with
 
     @property
-    def console(self) -> Any:
-        return self.app
+    def console(self) -> ConsoleHost:
+        return host_of(self)
 
-    def _model(self) -> Any:
+    def _model(self) -> Model:
         return next(m for m in self.console.fleet.models if m.name == self.model)
 
     def _live(self) -> dict[str, Any]:
@@ -84,7 +87,7 @@ class FailoverScreen(ModalScreen[str | None]):
         live = self._live()
         return {d.id: live.get(d.id, {}).get("weight", d.weight) for d in self._model().deployments}
 
-    def _rows(self) -> list[Any]:
+    def _rows(self) -> list[DeploymentRow]:
         view = self.console.view
         return list(view.models.get(self.model, [])) if view else []
 

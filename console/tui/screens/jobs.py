@@ -21,83 +21,21 @@ from textual.widgets import Button, DataTable, Input, Label, Select, Static
 
 from console.collect.actions import ActionError, AgentActions
 from console.collect.gateway_client import GatewayClient, GatewayError
-from console.collect.operator_actions import GATEWAY, gateway_job, job_target
+from console.collect.operator_actions import GATEWAY, GatewayActions, gateway_job, job_target
 from console.collect.view import FleetView
+from console.core.config import Fleet, Profile
 from console.core.snapshot import Job
 from console.core.wire import COLD_START_PHASES
 from console.tui import format as fmt
 from console.tui.columns import Fitted
+from console.tui.host import ConsoleHost, host_of
 from console.tui.polling import Poll
 from console.tui.screens.base import ViewScreen
+from console.tui.screens.jobtext import STATE_STYLE, bench_table, job_note, step_bars, took
 from console.tui.widgets.safe_static import SafeStatic
 from console.tui.widgets.table import FleetTable, Row, empty_row
 
 JOB_EVERY_S = 1.0  # a job is polled again this long after its last answer came
-
-STATE_STYLE = {
-    "queued": "cyan",
-    "running": "bold cyan",
-    "succeeded": "green",
-    "failed": "bold red",
-    "cancelled": "yellow",
-    "skipped": "dim",
-    "pending": "dim",
-}
-
-
-def bench_table(bench: dict[str, Any] | None) -> Text:
-    """A drill's benchmark, candidate against the vLLM baseline, level by level."""
-    t = Text()
-    if not bench:
-        return t
-    cold = bench.get("cold_start_s") or {}
-    base = (cold.get("baseline") or {}).get("total_s")
-    t.append("cold start ", style="bold")
-    t.append(f"candidate {fmt.seconds(cold.get('candidate'))}  vLLM {fmt.seconds(base)}\n")
-    t.append(
-        f"{'conc':>5}  {'TTFT p95 cand / vLLM':>22}  {'ITL p95 cand / vLLM':>20}  "
-        f"{'tok/s cand / vLLM':>18}\n",
-        style="bold",
-    )
-    for level in bench.get("levels") or []:
-        both = (level.get("candidate") or {}, level.get("baseline") or {})
-        ttft = " / ".join(_ms(x.get("ttft_p95_ms")) for x in both)
-        itl = " / ".join(_ms(x.get("itl_p95_ms")) for x in both)
-        rate = " / ".join(
-            f"{x['tokens_per_s']:.0f}" if x.get("tokens_per_s") else "?" for x in both
-        )
-        t.append(f"{level['concurrency']:>5}  {ttft:>22}  {itl:>20}  {rate:>18}\n")
-    return t
-
-
-def job_note(job: Job) -> Text:
-    """A job in one cell: its error, else the step running, else what it achieved."""
-    current = next((s for s in job.steps if s.state == "running"), None)
-    if job.error:
-        return Text(job.error, style="red")
-    if current is not None:
-        return Text(f"{current.name}: {current.detail}" if current.detail else current.name)
-    rebuilt = job.result.get("time_to_rebuild_s")
-    if rebuilt:
-        return Text(f"time to rebuild {fmt.seconds(rebuilt)}")
-    cold = job.result.get("cold_start", {}).get("total_s")
-    if cold:
-        return Text(f"cold start {cold:.1f} s")
-    after = job.result.get("after")  # a failover's weights once it ended
-    if isinstance(after, dict) and after:
-        return Text("now " + " ".join(f"{d}={w}" for d, w in after.items() if w))
-    return Text("")
-
-
-def _ms(value: float | None) -> str:
-    return "?" if value is None else fmt.seconds(value / 1000)
-
-
-def took(job: Job) -> str:
-    if job.created is None:
-        return "?"
-    end = time.time() if job.state in ("queued", "running") else (job.updated or time.time())
-    return fmt.seconds(max(0.0, end - job.created))
 
 
 class StartVllmScreen(ModalScreen[tuple[str, str] | None]):
@@ -133,8 +71,8 @@ class StartVllmScreen(ModalScreen[tuple[str, str] | None]):
         self._shown: tuple[str, str] | None = None  # the profile whose fields are shown
 
     @property
-    def console(self) -> Any:
-        return self.app
+    def console(self) -> ConsoleHost:
+        return host_of(self)
 
     def compose(self) -> ComposeResult:
         fleet = self.console.fleet
@@ -293,7 +231,7 @@ class StartVllmScreen(ModalScreen[tuple[str, str] | None]):
         self.dismiss((node, job.id))
 
 
-def detached(fleet: Any, profile: str, endpoint: str) -> str | None:
+def detached(fleet: Fleet, profile: str, endpoint: str) -> str | None:
     """What a start at `endpoint` means for the deployments that name `profile`: said
     when none of them would reach it (a port override moved it), since then the gateway
     routes nothing to the new engine."""
@@ -307,7 +245,7 @@ def detached(fleet: Any, profile: str, endpoint: str) -> str | None:
     )
 
 
-def _current(profile: Any, key: str) -> str:
+def _current(profile: Profile, key: str) -> str:
     if key.startswith("args."):
         value = profile.args.get(key[5:])
         return "(not set)" if value is None else str(value)
@@ -401,8 +339,6 @@ class JobScreen(ViewScreen):
         if job.result.get("argv"):
             t.append("\n" + shlex.join(job.result["argv"]), style="dim")
         if job.kind == "drill.run":
-            from console.tui.screens.drills import step_bars
-
             self.query_one("#log-title", Static).update(Text("drill log", style="bold"))
             key = job.result.get("build_key")
             if key:
@@ -495,7 +431,7 @@ class JobsScreen(ViewScreen):
         if self.console.view is not None:
             self.show_view(self.console.view)
 
-    def _gateway(self) -> Any:
+    def _gateway(self) -> GatewayActions | None:
         """The gateway's actions as the console last read them; None without a gateway
         (or in a replay, which reads none: its failovers are in Events)."""
         console = self.console
@@ -546,7 +482,7 @@ class JobsScreen(ViewScreen):
     def _open(self, event: DataTable.RowSelected) -> None:
         key = str(event.row_key.value)
         if key.startswith(f"@{GATEWAY}/"):
-            self.console.push_screen(GatewayJobScreen(key.partition("/")[2]))
+            self.app.push_screen(GatewayJobScreen(key.partition("/")[2]))
         elif "/" in key:
             node, _, job_id = key.partition("/")
             self.console.open_job(node, job_id)
