@@ -1,8 +1,8 @@
 """The SIMULATED fleet behind `engineroom demo` and the console's scale benchmark.
 
 - `fleet.serve_demo_fleet`: simulated GPUs (`nvml.SimulatedNvml`) and engines
-  (`engines.VllmEngine`, `engines.TritonEngine`, driven by `load.Workload`), read by REAL
-  agents over real HTTP on 127.0.0.1.
+  (`vllm_engine.VllmEngine`, `triton_engine.TritonEngine`, built on `engines`, driven by
+  `load.Workload`), read by REAL agents over real HTTP on 127.0.0.1.
 - `scale.serve_scale_fleet`: many lightweight simulated agents serving generated snapshots.
 - `python -m console.sim`: either one, until SIGINT or SIGTERM.
 

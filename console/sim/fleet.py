@@ -42,7 +42,6 @@ from console.agent.node import NodeAgent
 from console.core.config import Fleet, load_fleet
 from console.core.wire import Snapshot
 from console.sim import nvml, trtllm_double
-from console.sim.engines import ENSEMBLE, TritonEngine, VllmEngine
 from console.sim.fleetfile import (
     TOKEN_ENV,
     VIEWER_TOKEN_ENV,
@@ -62,6 +61,8 @@ from console.sim.load import (
     Workload,
 )
 from console.sim.nvml import GpuSpec, SimulatedNvml, Tenant
+from console.sim.triton_engine import ENSEMBLE, TritonEngine
+from console.sim.vllm_engine import VllmEngine
 from plugins.base import Discovered
 
 GPUS_PER_NODE = 8

@@ -28,7 +28,6 @@ import pydantic_core
 
 from console import __version__
 from console.core.oslimits import raise_open_files
-from console.sim.engines import ENSEMBLE, TRITON_VERSION, VLLM_VERSION
 from console.sim.fleetfile import (
     TOKEN_ENV,
     FleetText,
@@ -38,6 +37,8 @@ from console.sim.fleetfile import (
     port_of,
 )
 from console.sim.nvml import MEM_MHZ, POWER_LIMIT_MW, TOTAL_MEMORY
+from console.sim.triton_engine import ENSEMBLE, TRITON_VERSION
+from console.sim.vllm_engine import VLLM_VERSION
 
 AGENT_PORTS = 20000  # preferred: node i on 20000 + i
 PER_RACK = 40

@@ -5,7 +5,7 @@
 `engineroom demo` has no vLLM, so its profiles launch this instead: it takes vLLM's
 command line (unknown flags are ignored), prints the log lines vLLM prints at each
 cold-start phase, a few seconds apart, then serves the simulated vLLM engine of the demo
-(console.sim.engines), whose traffic is what the gateway routes to it: each demo client
+(console.sim.vllm_engine), whose traffic is what the gateway routes to it: each demo client
 request it gets stands for $ENGINEROOM_SIM_STANDS_FOR users' requests (console.sim.load,
 routed traffic), none before the gateway sends it any. SIGTERM ends it the way vLLM ends.
 It is never used by a test of a real path: those run real vLLM.
@@ -22,8 +22,8 @@ import socket
 import sys
 import time
 
-from console.sim.engines import VllmEngine
 from console.sim.load import STANDS_FOR_ENV, TICK_S, Routed, Traffic, Workload
+from console.sim.vllm_engine import VllmEngine
 
 # (seconds after start, line): what vLLM 0.32 logs on its way to ready (SIMULATED).
 PHASES = (
