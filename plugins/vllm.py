@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from console.core.config import Profile
+from console.core.config_model import Profile
 from console.core.fetch import Response
 from console.core.launch import Launch, apply_overrides, flag_args, gpu_env
 from console.core.promtext import Exposition, MetricsGarbage, parse

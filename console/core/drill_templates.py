@@ -10,7 +10,7 @@ a literal brace is written twice ({{ and }}). The shipped templates are TensorRT
 
 from __future__ import annotations
 
-from console.core.config import Drill
+from console.core.config_model import Drill
 
 PLACEHOLDERS = (
     "checkpoint",  # the Hugging Face checkpoint directory

@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from console.core.config import ArgValue, Profile
+from console.core.config_model import ArgValue, Profile
 
 _ARG_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 # Overrides a profile may mark overridable, besides "args.NAME".

@@ -24,16 +24,14 @@ import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from importlib.metadata import EntryPoint, entry_points
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import aiohttp
 
+from console.core.config_model import Profile
 from console.core.fetch import Response, fetch
+from console.core.launch import Launch, LaunchError
 from console.core.readings import EngineReading
-
-if TYPE_CHECKING:
-    from console.core.config import Profile
-    from console.core.launch import Launch
 
 log = logging.getLogger(__name__)
 
@@ -149,8 +147,6 @@ class EnginePlugin(abc.ABC):
     def launch(self, profile: Profile, overrides: Mapping[str, Any]) -> Launch:
         """The argv and environment that start `profile` with `overrides` applied;
         LaunchError names the key and says why when the profile does not allow it."""
-        from console.core.launch import LaunchError
-
         raise LaunchError(f"engine: the agent does not start {self.kind} engines")
 
 

@@ -24,7 +24,7 @@ from typing import Any, Literal, NamedTuple
 
 from console.core import alertrules
 from console.core.alertrules import AlertDef
-from console.core.config import Fleet, Model
+from console.core.config_model import Fleet, Model
 from console.core.snapshot import ModelStats
 
 Level = Literal["ok", "warning", "critical", "unknown"]
