@@ -41,7 +41,6 @@ from console.core.config_model import (
     Slo,
 )
 from console.core.drill_templates import template_problems
-from console.core.plugin import plugin_failures, plugin_kinds
 from console.core.tomlpos import Path as KeyPath
 from console.core.tomlpos import format_path, key_lines, line_of
 
@@ -169,6 +168,10 @@ def _inner_model(annotation: Any) -> Any:
 
 def _engine_plugins() -> dict[str, Any]:
     """The loaded engine plugin classes by kind, and why each failed one did not load."""
+    # Here, not at the top: the plugin interface brings aiohttp, which `engineroom --help`
+    # and every import of this module would otherwise pay for (0.2-0.7 s).
+    from console.core.plugin import plugin_failures, plugin_kinds
+
     return {**plugin_kinds(), **{f.kind: f for f in plugin_failures()}}
 
 
