@@ -30,7 +30,7 @@ from console.collect.replay import ReplayCollector
 from console.core.config import load_fleet, parse_fleet
 from console.core.snapshot import Latency, Percentiles, Snapshot, decode_snapshot
 from console.core.window import quantile
-from console.sim.fleet import MODELS
+from console.sim.demo_layout import MODELS
 from console.sim.load import SURGE_FOR_S, SURGE_FROM_S, Plan, Workload
 from console.tui import format as fmt
 from console.tui.app import EngineroomApp

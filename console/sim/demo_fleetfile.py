@@ -1,0 +1,178 @@
+"""The SIMULATED demo fleet's fleet.toml: its gateway, agents, nodes, models with their
+deployments, the vLLM standbys' launch profiles, and (through console.sim.demo_drills) its
+TensorRT-LLM engines and rebuild drill.
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+from console.sim.demo_drills import write_drills
+from console.sim.demo_layout import ENGINE_PORTS, MODELS, STANDBYS, EngineSpec, stands_for
+from console.sim.fleetfile import (
+    TOKEN_ENV,
+    VIEWER_TOKEN_ENV,
+    FleetText,
+    listen_socket,
+    model_tables,
+    node_name,
+    port_of,
+)
+from console.sim.load import STANDS_FOR_ENV
+from console.sim.triton_engine import ENSEMBLE
+
+DEMO_HEADER = """
+SIMULATED fleet, written by `python -m console.sim` (behind `engineroom demo`).
+
+The agents are real engineroom agents; the GPUs (NVML), the engines (vLLM-like and
+Triton/TensorRT-LLM-like servers) and their traffic are SIMULATED, all in one process on
+127.0.0.1. This file is valid only while that process runs. The operator token for every node
+(and the gateway's admin token) is in the environment variable ENGINEROOM_DEMO_TOKEN; the
+viewer token the web view reads with, in ENGINEROOM_DEMO_VIEWER_TOKEN.
+"""
+
+
+def write_fleet_file(
+    path: Path,
+    specs: list[EngineSpec],
+    http: list[socket.socket],
+    metrics: list[socket.socket | None],
+    agent_socks: list[socket.socket],
+    gateway_sock: socket.socket,
+) -> None:
+    """The demo's fleet.toml at `path`, naming the sockets the fleet listens on."""
+    root = path.parent
+    standbys = demo_standbys(len(agent_socks))
+    out = FleetText(DEMO_HEADER)
+    out.add(
+        "[fleet]",
+        {"name": "demo (SIMULATED)", "environment": "staging", "refresh_s": 1.0},
+    )
+    out.add(
+        "[gateway]",
+        {
+            "url": f"http://127.0.0.1:{port_of(gateway_sock)}",
+            "token_env": TOKEN_ENV,
+            "viewer_token_env": VIEWER_TOKEN_ENV,
+            "state_dir": str(root / "gateway"),
+        },
+    )
+    out.add(
+        "[agent]",
+        {
+            "scrape_interval_s": 2.0,
+            "window_s": 60.0,
+            "probe_timeout_s": 2.0,
+            "discover": False,
+            "operator_token_env": TOKEN_ENV,
+            "viewer_token_env": VIEWER_TOKEN_ENV,
+            "state_dir": str(root / "state"),
+        },
+    )
+    for i, sock in enumerate(agent_socks):
+        out.add(
+            "[[nodes]]",
+            {
+                "name": node_name(i, 2),
+                "agent": f"http://127.0.0.1:{port_of(sock)}",
+                "token_env": TOKEN_ENV,
+            },
+        )
+    models = []
+    for model in MODELS.values():
+        deployments: list[dict[str, object]] = []
+        for spec, sock, msock in zip(specs, http, metrics, strict=True):
+            if spec.model is not model:
+                continue
+            deployments.append(
+                {
+                    "id": spec.deployment_id,
+                    "node": node_name(spec.node, 2),
+                    "engine": spec.kind,
+                    "endpoint": f"http://127.0.0.1:{port_of(sock)}",
+                    "metrics_endpoint": (f"http://127.0.0.1:{port_of(msock)}" if msock else None),
+                    "engine_model": ENSEMBLE if spec.kind == "triton" else None,
+                    "weight": 100,
+                    "engine_dir": (
+                        str(root / "engines" / spec.deployment_id)
+                        if spec.kind == "triton"
+                        else None
+                    ),
+                }
+            )
+        for standby in standbys:
+            if standby["short"] == model.short:
+                deployments.append(
+                    {
+                        "id": standby["profile"],
+                        "node": standby["node"],
+                        "engine": "vllm",
+                        "endpoint": f"http://127.0.0.1:{standby['port']}",
+                        "weight": 0,  # a standby: no traffic until a failover
+                        "profile": standby["profile"],
+                    }
+                )
+        models.append((model.name, model.slo, deployments))
+    model_tables(out, models)
+    _write_profiles(out, root, specs, standbys)
+    write_drills(out, root, specs, http)
+    path.write_text(out.text(), encoding="utf-8")
+
+
+def demo_standbys(nodes: int) -> list[dict[str, Any]]:
+    """The demo's vLLM standbys: a profile and a weight-0 deployment each (ports chosen
+    once, when the fleet file is written)."""
+    standbys: list[dict[str, Any]] = []
+    for node, short, gpu in STANDBYS:
+        if node >= nodes:
+            continue
+        with listen_socket(ENGINE_PORTS + 20 * node + 15) as sock:
+            port = port_of(sock)  # free now; the agent's preflight checks it again
+        standbys.append(
+            {
+                "short": short,
+                "node": node_name(node, 2),
+                "gpu": gpu,
+                "port": port,
+                "profile": f"{short}-standby-{node_name(node, 2).removeprefix('gpu-')}",
+            }
+        )
+    return standbys
+
+
+def _write_profiles(
+    out: FleetText, root: Path, specs: list[EngineSpec], standbys: list[dict[str, Any]]
+) -> None:
+    """Launch profiles on GPUs the layout leaves idle, for "Start vLLM" in the demo.
+
+    They launch console.sim.standin_vllm (SIMULATED): vLLM's log lines, then the
+    simulated engine, whose traffic is what the gateway sends it (STANDS_FOR_ENV: how
+    many users a client request stands for). The model directories hold only a
+    config.json, for the preflight.
+    """
+    models_dir = root / "models"
+    for standby in standbys:
+        model = MODELS[standby["short"]]
+        directory = models_dir / standby["short"]
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / "config.json").write_text('{"SIMULATED": true}\n')
+        out.add(
+            f"[profiles.{standby['profile']}]",
+            {
+                "engine": "vllm",
+                "node": standby["node"],
+                "model": str(directory),
+                "served_model_name": model.name,
+                "port": standby["port"],
+                "gpus": [standby["gpu"]],
+                "command": [sys.executable, "-m", "console.sim.standin_vllm"],
+                "args": {"host": "127.0.0.1", "max_model_len": 8192, "dtype": "bfloat16"},
+                "overridable": ["port"],
+                "allowed_args": ["max_num_seqs", "gpu_memory_utilization"],
+                "stop_grace_s": 10.0,
+                "env": {STANDS_FOR_ENV: f"{stands_for(specs, model):.4g}"},
+            },
+        )
