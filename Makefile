@@ -83,8 +83,8 @@ demo: $(BIN)/engineroom
 	$(BIN)/engineroom demo
 
 lint: $(VENV)/.test-deps
-	$(BIN)/ruff check console plugins tests bench
-	$(BIN)/ruff format --check console plugins tests bench
+	$(BIN)/ruff check console plugins tests bench tools
+	$(BIN)/ruff format --check console plugins tests bench tools
 	$(BIN)/mypy
 
 test: $(VENV)/.test-deps engines router sshd systemd prometheus haproxy chromium tmux lint
@@ -118,10 +118,16 @@ bench: $(VENV)/.test-deps engines router sshd nginx prometheus haproxy
 	$(BIN)/python -m bench.prom_scale --recorded --compare
 	$(BIN)/python -m bench.recording
 
-# Every screen on the simulated demo fleet, as SVG and PNG (PNG through Debian's librsvg).
-screenshots: $(VENV)/.test-deps
+# Every screen on the simulated demo fleet, as SVG and PNG (PNG through Debian's librsvg),
+# and the web view in headless Chromium: its browser test saves web-readonly.png here when
+# ENGINEROOM_SCREENSHOTS names a folder (a plain test run writes under its tmp path only).
+screenshots: $(VENV)/.test-deps chromium
 	command -v rsvg-convert >/dev/null || (apt-get update -qq && apt-get install -y -qq librsvg2-bin)
-	$(BIN)/python -m console.tui.screenshots screenshots
+	$(BIN)/python -m tools.screenshots screenshots
+	rm -f screenshots/web-readonly.png
+	ENGINEROOM_SCREENSHOTS=$(CURDIR)/screenshots \
+	$(BIN)/pytest -q tests/test_web_view.py -k test_chromium_sees_the_fleet_and_no_key_changes_it
+	test -s screenshots/web-readonly.png
 
 # The console at 10, 100 and 1,000 simulated nodes (part of `make bench`).
 bench-console: $(VENV)/.test-deps
@@ -129,7 +135,7 @@ bench-console: $(VENV)/.test-deps
 
 # The API reference generated from the code (tests/test_apidocs.py checks it is current).
 apidocs: $(BIN)/engineroom
-	$(BIN)/python -m console.apidocs docs/api
+	$(BIN)/python -m tools.apidocs docs/api
 
 clean:
 	rm -rf $(VENV) $(ENGINES) .pytest_cache .mypy_cache .ruff_cache

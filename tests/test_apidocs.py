@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from console import apidocs
 from tests.conftest import ROOT
+from tools import apidocs
 
 COMMITTED = ROOT / "docs" / "api" / apidocs.AGENT_FILE
 
@@ -14,7 +14,7 @@ def test_the_committed_agent_openapi_is_current():
     written = apidocs.agent_openapi_text()
     assert COMMITTED.read_text() == written, (
         f"{COMMITTED.relative_to(ROOT)} is out of date with console/agent/app.py and "
-        "console/core/wire.py: run `.venv/bin/python -m console.apidocs docs/api` and commit it"
+        "console/core/wire.py: run `.venv/bin/python -m tools.apidocs docs/api` and commit it"
     )
 
 

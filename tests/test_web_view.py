@@ -46,7 +46,9 @@ from tests.tui_support import until
 
 WEB_TOKEN = "web-token-0123456789abcdef"
 OPERATOR_SECRET = OPERATOR.split(":", 1)[1]
-SCREENSHOT = ROOT / "screenshots" / "web-readonly.png"
+# docs/web.md's screenshot: `make screenshots` names its folder; a test run leaves the
+# checkout as it was and saves it under its tmp path.
+SCREENSHOTS_ENV = "ENGINEROOM_SCREENSHOTS"
 
 FLEET = """
 [fleet]
@@ -491,8 +493,9 @@ async def test_sessions_are_capped_and_a_closed_one_frees_its_slot(bridge: Bridg
     chromium_binary() is None, reason="no chromium on PATH (make chromium installs it)"
 )
 async def test_chromium_sees_the_fleet_and_no_key_changes_it(
-    server: WebServer, bridge: Bridge
+    server: WebServer, bridge: Bridge, tmp_path: Path
 ) -> None:
+    screenshot = Path(os.environ.get(SCREENSHOTS_ENV) or tmp_path) / "web-readonly.png"
     before = bridge.jobs()
     async with Chromium(width=1600, height=900) as browser:
         page = await browser.page()
@@ -506,7 +509,7 @@ async def test_chromium_sees_the_fleet_and_no_key_changes_it(
         await page.wait_for_text(["MODEL / DEPLOYMENT", "tiny"], 30, "the Models table")
         await page.press("s")
         await page.wait_for_text(["read-only view: starting vLLM is disabled"], 30, "s")
-        await page.screenshot(SCREENSHOT)
+        await page.screenshot(screenshot)
         await page.press("f")
         await page.wait_for_text(["read-only view: failing over is disabled"], 30, "f")
         await page.press("R")
@@ -520,7 +523,7 @@ async def test_chromium_sees_the_fleet_and_no_key_changes_it(
         await page.press("r")
         await page.wait_for_text(["read-only view: restarting an"], 30, "r")
     assert bridge.jobs() == before
-    assert SCREENSHOT.stat().st_size > 10_000
+    assert screenshot.stat().st_size > 10_000
 
 
 # -- a console process at its limits -----------------------------------------------------

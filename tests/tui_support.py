@@ -17,7 +17,7 @@ from console.collect.replay import ReplayCollector
 from console.core.config import parse_fleet
 from console.core.snapshot import decode_snapshot
 from console.tui.app import EngineroomApp
-from console.tui.screenshots import key_names
+from tools.screenshots import key_names
 
 T = TypeVar("T")
 

@@ -1,4 +1,4 @@
-"""`python -m console.apidocs DIR`: write the API reference that the code defines.
+"""`python -m tools.apidocs DIR`: write the API reference that the code defines.
 
 The agent's OpenAPI document comes from its FastAPI app (console.agent.app), so the
 reference cannot drift from the routes and the wire models in console.core.wire:
@@ -54,7 +54,7 @@ def agent_openapi_text() -> str:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
-        print("usage: python -m console.apidocs DIR   (e.g. docs/api)", file=sys.stderr)
+        print("usage: python -m tools.apidocs DIR   (e.g. docs/api)", file=sys.stderr)
         return 2
     out = Path(argv[0])
     out.mkdir(parents=True, exist_ok=True)

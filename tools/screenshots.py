@@ -1,6 +1,6 @@
 """`make screenshots`: every screen of the console on the SIMULATED demo fleet, as SVG and PNG.
 
-    python -m console.tui.screenshots screenshots/ [--warmup 50]
+    python -m tools.screenshots screenshots/ [--warmup 50]   (from the repository root)
 
 It starts the demo fleet, lets the console collect history for --warmup seconds (the
 demo's planned incidents, a TTFT SLO breach and a hot GPU, show by then), then drives
@@ -98,7 +98,7 @@ def _first_engine(app: EngineroomApp, node: str, kind: str) -> str:
     return engines[0] if engines else "none"
 
 
-EVIDENCE = Path(__file__).resolve().parents[2] / "docs" / "evidence"
+EVIDENCE = Path(__file__).resolve().parents[1] / "docs" / "evidence"
 
 
 async def shoot_evidence(out: Path, kind: str = "h200x2") -> list[Path]:
