@@ -14,7 +14,7 @@ import asyncio
 import hmac
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
@@ -26,12 +26,10 @@ from console.core.gateway_wire import (
     WeightsUpdate,
     problems,
 )
+from console.gateway.context import GatewayContext
 from console.gateway.failover import FailoverRefused
 from console.gateway.measure import exposition
 from console.gateway.routes import FleetFileChanged, FleetFileUnwritable, save_to_fleet
-
-if TYPE_CHECKING:
-    from console.gateway.server import Gateway
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 Body = TypeVar("Body", bound=BaseModel)
@@ -67,7 +65,7 @@ async def _body(request: web.Request, model: type[Body], status: int = 400) -> B
 
 
 class Admin:
-    def __init__(self, gateway: Gateway) -> None:
+    def __init__(self, gateway: GatewayContext) -> None:
         self.gw = gateway
 
     def add_routes(self, app: web.Application) -> None:

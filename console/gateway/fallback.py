@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import aiohttp
 from aiohttp import web
 
 from console.gateway.admin import Admin
-from console.gateway.frontdoor import (
+from console.gateway.context import GatewayContext
+from console.gateway.frontdoor import unsent
+from console.gateway.sink import (
     SERVED_BY,
     SSE_HEADERS,
     ClientGone,
@@ -24,11 +26,7 @@ from console.gateway.frontdoor import (
     Sink,
     error_body,
     send_error,
-    unsent,
 )
-
-if TYPE_CHECKING:
-    from console.gateway.server import Gateway
 
 
 def openai_error(status: int, message: str, kind: str, code: str | None = None) -> web.Response:
@@ -94,7 +92,7 @@ async def _within(request: web.BaseRequest, timeout: float, write: Awaitable[Non
         left = now
 
 
-def build_app(gw: Gateway) -> web.Application:
+def build_app(gw: GatewayContext) -> web.Application:
     """The aiohttp application of `gw`; it starts and closes the gateway with it."""
     settings = gw.settings
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
-import json
 import logging
 import struct
 import termios
@@ -31,79 +30,30 @@ import time
 from collections.abc import Callable
 from email.utils import formatdate
 from http import HTTPStatus
-from typing import TYPE_CHECKING, cast
+from typing import cast
 
-from console.gateway.upstream import Upstream
-
-if TYPE_CHECKING:
-    from console.gateway.server import Gateway
+from console.gateway.context import GatewayContext
+from console.gateway.sink import (
+    SERVED_BY,
+    SSE_HEADERS,
+    ClientGone,
+    ClientStalled,
+    Sink,
+    error_body,
+    send_error,
+)
 
 log = logging.getLogger(__name__)
 
-SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-SERVED_BY = "X-Engineroom-Deployment"  # which deployment answered: for clients and benches
 FAST = {b"/v1/completions": False, b"/v1/chat/completions": True}  # path: chat
 MAX_HEAD = 16384
 SHUTDOWN_GRACE_S = 10.0
 
 
-class ClientGone(Exception):
-    """The client closed its connection: not the deployment's failure."""
-
-
-class ClientStalled(ClientGone):
-    """The client read nothing for `write_timeout_s`: the gateway cut its connection."""
-
-
-def error_body(message: str, kind: str, code: str | None = None) -> bytes:
-    body = {"error": {"message": message, "type": kind, "param": None, "code": code}}
-    return json.dumps(body).encode()
-
-
-class Sink:
-    """Where one answer goes: an aiohttp response, or FrontDoor's connection."""
-
-    upstream: Upstream | None = None  # the deployment answering, once picked (for logs)
-
-    async def reply(
-        self, status: int, body: bytes, content_type: str, served_by: str | None
-    ) -> None:
-        """A whole answer."""
-        raise NotImplementedError
-
-    async def open_stream(self, served_by: str) -> None:
-        """A 200 SSE answer begins (its head may wait for the first chunk)."""
-        raise NotImplementedError
-
-    async def write(self, chunk: bytes) -> None:
-        """One chunk of the stream, sent now; ClientGone when the client left."""
-        raise NotImplementedError
-
-    async def close_stream(self) -> None:
-        raise NotImplementedError
-
-    def open_now(self, served_by: str) -> bool:
-        """`open_stream` with no wait, once (a second call does nothing); False when this
-        sink cannot."""
-        return False
-
-    def write_now(self, chunk: bytes, last: bool) -> bool:
-        """One chunk of the stream (and its end, when `last`), sent now if the client's
-        socket has room, with no wait; False when it must go through `write` (a full or
-        closed socket, a sink that cannot)."""
-        return False
-
-
-async def send_error(
-    sink: Sink, status: int, message: str, kind: str, code: str | None = None
-) -> None:
-    await sink.reply(status, error_body(message, kind, code), "application/json", None)
-
-
 class FrontDoor(asyncio.Protocol):
     """One client connection of the data path (this module's docstring)."""
 
-    def __init__(self, gateway: Gateway, fallback: Callable[[], asyncio.Protocol]) -> None:
+    def __init__(self, gateway: GatewayContext, fallback: Callable[[], asyncio.Protocol]) -> None:
         self.gw = gateway
         self.fallback = fallback
         self.transport: asyncio.Transport | None = None

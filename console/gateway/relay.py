@@ -22,8 +22,8 @@ from typing import Any
 
 from console.core.config import GatewaySection
 from console.gateway import triton_openai as tri
-from console.gateway.frontdoor import ClientGone, ClientStalled, Sink, send_error
 from console.gateway.routetable import RouteTable
+from console.gateway.sink import ClientGone, ClientStalled, Sink, send_error
 from console.gateway.upstream import Answer, AnswerTooLarge, Upstream, UpstreamError
 
 log = logging.getLogger(__name__)

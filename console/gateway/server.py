@@ -16,7 +16,10 @@ One job per module:
 - relay: one completion forwarded to a deployment (Triton translated, SSE relayed), over
   the pools of kept-alive connections of upstream;
 - routetable: models, deployments, live weights, the pick; routes: their SQLite store;
-- failover: failover jobs over the route table.
+- failover: failover jobs over the route table;
+- sink: where an answer goes (Sink), shared by the relay and both servers;
+- context: what the front door, the application and the admin API use of the Gateway
+  (GatewayContext), so that none of them imports this module.
 This module puts them together and runs them (`run_gateway`).
 
 Bounds (docs/security.md): request bodies (`max_body_bytes`) and engines' whole
@@ -43,6 +46,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
 from console.core.config import ConfigError, Fleet, load_fleet
+from console.gateway.context import OpenDoor
 from console.gateway.failover import Failovers
 from console.gateway.fallback import build_app
 from console.gateway.frontdoor import SHUTDOWN_GRACE_S, FrontDoor
@@ -80,7 +84,7 @@ class Gateway:
         self.answer = self.relay.answer  # FrontDoor's way in to the data path
         self.http: aiohttp.ClientSession | None = None  # health checks and failovers
         self._tasks: list[asyncio.Task[None]] = []
-        self.front_doors: set[FrontDoor] = set()  # FrontDoor's connections, for shutdown
+        self.front_doors: set[OpenDoor] = set()  # FrontDoor's connections, for shutdown
         # Client connections open, FrontDoor's and those handed to aiohttp (run_gateway).
         self.open_connections: Callable[[], int] = lambda: len(self.front_doors)
         self.connections_refused = 0  # over max_connections
