@@ -691,7 +691,7 @@ async def test_the_console_drains_a_replica_and_restores_from_the_keyboard(gatew
         other = "tiny-vllm" if drained == "tiny-trt" else "tiny-trt"
         assert screen.plan["weights_after"] == {drained: 0, other: 200}
         confirm = screen.query_one("#confirm", Input)
-        assert f"drain {drained} onto the others" in confirm.placeholder
+        assert f"drain {drained} onto the others" in shown(screen.query_one("#confirm-what"))
         table = shown(screen.query_one("#plan-table"))
         assert "100→0" in table and "100→200" in table, table
         confirm.focus()
@@ -718,7 +718,7 @@ async def test_the_console_drains_a_replica_and_restores_from_the_keyboard(gatew
         await until(lambda: (screen.plan or {}).get("op") == "restore", "the restore's plan")
         assert screen.plan["weights_after"] == both
         assert f"restore the weights from before job {drain_id}" in (
-            screen.query_one("#confirm", Input).placeholder
+            shown(screen.query_one("#confirm-what"))
         )
         screen.query_one("#confirm", Input).focus()
         await pilot.press(*"tiny", "enter")

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from textual.widgets import Select
+from textual.widgets import Button, Input, Select
 
 from console.collect.replay import ReplayCollector
 from console.core.config import parse_fleet
@@ -30,6 +30,7 @@ from console.tui.screens.drills import PlaybookScreen
 from console.tui.screens.events import EventsScreen
 from console.tui.screens.failover import FailoverScreen
 from console.tui.screens.jobs import GatewayJobScreen, JobsScreen
+from console.tui.widgets.safe_static import SafeStatic
 from console.tui.widgets.table import FleetTable
 from tests.conftest import OPERATOR
 from tests.engines.servers import free_port, stop
@@ -318,6 +319,13 @@ async def test_the_gateways_live_weights_make_the_failover_step_done(
                 plan.query_one("#target", Select).value,
                 plan.query_one("#onto", Select).value,
             ) == ("drain", "tiny-trt", "tiny-vllm")
+            # What is left is to read the move, whole, and type the model's name: the keys
+            # land in the confirmation (they went to the first Select, and were lost).
+            what = str(plan.query_one("#confirm-what", SafeStatic).render())
+            assert "drain tiny-trt onto tiny-vllm: type tiny below to confirm" in what, what
+            await pilot.press(*"tiny")
+            assert plan.query_one("#confirm", Input).value == "tiny"
+            assert not plan.query_one("#go", Button).disabled
             await pilot.press("escape")
             await until(pilot, lambda: app.screen is screen, what="back on the playbook")
 

@@ -56,7 +56,8 @@ class FailoverScreen(ModalScreen[str | None]):
     FailoverScreen #how { margin-top: 0; }
     FailoverScreen #mode { max-width: 23; }
     FailoverScreen #onto.hidden { display: none; }
-    FailoverScreen Input { width: 1fr; max-width: 80; margin-top: 1; background: $boost; }
+    FailoverScreen #confirm-what { margin-top: 1; }
+    FailoverScreen Input { width: 1fr; max-width: 80; background: $boost; }
     FailoverScreen Button { margin-right: 2; }
     FailoverScreen #preflight, FailoverScreen #plan-table { margin-top: 1; }
     """
@@ -165,7 +166,10 @@ class FailoverScreen(ModalScreen[str | None]):
                     compact=True,
                 )  # fmt: skip
             ask = _ask(move, value, onto_value)
-            yield Input(placeholder=self._confirm_text(ask), id="confirm", compact=True)
+            # The move in words, wrapped: as a placeholder it was cut at 80 columns (the
+            # target lost) and went away at the first key typed.
+            yield SafeStatic(self._confirm_text(ask), id="confirm-what")
+            yield Input(placeholder=f"type {self.model}", id="confirm", compact=True)
             with Horizontal():
                 yield Button(self._go_label(ask), id="go", variant="error", disabled=True,
                              compact=True)  # fmt: skip
@@ -177,6 +181,10 @@ class FailoverScreen(ModalScreen[str | None]):
             yield SafeStatic(id="steps")
 
     def on_mount(self) -> None:
+        if self.source:
+            # A playbook step chose the move: what is left is to read it and type the
+            # model's name (the name typed into a Select was lost).
+            self.query_one("#confirm", Input).focus()
         self._draw_plan()
         self.progress_poll = Poll(self, 1.0, self._tick, "failover-progress")
         self.progress_poll.now()
@@ -198,7 +206,7 @@ class FailoverScreen(ModalScreen[str | None]):
 
     def _confirm_text(self, ask: dict[str, str | None] | None = None) -> str:
         what = _what(ask if ask is not None else self.ask())
-        return f"type {self.model} to confirm: {what}"
+        return f"{what}: type {self.model} below to confirm"
 
     def _go_label(self, ask: dict[str, str | None] | None = None) -> str:
         ask = ask if ask is not None else self.ask()
@@ -363,7 +371,7 @@ class FailoverScreen(ModalScreen[str | None]):
             drained = str(self.query_one("#target", Select).value)
             onto.set_options(self._onto_options(drained))
             onto.value = OTHERS
-        self.query_one("#confirm", Input).placeholder = self._confirm_text()
+        self.query_one("#confirm-what", SafeStatic).update(self._confirm_text())
         self.query_one("#go", Button).label = self._go_label()
         self._draw_steps()
         if event.select.id != "mode":
