@@ -476,7 +476,14 @@ class FailoverScreen(ModalScreen[str | None]):
         if job.get("error"):
             t.append(f"{job['error']}\n", style="bold red")
         if job.get("after"):
-            t.append(f"routes before {job.get('before')}  after {job.get('after')}\n")
+            before, after = job.get("before") or {}, job["after"]
+            t.append("routes before ", style="bold")
+            t.append(" ".join(f"{d}={w}" for d, w in before.items()) or "unknown")
+            t.append("\n       after  ", style="bold")
+            t.append(
+                "as before" if after == before else " ".join(f"{d}={w}" for d, w in after.items())
+            )
+            t.append("\n")
         self.query_one("#progress", Static).update(t)
 
 
