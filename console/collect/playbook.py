@@ -177,13 +177,12 @@ def plan(
             + (f" (job {to_vllm.id})" if to_vllm is not None else ""),
         )
     elif rebuilt:
-        step = Check(
-            "fail over to vLLM",
-            "done",
-            f"done by job {to_vllm.id}; {source.id} is current again (weight {w_src})"
-            if to_vllm is not None
-            else f"not needed: {source.id} is current (weight {w_src})",
-        )
+        detail = f"not needed: {source.id} is current (weight {w_src})"
+        if to_vllm is not None and to_vllm.state == "succeeded":
+            detail = f"done by job {to_vllm.id}; {source.id} is current again (weight {w_src})"
+        elif to_vllm is not None:  # rolled back or cancelled: it did not move the traffic
+            detail += f"; the failover job {to_vllm.id} {to_vllm.state}"
+        step = Check("fail over to vLLM", "done", detail)
     elif sb_ready:
         step = Check(
             "fail over to vLLM",
