@@ -310,3 +310,32 @@ def test_alerts_live_when_recording_starts_are_active_at_start_and_later_ones_ra
     lines = timeline.stdout.splitlines()
     assert any("alert active at start" in x and "gone" in x for x in lines), timeline.stdout
     assert any("alert raised" in x and "local" in x for x in lines), timeline.stdout
+
+
+def test_what_the_first_view_after_every_node_was_read_raises_was_active_at_start(tmp_path):
+    """The console's recording of a node down from the start read "alert raised" when its
+    first full view came later than a refresh after the nodes' first reads (a loaded CI
+    machine); and a node not read yet (status "unknown") counted as read."""
+    from console.collect.alerts import Event, EventLog
+    from console.collect.collector import NodeState
+    from console.collect.recorder import Recorder
+
+    out = tmp_path / "start.rec"
+    writer = RecordingWriter(out, fleet_text="", fleet_source="fleet.toml")
+    recorder = Recorder(writer, refresh_s=0.5, nodes=["local", "gone"])
+    log = EventLog()
+
+    def raised(subject: str, at: float) -> None:
+        log.events.appendleft(Event(at, "raised", "critical", subject, "node down"))
+        recorder.alerts(log)
+
+    recorder.node_updated(NodeState("local", "agent"))  # not read yet: "unknown"
+    recorder.node_updated(NodeState("gone", "agent", failures=1, error="connection refused"))
+    assert recorder._warm_at is None  # "local" has not answered yet
+    recorder.node_updated(NodeState("local", "agent", failures=1, error="timed out"))
+    assert recorder._warm_at is not None
+    raised("gone", recorder._warm_at + 5)  # the first view, 5 s late
+    raised("local", recorder._warm_at + 6)  # a later one: raised while recording
+    writer.close()
+    kinds = {e["subject"]: e["kind"] for e in Recording(out).events}
+    assert kinds == {"gone": "active", "local": "raised"}

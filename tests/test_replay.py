@@ -242,3 +242,33 @@ async def test_replay_opens_where_the_data_starts_and_says_there_is_none_before(
         await pilot.pause()
         assert any("no data before the recording" in n for n in _notes(app)), _notes(app)
         assert app.replay.at == T0
+
+
+def test_replay_opens_once_every_node_was_read_and_never_invents_an_error(tmp_path):
+    """Seen in tmux on the demo's recording: replay opened on the first node's answer, 26 ms
+    before the other three's, and showed those three "down: connection refused", an error
+    nobody recorded."""
+    path = tmp_path / "round.rec"
+    writer = RecordingWriter(path, fleet_text=FLEET, fleet_source="fleet.toml", keyframe_s=20)
+    h200, cpu = json.loads(H200.read_text()), json.loads(CPU.read_text())
+    for second in range(3):
+        t = T0 + second
+        writer.node("h200", {**h200, "node": {**h200["node"], "time": t}}, "up", None, t=t)
+        t += 0.026
+        writer.node("cpu-1", {**cpu, "node": {**cpu["node"], "time": t}}, "up", None, t=t)
+        writer.node("gone", None, "down", "connection refused", t=t)
+    writer.close()
+    recording = Recording(path)
+    assert recording.start == T0 and recording.first_round() == T0 + 0.026
+    replay = ReplayCollector(fleet_of(recording), recording=recording)
+    assert replay.at == T0 + 0.026
+    view_at_open = {n: (s.snapshot is not None, s.error) for n, s in replay.states.items()}
+    assert view_at_open == {
+        "h200": (True, None), "cpu-1": (True, None), "gone": (False, "connection refused")
+    }  # fmt: skip
+    # Stepped back to the first answer: cpu-1 is not in the recording yet: unknown.
+    replay.move_to(T0)
+    assert (replay.states["cpu-1"].snapshot, replay.states["cpu-1"].error) == (
+        None, "not recorded yet"
+    )  # fmt: skip
+    assert replay.states["cpu-1"].failures == 0  # unknown, counted unseen, never "down"

@@ -48,6 +48,7 @@ class Recorder:
         self.refresh_s = refresh_s
         self._unread = set(nodes)
         self._warm_at: float | None = None if self._unread else time.time()
+        self._warm_seen = False  # the alerts of the first view after every node was read
         self._last: dict[str, object] = {}  # node -> the snapshot object last handed on
         self.actions = ActionTracker()  # how an action reads: the live Events' too
         self._newest_event: Event | None = None
@@ -59,7 +60,7 @@ class Recorder:
         new = snap is not None and self._last.get(state.name) is not snap
         status = state.status(self.refresh_s)
         self.writer.node(state.name, snap if new else None, status, state.error)
-        if self._unread and status != "waiting":
+        if self._unread and status != "unknown":  # read once, answered or not
             self._unread.discard(state.name)
             if not self._unread:
                 self._warm_at = time.time()
@@ -81,9 +82,15 @@ class Recorder:
         if log.events:
             self._newest_event = log.events[0]
         warm = self._warm_at
+        # The first view built once every node was read says what was already wrong; on
+        # a loaded machine it can come later than a refresh after the last first read.
+        first_view = warm is not None and not self._warm_seen
+        self._warm_seen = warm is not None
         for event in reversed(fresh):
             kind = event.kind
-            if kind == "raised" and (warm is None or event.time <= warm + self.refresh_s):
+            if kind == "raised" and (
+                warm is None or first_view or event.time <= warm + self.refresh_s
+            ):
                 kind = "active"  # seen as the recording began: raised before it, when unknown
             self.writer.event(
                 {"t": event.time, "kind": kind, "severity": event.severity,

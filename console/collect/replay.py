@@ -47,7 +47,8 @@ def fleet_of(recording: Recording) -> Fleet:
 
 
 class ReplayCollector(Collector):
-    """Nodes show what was recorded; a node recorded as None (or never seen) is down."""
+    """Nodes show what was recorded: a node recorded as None is down, one not recorded yet
+    is unknown."""
 
     def __init__(
         self,
@@ -75,7 +76,7 @@ class ReplayCollector(Collector):
             for state in self.states.values():
                 # Tokens are for the live fleet: a replay reads none and calls no node.
                 state.no_token, state.error = None, None
-            start = recording.start if at is None else at
+            start = recording.first_round() if at is None else at
             self.cursor = Cursor(recording, start)
             if self.cursor.error is not None:
                 raise self.cursor.error  # at the start: the replay does not open
@@ -169,7 +170,12 @@ class ReplayCollector(Collector):
                     self.broken = self.broken or str(exc)
             if snap is None:
                 state.snapshot, state.last_ok = None, None
-                state.failures, state.error = 3, error or "connection refused"
+                if status is None and error is None:
+                    # Not in the recording by this moment: unknown (the header counts it
+                    # unseen), never a made-up "connection refused".
+                    state.failures, state.error = 0, "not recorded yet"
+                else:
+                    state.failures, state.error = 3, error or "no snapshot recorded"
                 continue
             fresh = state.snapshot is not snap
             state.snapshot = snap
