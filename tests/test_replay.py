@@ -238,7 +238,12 @@ async def test_replay_opens_where_the_data_starts_and_says_there_is_none_before(
         await pilot.pause()
         assert app.replay.at == T0
         assert app.view is not None and app.view.summary.nodes_up == 1
-        await pilot.press("t", *keys("2026-11-30 23:50:00"), "enter")
+        await pilot.press("t")
+        from console.tui.widgets.command_line import CommandLine
+
+        hint = app.screen.query_one(CommandLine).input.placeholder
+        assert hint.startswith("00:00:00 to 00:00:04 (UTC), 2026-12-01 00:00:00"), hint
+        await pilot.press(*keys("2026-11-30 23:50:00"), "enter")
         await pilot.pause()
         assert any("no data before the recording" in n for n in _notes(app)), _notes(app)
         assert app.replay.at == T0

@@ -117,7 +117,10 @@ class ReplayApp(RefusingApp):
         self._moved()
 
     def action_jump(self) -> None:
-        self._command_line().open("at")
+        # The hint's example is a time inside the recording (a fixed 07:23:25 was not).
+        first, last = clock(self.replay.first), clock(self.replay.last)
+        hint = f"{first[11:19]} to {last[11:19]} (UTC), {first[:19]}, +90s, -5m (also :at TIME)"
+        self._command_line().open("at", hint=hint)
 
     def entered(self, mode: str, text: str) -> None:
         if mode == "at":

@@ -52,9 +52,10 @@ class CommandLine(Horizontal):
     def value(self) -> str:
         return self.input.value
 
-    def open(self, mode: str, text: str = "") -> None:
+    def open(self, mode: str, text: str = "", hint: str | None = None) -> None:
+        """Open for `mode`; `hint` replaces the mode's own (a replay names its span)."""
         self.mode = mode
-        prompt, hint = MODES[mode]
+        prompt, hint = MODES[mode][0], hint or MODES[mode][1]
         self.query_one(Label).update(prompt)
         field = self.input
         field.placeholder = hint
