@@ -200,9 +200,9 @@ def test_the_failover_confirmation_shows_what_is_typed(setup, size):
         term.wait_for("tiny-a", what="Models with the deployments")
         term.keys("f")
         term.wait_for("Fail over tiny", what="the plan")
-        term.wait_for("type tiny to confirm", what="the confirmation field")
+        term.wait_for("type tiny below to confirm", what="the move named, whole")
         term.keys("Tab", "Tab")  # target, mode, then the confirmation
-        term.wait_for_cursor_on("type tiny to confirm")
+        term.wait_for_cursor_on("type tiny")  # its placeholder, under the move named
         term.type("zq-typed")
         term.wait_for("zq-typed", what="the typed confirmation")
         term.keys("Escape")
