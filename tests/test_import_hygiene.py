@@ -33,6 +33,9 @@ SIMULATED = [
     "console.sim.fleet",
     "console.sim.scale",
     "console.sim.__main__",
+    "console.sim.trtllm_double",
+    "console.sim.trtllm_double_build",
+    "console.sim.trtllm_double_serve",
 ]
 
 
