@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from console.core.units import ms_from_seconds
 from console.core.wire import Percentiles, Snapshot
 
 
@@ -13,11 +14,11 @@ def _gib(value: int | None) -> str:
     return "?" if value is None else f"{value / 2**30:.1f}G"
 
 
-def _ms(p: Percentiles, q: str = "p95") -> str:
+def _p95(p: Percentiles, q: str = "p95") -> str:
     value = getattr(p, q)
     if value is None and p.source == "mean" and p.mean is not None:
-        return f"~{p.mean * 1000:.0f}ms(mean)"
-    return "?" if value is None else f"{value * 1000:.0f}ms"
+        return f"~{ms_from_seconds(p.mean, sep='')}(mean)"
+    return ms_from_seconds(value, sep="")
 
 
 def summarize(snap: Snapshot) -> str:
@@ -47,7 +48,7 @@ def summarize(snap: Snapshot) -> str:
             lines.append(
                 f"  model {m.name}  run {_num(m.requests_running)} wait "
                 f"{_num(m.requests_waiting)}  kv {_num(m.kv_cache_usage, '{:.0%}')}  "
-                f"rate {_num(m.request_rate, '{:.2f}', '/s')}  ttft p95 {_ms(lat.ttft_s)}  "
-                f"itl p95 {_ms(lat.itl_s)}  e2e p95 {_ms(lat.e2e_s)}"
+                f"rate {_num(m.request_rate, '{:.2f}', '/s')}  ttft p95 {_p95(lat.ttft_s)}  "
+                f"itl p95 {_p95(lat.itl_s)}  e2e p95 {_p95(lat.e2e_s)}"
             )
     return "\n".join(lines)

@@ -27,6 +27,7 @@ from console.core import alertrules as rules
 from console.core.config import Fleet
 from console.core.slo import FIGURES, Judged, times_text
 from console.core.snapshot import Snapshot
+from console.core.units import ms_from_seconds
 
 Severity = rules.Severity
 
@@ -49,10 +50,6 @@ class Alert:
         return self.message.split(":", 1)[0]
 
 
-def _fmt_ms(seconds: float) -> str:
-    return f"{seconds * 1000:.0f} ms"
-
-
 def _ratio(value: float) -> str:
     return f"{value:.1%}" if value < 0.1 else f"{value:.0%}"
 
@@ -63,7 +60,7 @@ def slo_alert(judged: Judged, subject: str, node: str | None) -> Alert:
     defn = FIGURES[judged.figure]
     value, limit = judged.value or 0.0, judged.limit or 0.0
     shown = (_ratio(value), _ratio(limit)) if judged.figure == "errors" else (
-        _fmt_ms(value), _fmt_ms(limit))  # fmt: skip
+        ms_from_seconds(value), ms_from_seconds(limit))  # fmt: skip
     scale = times_text(judged.times)
     severity: Severity = "critical" if judged.level == "critical" else defn.severity
     return Alert(

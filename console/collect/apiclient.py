@@ -19,6 +19,8 @@ from typing import Any
 
 import httpx
 
+from console.core.units import exact_size_from_bytes
+
 MAX_ANSWER_BYTES = 8 * 1024 * 1024  # an answer here is a job, a plan or a job list: KBs
 _HEADERS = {"Accept-Encoding": "identity"}
 
@@ -107,7 +109,7 @@ def call(
             for chunk in resp.iter_raw():
                 body += chunk
                 if len(body) > max_bytes:
-                    raise NoAnswer(f"answered with over {size_text(max_bytes)}")
+                    raise NoAnswer(f"answered with over {exact_size_from_bytes(max_bytes)}")
                 if time.monotonic() > end:
                     raise NoAnswer(f"no answer within {deadline_s:g} s")
             return resp.status_code, bytes(body)
@@ -131,7 +133,7 @@ async def _body(resp: httpx.Response, max_bytes: int) -> bytes:
     async for chunk in resp.aiter_raw():
         body += chunk
         if len(body) > max_bytes:
-            raise NoAnswer(f"answered with over {size_text(max_bytes)}")
+            raise NoAnswer(f"answered with over {exact_size_from_bytes(max_bytes)}")
     return bytes(body)
 
 
@@ -140,7 +142,3 @@ def _check_encoding(resp: httpx.Response) -> None:
     encoding = resp.headers.get("content-encoding", "identity").strip().lower()
     if encoding != "identity":
         raise NoAnswer(f"answered compressed ({encoding}) though asked not to")
-
-
-def size_text(n: int) -> str:
-    return f"{n // 2**20} MiB" if n % 2**20 == 0 else f"{n} bytes"

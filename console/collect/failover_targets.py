@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 from console.core.config import Model
 from console.core.snapshot import ModelStats
+from console.core.units import ms_from_seconds
 
 
 class Row(Protocol):
@@ -88,7 +89,7 @@ def candidate(row: Row, gateway: Mapping[str, Any] | None, slo_ms: float | None)
         f"queue {'?' if queue is None else f'{queue:g}'}",
     ]
     if ttft is not None:
-        words.append(f"TTFT p95 {ttft * 1000:.0f} ms ({where})")
+        words.append(f"TTFT p95 {ms_from_seconds(ttft)} ({where})")
     return Candidate(row.id, ready, row.slo_ok, queue, kv, ttft, where, ", ".join(words))
 
 

@@ -18,6 +18,8 @@ import ssl
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
+from console.core.units import size_from_bytes
+
 MAX_HEAD = 64 * 1024
 _MAX_SIZE_LINE = 64
 
@@ -159,12 +161,12 @@ class _LineProtocol(asyncio.Protocol):
         if end < 0:
             if len(pending) > self.max_line:
                 del pending[:]
-                raise StreamError(f"snapshot larger than {_size(self.max_line)}")
+                raise StreamError(f"snapshot larger than {size_from_bytes(self.max_line)}")
             return
         line = bytes(pending[pending.rfind(b"\n", 0, end) + 1 : end])
         del pending[: end + 1]
         if len(line) > self.max_line:
-            raise StreamError(f"snapshot larger than {_size(self.max_line)}")
+            raise StreamError(f"snapshot larger than {size_from_bytes(self.max_line)}")
         self.on_line(line)
 
 
@@ -217,7 +219,3 @@ async def open_stream(
             transport.abort()
             raise
     return LineStream(protocol)
-
-
-def _size(n: int) -> str:
-    return f"{n >> 20} MiB" if n >= 2**20 else f"{n >> 10} KiB"

@@ -21,6 +21,7 @@ import msgspec
 from console.collect import apiclient
 from console.collect.promql import ANSWER, Sample
 from console.core.config import Fleet, MissingSecret, PrometheusSection
+from console.core.units import exact_size_from_bytes
 
 Answered = tuple[list[Sample], float]  # an instant query's samples, Prometheus' time
 CHUNK = 256 * 1024
@@ -43,9 +44,9 @@ class Budget:
 
     def take(self, size: int) -> None:
         if size > self.left:
-            read = apiclient.size_text(self.total - self.left)
+            read = exact_size_from_bytes(self.total - self.left)
             raise OverBudget(
-                f"refused: the refresh's answers would pass {apiclient.size_text(self.total)}"
+                f"refused: the refresh's answers would pass {exact_size_from_bytes(self.total)}"
                 f" (max_refresh_bytes; {read} read by then)"
             )
         self.left -= size
@@ -97,7 +98,7 @@ class PromClient:
                         raise PromError(f"answered compressed ({encoding}) though asked not to")
                     async for part in resp.content.iter_chunked(CHUNK):
                         if len(body) + len(part) > cap:
-                            raise PromError(f"answered with over {apiclient.size_text(cap)}")
+                            raise PromError(f"answered with over {exact_size_from_bytes(cap)}")
                         budget.take(len(part))  # reserved as it arrives
                         taken += len(part)
                         body += part

@@ -76,9 +76,9 @@ from console.collect.recording_format import (
     misfit,
     one_line,
     patch,
-    size_text,
 )
 from console.core.snapshot import Snapshot, SnapshotError, snapshot_from
+from console.core.units import size_from_bytes
 
 # Read from here by the writer, the replay, the timeline and the tests.
 __all__ = [
@@ -162,11 +162,11 @@ class _Inflater:
             self.left -= len(out)
             if frame_left < 0:
                 raise Malformed(
-                    f"inflates past {size_text(MAX_INFLATED_FRAME)}, the bound for a frame"
+                    f"inflates past {size_from_bytes(MAX_INFLATED_FRAME)}, the bound for a frame"
                 )
             if self.left < 0:
                 raise Malformed(
-                    f"inflates past {size_text(self.budget)}, the bound for {self.what}"
+                    f"inflates past {size_from_bytes(self.budget)}, the bound for {self.what}"
                 )
             tail = self.unzip.unconsumed_tail
             buf += out
@@ -176,10 +176,12 @@ class _Inflater:
                 del buf[: end + 1]
                 for line in done.split(b"\n"):
                     if len(line) > max_line:
-                        raise Malformed(f"a line over {size_text(max_line)}, the bound for one")
+                        raise Malformed(
+                            f"a line over {size_from_bytes(max_line)}, the bound for one"
+                        )
                     yield line
             if len(buf) > max_line:
-                raise Malformed(f"a line over {size_text(max_line)}, the bound for one")
+                raise Malformed(f"a line over {size_from_bytes(max_line)}, the bound for one")
             if not tail and len(out) < _CHUNK:
                 break
         if whole:

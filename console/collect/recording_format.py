@@ -203,10 +203,6 @@ def json_depth(line: bytes) -> int:
     return max(itertools.accumulate(signs), default=0)
 
 
-def size_text(n: int) -> str:
-    return f"{n >> 20} MiB" if n >= 2**20 else f"{n >> 10} KiB"
-
-
 # -- per-node diffs: {"s": {key: new value}, "p": {key: nested diff}, "d": [removed keys]} -
 
 

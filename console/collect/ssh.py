@@ -45,6 +45,7 @@ from console.core.snapshot import (
     SnapshotError,
     decode_snapshot,
 )
+from console.core.units import exact_size_from_bytes
 
 MAX_OUTPUT = 16 * 1024 * 1024  # per stream and read; a snapshot is far smaller
 STDERR_TAIL = 4096  # of stderr only the end is kept: its last line is the reason
@@ -140,7 +141,8 @@ class SshReader:
                                 process.kill()  # where the server honours signals
                             process.close()
                             raise SshError(
-                                f"ssh {self.host}: {what} printed over {_size(self.max_output)} "
+                                f"ssh {self.host}: {what} printed over "
+                                f"{exact_size_from_bytes(self.max_output)} "
                                 "(the output cap): stopped reading and closed the session"
                             )
                 finally:
@@ -333,10 +335,6 @@ async def _drain(stream: asyncssh.SSHReader[bytes], cap: int, keep: int = 0) -> 
         if keep and len(data) > keep:
             del data[:-keep]
     return bytes(data), False
-
-
-def _size(n: int) -> str:
-    return f"{n // 2**20} MiB" if n % 2**20 == 0 else f"{n} bytes"
 
 
 def _text(value: object) -> str:

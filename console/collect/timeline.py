@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field
 from console.collect.recording import Cursor, FleetAt, Recording, RecordingError
 from console.collect.recording_format import NodeStatus
 from console.core.safetext import for_markdown_cell, markdown_code
+from console.core.units import spaced_duration_from_seconds
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd]?)")
 _UNIT = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -219,12 +220,6 @@ def _add_latency(recording: Recording, entries: list[Entry]) -> None:
             entry.p95[model] = latency.get(model, {"ttft_s": None, "itl_s": None})
 
 
-def _ms(value: float | None) -> str:
-    if value is None:
-        return "?"
-    return f"{value:.2f} s" if value >= 1 else f"{value * 1000:.0f} ms"
-
-
 def _cell(text: object) -> str:
     """A recording is someone else's file: every value is one escaped line of a cell."""
     return for_markdown_cell(text) if text not in (None, "") else ""
@@ -247,7 +242,9 @@ def markdown(recording: Recording, entries: list[Entry], start: float, end: floa
     for e in entries:
         what = e.kind + (f" ({e.severity})" if e.severity in ("critical", "warning") else "")
         p95 = "; ".join(
-            f"{m} {_ms(v['ttft_s'])} / {_ms(v['itl_s'])}" for m, v in sorted(e.p95.items())
+            f"{m} {spaced_duration_from_seconds(v['ttft_s'])} / "
+            f"{spaced_duration_from_seconds(v['itl_s'])}"
+            for m, v in sorted(e.p95.items())
         )
         lines.append(
             f"| {utc(e.t)} | {_cell(what)} | {_cell(e.subject)} | {_cell(e.what)} | "

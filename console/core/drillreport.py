@@ -14,6 +14,7 @@ from typing import Any
 from console.core import snapshot, wire
 from console.core.safetext import for_markdown_cell as cell
 from console.core.safetext import markdown_block, markdown_code
+from console.core.units import ms_from_seconds
 
 Job = wire.Job | snapshot.Job
 
@@ -135,8 +136,8 @@ def markdown(rep: dict[str, Any]) -> str:
                     s["state"],
                     _v(s["duration_s"], " s"),
                     "" if s["exit_code"] is None else str(s["exit_code"]),
-                    _ms(s["spawn_to_first_output_s"]),
-                    _ms(s["exit_to_recorded_s"]),
+                    ms_from_seconds(s["spawn_to_first_output_s"], unknown=""),
+                    ms_from_seconds(s["exit_to_recorded_s"], unknown=""),
                     s["detail"] or "",  # whole: a postmortem quotes it, a cut misleads
                 ]
             )
@@ -219,10 +220,6 @@ def markdown(rep: dict[str, Any]) -> str:
     if rep["log_tail"]:
         out += ["", "## Last lines of the failing step", "", *markdown_block(rep["log_tail"])]
     return "\n".join(out) + "\n"
-
-
-def _ms(seconds: Any) -> str:
-    return "" if seconds is None else f"{seconds * 1000:.0f} ms"
 
 
 def _pct(value: float | None) -> str:

@@ -27,6 +27,7 @@ from typing import Any
 
 import aiohttp
 
+from console.core.units import ms_from_seconds
 from console.gateway import targetcheck, verify, weightplan
 from console.gateway.dataplane import BUILTIN, DataPlane, DataPlaneError, DrainTimeout
 from console.gateway.routetable import RouteTable
@@ -112,7 +113,7 @@ class JobRun:
         after = weightplan.step(self.move, 100, self.plane.max_weight)
         await self._set(after, f"{self.label}: {self.move.summary}")
         cutover = time.monotonic() - started
-        self._done(step, f"weights {after} {cutover * 1000:.0f} ms after start")
+        self._done(step, f"weights {after} {ms_from_seconds(cutover)} after start")
         self.job["cutover_s"] = round(cutover, 4)
         step = self._step("done")
         if first is None or served_before is None:
@@ -245,7 +246,7 @@ class JobRun:
             target = self._target(deployment)
             ttft, room = await targetcheck.fit(self.http, model, target, mark_up)
             seen.append(
-                f"{target.id} healthy and serving; canary TTFT {ttft * 1000:.0f} ms; {room}"
+                f"{target.id} healthy and serving; canary TTFT {ms_from_seconds(ttft)}; {room}"
             )
         backends = await self.plane.backends(self.model)
         others = [b.inflight for d, b in backends.items() if d not in self.move.targets]

@@ -18,6 +18,7 @@ import time
 import aiohttp
 
 from console.core.config import Model
+from console.core.units import ms_from_seconds
 from console.gateway import triton_openai as tri
 from console.gateway.enginefigures import probe_model
 from console.gateway.upstream import Upstream, check
@@ -115,7 +116,7 @@ async def fit(
     limit = model.slo.ttft_p95_ms
     if limit is not None and ttft * 1000 > limit:
         raise NotFit(
-            f"{target.id}: canary TTFT {ttft * 1000:.0f} ms is over the SLO ({limit:g} ms)"
+            f"{target.id}: canary TTFT {ms_from_seconds(ttft)} is over the SLO ({limit:g} ms)"
         )
     has_room, seen = await room(http, model.name, target)
     if has_room is False:

@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from console.core.config import Slo
+from console.core.units import ms_from_seconds
 from console.gateway.dataplane import BUILTIN, DataPlane, Figures
 from console.gateway.measure import nearest_rank
 
@@ -89,23 +90,21 @@ def breach(figures: dict[str, Any], slo: Slo, default_error_rate: float) -> str 
         )
     ttft, itl = figures["ttft_p95_s"], figures["itl_p95_s"]
     if slo.ttft_p95_ms is not None and ttft is not None and ttft * 1000 > slo.ttft_p95_ms:
-        return f"TTFT p95 {ttft * 1000:.0f} ms over {slo.ttft_p95_ms:g} ms"
+        return f"TTFT p95 {ms_from_seconds(ttft)} over {slo.ttft_p95_ms:g} ms"
     if slo.itl_p95_ms is not None and itl is not None and itl * 1000 > slo.itl_p95_ms:
-        return f"ITL p95 {itl * 1000:.0f} ms over {slo.itl_p95_ms:g} ms"
+        return f"ITL p95 {ms_from_seconds(itl)} over {slo.itl_p95_ms:g} ms"
     return None
 
 
 def text(f: dict[str, Any]) -> str:
     """A window's figures in one line, for the job's step."""
 
-    def ms(v: float | None) -> str:
-        return "?" if v is None else f"{v * 1000:.0f} ms"
-
     rate = "?" if f["error_rate"] is None else f"{f['error_rate']:.1%}"
     where = f" on {f['deployment']}" if f.get("deployment") else ""
     return (
-        f"{f['requests']} requests{where}, errors {rate}, TTFT p95 {ms(f['ttft_p95_s'])}, "
-        f"ITL p95 {ms(f['itl_p95_s'])}"
+        f"{f['requests']} requests{where}, errors {rate}, "
+        f"TTFT p95 {ms_from_seconds(f['ttft_p95_s'])}, "
+        f"ITL p95 {ms_from_seconds(f['itl_p95_s'])}"
     )
 
 

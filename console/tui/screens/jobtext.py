@@ -10,6 +10,7 @@ from typing import Any
 from rich.text import Text
 
 from console.core.snapshot import Job, JobStep
+from console.core.units import seconds_from_ms
 from console.tui import format as fmt
 
 BAR = "█"
@@ -41,8 +42,8 @@ def bench_table(bench: dict[str, Any] | None) -> Text:
     )
     for level in bench.get("levels") or []:
         both = (level.get("candidate") or {}, level.get("baseline") or {})
-        ttft = " / ".join(_ms(x.get("ttft_p95_ms")) for x in both)
-        itl = " / ".join(_ms(x.get("itl_p95_ms")) for x in both)
+        ttft = " / ".join(fmt.seconds(seconds_from_ms(x.get("ttft_p95_ms"))) for x in both)
+        itl = " / ".join(fmt.seconds(seconds_from_ms(x.get("itl_p95_ms"))) for x in both)
         rate = " / ".join(
             f"{x['tokens_per_s']:.0f}" if x.get("tokens_per_s") else "?" for x in both
         )
@@ -67,10 +68,6 @@ def job_note(job: Job) -> Text:
     if isinstance(after, dict) and after:
         return Text("now " + " ".join(f"{d}={w}" for d, w in after.items() if w))
     return Text("")
-
-
-def _ms(value: float | None) -> str:
-    return "?" if value is None else fmt.seconds(value / 1000)
 
 
 def took(job: Job) -> str:
