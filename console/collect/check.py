@@ -25,6 +25,7 @@ from console.core.config import Fleet
 from console.core.safetext import for_terminal
 from console.core.slo import Verdict, times_text
 from console.core.snapshot import Percentiles, percentiles_from, plain
+from console.core.units import duration_from_seconds
 
 EXIT = {"healthy": 0, "degraded": 1, "unreachable": 2}
 # The engine fields `check --json` gives (docs/check-json.md).
@@ -147,11 +148,9 @@ def _pct(value: float | None) -> str:
     return "?" if value is None else f"{value:.0f}%"
 
 
-def _ms(p: Percentiles | None) -> str:
+def _p95(p: Percentiles | None) -> str:
     """A p95, or "?": a windowed mean is never printed as one (the SLO column names it)."""
-    if p is None or p.p95 is None:
-        return "?"
-    return _seconds(p.p95)
+    return duration_from_seconds(None if p is None else p.p95)
 
 
 def slo_text(verdict: Verdict) -> str:
@@ -163,18 +162,15 @@ def slo_text(verdict: Verdict) -> str:
         return f"{tag} {times_text(worst.times)} {worst.figure} at the {worst.measured_at}"
     if verdict.level == "ok":
         return "ok"
-    means = [f"{j.figure} {_seconds(j.mean)} mean" for j in verdict.figures if j.mean is not None]
+    means = [
+        f"{j.figure} {duration_from_seconds(j.mean)} mean"
+        for j in verdict.figures
+        if j.mean is not None
+    ]
     if means:
         return f"? mean only ({', '.join(means)}), no p95"
     bound = [j for j in verdict.figures if j.limit is not None]
     return "? no SLO" if not bound else "? no figure"
-
-
-def _seconds(value: float) -> str:
-    """999ms, 1.21s, 12.4s: the unit chosen after rounding, as on the screens."""
-    if round(value * 1000) < 1000:
-        return f"{value * 1000:.0f}ms"
-    return f"{value:.2f}s" if round(value, 2) < 10 else f"{value:.1f}s"
 
 
 def _gib(value: int | None) -> str:
@@ -247,13 +243,13 @@ def _deployment_line(r: DeploymentRow, gw: dict[str, Any] | None) -> str:
     elif not gw.get("up", True):
         at_gateway = "standby" if r.standby else "down"
     else:
-        at_gateway = _ms(percentiles_from(gw.get("ttft_s") or {}))
+        at_gateway = _p95(percentiles_from(gw.get("ttft_s") or {}))
     gap = ttft_gap_s(lat.ttft_s if lat else None, gw)
-    gap_shown = gap_text(gap, lat.ttft_s.p95 if lat else None, _seconds)
+    gap_shown = gap_text(gap, lat.ttft_s.p95 if lat else None, duration_from_seconds)
     return (
         f"  {name:<24}{engine:<20}{r.node:<10}{state:<10}"
-        f"{_ms(lat.ttft_s if lat else None):>8}{at_gateway:>9}{gap_shown:>8}"
-        f"{_ms(lat.itl_s if lat else None):>8}{_ms(lat.e2e_s if lat else None):>8}  {slo}"
+        f"{_p95(lat.ttft_s if lat else None):>8}{at_gateway:>9}{gap_shown:>8}"
+        f"{_p95(lat.itl_s if lat else None):>8}{_p95(lat.e2e_s if lat else None):>8}  {slo}"
     )
 
 

@@ -32,6 +32,7 @@ from console.core.config import Fleet, MissingSecret, Node
 from console.core.fetch import capped_body
 from console.core.oslimits import raise_open_files
 from console.core.snapshot import Snapshot, SnapshotError, decode_snapshot
+from console.core.units import size_from_bytes
 
 # "no token": the node's token variable is not set here, so it is not polled (the rest
 # of the fleet is).
@@ -392,7 +393,7 @@ class Collector:
                 self._check_status(resp.status)
                 body = await capped_body(resp, max_bytes)
                 if body is None:
-                    raise PollError(f"answer larger than {_size(max_bytes)}")
+                    raise PollError(f"answer larger than {size_from_bytes(max_bytes)}")
         except TimeoutError:
             raise PollError(f"no answer within {self.timeout_s:g} s") from None
         except aiohttp.ClientConnectorError:
@@ -423,10 +424,6 @@ class Collector:
                 found(target.node.name, role)
 
         await asyncio.gather(*(ask(t) for t in self._targets))
-
-
-def _size(n: int) -> str:
-    return f"{n >> 20} MiB" if n >= 2**20 else f"{n >> 10} KiB"
 
 
 def _parse(body: bytes) -> Snapshot:

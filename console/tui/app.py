@@ -33,6 +33,7 @@ from console.collect.promsource import PromSource, fleet_source
 from console.collect.recorder import Recorder, open_writer
 from console.collect.view import FleetView, ViewBuilder
 from console.core.config import Fleet
+from console.core.units import ms_from_seconds
 from console.tui import format as fmt
 from console.tui.filtering import FilterError, parse_filter
 from console.tui.host import ConsoleHost
@@ -325,7 +326,7 @@ class EngineroomApp(Workflows):
             return f"prometheus first read: {health.answered} of {health.queries} queries in"
         if health is None or not health.ok or health.failed:
             return None
-        took = "?" if health.prometheus_s is None else f"{health.prometheus_s * 1000:.0f} ms"
+        took = ms_from_seconds(health.prometheus_s)
         sliced = ", a slice of the fleet" if health.full is False else ""
         return f"prometheus {health.queries} queries {took}{sliced}"
 
