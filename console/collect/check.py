@@ -19,7 +19,8 @@ from typing import Any, TextIO
 
 from console.collect.collector import NodeState
 from console.collect.measured import ENGINE, GATEWAY, gap_text, gateway_measure, ttft_gap_s
-from console.collect.promsource import PromSource, SourceHealth, fleet_source
+from console.collect.promsource import fleet_source
+from console.collect.source import SourceHealth
 from console.collect.view import DeploymentRow, FleetView, build
 from console.core.config import Fleet
 from console.core.safetext import for_terminal
@@ -89,8 +90,7 @@ async def poll_once(
         view = build(
             fleet, states, collector.refresh_s, history=collector.history, gateway=gateway.snapshot
         )
-        source = collector.health if isinstance(collector, PromSource) else None
-        return view, states, gateway, source
+        return view, states, gateway, collector.health
 
 
 def status_of(view: FleetView, source: SourceHealth | None) -> str:
@@ -122,7 +122,7 @@ def run_check(
 
 async def _watch(fleet: Fleet, every: float, as_json: bool, out: TextIO) -> int:
     async with fleet_source(fleet, refresh_s=every) as collector:
-        source = collector.health if isinstance(collector, PromSource) else None
+        source = collector.health
         while True:
             started = time.monotonic()
             states, gateway = await asyncio.gather(

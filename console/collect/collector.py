@@ -27,6 +27,14 @@ import aiohttp
 
 from console.collect.history import History
 from console.collect.linestream import LineStream, StreamError, StreamStatus, open_stream
+from console.collect.source import (  # noqa: F401  (NodeStatus, the thresholds: re-exported)
+    DOWN_AFTER,
+    STALE_AFTER,
+    ModelHistory,
+    NodeState,
+    NodeStatus,
+    SourceHealth,
+)
 from console.collect.ssh import SshError, SshReader
 from console.core.config import Fleet, MissingSecret, Node
 from console.core.fetch import capped_body
@@ -34,12 +42,6 @@ from console.core.oslimits import raise_open_files
 from console.core.snapshot import Snapshot, SnapshotError, decode_snapshot
 from console.core.units import size_from_bytes
 
-# "no token": the node's token variable is not set here, so it is not polled (the rest
-# of the fleet is).
-NodeStatus = Literal["up", "stale", "down", "unknown", "no token"]
-
-STALE_AFTER = 2  # refreshes without a good snapshot
-DOWN_AFTER = 5
 MAX_BACKOFF_S = 30.0
 STREAM_WATCH_S = 0.5  # how often the watchdog looks for streams gone quiet
 DECODE_SLICE_S = 0.005  # the longest the decoder holds the event loop at a time
@@ -49,41 +51,6 @@ MAX_WHOAMI_BYTES = 64 * 1024  # {"name", "role", "jobs"}: tens of bytes
 
 class PollError(Exception):
     """Why a poll failed, worded for the node row: "timed out after 2 s", "HTTP 401"."""
-
-
-@dataclass
-class NodeState:
-    name: str
-    transport: Literal["agent", "ssh", "prometheus"]
-    snapshot: Snapshot | None = None
-    last_ok: float | None = None  # monotonic time of the last good snapshot
-    last_attempt: float | None = None
-    error: str | None = None  # the last failure, kept while the node is not up
-    failures: int = 0  # consecutive
-    poll_ms: float | None = None
-    polls: int = 0
-    no_token: str | None = None  # the unset variable that names this node's token
-
-    def age(self, now: float | None = None) -> float | None:
-        if self.last_ok is None:
-            return None
-        return (time.monotonic() if now is None else now) - self.last_ok
-
-    def status(self, refresh_s: float, now: float | None = None) -> NodeStatus:
-        if self.no_token is not None:
-            return "no token"
-        age = self.age(now)
-        if age is None:
-            return "down" if self.failures else "unknown"
-        # A refresh is ours or the agent's, whichever is slower: an agent that takes a
-        # snapshot every 2 s is not stale at 1.5 s because we look every second.
-        interval = self.snapshot.cycle.get("interval_s") if self.snapshot else None
-        unit = max(refresh_s, interval or 0.0)
-        if age > DOWN_AFTER * unit:
-            return "down"
-        if age > STALE_AFTER * unit:
-            return "stale"
-        return "up"
 
 
 @dataclass
@@ -100,9 +67,11 @@ class _Target:
 
 
 class Collector:
-    """Polls the fleet in the background; `states` always holds the latest view."""
+    """Polls the fleet in the background; `states` always holds the latest view. A
+    FleetSource (console/collect/source.py)."""
 
     refreshes = False  # a source that reads in refreshes says so (on_refreshed)
+    health: SourceHealth | None = None  # the agents' health is their nodes' states
 
     def __init__(
         self,
@@ -154,6 +123,9 @@ class Collector:
             headers,
             stream=self.mode == "stream",
         )
+
+    def history_source(self) -> ModelHistory | None:
+        return None  # the agents keep no history from before the console started
 
     async def __aenter__(self) -> Collector:
         raise_open_files(len(self._targets) + 256)

@@ -26,9 +26,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from functools import partial
-from typing import Any
 
 from console.collect import collection_paused
 from console.collect.collector import Collector, NodeState
@@ -36,10 +34,11 @@ from console.collect.promcheck import SECONDS, Notes, name_problem, number, show
 from console.collect.promhttp import Answered, Budget, OverBudget, PromClient, PromError
 from console.collect.promql import Query, Sample, fleet_queries, history_queries, matcher
 from console.collect.promread import FleetReader, NodeReadings, Where, merged
+from console.collect.source import FleetSource, HistoryLine, SourceHealth
 from console.core.config import Fleet, PrometheusSection
 from console.core.plugin import PromSeries, plugin_kinds
 
-__all__ = ["HistoryLine", "PromError", "PromSource", "SourceHealth", "fleet_source"]
+__all__ = ["PromError", "PromSource", "fleet_source"]
 
 HISTORY_POINTS = 240  # a range query's points: an hour at 15 s
 # The whole fleet is read again FULL_EVERY_S after the last whole read ended, or WHOLE_SHARE
@@ -67,78 +66,11 @@ READ_SLICE = 1_000
 APPLY_SLICE = 50
 
 
-@dataclass
-class SourceHealth:
-    """How the last refresh went: shown in the header and in `check`."""
-
-    url: str
-    ok: bool | None = None  # None: not asked yet
-    error: str | None = None
-    queries: int = 0  # per refresh
-    failed: int = 0
-    prometheus_s: float | None = None  # Prometheus' own time, summed over the queries
-    wall_s: float | None = None  # the refresh, from the first query out to the last answer
-    samples: int = 0
-    nodes: int = 0
-    full: bool | None = None  # the last refresh asked for the whole fleet (else slices)
-    answered: int = 0  # queries answered so far in the first read
-    last_ok: float | None = None  # monotonic
-    refreshes: int = 0  # ended, whatever their outcome
-    refused: int = 0  # samples refused now (out of range, not a number, ...): unknown
-    refused_first: str | None = None  # the first of them, named
-
-    def line(self) -> str:
-        if self.ok is None:
-            answered = f"{self.answered} of {self.queries} queries in"
-            return f"prometheus {self.url}: first read under way, {answered}"
-        if not self.ok:
-            return f"prometheus {self.url}: {self.error}"
-        took = (
-            ""
-            if self.prometheus_s is None
-            else f", {self.prometheus_s * 1000:.0f} ms in Prometheus"
-        )
-        wall = f"{self.wall_s or 0:.2f} s a refresh"
-        text = f"prometheus {self.url}: {self.queries} queries{took}, {wall}"
-        if self.full is False:
-            text += " (a slice of the fleet)"
-        if self.error:
-            text += f"; {self.failed} failed: {self.error}"
-        if self.refused:
-            text += f"; {self.refused} samples refused, shown unknown ({self.refused_first})"
-        return text
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "url": self.url,
-            "ok": self.ok,
-            "error": self.error,
-            "queries": self.queries,
-            "failed": self.failed,
-            "prometheus_s": self.prometheus_s,
-            "wall_s": self.wall_s,
-            "samples": self.samples,
-            "full": self.full,
-            "nodes": self.nodes,
-            "refused": self.refused,
-            "refused_first": self.refused_first,
-        }
-
-
-@dataclass(frozen=True, slots=True)
-class HistoryLine:
-    """One deployment's figure over time: (unix seconds, seconds) points, oldest first."""
-
-    node: str
-    engine_id: str
-    figure: str  # ttft | itl
-    points: list[tuple[float, float]]
-
-
 class PromSource(Collector):
     """The fleet from Prometheus; `states`, `history` and `roles` as the Collector's."""
 
     refreshes = True  # calls on_refreshed once a refresh is in the node states
+    health: SourceHealth  # how the last refresh went
 
     def __init__(
         self,
@@ -422,6 +354,9 @@ class PromSource(Collector):
         budget = budget or Budget(self.section.max_refresh_bytes)
         return await self.client.range(expr, start, end, step, budget)
 
+    def history_source(self) -> PromSource:
+        return self  # Model detail's past: model_history, from range queries
+
     async def model_history(self, model: str) -> list[HistoryLine]:
         """The last `history_s` of one model's TTFT and ITL p95 (or mean) per deployment,
         from range queries, so Model detail shows what happened before the console
@@ -557,7 +492,7 @@ def fleet_source(
     refresh_s: float | None = None,
     timeout_s: float | None = None,
     on_update: Callable[[NodeState], None] | None = None,
-) -> Collector:
+) -> FleetSource:
     """What the console reads the fleet through: Prometheus when fleet.toml has a
     [prometheus] section, else the agents (and SSH) directly."""
     if fleet.prometheus is not None:

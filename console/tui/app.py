@@ -27,10 +27,11 @@ from textual.widgets import Input
 
 from console.collect import tune_gc
 from console.collect.alerts import EventLog
-from console.collect.collector import Collector, NodeState
+from console.collect.collector import NodeState
 from console.collect.operator_actions import ActionTracker, GatewayActions, event_of
-from console.collect.promsource import PromSource, fleet_source
+from console.collect.promsource import fleet_source
 from console.collect.recorder import Recorder, open_writer
+from console.collect.source import FleetSource
 from console.collect.view import FleetView, ViewBuilder
 from console.core.config import Fleet
 from console.core.units import ms_from_seconds
@@ -132,7 +133,7 @@ class EngineroomApp(Workflows):
         fleet: Fleet,
         *,
         read_only: bool = False,
-        collector: Collector | None = None,
+        collector: FleetSource | None = None,
         record: str | Path | None = None,
         slow_link: bool = False,
     ) -> None:
@@ -140,7 +141,7 @@ class EngineroomApp(Workflows):
         self.fleet = fleet
         self.read_only = read_only or fleet.read_only
         self.simulated = "SIMULATED" in fleet.fleet.name.upper()
-        self.collector = collector or fleet_source(fleet)
+        self.collector: FleetSource = collector or fleet_source(fleet)
         self.recorder: Recorder | None = None
         if record is not None:  # --record FILE: what this console sees goes to a recording
             writer = open_writer(fleet, record, "console")
@@ -313,7 +314,7 @@ class EngineroomApp(Workflows):
         """What the header says when the fleet's source is in trouble (Prometheus slow,
         down or erring, or samples refused); None when it is fine or the console reads
         the agents."""
-        health = self.collector.health if isinstance(self.collector, PromSource) else None
+        health = self.collector.health
         if health is None or (health.ok is not False and not health.failed and not health.refused):
             return None
         return health.line()
@@ -321,7 +322,7 @@ class EngineroomApp(Workflows):
     def source_note(self) -> str | None:
         """A healthy Prometheus source's cost, for the end of the header: queries a
         refresh and Prometheus' own time."""
-        health = self.collector.health if isinstance(self.collector, PromSource) else None
+        health = self.collector.health
         if health is not None and health.ok is None:  # what has come is shown meanwhile
             return f"prometheus first read: {health.answered} of {health.queries} queries in"
         if health is None or not health.ok or health.failed:

@@ -15,8 +15,8 @@ from textual.message_pump import MessagePump
 
 from console.collect.actions import AgentActions
 from console.collect.alerts import EventLog
-from console.collect.collector import Collector
 from console.collect.operator_actions import GatewayActions
+from console.collect.source import FleetSource
 from console.collect.view import FleetView, ViewBuilder
 from console.core.config import Fleet
 
@@ -32,7 +32,7 @@ class ConsoleHost(Protocol):
     @property
     def fleet(self) -> Fleet: ...
     @property
-    def collector(self) -> Collector: ...  # a PromSource, a ReplayCollector among them
+    def collector(self) -> FleetSource: ...  # the agents, Prometheus or a recording
     @property
     def view(self) -> FleetView | None: ...  # the last view built; None before the first
     @property
@@ -75,6 +75,7 @@ class ConsoleHost(Protocol):
     # -- the workflows (console/tui/workflows.py) ------------------------------------------
 
     def action_blocked(self, node: str) -> str | None: ...
+    def agent_client(self, node: str) -> AgentActions: ...  # the caller closes it
     async def agent_call(
         self, node: str, call: Callable[[AgentActions], Awaitable[T]], title: str = "refused"
     ) -> T | None: ...

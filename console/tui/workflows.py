@@ -15,7 +15,7 @@ from textual.app import App
 from textual.notifications import SeverityLevel
 
 from console.collect.actions import ActionError, AgentActions
-from console.collect.collector import Collector
+from console.collect.source import FleetSource
 from console.core.config import Fleet
 from console.core.safetext import for_terminal
 from console.core.snapshot import Job
@@ -31,7 +31,7 @@ class Workflows(App[int]):
 
     fleet: Fleet
     read_only: bool
-    collector: Collector
+    collector: FleetSource
     roles: dict[str, str]  # node -> the role its token has on the agent
     gateway_role: str | None  # the role our token has on the gateway, once it said
 
@@ -57,11 +57,17 @@ class Workflows(App[int]):
 
     # -- the one shape of an agent call ------------------------------------------------
 
+    def agent_client(self, node: str) -> AgentActions:
+        """A client for `node`'s agent, the caller closes it: the one place the console
+        makes one (agent_call's, and the screens' reads of jobs, logs and plans). Raises
+        ConfigError or MissingSecret when `node` has no agent or its token is not set."""
+        return AgentActions(self.fleet, node)
+
     async def agent_call(
         self, node: str, call: Callable[[AgentActions], Awaitable[T]], title: str = "refused"
     ) -> T | None:
         """`call` on `node`'s agent; a refusal or no answer is a notification, and None."""
-        actions = AgentActions(self.fleet, node)
+        actions = self.agent_client(node)
         try:
             return await call(actions)
         except ActionError as exc:

@@ -24,7 +24,7 @@ from textual.binding import Binding
 from textual.widgets import DataTable, Static
 
 from console.collect import playbook
-from console.collect.actions import ActionError, AgentActions
+from console.collect.actions import ActionError
 from console.collect.playbook import Check
 from console.collect.view import FleetView
 from console.core.snapshot import Job, TrtEngine
@@ -129,7 +129,7 @@ class DrillsScreen(ViewScreen):
             if declared is None or declared.agent is None:
                 continue
             try:
-                actions = AgentActions(self.console.fleet, node)
+                actions = self.console.agent_client(node)
             except Exception as exc:  # a token variable not set: say so, keep the rest
                 problems.append(str(exc))
                 continue

@@ -19,7 +19,7 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, DataTable, Input, Label, Select, Static
 
-from console.collect.actions import ActionError, AgentActions
+from console.collect.actions import ActionError
 from console.collect.gateway_client import GatewayClient, GatewayError
 from console.collect.operator_actions import GATEWAY, GatewayActions, gateway_job, job_target
 from console.collect.view import FleetView
@@ -159,7 +159,7 @@ class StartVllmScreen(ModalScreen[tuple[str, str] | None]):
         start.disabled = True
         self.plan = None
         out.update(Text("asking the agent for the plan ...", style="dim"))
-        actions = AgentActions(self.console.fleet, node)
+        actions = self.console.agent_client(node)
         try:
             plan = await actions.plan(name, self.overrides())
         except ActionError as exc:
@@ -294,7 +294,7 @@ class JobScreen(ViewScreen):
         ended = self.job is not None and self.job.state not in ("queued", "running")
         if ended and self.log_lines:
             return  # an ended job does not change
-        actions = AgentActions(self.console.fleet, self.node)
+        actions = self.console.agent_client(self.node)
         try:
             self.job = await actions.job(self.job_id)
             self.log_lines = await actions.log(self.job_id, tail=40)

@@ -11,7 +11,8 @@ from textual.containers import Horizontal
 from textual.widgets import Static
 from textual_plotext import PlotextPlot
 
-from console.collect.promsource import HistoryLine, PromError, PromSource
+from console.collect.promhttp import PromError
+from console.collect.source import HistoryLine
 from console.collect.view import DeploymentRow, FleetView
 from console.core.config import Model
 from console.core.safetext import for_terminal
@@ -35,12 +36,13 @@ class ModelDetailScreen(ViewScreen):
 
     def on_mount(self) -> None:
         super().on_mount()
-        if isinstance(self.console.collector, PromSource):
+        if self.console.collector.history_source() is not None:
             Poll(self, HISTORY_EVERY_S, self._read_history, "model-history").now()
 
     async def _read_history(self) -> None:
-        source = self.console.collector
-        assert isinstance(source, PromSource)
+        source = self.console.collector.history_source()
+        if source is None:
+            return
         try:
             self.history_lines = await source.model_history(self.model)
             self.history_error = None
