@@ -30,8 +30,8 @@ import pytest
 
 from console.collect.actions import ActionError, AgentActions
 from console.collect.collector import Collector
-from console.collect.failover_cli import Ask, run_failover
 from console.collect.gateway_client import GatewayClient
+from console.commands.failover import Ask, run_failover
 from console.core.config import MissingSecret, load_fleet
 from console.gateway.routes import FleetFileChanged, save_to_fleet
 from tests.conftest import OPERATOR, ROOT, agent_env

@@ -87,6 +87,7 @@ LAYER_RULES = [
         ["console.agent", "console.tui", "tests"],
         "the gateway runs apart from the agent (its SQLite store is the core's)",
     ),
+    ("console/commands", ["tests"], "the command line's verbs may call any layer"),
 ]
 
 
@@ -115,6 +116,35 @@ def layer_violations(package: str, forbidden: list[str]) -> list[str]:
 )
 def test_each_layer_imports_only_the_layers_below_it(package, forbidden, why):
     assert layer_violations(package, forbidden) == [], why
+
+
+# The command line is the top: no layer below imports a verb or the parser.
+BELOW_THE_COMMAND_LINE = [f"console/{layer}" for layer in (*CONSOLE_LAYERS, "core")] + ["plugins"]
+# The verbs that open the TUI, and only inside their run: `engineroom --help`, the agent
+# and the headless verbs never load it.
+OPENS_THE_TUI = {"tui.py", "replay.py", "serve.py"}
+
+
+@pytest.mark.parametrize("package", BELOW_THE_COMMAND_LINE)
+def test_no_layer_imports_the_command_line(package):
+    assert layer_violations(package, ["console.cli", "console.commands"]) == []
+
+
+def test_the_verbs_import_the_tui_only_when_they_open_it():
+    wrong = []
+    for path in sorted((ROOT / "console" / "commands").rglob("*.py")):
+        tree = ast.parse(path.read_text(), str(path))
+        functions = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)]
+        in_a_function = {id(inner) for f in functions for inner in ast.walk(f)}
+        for node in ast.walk(tree):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            if not any(n == "console.tui" or n.startswith("console.tui.") for n in names):
+                continue
+            if path.name not in OPENS_THE_TUI or id(node) not in in_a_function:
+                wrong.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert wrong == []
 
 
 def test_the_layering_check_sees_a_lazy_import(tmp_path, monkeypatch):

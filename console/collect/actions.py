@@ -2,27 +2,24 @@
 
 The console never sends a command line: a profile name and overrides, or an engine id.
 The agent refuses what its fleet file does not allow; this module reports the refusal
-as it came (`ActionError`, with the failed preflight checks when there are some).
+as it came (`ActionError`, with the failed preflight checks when there are some). The
+commands that print jobs (`engineroom vllm`, `jobs`, `drill`) are in console.commands.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import sys
 import time
 from collections.abc import Callable
-from typing import Any, TextIO
+from typing import Any
 
 from console.collect import apiclient
-from console.core.config import ConfigError, Fleet, MissingSecret, Node
-from console.core.safetext import say
+from console.core.config import ConfigError, Fleet, Node
 from console.core.snapshot import Job, job_from, plain
-from console.core.wire import COLD_START_PHASES
 
 FINAL = ("succeeded", "failed", "cancelled")
 FOLLOW_LIMIT_S = 6 * 3600.0  # past every deadline a job of the agent has (drills: hours)
-EXIT_OK, EXIT_FAILED, EXIT_UNREACHABLE = 0, 1, 2
 
 
 class ActionError(Exception):
@@ -152,181 +149,3 @@ class AgentActions:
             if job.state in FINAL:
                 return job
             await asyncio.sleep(interval)
-
-
-def parse_sets(items: list[str]) -> dict[str, Any]:
-    """`--set KEY=VALUE` pairs; VALUE is read as JSON where it parses (8002, [0,1], true)."""
-    overrides: dict[str, Any] = {}
-    for item in items:
-        key, sep, raw = item.partition("=")
-        if not sep or not key:
-            raise ValueError(f"--set wants KEY=VALUE, got {item!r}")
-        try:
-            overrides[key] = json.loads(raw)
-        except ValueError:
-            overrides[key] = raw
-    return overrides
-
-
-# ---------------------------------------------------------------------------------------------
-# The CLI: engineroom vllm start|stop|restart, engineroom jobs
-
-
-# Every column `describe` writes, named: the header and the rows are made together.
-JOBS_HEADER = f"{'JOB':<12}  {'KIND':<15} {'TARGET':<20} {'STATE':<10}{'TOOK':>9}  BY / COLD START"
-
-
-def describe(job: Job) -> str:
-    """One line per job for `engineroom jobs` and the follow output (JOBS_HEADER's)."""
-    target = job.params.get("profile") or job.params.get("engine") or job.params.get("drill") or ""
-    took = f"{job.updated - job.created:7.1f} s" if job.created and job.updated else "?"
-    cold = job.result.get("cold_start", {}).get("total_s")
-    extra = f"  cold start {cold:.1f} s" if isinstance(cold, int | float) else ""
-    return (
-        f"{job.id:<12}  {job.kind:<15} {target:<20} {job.state:<10}{took:>9}  by {job.who}{extra}"
-    )
-
-
-def _print_progress(out: TextIO) -> Callable[[Job], None]:
-    printed: set[tuple[str, str]] = set()
-
-    def show(job: Job) -> None:
-        for step in job.steps:
-            if step.state in ("pending",) or (step.name, step.state) in printed:
-                continue
-            printed.add((step.name, step.state))
-            detail = f": {step.detail}" if step.detail else ""
-            say(f"  {step.name:<10} {step.state}{detail}", out)
-
-    return show
-
-
-async def _act(
-    fleet: Fleet,
-    node: str,
-    action: Callable[[AgentActions], Any],
-    wait: bool,
-    as_json: bool,
-    out: TextIO,
-) -> int:
-    actions = AgentActions(fleet, node)
-    try:
-        try:
-            job: Job = await action(actions)
-        except ActionError as exc:
-            say(f"engineroom: {exc}", sys.stderr)
-            for check in exc.extra.get("checks", []):
-                mark = "ok  " if check.get("ok") else "FAIL"
-                say(f"  {mark} {check.get('name')}: {check.get('detail')}", sys.stderr)
-            return EXIT_UNREACHABLE if exc.status is None else EXIT_FAILED
-        if not as_json:
-            say(f"job {job.id} ({job.kind}) on {node}: {job.state}", out)
-        if wait:
-            started = time.monotonic()
-            try:
-                job = await actions.follow(
-                    job.id, (lambda j: None) if as_json else _print_progress(out)
-                )
-            except asyncio.CancelledError:  # Ctrl+C: this stops following, not the job
-                say(
-                    f"\nstopped following job {job.id} on {node}; the job goes on in the agent."
-                    f"\n  follow it: engineroom jobs --node {node}"
-                    f"\n  cancel it: the Jobs screen (c), or DELETE /v1/jobs/{job.id}",
-                    sys.stderr,
-                )
-                raise
-            if not as_json:
-                say(
-                    f"job {job.id}: {job.state} after {time.monotonic() - started:.1f} s"
-                    + (f": {job.error}" if job.error else ""),
-                    out,
-                )
-                cold = job.result.get("cold_start")
-                if isinstance(cold, dict) and cold.get("total_s") is not None:
-                    at = cold["phases"]
-                    phases = ", ".join(
-                        f"{k} {at[k]:.1f} s" for k in COLD_START_PHASES if at.get(k) is not None
-                    )
-                    print(f"cold start {cold['total_s']:.1f} s ({phases})", file=out)
-                rebuilt = job.result.get("time_to_rebuild_s")
-                if isinstance(rebuilt, int | float):
-                    print(f"time to rebuild {rebuilt:.1f} s", file=out)
-                for line in job.result.get("log_tail", [])[-15:]:
-                    say(f"  | {line}", out)
-        if as_json:
-            print(json.dumps(plain(job), indent=2), file=out)
-        return EXIT_OK if job.state in ("succeeded", "running", "queued") else EXIT_FAILED
-    except ActionError as exc:
-        say(f"engineroom: {exc}", sys.stderr)
-        return EXIT_UNREACHABLE if exc.status is None else EXIT_FAILED
-    finally:
-        await actions.close()
-
-
-def run_vllm(
-    fleet: Fleet,
-    verb: str,
-    node: str,
-    *,
-    profile: str | None = None,
-    engine: str | None = None,
-    sets: list[str] | None = None,
-    wait: bool = False,
-    as_json: bool = False,
-    out: TextIO = sys.stdout,
-) -> int:
-    if verb == "start":
-        assert profile is not None
-        overrides = parse_sets(sets or [])
-        return asyncio.run(
-            _act(fleet, node, lambda a: a.start(profile, overrides), wait, as_json, out)
-        )
-    assert engine is not None
-    restart = verb == "restart"
-    return asyncio.run(_act(fleet, node, lambda a: a.stop(engine, restart), wait, as_json, out))
-
-
-def run_jobs(
-    fleet: Fleet, node: str | None, *, as_json: bool = False, out: TextIO = sys.stdout
-) -> int:
-    async def gather() -> tuple[list[tuple[str, Job]], list[str]]:
-        rows: list[tuple[str, Job]] = []
-        problems: list[str] = []
-        for n in fleet.nodes:
-            if (node and n.name != node) or n.agent is None:
-                continue
-            try:
-                actions = AgentActions(fleet, n.name)
-            except MissingSecret as exc:  # one node without a token: list the others
-                problems.append(f"{n.name}: no token ({exc.short})")
-                continue
-            try:
-                rows += [(n.name, j) for j in await actions.jobs()]
-            except ActionError as exc:
-                problems.append(str(exc))
-            finally:
-                await actions.close()
-        return rows, problems
-
-    if node:
-        fleet.node(node)
-    rows, problems = asyncio.run(gather())
-    rows.sort(key=lambda r: r[1].created or 0, reverse=True)
-    if as_json:
-        print(
-            json.dumps(
-                {
-                    "jobs": [{"node": n, **plain(j)} for n, j in rows],
-                    "errors": problems,
-                },
-                indent=2,
-            ),
-            file=out,
-        )
-    else:
-        print(f"{'NODE':<12} {JOBS_HEADER}", file=out)
-        for n, job in rows:
-            say(f"{n:<12} {describe(job)}", out)
-        for problem in problems:
-            say(f"engineroom: {problem}", sys.stderr)
-    return EXIT_UNREACHABLE if problems else EXIT_OK

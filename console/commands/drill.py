@@ -7,25 +7,64 @@ interrupting this command does not stop it. Exit codes: 0 ok, 1 refused or faile
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import sys
 import time
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
-from console.collect.actions import (
+from console.commands.agentjob import act
+from console.commands.base import (
     EXIT_FAILED,
     EXIT_OK,
     EXIT_UNREACHABLE,
-    ActionError,
-    AgentActions,
-    _act,
+    Command,
+    fleet_arg,
+    fleet_of,
 )
-from console.core import drillreport
 from console.core.config import Fleet, MissingSecret
-from console.core.drillreport_check import ReportError, report_from
 from console.core.safetext import say
-from console.core.snapshot import Job
+
+if TYPE_CHECKING:  # the rest is imported where it is used: `engineroom --help` does without
+    from console.core.snapshot import Job  # httpx and the wire models
+
+WHAT_IF_FLAGS = ("driver", "cuda", "tensorrt", "tensorrt-llm", "gpu", "compute-capability")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    drills = parser.add_subparsers(dest="verb", required=True)
+    run = drills.add_parser("run", help="run a drill on its node's agent (a job)")
+    run.add_argument("name")
+    run.add_argument("--wait", action="store_true", help="follow the job to its end")
+    run.add_argument("--json", action="store_true", help="print the job as JSON")
+    listed = drills.add_parser("list", help="the drills in the fleet file, and their history")
+    listed.add_argument("--json", action="store_true")
+    show = drills.add_parser("show", help="a drill's report (Markdown, or --json)")
+    show.add_argument("id", help="the drill's job id")
+    show.add_argument("--node", default=None, help="the node that ran it (default: ask all)")
+    show.add_argument("--markdown", action="store_true", help="Markdown (the default)")
+    show.add_argument("--json", action="store_true")
+    whatif = drills.add_parser(
+        "what-if", help="which TensorRT-LLM engines an upgrade would make stale"
+    )
+    for flag in WHAT_IF_FLAGS:
+        whatif.add_argument(f"--{flag}", default=None, metavar="VERSION")
+    whatif.add_argument("--json", action="store_true")
+    for action in drills.choices.values():
+        fleet_arg(action)
+
+
+def run(args: argparse.Namespace) -> int:
+    fleet = fleet_of(args)
+    if args.verb == "run":
+        return run_drill(fleet, args.name, wait=args.wait, as_json=args.json)
+    if args.verb == "list":
+        return list_drills(fleet, as_json=args.json)
+    if args.verb == "show":
+        return show_drill(fleet, args.id, node=args.node, as_json=args.json)
+    change = {key: getattr(args, key) for key in (f.replace("-", "_") for f in WHAT_IF_FLAGS)}
+    return what_if(fleet, change, as_json=args.json)
 
 
 def drill_node(fleet: Fleet, name: str) -> str | None:
@@ -42,7 +81,7 @@ def run_drill(
         known = ", ".join(fleet.drills) or "none"
         print(f"engineroom: {fleet.source}: no drill {name!r} (drills: {known})", file=sys.stderr)
         return EXIT_FAILED
-    return asyncio.run(_act(fleet, node, lambda a: a.drill(name), wait, as_json, out))
+    return asyncio.run(act(fleet, node, lambda a: a.drill(name), wait, as_json, out))
 
 
 async def _each_agent(
@@ -50,6 +89,7 @@ async def _each_agent(
 ) -> tuple[list[tuple[str, Any]], list[str], dict[str, str]]:
     """`call(actions)` on every node with an agent, at once: (node, answer), the problems,
     and the nodes not asked because their token variable is not set here."""
+    from console.collect.actions import ActionError, AgentActions
 
     async def one(node: str) -> tuple[str, Any]:
         actions = AgentActions(fleet, node)
@@ -76,6 +116,8 @@ async def _each_agent(
 def list_drills(fleet: Fleet, *, as_json: bool, out: TextIO = sys.stdout) -> int:
     """The definitions come from the file, so they show with no token at all; the history
     comes from the agents this console holds a token for."""
+    from console.core import drillreport
+
     answers, problems, no_token = asyncio.run(_each_agent(fleet, lambda a: a.jobs(200)))
     history: list[tuple[str, Job]] = [
         (node, job) for node, jobs in answers for job in jobs if job.kind == "drill.run"
@@ -142,6 +184,10 @@ def _last(job: Job) -> str:
 def show_drill(
     fleet: Fleet, job_id: str, *, node: str | None, as_json: bool, out: TextIO = sys.stdout
 ) -> int:
+    from console.collect.actions import ActionError, AgentActions
+    from console.core import drillreport
+    from console.core.drillreport_check import ReportError, report_from
+
     async def find() -> tuple[str, dict[str, Any]] | None:
         for n in fleet.nodes:
             if n.agent is None or (node and n.name != node):
@@ -218,3 +264,6 @@ def what_if(
     for problem in problems:
         say(f"engineroom: {problem}", sys.stderr)
     return EXIT_UNREACHABLE if problems else EXIT_OK
+
+
+COMMAND = Command("drill", "TensorRT-LLM rebuild drills", add_arguments, run)

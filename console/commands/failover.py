@@ -12,20 +12,66 @@ refused or failed, 2 the gateway did not answer, 3 a bad fleet file.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
-from console.collect.gateway_client import GatewayClient, GatewayError
+from console.commands.base import EXIT_USAGE, Command, fleet_arg, fleet_of
 from console.core.config import ConfigError, Fleet
-from console.core.gateway_wire import JOB_FINAL
 from console.core.safetext import say
+
+if TYPE_CHECKING:  # imported where it is used: `engineroom --help` does without httpx
+    from console.collect.gateway_client import GatewayError
 
 CALL_DEADLINE_S = 15.0  # one admin call, whole answer included
 POLL_S = 0.3  # --wait: how often the job is read
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    fleet_arg(parser)
+    parser.add_argument("model")
+    parser.add_argument(
+        "--to", metavar="DEPLOYMENT", help="all of the model there (with --drain: D's weight)"
+    )
+    move = parser.add_mutually_exclusive_group()
+    move.add_argument(
+        "--drain", metavar="DEPLOYMENT", help="its weight to 0, spread over the others"
+    )
+    move.add_argument(
+        "--restore-before", metavar="JOB", help="the weights from before that gateway job"
+    )
+    parser.add_argument("--emergency", action="store_true", help="all weight at once")
+    parser.add_argument(
+        "--plan", action="store_true", help="show the weights before and after and the "
+        "preflight; start nothing",
+    )  # fmt: skip
+    parser.add_argument("--why", default="", help="recorded in the audit log")
+    parser.add_argument("--wait", action="store_true", help="follow the job to its end")
+    parser.add_argument("--json", action="store_true")
+
+
+def run(args: argparse.Namespace) -> int:
+    no_move = args.to is None and args.drain is None and args.restore_before is None
+    if no_move and not args.plan:
+        print("engineroom failover: name the move: --to, --drain or --restore-before "
+              "(--plan alone proposes the healthiest --to)", file=sys.stderr)  # fmt: skip
+        return EXIT_USAGE
+    if args.restore_before is not None and args.to is not None:
+        print("engineroom failover: --restore-before takes no --to", file=sys.stderr)
+        return EXIT_USAGE
+    return run_failover(
+        fleet_of(args),
+        Ask(args.model, args.to, args.drain, args.restore_before),
+        emergency=args.emergency,
+        why=args.why,
+        wait=args.wait,
+        as_json=args.json,
+        plan=args.plan,
+    )
 
 
 def _show(job: dict[str, Any], printed: set[tuple[str, str]], out: TextIO) -> None:
@@ -128,6 +174,7 @@ def _show_move(plan: dict[str, Any] | None, out: TextIO) -> None:
 async def _plan(fleet: Fleet, ask: Ask, as_json: bool, out: TextIO) -> int:
     from console.collect.check import poll_once
     from console.collect.failover_targets import preselected, rank
+    from console.collect.gateway_client import GatewayClient, GatewayError
 
     model = next(m for m in fleet.models if m.name == ask.model)
     view, _, gateway, _ = await poll_once(fleet)
@@ -166,6 +213,9 @@ async def _plan(fleet: Fleet, ask: Ask, as_json: bool, out: TextIO) -> int:
 async def _run(
     fleet: Fleet, ask: Ask, mode: str, why: str, wait: bool, as_json: bool, out: TextIO
 ) -> int:
+    from console.collect.gateway_client import GatewayClient, GatewayError
+    from console.core.gateway_wire import JOB_FINAL
+
     client = GatewayClient(fleet, timeout=CALL_DEADLINE_S)
     try:
         try:
@@ -205,3 +255,14 @@ async def _run(
         say(f"job {job['id']}: {job['state']}{error}", out)
         say(f"routes before {job.get('before')}  after {job.get('after')}", out)
     return 0 if job["state"] in ("succeeded", "running") else 1
+
+
+COMMAND = Command(
+    "failover",
+    "move a model's traffic: all to one deployment, drain one, restore earlier weights",
+    add_arguments,
+    run,
+    description="One move of a model's weights, run as a job on the gateway: --to X "
+    "(all to X; a fail-back when it undoes the last move), --drain D (D's weight to the "
+    "others in proportion, or to --to), or --restore-before JOB (docs/gateway.md).",
+)
