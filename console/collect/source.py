@@ -5,8 +5,8 @@ Three sources implement it: the agents' streams and SSH (collector.py `Collector
 Prometheus (promsource.py `PromSource`) and a recording (replay.py `ReplayCollector`).
 The TUI and `engineroom check` use a source only through FleetSource, so neither asks
 which one it holds: a source without a health of its own beyond its nodes' (the agents,
-a replay) says None, one without range queries (all but Prometheus) has no
-`history_source`. This module imports no source: they import it (issue 29).
+a replay) has `health` None, and one without range queries (all but Prometheus) has
+`history_source()` None. This module imports no source: they import it (issue 29).
 """
 
 from __future__ import annotations
