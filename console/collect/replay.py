@@ -170,12 +170,12 @@ class ReplayCollector(Collector):
                     self.broken = self.broken or str(exc)
             if snap is None:
                 state.snapshot, state.last_ok = None, None
-                if status is None and error is None:
+                if self.recording is not None and status is None and error is None:
                     # Not in the recording by this moment: unknown (the header counts it
                     # unseen), never a made-up "connection refused".
                     state.failures, state.error = 0, "not recorded yet"
-                else:
-                    state.failures, state.error = 3, error or "no snapshot recorded"
+                else:  # recorded down, or given as None (a node that did not answer)
+                    state.failures, state.error = 3, error or "connection refused"
                 continue
             fresh = state.snapshot is not snap
             state.snapshot = snap
