@@ -14,6 +14,14 @@ from console.commands.base import Command, fleet_arg, fleet_of
 from console.core.config import Fleet
 
 
+def _pair(item: str) -> str:
+    """A `--set` value checked as the arguments are read: a usage error, not a traceback."""
+    key, sep, _ = item.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"wants KEY=VALUE, got {item!r}")
+    return item
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     verbs = parser.add_subparsers(dest="verb", required=True)
     start = verbs.add_parser("start", help="start a launch profile")
@@ -23,6 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="KEY=VALUE",
+        type=_pair,
         help="an override the profile allows (port=8002, gpus=[1], args.max_model_len=4096)",
     )
     for verb in ("stop", "restart"):
