@@ -67,6 +67,11 @@ MAX_ANSWER = 1024 * 1024  # one answer of the router's API; its lists are small
 MAX_METRICS = 8 * 1024 * 1024  # a /metrics page, the router's or an engine's
 ADD_TIMEOUT_S = 5.0  # add_worker answers after the worker's health check: allow for it
 DRAIN_POLL_S = 0.1
+# The engine's own count can read 0 between two batches while the router still forwards
+# requests it picked the worker for before remove_worker (seen in CI: a drain that
+# succeeded with 4 requests running after it). A drain is done when the count, running
+# and waiting, stays 0 this long.
+DRAIN_QUIET_S = 1.0
 PROCESSED = "vllm_router_processed_requests_total"
 OUTCOMES = "vllm_router_cb_outcomes_total"
 
@@ -307,11 +312,19 @@ class RouterPlane(DataPlane):
                     + ("not seen gone" if after is None else "still registered")
                     + " after remove_worker"
                 )
+        quiet_since: float | None = None
         while True:
             reading, state = await self._engine(model, deps[deployment])
             running = None if reading is None else reading.requests_running
-            if running == 0 or state == "down":  # refused: a stopped engine runs nothing
+            if state == "down":  # refused: a stopped engine runs nothing
                 return
+            waiting = None if reading is None else reading.requests_waiting
+            if running == 0 and not waiting:
+                quiet_since = quiet_since or time.monotonic()
+                if time.monotonic() - quiet_since >= DRAIN_QUIET_S:
+                    return
+            else:
+                quiet_since = None
             if time.monotonic() >= deadline:
                 raise DrainTimeout(
                     f"{deployment}: {'?' if running is None else f'{running:g}'} requests still "
