@@ -243,6 +243,7 @@ async def test_replay_opens_where_the_data_starts_and_says_there_is_none_before(
 
         hint = app.screen.query_one(CommandLine).input.placeholder
         assert hint.startswith("00:00:00 to 00:00:04 (UTC), 2026-12-01 00:00:00"), hint
+        assert "+1:30 from the start" in hint  # a form parse_time reads ("+90s" was not)
         await pilot.press(*keys("2026-11-30 23:50:00"), "enter")
         await pilot.pause()
         assert any("no data before the recording" in n for n in _notes(app)), _notes(app)

@@ -29,7 +29,7 @@ class ReplayApp(RefusingApp):
 
     offline = True
     COLON_COMMANDS = [
-        ("at TIME", "jump to a time: 07:23:25, +90s, -5m (also t)"),
+        ("at TIME", "jump to a time: 07:23:25 (UTC), +1:30 from the start (also t)"),
         *EngineroomApp.COLON_COMMANDS,
     ]
     BINDINGS = [
@@ -119,7 +119,7 @@ class ReplayApp(RefusingApp):
     def action_jump(self) -> None:
         # The hint's example is a time inside the recording (a fixed 07:23:25 was not).
         first, last = clock(self.replay.first), clock(self.replay.last)
-        hint = f"{first[11:19]} to {last[11:19]} (UTC), {first[:19]}, +90s, -5m (also :at TIME)"
+        hint = f"{first[11:19]} to {last[11:19]} (UTC), {first[:19]}, +1:30 from the start"
         self._command_line().open("at", hint=hint)
 
     def entered(self, mode: str, text: str) -> None:
@@ -165,7 +165,8 @@ def run_replay(path: str, at: str | None = None) -> int:
     if recording.torn:
         print(f"engineroom replay: {path}: {recording.torn}; replaying up to there")
     fleet = fleet_of(recording)
-    start = recording.start if at is None else parse_time(at, recording.start)
+    # Without --at the collector opens once every node was read (Recording.first_round).
+    start = None if at is None else parse_time(at, recording.start)
     app = ReplayApp(fleet, ReplayCollector(fleet, recording=recording, at=start))
     app.exit_watchdog = lambda: None  # its own process: an exit that blocks is ended
     return app.run() or 0

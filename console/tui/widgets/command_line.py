@@ -16,7 +16,7 @@ from textual.widgets import Input, Label
 MODES = {
     ":": (":", "nodes gpus models jobs drills events | model NAME | node NAME | engine NODE/ID"),
     "/": ("/", "text, or util>80 engine=triton ttft_p95>0.5 (all must hold; empty clears)"),
-    "at": ("jump to ", "07:23:25 (UTC), 2026-12-03 07:23:25, +90s, -5m (also :at TIME)"),
+    "at": ("jump to ", "07:23:25 (UTC), 2026-12-03 07:23:25, +1:30 from the start (also :at TIME)"),
 }
 
 
