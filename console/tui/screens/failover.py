@@ -34,7 +34,7 @@ from console.core.snapshot import percentiles_from
 from console.tui import format as fmt
 from console.tui.host import ConsoleHost, host_of
 from console.tui.polling import Poll
-from console.tui.screens.jobtext import STATE_STYLE
+from console.tui.screens.jobtext import STATE_STYLE, weights_text
 from console.tui.widgets.safe_static import SafeStatic
 
 MOVES = [("all to one", "to"), ("drain one", "drain"), ("restore earlier", "restore")]
@@ -478,11 +478,9 @@ class FailoverScreen(ModalScreen[str | None]):
         if job.get("after"):
             before, after = job.get("before") or {}, job["after"]
             t.append("routes before ", style="bold")
-            t.append(" ".join(f"{d}={w}" for d, w in before.items()) or "unknown")
+            t.append(weights_text(before) or "unknown")
             t.append("\n       after  ", style="bold")
-            t.append(
-                "as before" if after == before else " ".join(f"{d}={w}" for d, w in after.items())
-            )
+            t.append("as before" if after == before else weights_text(after))
             t.append("\n")
         self.query_one("#progress", Static).update(t)
 

@@ -31,7 +31,14 @@ from console.tui.columns import Fitted
 from console.tui.host import ConsoleHost, host_of
 from console.tui.polling import Poll
 from console.tui.screens.base import ViewScreen
-from console.tui.screens.jobtext import STATE_STYLE, bench_table, job_note, step_bars, took
+from console.tui.screens.jobtext import (
+    STATE_STYLE,
+    bench_table,
+    job_note,
+    step_bars,
+    took,
+    weights_text,
+)
 from console.tui.widgets.safe_static import SafeStatic
 from console.tui.widgets.table import FleetTable, Row, empty_row
 
@@ -529,11 +536,7 @@ class GatewayJobScreen(JobScreen):
         for name in ("before", "after"):
             weights = result.get(name)
             pending = name == "after" and job.state in ("queued", "running")
-            shown = (
-                " ".join(f"{d}={w}" for d, w in weights.items())
-                if weights
-                else ("not yet" if pending else "unknown")
-            )
+            shown = weights_text(weights) if weights else ("not yet" if pending else "unknown")
             t.append(f"{name:<7}", style="bold")
             t.append(f"{shown}\n")
         self.query_one("#log", Static).update(t)

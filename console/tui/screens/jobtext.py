@@ -66,8 +66,13 @@ def job_note(job: Job) -> Text:
         return Text(f"cold start {cold:.1f} s")
     after = job.result.get("after")  # a failover's weights once it ended
     if isinstance(after, dict) and after:
-        return Text("now " + " ".join(f"{d}={w}" for d, w in after.items() if w))
+        return Text("now " + weights_text({d: w for d, w in after.items() if w}))
     return Text("")
+
+
+def weights_text(weights: dict[str, Any]) -> str:
+    """A model's routes as the job screens write them: `deployment=weight ...`."""
+    return " ".join(f"{d}={w}" for d, w in weights.items())
 
 
 def took(job: Job) -> str:
