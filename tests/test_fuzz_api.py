@@ -287,11 +287,18 @@ def test_the_agent_answers_only_what_its_schema_says_and_leaves_nothing_running(
     jobs = seen
     assert agent.process.poll() is None, f"the agent died:\n{log_tail(agent.log)}"
     parent = psutil.Process(agent.process.pid)
-    wait_until(
-        lambda: not parent.children(recursive=True),
-        30,
-        what=f"no child process of the agent (jobs: {[j['kind'] for j in jobs]})",
-    )
+    left: list[psutil.Process] = []
+
+    def no_child() -> bool:
+        left[:] = parent.children(recursive=True)
+        return not left
+
+    try:
+        wait_until(no_child, 30, what="no child process of the agent")
+    except TimeoutError:
+        shown = [p.as_dict(["pid", "status", "cmdline"], ad_value="?") for p in left]
+        kinds = [(j["kind"], j["state"]) for j in jobs]
+        raise AssertionError(f"children left: {shown}; jobs: {kinds}") from None
     for record in (agent.fleet.parent.parent / "state").glob("*/engines/*/engine.json"):
         pgid = json.loads(record.read_text()).get("pgid")
         if pgid:

@@ -18,8 +18,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 
+from console.agent.engines import engine_id as make_engine_id
 from console.core.wire import EngineJobResult
 from tests.conftest import OPERATOR, ROOT, VIEWER, Agent, agent_env, run_cli
 from tests.engines.servers import free_port, stop, vllm_python, wait_until
@@ -63,6 +65,16 @@ model = "/nonexistent/model"
 served_model_name = "missing"
 port = {port}
 command = ["{python}", "-m", "vllm.entrypoints.openai.api_server"]
+
+# An engine that starts and never gets ready: whatever argv follows, python -c ignores it.
+[profiles.sleepy]
+engine = "vllm"
+node = "local"
+model = "{model}"
+served_model_name = "sleepy"
+port = {port}
+command = ["{python}", "-c", "import time; time.sleep(600)"]
+stop_grace_s = 2
 
 [profiles.other-node]
 engine = "vllm"
@@ -424,6 +436,60 @@ def test_an_engine_that_crashes_during_load_fails_its_job_with_the_log(
     assert [s["state"] for s in job["steps"]] == ["succeeded", "succeeded", "failed"]
     assert any("safetensors" in line or "Error" in line for line in job["result"]["log_tail"])
     assert engine_records(state) == []
+
+
+def test_a_start_cancelled_while_its_engine_is_spawned_leaves_no_engine_running(
+    agent_factory, state, model_dir
+):
+    """Before: the cancel ended the job while the spawn thread ran on; the engine it then
+    started was in no job and no stop reached it (seen in CI as a child the fuzzed agent
+    kept). The spawn is held here by a FIFO where the capper's stderr goes: opening it for
+    writing waits for a reader."""
+    port = free_port()
+    agent = agent_factory(fleet_text(state, model_dir, port, Path(sys.executable)))
+    where = state / "local" / "engines" / make_engine_id("vllm", f"http://127.0.0.1:{port}")
+    where.mkdir(parents=True)
+    os.mkfifo(where / "logcap.err")
+    resp = post(agent, "/v1/jobs", {"kind": "vllm.start", "profile": "sleepy"})
+    assert resp.status_code == 202, resp.text
+    job_id = resp.json()["id"]
+
+    def spawning() -> bool:
+        steps = agent.get(f"/v1/jobs/{job_id}").json()["steps"]
+        return [s["state"] for s in steps] == ["succeeded", "running", "pending"]
+
+    wait_until(spawning, 30, what="the job in its spawn step")
+    answer: list[httpx.Response] = []
+    cancel = threading.Thread(
+        target=lambda: answer.append(
+            httpx.delete(
+                f"{agent.url}/v1/jobs/{job_id}",
+                headers={"Authorization": f"Bearer {OPERATOR_TOKEN}"},
+                timeout=60,
+            )
+        )
+    )
+    cancel.start()
+
+    def cancel_asked() -> bool:
+        with sqlite3.connect(next(state.glob("*/jobs.sqlite"))) as db:
+            return bool(db.execute("SELECT 1 FROM audit WHERE action LIKE '%cancel'").fetchall())
+
+    wait_until(cancel_asked, 30, what="the cancel audited")
+    reader = os.open(where / "logcap.err", os.O_RDONLY | os.O_NONBLOCK)  # the spawn goes on
+    try:
+        cancel.join(60)
+        assert answer and answer[0].status_code == 200, answer
+        assert answer[0].json()["state"] == "cancelled"
+        parent = psutil.Process(agent.process.pid)
+        wait_until(
+            lambda: not parent.children(recursive=True),
+            30,
+            what="no engine left running by the cancelled start",
+        )
+        assert engine_records(state) == []
+    finally:
+        os.close(reader)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -316,8 +316,8 @@ class EngineJobs:
         engine = ctx.active.engine_id
         assert engine is not None
         step = ctx.begin("spawn")
-        try:
-            managed = await asyncio.to_thread(
+        spawning = asyncio.ensure_future(
+            asyncio.to_thread(
                 self.supervisor.spawn,
                 engine,
                 profile.engine,
@@ -328,6 +328,15 @@ class EngineJobs:
                 profile.served_model_name,
                 ctx.id,
             )
+        )
+        try:
+            managed = await asyncio.shield(spawning)
+        except asyncio.CancelledError:
+            # A cancel cannot stop the thread: let it finish, so the engine it starts is
+            # one the cancel (self.cancelled) finds and stops, not one left running.
+            with contextlib.suppress(Exception):
+                await spawning
+            raise
         except OSError as exc:
             step.detail = str(exc)
             raise StepFailed(f"spawn: {exc}") from None

@@ -187,11 +187,12 @@ class JobRunner:
             if record is None:
                 raise JobRefused(404, f"no job {job_id!r}")
             raise JobRefused(409, f"job {job_id} already ended ({record.state})")
+        # Audited when asked: a cancel that stops an engine can take its grace period.
+        self.store.audit(who, f"job {active.record.kind} cancel", {"id": job_id})
         if active.task is not None:
             active.task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await active.task
-        self.store.audit(who, f"job {active.record.kind} cancel", {"id": job_id})
         return self._view(active)
 
     # -- running ----------------------------------------------------------------------
