@@ -49,6 +49,11 @@ MODEL_FIELDS = (
         "engineroom_model_prefix_cache_hit_ratio",
         "prefix-cache hits / queries, 0..1 (window)",
     ),
+    (
+        "generation_idle_s",
+        "engineroom_model_generation_idle_seconds",
+        "seconds since the generated-token counter last rose (as far back as the window)",
+    ),
 )
 LATENCY_STATS = (("p50", "p50"), ("p95", "p95"), ("p99", "p99"), ("mean", "mean"))
 STATES = ("ready", "loading", "unhealthy", "down")

@@ -1,7 +1,8 @@
 """`engineroom check`: poll the fleet once and print a compact table, or stable JSON.
 
-Exit codes: 0 healthy, 1 degraded (a node stale, down or without a token, or any alert),
-2 unreachable (no node answered). The JSON keys are documented in docs/check-json.md.
+Exit codes: 0 healthy, 1 degraded (a node stale, down or without a token, any alert or any
+diagnosis, console.collect.diagnoses), 2 unreachable (no node answered). The JSON keys are
+documented in docs/check-json.md.
 
 Where a gateway is declared and its token is set, its own TTFT per deployment is read
 too, so every latency says where it was measured (console.collect.measured): the engine
@@ -18,10 +19,12 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 from console.collect.collector import NodeState
+from console.collect.diagnoses import CannotTell, Diagnosis, diagnose_once
 from console.collect.measured import ENGINE, GATEWAY, gap_text, gateway_measure, ttft_gap_s
 from console.collect.promsource import fleet_source
 from console.collect.source import SourceHealth
 from console.collect.view import DeploymentRow, FleetView, build
+from console.core import diagnosis as d
 from console.core.config import Fleet
 from console.core.safetext import for_terminal
 from console.core.slo import Verdict, times_text
@@ -93,10 +96,37 @@ async def poll_once(
         return view, states, gateway, collector.health
 
 
-def status_of(view: FleetView, source: SourceHealth | None) -> str:
-    """The check's status: a Prometheus that did not answer leaves nothing known."""
+@dataclass
+class Diagnosed:
+    """The diagnoses of one look (console.collect.diagnoses), and where they cannot tell."""
+
+    found: list[Diagnosis]
+    cannot_tell: list[CannotTell]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "diagnoses": [x.as_dict() for x in self.found],
+            "diagnoses_cannot_tell": [
+                {"name": c.name, "subject": c.subject, "needs": c.needs} for c in self.cannot_tell
+            ],
+        }
+
+
+def diagnosed(
+    fleet: Fleet, view: FleetView, states: dict[str, NodeState], gateway: GatewayReading
+) -> Diagnosed:
+    return Diagnosed(*diagnose_once(fleet, view, states, gateway.snapshot))
+
+
+def status_of(
+    view: FleetView, source: SourceHealth | None, diagnoses: Diagnosed | None = None
+) -> str:
+    """The check's status: a Prometheus that did not answer leaves nothing known; a
+    diagnosis on a fleet otherwise healthy makes it degraded."""
     if source is not None and source.ok is False and not view.summary.nodes_up:
         return "unreachable"
+    if view.summary.status == "healthy" and diagnoses is not None and diagnoses.found:
+        return "degraded"
     return view.summary.status
 
 
@@ -110,13 +140,14 @@ def run_check(
 ) -> int:
     if watch is None:
         view, states, gateway, source = asyncio.run(poll_once(fleet))
+        found = diagnosed(fleet, view, states, gateway)
         if prometheus:
             out.write(to_prometheus(fleet, view, states))
         elif as_json:
-            out.write(to_json(view, states, gateway, source) + "\n")
+            out.write(to_json(view, states, gateway, source, found) + "\n")
         else:
-            out.write(render(view, gateway, source) + "\n")
-        return EXIT[status_of(view, source)]
+            out.write(render(view, gateway, source, found) + "\n")
+        return EXIT[status_of(view, source, found)]
     return asyncio.run(_watch(fleet, watch, as_json, out))
 
 
@@ -135,8 +166,11 @@ async def _watch(fleet: Fleet, every: float, as_json: bool, out: TextIO) -> int:
                 history=collector.history,
                 gateway=gateway.snapshot,
             )
+            found = diagnosed(fleet, view, states, gateway)
             text = (
-                to_json(view, states, gateway, source) if as_json else render(view, gateway, source)
+                to_json(view, states, gateway, source, found)
+                if as_json
+                else render(view, gateway, source, found)
             )
             clear = "" if as_json or not out.isatty() else "\033[H\033[2J"
             out.write(f"{clear}{text}\n")
@@ -178,7 +212,10 @@ def _gib(value: int | None) -> str:
 
 
 def render(
-    view: FleetView, gateway: GatewayReading | None = None, source: SourceHealth | None = None
+    view: FleetView,
+    gateway: GatewayReading | None = None,
+    source: SourceHealth | None = None,
+    diagnoses: Diagnosed | None = None,
 ) -> str:
     s = view.summary
     no_token = f" {s.nodes_no_token} no token" if s.nodes_no_token else ""
@@ -186,7 +223,8 @@ def render(
     blind = f"  CANNOT SEE {s.unseen} OF {s.nodes} NODES" if s.unseen else ""
     alerts = f"? ({s.unseen} nodes unseen)" if s.unseen and not s.alerts else str(s.alerts)
     lines = [
-        f"fleet {s.name}  {s.environment}  {status_of(view, source).upper()}{blind}  nodes "
+        f"fleet {s.name}  {s.environment}  {status_of(view, source, diagnoses).upper()}{blind}"
+        f"  nodes "
         f"{s.nodes_up} up {s.nodes_stale} stale {s.nodes_down} down{no_token}  gpus {s.gpus}  "
         f"util {_pct(s.util_avg)}  alerts {alerts}",
         *([source.line()] if source is not None else []),
@@ -221,6 +259,12 @@ def render(
                 lines.append(_deployment_line(r, gateway_measure(snapshot, model, r.id)))
     if gateway is not None and gateway.error:
         lines += ["", f"gateway {gateway.url}: {gateway.error} (no TTFT95 at the gateway)"]
+    if diagnoses is not None and (diagnoses.found or diagnoses.cannot_tell):
+        lines += ["", "DIAGNOSES (engineroom diagnose: the evidence and the moves)"]
+        for x in diagnoses.found:
+            tag = "CRIT" if x.kind.severity == "critical" else "WARN"
+            lines.append(f"  {tag} {x.headline()}  -> {d.MOVE_TEXT[x.moves[0]]}")
+        lines += [f"  ? {c.line()}" for c in diagnoses.cannot_tell]
     if view.alerts:
         lines += ["", "ALERTS"]
         for a in sorted(view.alerts, key=lambda a: a.severity != "critical"):
@@ -270,6 +314,7 @@ def to_dict(
     states: dict[str, NodeState],
     gateway: GatewayReading | None = None,
     source: SourceHealth | None = None,
+    diagnoses: Diagnosed | None = None,
 ) -> dict[str, Any]:
     snapshot = gateway.snapshot if gateway else None
     nodes = []
@@ -332,7 +377,7 @@ def to_dict(
     return {
         "fleet": s.name,
         "environment": s.environment,
-        "status": status_of(view, source),
+        "status": status_of(view, source, diagnoses),
         "prometheus": None if source is None else source.as_dict(),
         "summary": {
             "nodes_up": s.nodes_up,
@@ -353,6 +398,7 @@ def to_dict(
             {"severity": a.severity, "subject": a.subject, "message": a.message}
             for a in view.alerts
         ],
+        **(diagnoses or Diagnosed([], [])).as_dict(),
     }
 
 
@@ -361,8 +407,9 @@ def to_json(
     states: dict[str, NodeState],
     gateway: GatewayReading | None = None,
     source: SourceHealth | None = None,
+    diagnoses: Diagnosed | None = None,
 ) -> str:
-    return json.dumps(to_dict(view, states, gateway, source), indent=2, sort_keys=False)
+    return json.dumps(to_dict(view, states, gateway, source, diagnoses), indent=2)
 
 
 def _label(value: str) -> str:

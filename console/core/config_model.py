@@ -177,6 +177,19 @@ class Slo(_Strict):
     error_rate: Annotated[float, Field(ge=0, le=1)] | None = None
 
 
+class DiagnosisLimits(_Strict):
+    """When a diagnosis is raised: `[diagnoses]` for the fleet, `[models.diagnoses]` for
+    one model. An unset key takes the fleet's, then the default in
+    console/core/diagnosis.py (docs/diagnoses.md gives each)."""
+
+    wedged_after_s: Annotated[float, Field(gt=0, le=3600)] | None = None
+    kv_pressure_usage: Annotated[float, Field(gt=0, le=1)] | None = None
+    saturated_gap_times: Annotated[float, Field(ge=1.5, le=1000)] | None = None
+    saturated_cpu_pct: Annotated[float, Field(gt=0, le=100)] | None = None
+    imbalance_times: Annotated[float, Field(ge=1.5, le=1000)] | None = None
+    error_burst_rate: Annotated[float, Field(gt=0, le=1)] | None = None
+
+
 class Deployment(_Strict):
     id: str
     node: str
@@ -226,6 +239,7 @@ class Model(_Strict):
     failover: FailoverPlan = FailoverPlan()
     dataplane: str = "gateway"  # a [[dataplanes]] name; "gateway": the built-in one
     backend: str | None = None  # the data plane's name for the model (HAProxy backend)
+    diagnoses: DiagnosisLimits = DiagnosisLimits()
     _name_ok = field_validator("name")(allowed.model_name)
     _dataplane_ok = field_validator("dataplane")(allowed.an_id)
     _backend_ok = field_validator("backend")(allowed.haproxy_name)
@@ -250,6 +264,7 @@ class Profile(_Strict):
     overridable: list[str] = Field(default_factory=list)
     allowed_args: list[str] = Field(default_factory=list)
     ready_timeout_s: Seconds = 900.0  # process start to ready, or the start job fails
+    cold_start_budget_s: Seconds | None = None  # longer: the slow cold start diagnosis
     # SIGTERM to SIGKILL; vLLM drains for this less 5 s. Unset: [agent] stop_grace_s.
     stop_grace_s: Seconds = DEFAULT_STOP_GRACE_S
 
@@ -417,6 +432,7 @@ class Fleet(_Strict):
     fleet: FleetSection
     agent: AgentSection = AgentSection()
     thresholds: Thresholds = Thresholds()
+    diagnoses: DiagnosisLimits = DiagnosisLimits()
     keys: dict[str, str] = Field(default_factory=dict)  # action id -> key, remaps the TUI
     nodes: list[Node] = Field(default_factory=list)
     gateway: GatewaySection | None = None

@@ -112,6 +112,7 @@ class ModelWindow:
             value = delta(key)
             if value is not None and span > 0:
                 setattr(stats, attr, value / span)
+        stats.generation_idle_s = self._generation_idle_s()
         hits, queries = delta("prefix_cache_hits"), delta("prefix_cache_queries")
         if hits is not None and queries is not None and queries > 0:  # never 0/0
             stats.prefix_cache_hit_rate = min(1.0, hits / queries)
@@ -119,6 +120,23 @@ class ModelWindow:
             **{f"{name}_s": self._percentiles(name, new, old) for name in LATENCIES}
         )
         return stats
+
+    def _generation_idle_s(self) -> float | None:
+        """Seconds since the generated-token counter last rose, as far back as the window
+        sees (a counter still at the oldest reading's value: the whole span, at least).
+        None without the counter: an engine that does not count tokens is not idle."""
+        t_new, new = self._readings[-1]
+        if "generation_tokens" not in new.counters:
+            return None
+        readings = self._readings
+        for i in range(len(readings) - 1, 0, -1):
+            t, reading = readings[i]
+            now, before = (
+                r.counters.get("generation_tokens") for r in (reading, readings[i - 1][1])
+            )
+            if now is None or before is None or now > before:
+                return round(t_new - t, 3)
+        return round(t_new - self._readings[0][0], 3)
 
     @staticmethod
     def _percentiles(name: str, new: ModelReading, old: ModelReading) -> Percentiles:

@@ -1,0 +1,593 @@
+"""The diagnoses: which named problem the fleet has, where, on what evidence, and which
+move to make (each class is defined once, in console/core/diagnosis.py).
+
+Headless: it reads the view the console and `check` build (from agents, SSH, Prometheus or
+a recording) and the gateway's admin snapshot, and nothing else. `Diagnoser.update` gives
+the diagnoses now; after a move (`Diagnoser.moved`) a diagnosis says `verifying`, then
+`resolved after N s` once its condition is gone, or `still there` once VERIFY_S passed.
+
+- An unknown figure never raises a diagnosis. Where a class's condition is half there and
+  the other half is a figure the engine does not export, the class says "cannot tell:
+  needs X" (`Diagnoser.cannot_tell`) instead.
+- Expected work raises none: an engine with a job under way (a start, a stop, a restart,
+  a drill), a deployment the gateway gives no traffic (a standby, a drain, a quarantine).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from console.collect.deployments import DeploymentRow
+from console.collect.measured import gateway_measure, gateway_p95
+from console.collect.source import NodeState
+from console.collect.view import FleetView
+from console.core import diagnosis as d
+from console.core.config import Fleet
+from console.core.snapshot import Engine, Job, ModelStats, Snapshot
+from console.core.units import duration_from_seconds
+
+State = Literal["active", "verifying", "resolved", "still there"]
+VERIFY_S = 120.0  # after a move, how long the condition may take to go
+RESOLVED_SHOWN_S = 300.0  # how long a resolved diagnosis stays listed
+_OPEN = ("queued", "running")
+_STARTS = ("vllm.start", "engine.restart")
+
+
+@dataclass(frozen=True, slots=True)
+class Evidence:
+    figure: str
+    value: str
+    at: str  # where it was measured: "engine vllm-8000 on node-a", "gateway", "job 3f2a"
+    age_s: float | None  # how old the reading is; None: unknown
+
+    def as_dict(self) -> dict[str, Any]:
+        age = None if self.age_s is None else round(self.age_s, 1)
+        return {"figure": self.figure, "value": self.value, "at": self.at, "age_s": age}
+
+
+@dataclass(slots=True)
+class Diagnosis:
+    kind: d.DiagnosisDef
+    subject: str  # "node-a/gpu1", "llama-70b/llama-trt", "node-a/vllm-8000", "job 3f2a"
+    node: str | None
+    evidence: list[Evidence]
+    model: str | None = None
+    deployment: str | None = None
+    engine: str | None = None
+    cause: str | None = None  # start failed: the named cause; GPU fault: the XID's class
+    moves: list[d.Move] = field(default_factory=list)
+    state: State = "active"
+    since: float = 0.0  # when it was first seen (wall clock)
+    detail: str = ""  # verifying / resolved after N s / still there: ...
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return self.kind.name, self.subject
+
+    def headline(self) -> str:
+        cause = f" ({self.cause})" if self.cause else ""
+        state = "" if self.state == "active" else f" [{self.detail or self.state}]"
+        return f"{self.kind.title}{cause}: {self.subject}{state}"
+
+    def as_dict(self) -> dict[str, Any]:
+        """check --json's and diagnose --json's shape (docs/diagnoses.md)."""
+        return {
+            "name": self.kind.name,
+            "title": self.kind.title,
+            "severity": self.kind.severity,
+            "subject_kind": self.kind.subject,
+            "subject": self.subject,
+            "node": self.node,
+            "model": self.model,
+            "deployment": self.deployment,
+            "engine": self.engine,
+            "cause": self.cause,
+            "state": self.state,
+            "detail": self.detail or None,
+            "since": round(self.since, 3),
+            "evidence": [e.as_dict() for e in self.evidence],
+            "rules_out": self.kind.rules_out,
+            "moves": [{"move": m, "text": d.MOVE_TEXT[m]} for m in self.moves],
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class CannotTell:
+    name: str
+    subject: str
+    needs: str
+
+    def line(self) -> str:
+        return f"{d.BY_NAME[self.name].title}: {self.subject}: cannot tell, needs {self.needs}"
+
+
+@dataclass(slots=True)
+class _Move:
+    move: d.Move
+    at: float
+    gone_at: float | None = None
+
+
+class Diagnoser:
+    """The diagnoses of successive views; keeps when each was first seen and the moves."""
+
+    def __init__(self, fleet: Fleet) -> None:
+        self.fleet = fleet
+        self.first_seen: dict[tuple[str, str], float] = {}
+        self.moves: dict[tuple[str, str], _Move] = {}
+        self.last: dict[tuple[str, str], Diagnosis] = {}
+        self.cannot_tell: list[CannotTell] = []
+        self.looks = 0
+
+    def moved(self, key: tuple[str, str], move: d.Move, now: float | None = None) -> None:
+        """An operator made `move` for the diagnosis `key`: verify it from now on."""
+        self.moves[key] = _Move(move, time.time() if now is None else now)
+
+    def update(
+        self,
+        view: FleetView,
+        states: dict[str, NodeState],
+        gateway: dict[str, Any] | None = None,
+        now: float | None = None,
+    ) -> list[Diagnosis]:
+        now = time.time() if now is None else now
+        found, blind = find(self.fleet, view, states, gateway, now)
+        self.cannot_tell = list(dict.fromkeys(blind))
+        current = {x.key: x for x in found}
+        for key in list(self.first_seen):
+            if key not in current and key not in self.moves:
+                del self.first_seen[key]
+        first_look, self.looks = self.looks == 0, self.looks + 1
+        out: list[Diagnosis] = []
+        for key, x in current.items():
+            x.since = self.first_seen.setdefault(key, now)
+            if not first_look and now - x.since < x.kind.hold_s and key not in self.moves:
+                continue  # not held long enough yet
+            if (move := self.moves.get(key)) is not None:
+                took = now - move.at
+                move.gone_at = None
+                x.state = "verifying" if took < VERIFY_S else "still there"
+                x.detail = (
+                    f"verifying {move.move} ({took:.0f} s)"
+                    if took < VERIFY_S
+                    else f"still there {took:.0f} s after {move.move}: {_holds(x)}"
+                )
+            out.append(x)
+        for key, move in list(self.moves.items()):
+            if key in current:
+                continue
+            gone = move.gone_at = move.gone_at or now
+            last = self.last.get(key)
+            if last is None or now - gone > RESOLVED_SHOWN_S:
+                del self.moves[key]
+                self.first_seen.pop(key, None)
+                continue
+            last.state, last.detail = (
+                "resolved",
+                f"resolved {gone - move.at:.0f} s after {move.move}",
+            )
+            out.append(last)
+        self.last = {x.key: x for x in out}
+        return sorted(out, key=_order)
+
+
+def _order(x: Diagnosis) -> tuple[int, int, str]:
+    return (x.state == "resolved", x.kind.severity != "critical", x.subject)
+
+
+def _holds(x: Diagnosis) -> str:
+    return "; ".join(f"{e.figure} {e.value}" for e in x.evidence[:3])
+
+
+def diagnose_once(
+    fleet: Fleet,
+    view: FleetView,
+    states: dict[str, NodeState],
+    gateway: dict[str, Any] | None = None,
+) -> tuple[list[Diagnosis], list[CannotTell]]:
+    """One look, as `engineroom diagnose` and `check` take it."""
+    diagnoser = Diagnoser(fleet)
+    return diagnoser.update(view, states, gateway), diagnoser.cannot_tell
+
+
+# -- finding ---------------------------------------------------------------------------
+
+
+@dataclass
+class _Node:
+    name: str
+    snap: Snapshot
+    age: float | None
+    busy: set[str]  # engines with a job under way
+
+    def at(self, engine: Engine) -> str:
+        return f"engine {engine.id} on {self.name}"
+
+
+def find(
+    fleet: Fleet,
+    view: FleetView,
+    states: dict[str, NodeState],
+    gateway: dict[str, Any] | None,
+    now: float,
+) -> tuple[list[Diagnosis], list[CannotTell]]:
+    found: list[Diagnosis] = []
+    blind: list[CannotTell] = []
+    nodes: dict[str, _Node] = {}
+    seen = {row.name: row.status for row in view.nodes}
+    for name, state in states.items():
+        snap = state.snapshot
+        if snap is None or seen.get(name) not in ("up", "stale"):
+            continue  # a node not seen: the view says so first; nothing is guessed
+        busy = {e for j in snap.jobs if j.state in _OPEN and (e := _job_engine(j))}
+        nodes[name] = _Node(name, snap, state.age(), busy)
+    for node in nodes.values():
+        for engine in node.snap.engines:
+            if engine.state != "ready" or engine.id in node.busy:
+                continue  # loading, stopping, restarting, in a drill: expected work
+            for stats in engine.models:
+                found += _engine_wedged(fleet, node, engine, stats, blind)
+                found += _kv_pressure(fleet, node, engine, stats, blind)
+        found += _failed_starts(node)
+        found += _slow_starts(fleet, node)
+        found += _gpu_faults(node)
+    for model, rows in view.models.items():
+        live = [r for r in rows if not r.standby and r.weight != 0 and r.state == "ready"]
+        for row in live:
+            where = nodes.get(row.node)
+            if where is None or (row.engine_id and row.engine_id in where.busy):
+                continue
+            measure = gateway_measure(gateway, model, row.id)
+            found += _saturated(fleet, where, model, row, measure, blind)
+            found += _error_burst(fleet, where, model, row, measure)
+        found += _imbalance(fleet, nodes, model, live)
+        for row in rows:
+            if row.trt is not None and row.trt.state == "stale" and row.node in nodes:
+                found.append(_stale(nodes[row.node], model, row))
+    return found, blind
+
+
+def _job_engine(job: Job) -> str | None:
+    engine = job.result.get("engine_id") or job.params.get("engine")
+    return engine if isinstance(engine, str) else None
+
+
+def _num(value: float | None, unit: str = "") -> str:
+    return "?" if value is None else f"{value:g}{unit}"
+
+
+def _engine_wedged(
+    fleet: Fleet, node: _Node, engine: Engine, m: ModelStats, blind: list[CannotTell]
+) -> list[Diagnosis]:
+    if m.requests_running is None and m.requests_waiting is None:
+        return []
+    inside = (m.requests_running or 0) + (m.requests_waiting or 0)
+    if inside <= 0:
+        return []
+    subject = f"{node.name}/{engine.id}"
+    if m.generation_idle_s is None:
+        blind.append(CannotTell(d.ENGINE_WEDGED.name, subject, "a generated-token counter"))
+        return []
+    after = d.limit(fleet, m.name, "wedged_after_s")
+    if m.generation_idle_s < after:
+        return []
+    at = node.at(engine)
+    evidence = [
+        Evidence(
+            "no token generated for", duration_from_seconds(m.generation_idle_s), at, node.age
+        ),
+        Evidence("requests running", _num(m.requests_running), at, node.age),
+        Evidence("requests waiting", _num(m.requests_waiting), at, node.age),
+        Evidence(
+            "health", f"{engine.state}, answered in {_num(engine.probe_ms, ' ms')}", at, node.age
+        ),
+    ]
+    return [
+        Diagnosis(
+            d.ENGINE_WEDGED,
+            subject,
+            node.name,
+            evidence,
+            model=m.name,
+            deployment=",".join(engine.deployment_ids) or None,
+            engine=engine.id,
+            moves=list(d.ENGINE_WEDGED.moves),
+        )
+    ]
+
+
+def _kv_pressure(
+    fleet: Fleet, node: _Node, engine: Engine, m: ModelStats, blind: list[CannotTell]
+) -> list[Diagnosis]:
+    usage = m.kv_cache_usage
+    if usage is None or usage < d.limit(fleet, m.name, "kv_pressure_usage"):
+        return []
+    capacity = (m.requests_waiting_by_reason or {}).get("capacity")
+    subject = f"{node.name}/{engine.id}"
+    if m.preemption_rate is None and capacity is None:
+        blind.append(CannotTell(d.KV_PRESSURE.name, subject, "preemptions or waiting by reason"))
+        return []
+    if not ((m.preemption_rate or 0) > 0 or (capacity or 0) > 0):
+        return []
+    at = node.at(engine)
+    evidence = [
+        Evidence("KV cache", f"{usage:.0%}", at, node.age),
+        Evidence(
+            "preemptions",
+            _num(m.preemption_rate and round(m.preemption_rate, 2), "/s"),
+            at,
+            node.age,
+        ),
+        Evidence("waiting for capacity", _num(capacity), at, node.age),
+    ]
+    return [
+        Diagnosis(
+            d.KV_PRESSURE,
+            subject,
+            node.name,
+            evidence,
+            model=m.name,
+            deployment=",".join(engine.deployment_ids) or None,
+            engine=engine.id,
+            moves=list(d.KV_PRESSURE.moves),
+        )
+    ]
+
+
+def _failed_starts(node: _Node) -> list[Diagnosis]:
+    """A failed start whose engine no later start brought up (jobs come newest first)."""
+    out: list[Diagnosis] = []
+    started: set[str] = set()
+    for job in sorted(node.snap.jobs, key=lambda j: j.created or 0, reverse=True):
+        engine = _job_engine(job)
+        if job.kind not in _STARTS or engine is None:
+            continue
+        if job.state == "succeeded" or job.state in _OPEN:
+            started.add(engine)
+        elif job.state == "failed" and engine not in started:
+            started.add(engine)  # only its newest failure
+            tail = job.result.get("log_tail")
+            text = " ".join([job.error or "", *(tail if isinstance(tail, list) else [])])
+            at = f"job {job.id} on {node.name}"
+            evidence = [Evidence("error", (job.error or "?")[:200], at, _since(job.updated))]
+            out.append(
+                Diagnosis(
+                    d.START_FAILED,
+                    f"{node.name}/{engine}",
+                    node.name,
+                    evidence,
+                    engine=engine,
+                    cause=d.start_cause(text),
+                    moves=list(d.START_FAILED.moves),
+                )
+            )
+    return out
+
+
+def _since(t: float | None) -> float | None:
+    return None if t is None else max(0.0, time.time() - t)
+
+
+def _slow_starts(fleet: Fleet, node: _Node) -> list[Diagnosis]:
+    out: list[Diagnosis] = []
+    for job in node.snap.jobs:
+        profile = fleet.profiles.get(str(job.params.get("profile")))
+        cold = job.result.get("cold_start")
+        if job.kind != "vllm.start" or job.state != "succeeded" or profile is None:
+            continue
+        if not isinstance(cold, dict):
+            continue
+        budget, total = profile.cold_start_budget_s, cold.get("total_s")
+        if budget is None or not isinstance(total, (int, float)) or total <= budget:
+            continue
+        phase, took = _slowest_phase(cold.get("phases") or {}, total)
+        at = f"job {job.id} on {node.name}"
+        age = _since(job.updated)
+        evidence = [
+            Evidence("cold start", f"{total:.1f} s over its {budget:g} s budget", at, age),
+            Evidence("slowest phase", f"{phase} ({took:.1f} s)", at, age),
+        ]
+        out.append(
+            Diagnosis(
+                d.SLOW_COLD_START,
+                f"{node.name}/{_job_engine(job)}",
+                node.name,
+                evidence,
+                engine=_job_engine(job),
+                cause=phase,
+                moves=list(d.SLOW_COLD_START.moves),
+            )
+        )
+    return out
+
+
+def _slowest_phase(phases: dict[str, Any], total: float) -> tuple[str, float]:
+    """The phase that took longest: each phase's mark is seconds from the spawn."""
+    marks = sorted((v, k) for k, v in phases.items() if isinstance(v, (int, float)))
+    best, before = ("ready", 0.0), 0.0
+    for at, name in [*marks, (total, "ready")]:
+        if at - before > best[1]:
+            best = (name, at - before)
+        before = max(before, at)
+    return best
+
+
+def _gpu_faults(node: _Node) -> list[Diagnosis]:
+    out: list[Diagnosis] = []
+    for gpu in node.snap.gpus:
+        at = f"GPU {gpu.index} on {node.name}"
+        evidence: list[Evidence] = []
+        kinds: list[str] = []
+        for event in gpu.xid_events[-3:]:
+            kind, what = d.xid_class(event.xid)
+            kinds.append(kind)
+            evidence.append(Evidence(f"XID {event.xid}", f"{kind}: {what}", at, _since(event.time)))
+        if gpu.ecc_uncorrected:
+            kinds.append("memory")
+            evidence.append(Evidence("uncorrected ECC", str(gpu.ecc_uncorrected), at, node.age))
+        remap = gpu.remapped_rows or {}
+        if remap.get("failure") or remap.get("pending"):
+            kinds.append("memory")
+            state = "failed" if remap.get("failure") else "pending"
+            evidence.append(Evidence("row remapping", state, at, node.age))
+        if not evidence:
+            continue
+        out.append(
+            Diagnosis(
+                d.GPU_FAULT,
+                f"{node.name}/gpu{gpu.index}",
+                node.name,
+                evidence,
+                cause=kinds[0],
+                moves=list(d.GPU_FAULT.moves),
+            )
+        )
+    return out
+
+
+def _engine_of(node: _Node, row: DeploymentRow) -> Engine | None:
+    return next((e for e in node.snap.engines if e.id == row.engine_id), None)
+
+
+def _saturated(
+    fleet: Fleet,
+    node: _Node,
+    model: str,
+    row: DeploymentRow,
+    measure: dict[str, Any] | None,
+    blind: list[CannotTell],
+) -> list[Diagnosis]:
+    engine_p95 = row.stats.latency.ttft_s.p95 if row.stats else None
+    client_p95 = gateway_p95(measure, "ttft_s")
+    times = d.limit(fleet, model, "saturated_gap_times")
+    if engine_p95 is None or client_p95 is None or engine_p95 <= 0:
+        return []
+    if client_p95 < times * engine_p95:
+        return []
+    slo = next((m.slo.ttft_p95_ms for m in fleet.models if m.name == model), None)
+    if slo is not None and engine_p95 * 1000 > slo:
+        return []  # the engine itself is slow: not its API server
+    engine = _engine_of(node, row)
+    subject = f"{model}/{row.id}"
+    cpu = engine.api_server_cpu_pct if engine else None
+    if cpu is None:
+        blind.append(CannotTell(d.API_SERVER_SATURATED.name, subject, "the API server's CPU"))
+        return []
+    if cpu < d.limit(fleet, model, "saturated_cpu_pct"):
+        return []
+    at = f"engine {row.engine_id} on {node.name}"
+    evidence = [
+        Evidence("TTFT p95 at the gateway", duration_from_seconds(client_p95), "gateway", None),
+        Evidence("TTFT p95 at the engine", duration_from_seconds(engine_p95), at, node.age),
+        Evidence("API server CPU", f"{cpu:.0f}% of a core", at, node.age),
+    ]
+    return [
+        Diagnosis(
+            d.API_SERVER_SATURATED,
+            subject,
+            node.name,
+            evidence,
+            model=model,
+            deployment=row.id,
+            engine=row.engine_id,
+            moves=list(d.API_SERVER_SATURATED.moves),
+        )
+    ]
+
+
+def _error_burst(
+    fleet: Fleet, node: _Node, model: str, row: DeploymentRow, measure: dict[str, Any] | None
+) -> list[Diagnosis]:
+    limit = d.limit(fleet, model, "error_burst_rate")
+    rate, at, age = None, "gateway", None
+    if measure is not None and isinstance(measure.get("error_rate"), (int, float)):
+        rate = float(measure["error_rate"])
+    elif row.stats is not None and row.stats.error_rate is not None:
+        rate, at, age = row.stats.error_rate, f"engine {row.engine_id} on {node.name}", node.age
+    if rate is None or rate < limit:
+        return []
+    evidence = [Evidence("failed / finished", f"{rate:.1%} (limit {limit:.1%})", at, age)]
+    if measure is not None:
+        failures, requests = measure.get("failures"), measure.get("requests")
+        evidence.append(Evidence("requests", f"{failures} failed of {requests}", "gateway", None))
+    return [
+        Diagnosis(
+            d.ERROR_BURST,
+            f"{model}/{row.id}",
+            node.name,
+            evidence,
+            model=model,
+            deployment=row.id,
+            engine=row.engine_id,
+            moves=list(d.ERROR_BURST.moves),
+        )
+    ]
+
+
+def _imbalance(
+    fleet: Fleet, nodes: dict[str, _Node], model: str, rows: list[DeploymentRow]
+) -> list[Diagnosis]:
+    out: list[Diagnosis] = []
+    times = d.limit(fleet, model, "imbalance_times")
+    for figure in ("ttft_s", "itl_s"):
+        known = {}
+        for r in rows:
+            p = getattr(r.stats.latency, figure) if r.stats else None
+            if p is not None and p.p95 is not None and p.source == "histogram" and r.id:
+                known[r.id] = (r, p.p95)
+        for rid, (row, p95) in known.items():
+            others = [v for k, (_, v) in known.items() if k != rid]
+            if not others or row.node not in nodes:
+                continue
+            median = statistics.median(others)
+            if median <= 0 or p95 < times * median:
+                continue
+            node = nodes[row.node]
+            name = "TTFT" if figure == "ttft_s" else "ITL"
+            evidence = [
+                Evidence(
+                    f"{name} p95",
+                    duration_from_seconds(p95),
+                    f"engine {row.engine_id} on {node.name}",
+                    node.age,
+                ),
+                Evidence(
+                    f"siblings' {name} p95 median",
+                    duration_from_seconds(median),
+                    f"{len(others)} other deployments",
+                    None,
+                ),
+            ]
+            out.append(
+                Diagnosis(
+                    d.REPLICA_IMBALANCE,
+                    f"{model}/{rid}",
+                    node.name,
+                    evidence,
+                    model=model,
+                    deployment=rid,
+                    engine=row.engine_id,
+                    moves=list(d.REPLICA_IMBALANCE.moves),
+                )
+            )
+    unique = {x.subject: x for x in out}  # TTFT and ITL both: said once
+    return list(unique.values())
+
+
+def _stale(node: _Node, model: str, row: DeploymentRow) -> Diagnosis:
+    assert row.trt is not None
+    at = f"agent on {node.name}"
+    evidence = [Evidence("build", reason, at, node.age) for reason in row.trt.reasons[:4]]
+    return Diagnosis(
+        d.STALE_TRT,
+        f"{model}/{row.id}",
+        node.name,
+        evidence or [Evidence("build", "stale", at, node.age)],
+        model=model,
+        deployment=row.id,
+        engine=row.engine_id,
+        moves=list(d.STALE_TRT.moves),
+    )

@@ -1,0 +1,242 @@
+"""The one definition of engineroom's diagnoses: each class's name, wording, thresholds,
+what rules it out and its moves, in order.
+
+A diagnosis names a problem (an alert names a figure): "engine wedged" where the alerts
+say a queue grows and a p95 is over its SLO. The evaluation (console/collect/diagnoses.py)
+reads only this module for what a class is; `engineroom diagnose`, `check --json` and the
+console's Diagnoses screen show what it found. docs/diagnoses.md gives each class with its
+signals per engine; tests/test_diagnoses.py holds the two together.
+
+Thresholds have defaults here and may be set in fleet.toml, `[diagnoses]` for the fleet
+and `[models.diagnoses]` for one model (console.core.config_model.DiagnosisLimits).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+from console.core.config_model import Fleet
+
+Severity = Literal["critical", "warning"]
+Subject = Literal["engine", "deployment", "gpu", "job", "model"]
+# The moves the console has, in the words a diagnosis lists them.
+Move = Literal["failover", "quarantine", "restart", "stop", "standby", "start", "drill", "escalate"]
+MOVE_TEXT: dict[Move, str] = {
+    "failover": "fail the model over to a healthy deployment",
+    "quarantine": "quarantine the deployment (weight 0 at the gateway)",
+    "restart": "restart the engine",
+    "stop": "stop the engine",
+    "standby": "start a standby deployment",
+    "start": "start the profile again once its cause is fixed",
+    "drill": "run the rebuild drill",
+    "escalate": "escalate as hardware",
+}
+
+DEFAULTS: dict[str, float] = {
+    # No token generated for this long while requests are in: about two scrapes of the
+    # agent's default 2 s, and a held prefill still passes (a long prompt's first token
+    # comes in well under this on any GPU engine).
+    "wedged_after_s": 6.0,
+    "kv_pressure_usage": 0.9,  # with preemptions, or requests waiting for capacity
+    "saturated_gap_times": 3.0,  # the gateway's TTFT p95 over the engine's
+    "saturated_cpu_pct": 90.0,  # the API server's process, of one core
+    "imbalance_times": 2.0,  # a deployment's p95 over its siblings' median
+    "error_burst_rate": 0.05,  # failed / finished over the window
+}
+
+
+def limit(fleet: Fleet, model: str | None, key: str) -> float:
+    """A threshold for `model`: its own [models.diagnoses], the fleet's, the default."""
+    for m in fleet.models:
+        if m.name == model and (value := getattr(m.diagnoses, key)) is not None:
+            return float(value)
+    value = getattr(fleet.diagnoses, key)
+    return float(value) if value is not None else DEFAULTS[key]
+
+
+@dataclass(frozen=True, slots=True)
+class DiagnosisDef:
+    name: str  # the stable key (check --json, docs/diagnoses.md)
+    title: str
+    severity: Severity
+    subject: Subject
+    summary: str  # what it is, one line
+    rules_out: str  # what would say it is not this
+    moves: tuple[Move, ...]
+    # How long the condition must hold, while watched, before it is raised (one already
+    # there at the first look is raised at once, as an alert is: active at start).
+    hold_s: float = 0.0
+
+
+ENGINE_WEDGED = DiagnosisDef(
+    "engine_wedged",
+    "engine wedged",
+    "critical",
+    "engine",
+    "requests are in but no token was generated for wedged_after_s; the engine still answers",
+    "generated tokens rising again; no request running or waiting",
+    ("failover", "restart"),
+)
+KV_PRESSURE = DiagnosisDef(
+    "kv_pressure",
+    "KV-cache pressure",
+    "warning",
+    "engine",
+    "KV cache at or over kv_pressure_usage with requests preempted or waiting for capacity",
+    "no preemption and nothing waiting for capacity over the window",
+    ("standby", "failover"),
+)
+API_SERVER_SATURATED = DiagnosisDef(
+    "api_server_saturated",
+    "API server saturated",
+    "warning",
+    "deployment",
+    "clients wait saturated_gap_times longer for a first token than the engine takes, with "
+    "the API server's process near a core",
+    "the gateway's TTFT p95 near the engine's; the API server's CPU well under a core",
+    ("standby", "failover"),
+    hold_s=30.0,
+)
+START_FAILED = DiagnosisDef(
+    "start_failed",
+    "start failed",
+    "warning",
+    "job",
+    "a vllm.start or engine.restart job failed; the cause is read from its error and log",
+    "a later start of the same engine that succeeded",
+    ("start", "standby"),
+)
+SLOW_COLD_START = DiagnosisDef(
+    "slow_cold_start",
+    "slow cold start",
+    "warning",
+    "job",
+    "a start took longer than its profile's cold_start_budget_s; names the slowest phase",
+    "a later start within the budget",
+    ("drill",),
+)
+REPLICA_IMBALANCE = DiagnosisDef(
+    "replica_imbalance",
+    "replica imbalance",
+    "warning",
+    "deployment",
+    "one deployment's TTFT or ITL p95 at imbalance_times its siblings' median or more",
+    "the deployment's p95 back near its siblings'",
+    ("quarantine", "restart"),
+    hold_s=60.0,
+)
+ERROR_BURST = DiagnosisDef(
+    "error_burst",
+    "error burst",
+    "critical",
+    "deployment",
+    "failed / finished requests over error_burst_rate in the window",
+    "the error rate back under error_burst_rate",
+    ("failover", "quarantine", "restart"),
+    hold_s=30.0,
+)
+GPU_FAULT = DiagnosisDef(
+    "gpu_fault",
+    "GPU fault",
+    "critical",
+    "gpu",
+    "an XID the driver reported (classified), uncorrected ECC errors, or failed row remapping",
+    "none: a fault the driver reported stays until the GPU is reset or replaced",
+    ("failover", "escalate"),
+)
+STALE_TRT = DiagnosisDef(
+    "stale_trt_engine",
+    "stale TensorRT-LLM engine",
+    "warning",
+    "deployment",
+    "the TensorRT-LLM engine no longer matches its node's driver, CUDA, TensorRT-LLM or GPU",
+    "a build key that matches the node again (a drill's promoted build)",
+    ("standby", "failover", "drill"),
+)
+
+ALL: tuple[DiagnosisDef, ...] = (
+    ENGINE_WEDGED,
+    KV_PRESSURE,
+    API_SERVER_SATURATED,
+    START_FAILED,
+    SLOW_COLD_START,
+    REPLICA_IMBALANCE,
+    ERROR_BURST,
+    GPU_FAULT,
+    STALE_TRT,
+)
+BY_NAME = {d.name: d for d in ALL}
+
+# -- XIDs ---------------------------------------------------------------------------------
+# Recorded from NVIDIA's XID catalogue (https://docs.nvidia.com/deploy/xid-errors/, the
+# "Xid messages" table and its "recommended actions"), as gpud and NVSentinel also map them.
+XID_CLASSES: dict[int, tuple[str, str]] = {
+    13: ("application", "graphics engine exception: usually the application; restart it"),
+    31: ("application", "GPU memory page fault: usually the application; restart it"),
+    43: ("application", "GPU stopped processing: the application's channel was reset"),
+    45: ("application", "preemptive cleanup after an earlier error"),
+    48: ("memory", "double-bit ECC error: drain, then reset the GPU"),
+    63: ("memory", "ECC page retirement or row remapping recorded: reset the GPU when drained"),
+    64: ("memory", "ECC page retirement or row remapping failed: the GPU needs service"),
+    74: ("interconnect", "NVLink error: check the links, reset the GPU"),
+    79: ("hardware", "GPU fell off the bus: the node needs a reset or the GPU service"),
+    92: ("memory", "high single-bit ECC error rate"),
+    94: ("memory", "contained ECC error: restart the application"),
+    95: ("memory", "uncontained ECC error: drain and reset the GPU"),
+    119: ("hardware", "GSP RPC timeout: reset the GPU"),
+    120: ("hardware", "GSP error: reset the GPU"),
+}
+
+
+def xid_class(xid: int) -> tuple[str, str]:
+    """(kind, what to do) for an XID; one the table lacks is "unclassified", never ignored."""
+    return XID_CLASSES.get(xid, ("unclassified", "not in the recorded table: see NVIDIA's"))
+
+
+ESCALATE_COMMANDS = ("nvidia-smi -q", "sudo nvidia-bug-report.sh")
+
+# -- why a start failed ---------------------------------------------------------------------
+# Read from a failed job's error and log tail, first match wins. The patterns are vLLM's
+# own words (vllm/v1/core/kv_cache_utils.py, the CUDA runtime, uvicorn, transformers).
+START_CAUSES: tuple[tuple[str, re.Pattern[str]], ...] = (
+    (
+        "KV cache cannot hold max_model_len",
+        re.compile(r"max seq len|larger than the available KV cache|KV cache is needed", re.I),
+    ),
+    ("out of memory", re.compile(r"out of memory|OutOfMemoryError|CUDA_ERROR_OUT_OF_MEMORY", re.I)),
+    ("port in use", re.compile(r"address already in use|Errno 98|port: \d+ is in use", re.I)),
+    (
+        "model path missing",
+        re.compile(
+            r"does not exist or is not a directory|not a valid model identifier|"
+            r"Repo id must be|Invalid repository ID",
+            re.I,
+        ),
+    ),
+    (
+        "unknown architecture",
+        re.compile(
+            r"not supported for now|Model architectures .* are not supported|"
+            r"does not recognize this architecture",
+            re.I,
+        ),
+    ),
+    (
+        "CUDA or driver mismatch",
+        re.compile(
+            r"driver version is insufficient|CUDA driver|no kernel image|"
+            r"cudaErrorInsufficientDriver|NVIDIA driver on your system is too old",
+            re.I,
+        ),
+    ),
+)
+
+
+def start_cause(text: str) -> str:
+    """The named cause of a failed start, from its error and log; "unclassified" else."""
+    for cause, pattern in START_CAUSES:
+        if pattern.search(text):
+            return cause
+    return "unclassified"
