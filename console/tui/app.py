@@ -36,10 +36,12 @@ from console.collect.view import FleetView, ViewBuilder
 from console.core.config import Fleet
 from console.core.units import ms_from_seconds
 from console.tui import format as fmt
+from console.tui.diagnosing import ConsoleDiagnoses
 from console.tui.filtering import FilterError, parse_filter
 from console.tui.host import ConsoleHost
 from console.tui.polling import Poll
 from console.tui.screens.base import ViewScreen
+from console.tui.screens.diagnoses import DiagnosesScreen, DiagnosisScreen
 from console.tui.screens.drills import DrillsScreen, PlaybookScreen
 from console.tui.screens.engine import EngineScreen
 from console.tui.screens.events import EventsScreen
@@ -64,6 +66,7 @@ VIEWS = {
     "events": EventsScreen,
     "jobs": JobsScreen,
     "drills": DrillsScreen,
+    "diag": DiagnosesScreen,
 }
 
 
@@ -80,6 +83,7 @@ COLON_COMMANDS: list[tuple[str, str]] = [
     ("jobs", "starts, stops, restarts and drills on the agents; the gateway's failovers"),
     ("drills", "rebuild drills and their reports"),
     ("events", "alerts raised and cleared, and operator actions"),
+    ("diag", "diagnoses: the named problems, their evidence and the moves to make"),
     ("model NAME", "TTFT and ITL p95 over time for one model"),
     ("node NAME", "one node: GPUs with history, engines, host, versions"),
     ("engine NODE/ID", "one engine: versions, state, configuration"),
@@ -95,6 +99,7 @@ KEY_PLACES: list[tuple[str, type]] = [
     ("on a node", NodeScreen),
     ("on Drills", DrillsScreen),
     ("in a playbook", PlaybookScreen),
+    ("on a diagnosis", DiagnosisScreen),
     ("on a job", JobScreen),
     ("in the Start vLLM form", StartVllmScreen),
     ("in the failover plan", FailoverScreen),
@@ -175,6 +180,7 @@ class EngineroomApp(Workflows):
         self.gateway_snapshot: dict | None = None  # the gateway's routes and measures
         self.gateway_error: str | None = None
         self.gateway_role: str | None = None  # what our gateway token may do, once asked
+        self.diagnoses = ConsoleDiagnoses(fleet, self.offline)  # updated once per view
 
     async def on_mount(self) -> None:
         if self.fleet.keys:
@@ -278,6 +284,8 @@ class EngineroomApp(Workflows):
             gateway=self.gateway_snapshot,  # the SLO is judged on what clients feel
         )
         self.events.update(self.view.alerts)
+        self.diagnoses.update(self.view, self.collector.states, self.gateway_snapshot,
+                              self.gateway_error, self.replay_time())  # fmt: skip
         if self.recorder is not None:
             self.recorder.alerts(self.events)
         built = time.perf_counter()
@@ -334,6 +342,10 @@ class EngineroomApp(Workflows):
     def replay_label(self) -> str | None:
         """What the header shows instead of the environment in a replay (the replayed
         time); None for the live fleet."""
+        return None
+
+    def replay_time(self) -> float | None:
+        """The replayed time the diagnoses are judged at; None for the live fleet."""
         return None
 
     def open_node(self, name: str) -> None:
@@ -532,6 +544,7 @@ class EngineroomApp(Workflows):
             ("models", "Models: deployments across engines side by side"),
             ("events", "Events: alerts raised and cleared"),
             ("jobs", "Jobs: starts, stops and restarts on every agent"),
+            ("diag", "Diagnoses: named problems, their evidence and moves"),
         ):
             yield SystemCommand(f"View {name}", what, lambda n=name: self.action_goto(n))
         # The palette reads its titles as markup; node and model names are outside text.

@@ -19,6 +19,7 @@ from console.collect.operator_actions import GatewayActions
 from console.collect.source import FleetSource
 from console.collect.view import FleetView, ViewBuilder
 from console.core.config import Fleet
+from console.tui.diagnosing import ConsoleDiagnoses
 
 T = TypeVar("T")
 
@@ -41,6 +42,8 @@ class ConsoleHost(Protocol):
     def events(self) -> EventLog: ...
     @property
     def gateway_actions(self) -> GatewayActions: ...
+    @property
+    def diagnoses(self) -> ConsoleDiagnoses: ...  # the named problems, as of the last view
     @property
     def gateway_snapshot(self) -> dict[str, Any] | None: ...  # the gateway's JSON
     @property

@@ -60,6 +60,9 @@ class ReplayApp(RefusingApp):
     def replay_label(self) -> str | None:
         return clock(self.replay.at)
 
+    def replay_time(self) -> float | None:
+        return self.replay.at
+
     def tick(self) -> None:
         self.gateway_snapshot = self.replay.gateway_snapshot
         super().tick()

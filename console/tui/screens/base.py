@@ -71,6 +71,7 @@ class ViewScreen(Screen[None]):
             self.console.source_problem(),
             self.console.source_note(),
             self.console.redraw_s,
+            self.console.diagnoses.counts(),
         )
         self.drawn_at = time.monotonic()
 

@@ -27,12 +27,15 @@ class FleetHeader(Static):
         source_problem: str | None = None,
         source_note: str | None = None,
         redraw_s: float | None = None,
+        diagnoses: tuple[int, int] | None = None,
     ) -> None:
         """`replay`: the replayed time, shown with REPLAY where the environment goes, so
         nobody takes a recording for the fleet. `source_problem`: why the figures may be
         old (Prometheus slow, down or erring), said before anything else on the line;
         `source_note`: what a healthy Prometheus source costs, said last; `redraw_s`: how
-        often a --slow-link console redraws, so nobody takes a number for this second's."""
+        often a --slow-link console redraws, so nobody takes a number for this second's;
+        `diagnoses`: (open, critical), said beside the alerts when there are any (a part of
+        the fleet unseen is said above; None: not looked yet)."""
         self.set_class(s.environment.lower() == "prod" and replay is None, "prod")
         t = Text()
         t.append(f" {s.name} ", style="bold black on yellow" if simulated else "bold reverse")
@@ -72,6 +75,11 @@ class FleetHeader(Static):
             t.append(f"  alerts ? ({s.unseen} unseen)", style="bold yellow")
         else:
             t.append("  no alerts", style="green")
+        if diagnoses is not None and diagnoses[0]:
+            n, crit = diagnoses
+            t.append("  ")
+            said = f" diag {n}" + (f" ({crit} crit) " if crit else " ")
+            t.append(said, style="bold white on red" if crit else "bold black on yellow")
         t.append(f"  {where}", style="bold cyan")
         if source_note is not None:
             t.append(f"  {source_note}", style="dim")

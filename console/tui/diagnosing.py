@@ -1,0 +1,72 @@
+"""The console's one Diagnoser (console/collect/diagnoses.py), looked through once per view.
+
+The first look waits until every node has answered once (or is known down) and the
+gateway, where there is one, was asked: a diagnosis already there at the first look is
+raised at once, so that look must see the whole fleet, not its first node. A replay looks
+at the replayed time; when its cursor goes back, what was first seen later is forgotten.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from console.collect.diagnoses import Diagnoser, Diagnosis
+from console.collect.gateway_client import GatewayClient
+from console.collect.source import NodeState
+from console.collect.view import FleetView
+from console.core import diagnosis as d
+from console.core.config import Fleet
+
+
+class ConsoleDiagnoses:
+    """What the console found, as the header and the Diagnoses screens read it."""
+
+    def __init__(self, fleet: Fleet, offline: bool) -> None:
+        self.fleet = fleet
+        self.diagnoser = Diagnoser(fleet)
+        self.found: list[Diagnosis] = []  # worst first, the resolved ones last
+        self.looked = False  # False until the first whole look: the count is unknown
+        self.gateway_expected = not offline and GatewayClient.configured(fleet)
+        self._now: float | None = None
+
+    def update(
+        self,
+        view: FleetView,
+        states: dict[str, NodeState],
+        gateway: dict[str, Any] | None,
+        gateway_error: str | None,
+        now: float | None = None,
+    ) -> None:
+        """One look at a new view. `now`: the replayed time; None for the live fleet."""
+        if not self.looked:
+            unasked = self.gateway_expected and gateway is None and gateway_error is None
+            if view.summary.nodes_waiting or unasked:
+                return
+        if now is not None and self._now is not None and now < self._now:
+            self.diagnoser = Diagnoser(self.fleet)  # a replay went back: start again there
+        self._now = now
+        self.found = self.diagnoser.update(view, states, gateway, now)
+        self.looked = True
+
+    def now(self) -> float:
+        """The time the diagnoses were judged at: the replayed time in a replay."""
+        return time.time() if self._now is None else self._now
+
+    def counts(self) -> tuple[int, int] | None:
+        """(open, critical) for the header; None before the first look. A resolved
+        diagnosis is listed for a while but is not counted."""
+        if not self.looked:
+            return None
+        open_ = [x for x in self.found if x.state != "resolved"]
+        return len(open_), sum(x.kind.severity == "critical" for x in open_)
+
+    def get(self, key: tuple[str, str]) -> Diagnosis | None:
+        return next((x for x in self.found if x.key == key), None)
+
+    def moved(self, key: tuple[str, str], move: d.Move) -> None:
+        """The operator made `move` for the diagnosis `key`: it is verified from now."""
+        self.diagnoser.moved(key, move)
+        found = self.get(key)
+        if found is not None and found.state == "active":  # said at once, not next look
+            found.state, found.detail = "verifying", f"verifying {move} (0 s)"

@@ -1,0 +1,250 @@
+"""Diagnoses: the named problems the console found (console/collect/diagnoses.py), worst
+first, and one diagnosis whole: its evidence (each figure, where it was measured, how
+old), what would rule it out, and its moves in order.
+
+Of the moves, failing over is made from here (`f`): the failover plan opens filled in
+for the diagnosis's model, draining its deployment, as the playbook opens it. Once the
+plan has started a failover job, the diagnosis is verified from then on (verifying,
+resolved, still there). The other moves are shown with the command that makes them. A
+read-only console (the web view, replay) shows all of it and refuses the move.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from rich.text import Text
+from textual import on
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import VerticalScroll
+from textual.widgets import DataTable
+
+from console.collect.diagnose_out import _move_hint as command_hint
+from console.collect.diagnoses import Diagnosis
+from console.collect.failover_targets import rank
+from console.collect.gateway_client import GatewayClient
+from console.collect.view import FleetView
+from console.core import diagnosis as d
+from console.core.units import duration_from_seconds
+from console.tui import format as fmt
+from console.tui.columns import Fitted
+from console.tui.screens.base import ViewScreen
+from console.tui.screens.failover import FailoverScreen
+from console.tui.widgets.safe_static import SafeStatic
+from console.tui.widgets.table import FleetTable, Row, empty_row
+
+SEVERITY = {"critical": ("CRIT", "bold white on red"), "warning": ("WARN", "bold yellow")}
+STATE_STYLE = {"active": "", "verifying": "cyan", "resolved": "green", "still there": "bold red"}
+
+
+def _key(x: Diagnosis) -> str:
+    return f"{x.kind.name}/{x.subject}"  # a class's name has no "/"
+
+
+def _ago(now: float, then: float) -> str:
+    return fmt.seconds(max(0.0, now - then))
+
+
+def state_text(x: Diagnosis, now: float) -> Text:
+    """active 5m; verifying failover (12 s); resolved 40 s after failover; still there ..."""
+    if x.state == "active":
+        return Text(f"active {_ago(now, x.since)}")
+    return Text(x.detail or x.state, style=STATE_STYLE.get(x.state, ""))
+
+
+def title_text(x: Diagnosis) -> str:
+    return x.kind.title + (f" ({x.cause})" if x.cause else "")
+
+
+class DiagnosesScreen(ViewScreen):
+    where = "Diagnoses"
+    DEFAULT_CSS = """
+    DiagnosesScreen #diagnoses-note { height: auto; max-height: 8; padding: 0 1; }
+    """
+    # The state and its detail get the room left: at 200 columns a "still there" says
+    # what still holds.
+    COLUMNS = [("SEV", 5), ("DIAGNOSIS", 26), ("SUBJECT", 19), ("FIRST MOVE", 11),
+               ("STATE / SINCE", None)]  # fmt: skip
+
+    def compose_body(self) -> ComposeResult:
+        self.fitted = Fitted(self, self.COLUMNS, "diagnoses", self._redraw)
+        yield from self.fitted.compose()
+        yield SafeStatic(id="diagnoses-note")
+
+    def _redraw(self) -> None:
+        if self.console.view is not None:
+            self.show_view(self.console.view)
+
+    def draw(self, view: FleetView) -> None:
+        if not self.fitted.ready():
+            return
+        found = self.console.diagnoses
+        now, fit, width = found.now(), self.fitted.fit, dict(self.COLUMNS)
+        rows = []
+        for x in found.found:
+            word, style = SEVERITY[x.kind.severity]
+            if x.state == "resolved":
+                word, style = "ok", "green"
+            cells = (
+                Text(word, style=style),
+                fmt.fit(title_text(x), width["DIAGNOSIS"] or 0, "bold"),
+                fmt.fit(x.subject, width["SUBJECT"] or 0),
+                Text(x.moves[0] if x.moves else "-", style="cyan"),
+                fmt.cut(fmt.safe(state_text(x, now)), fit.room),
+            )
+            fields = {"severity": x.kind.severity, "name": x.kind.name, "subject": x.subject,
+                      "node": x.node or "", "model": x.model or "", "state": x.state}  # fmt: skip
+            rows.append(Row(_key(x), fit.pick(cells), fields, f"{x.headline()} {x.node or ''}"))
+        if not rows:
+            why = (
+                "not looked yet: waiting for every node's first answer"
+                if not found.looked
+                else "nothing that the classes of docs/diagnoses.md look for"
+            )
+            rows.append(empty_row(len(fit.shown), fmt.fit(why, max(fit.room, 16)).plain))
+        self.query_one(FleetTable).show(rows, self.filter)
+        note = Text("Enter: the evidence, what rules it out, the moves", style="dim")
+        for c in found.diagnoser.cannot_tell:
+            note.append(f"\n{c.line()}", style="yellow")
+        self.query_one("#diagnoses-note", SafeStatic).update(note)
+
+    @on(DataTable.RowSelected, "#diagnoses")
+    def _open(self, event: DataTable.RowSelected) -> None:
+        key = str(event.row_key.value)
+        if "/" in key:
+            name, _, subject = key.partition("/")
+            self.app.push_screen(DiagnosisScreen((name, subject)))
+
+
+class DiagnosisScreen(ViewScreen):
+    """One diagnosis, whole, redrawn with each view (its state moves on after a move)."""
+
+    DEFAULT_CSS = """
+    DiagnosisScreen #diagnosis-scroll { height: 1fr; }
+    DiagnosisScreen #diagnosis { padding: 0 1; }
+    """
+    BINDINGS = [Binding("f", "fail_over", "fail over (plan)", id="fail_over")]
+
+    def __init__(self, key: tuple[str, str]) -> None:
+        super().__init__()
+        self.key = key
+        self.where = f"Diagnosis {key[1]}"
+        self.diagnosis: Diagnosis | None = None
+        self._plan: FailoverScreen | None = None  # the plan this screen opened
+
+    def compose_body(self) -> ComposeResult:
+        with VerticalScroll(id="diagnosis-scroll"):
+            yield SafeStatic(id="diagnosis")
+
+    def draw(self, view: FleetView) -> None:
+        found = self.console.diagnoses
+        self.diagnosis = x = found.get(self.key)
+        if x is None:
+            name, subject = self.key
+            title = d.BY_NAME[name].title if name in d.BY_NAME else name
+            gone = f"{title}: {subject} is no longer found (its condition went). Esc: back"
+            self.query_one("#diagnosis", SafeStatic).update(Text(gone, style="green"))
+            return
+        self.query_one("#diagnosis", SafeStatic).update(self.text(x, found.now()))
+
+    def text(self, x: Diagnosis, now: float) -> Text:
+        word, style = SEVERITY[x.kind.severity]
+        t = Text()
+        t.append(f" {word} ", style=style)
+        t.append(f" {title_text(x)}: {x.subject}\n", style="bold")
+        since = time.strftime("%H:%M:%S", time.localtime(x.since))
+        t.append(f"first seen {since} ({_ago(now, x.since)} ago)  ")
+        t.append_text(state_text(x, now))
+        t.append(f"\n{x.kind.summary}\n", style="dim")
+        t.append("\nEVIDENCE\n", style="bold")
+        wide = min(max((len(e.figure) for e in x.evidence), default=0), 28)
+        for e in x.evidence:
+            age = "age unknown" if e.age_s is None else f"{duration_from_seconds(e.age_s)} old"
+            t.append(f"  {e.figure:<{wide}}  ", style="bold")
+            t.append(e.value)
+            t.append(f"  at {e.at}, {age}\n", style="dim")
+        t.append("\nRULES IT OUT\n", style="bold")
+        t.append(f"  {x.kind.rules_out}\n")
+        t.append("\nMOVES, IN ORDER\n", style="bold")
+        for n, move in enumerate(x.moves, 1):
+            t.append(f"  {n}. {d.MOVE_TEXT[move]}\n")
+            hint = self.hint(x, move)
+            if hint:
+                t.append(f"     {hint}\n", style="cyan" if hint.startswith("f:") else "dim")
+        return t
+
+    def hint(self, x: Diagnosis, move: d.Move) -> str:
+        """Where the move is made: this screen's key, else the command that makes it."""
+        plan = self._failover(x) if move == "failover" else None
+        if plan is not None:
+            command = command_hint(x, move).strip().removeprefix("(").partition(";")[0]
+            if not GatewayClient.configured(self.console.fleet):
+                return f"needs the gateway: [gateway] in fleet.toml, its token set ({command})"
+            if self.console.read_only:
+                return f"read-only here: {command}, from a console that may act"
+            drain = f", draining {plan[1]}" if plan[1] else ""
+            return f"f: the failover plan for {plan[0]}{drain}"
+        if move == "standby" and x.model:
+            return f":start {x.model} (the Start vLLM form)"
+        if move == "drill":
+            return ":drills, then R on its drill"
+        return command_hint(x, move).strip().removeprefix("(").removesuffix(")")
+
+    def _failover(self, x: Diagnosis) -> tuple[str, str | None, str | None] | None:
+        """(model, the deployment to drain, onto which) for the plan; None when this
+        diagnosis names no declared model to fail over."""
+        model = next((m for m in self.console.fleet.models if m.name == x.model), None)
+        if model is None or "failover" not in x.moves:
+            return None
+        ids = [dep.id for dep in model.deployments]
+        source = x.deployment if x.deployment in ids else None
+        if source is None:
+            return model.name, None, None
+        live = _weights(self.console.gateway_snapshot, model.name)
+        others = [dep for dep in model.deployments if dep.id != source]
+        if any(_weight(live, dep.id, dep.weight) for dep in others):
+            return model.name, source, None  # the others share its weight, in proportion
+        # The others carry nothing (standbys): onto the healthiest, as the plan ranks them.
+        rows = self.console.view.models.get(model.name, []) if self.console.view else []
+        best = rank(model, rows, live or None, [source])
+        return model.name, source, best[0].id if best else None
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "fail_over":
+            x = self.diagnosis
+            if x is None or "failover" not in x.moves:
+                return False
+            return None if self.console.read_only else True
+        return True
+
+    def action_fail_over(self) -> None:
+        x = self.diagnosis
+        plan = self._failover(x) if x is not None else None
+        if x is None or plan is None:
+            self.notify("no model to fail over for this diagnosis", severity="warning")
+            return
+        model, source, target = plan
+        self.console.fail_over(model, target, source=source)
+        top = self.app.screen_stack[-1]
+        # The plan, when the console opened one (a read-only one refuses and opens none).
+        self._plan = top if isinstance(top, FailoverScreen) else None
+
+    def on_screen_resume(self) -> None:
+        # Back from the plan: a failover job it started is the move; closed without one,
+        # nothing was done. (ViewScreen's own handler draws the screen after this.)
+        plan, self._plan = self._plan, None
+        if plan is not None and plan.job is not None:
+            self.console.diagnoses.moved(self.key, "failover")
+
+
+def _weights(snapshot: dict[str, Any] | None, model: str) -> dict[str, Any]:
+    """The gateway's live figures of `model`'s deployments ({id: {weight, ...}})."""
+    found = ((snapshot or {}).get("models") or {}).get(model)
+    return found if isinstance(found, dict) else {}
+
+
+def _weight(live: dict[str, Any], deployment: str, declared: int) -> Any:
+    figures = live.get(deployment)
+    return figures.get("weight", declared) if isinstance(figures, dict) else declared
