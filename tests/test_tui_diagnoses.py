@@ -10,10 +10,12 @@ is tested on real engines in tests/test_diagnoses.py.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 from textual.widgets import Input, Select
+from textual.widgets.data_table import ColumnKey
 
 from console.collect.replay import ReplayCollector
 from console.core.config import parse_fleet
@@ -120,9 +122,9 @@ async def test_enter_shows_the_evidence_what_rules_it_out_and_the_moves_in_order
         evidence = [line for line in lines if line.startswith("  build")]
         assert len(evidence) == 2, text
         # Each figure, where it was measured and how old it is.
-        assert "driver 580.159.04 → 575.57.08  at agent on cpu-1, " in evidence[0]
-        assert "TensorRT-LLM 1.2.0 → 1.2.1  at agent on cpu-1, " in evidence[1]
-        assert all(line.endswith(" old") for line in evidence)
+        where = r"\s+at agent on cpu-1, \d+s old"
+        assert re.fullmatch(r"  build  driver 580.159.04 → 575.57.08" + where, evidence[0])
+        assert re.fullmatch(r"  build  TensorRT-LLM 1.2.0 → 1.2.1" + where, evidence[1])
         assert "a build key that matches the node again (a drill's promoted build)" in text
         moves = [line.strip() for line in lines if line[:5].strip()[:2] in ("1.", "2.", "3.")]
         assert moves == [
@@ -208,3 +210,27 @@ async def test_a_failover_from_a_diagnosis_verifies_it_once_confirmed(
             assert listed["stale_trt_engine/tiny/tiny-trt"][4].startswith("verifying failover")
     finally:
         stop(gateway.process, grace=5)
+
+
+async def test_every_column_shows_at_80_and_the_names_get_the_room_at_200() -> None:
+    app = recorded()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press(*keys(":diag\r"))
+        await until(pilot, lambda: isinstance(app.screen, DiagnosesScreen) and rows(app))
+        screen = app.screen
+        assert isinstance(screen, DiagnosesScreen)
+        assert screen.fitted.fit.every  # nothing hidden at 80 columns
+        narrow = dict(screen.fitted.spec)["SUBJECT"]
+        await pilot.resize_terminal(200, 50)
+
+        def subject_width() -> int | None:
+            table = screen.query_one(FleetTable)
+            column = table.columns.get(ColumnKey("SUBJECT")) if table.is_mounted else None
+            return column.width if column is not None else None
+
+        wide = await until(
+            pilot,
+            lambda: (w := subject_width()) and w > (narrow or 0) and w,
+            what="a wider SUBJECT column at 200 columns",
+        )
+        assert wide == dict(screen.fitted.spec)["SUBJECT"] and screen.fitted.fit.every

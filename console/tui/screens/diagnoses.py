@@ -12,6 +12,7 @@ read-only console (the web view, replay) shows all of it and refuses the move.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Any
 
 from rich.text import Text
@@ -27,7 +28,6 @@ from console.collect.failover_targets import rank
 from console.collect.gateway_client import GatewayClient
 from console.collect.view import FleetView
 from console.core import diagnosis as d
-from console.core.units import duration_from_seconds
 from console.tui import format as fmt
 from console.tui.columns import Fitted
 from console.tui.screens.base import ViewScreen
@@ -63,13 +63,17 @@ class DiagnosesScreen(ViewScreen):
     DEFAULT_CSS = """
     DiagnosesScreen #diagnoses-note { height: auto; max-height: 8; padding: 0 1; }
     """
-    # The state and its detail get the room left: at 200 columns a "still there" says
-    # what still holds.
-    COLUMNS = [("SEV", 5), ("DIAGNOSIS", 26), ("SUBJECT", 19), ("FIRST MOVE", 11),
-               ("STATE / SINCE", None)]  # fmt: skip
+
+    def columns(self) -> list[tuple[str, int | None]]:
+        """At 80 columns each fits; wider, the diagnosis and its subject grow first (a
+        model's name is long), and the state gets the rest: a "still there" says what
+        still holds."""
+        grow = min(max(0, self.app.size.width - 80) // 3, 24)
+        return [("SEV", 5), ("DIAGNOSIS", 26 + grow), ("SUBJECT", 19 + grow),
+                ("FIRST MOVE", 11), ("STATE / SINCE", None)]  # fmt: skip
 
     def compose_body(self) -> ComposeResult:
-        self.fitted = Fitted(self, self.COLUMNS, "diagnoses", self._redraw)
+        self.fitted = Fitted(self, self.columns(), "diagnoses", self._redraw)
         yield from self.fitted.compose()
         yield SafeStatic(id="diagnoses-note")
 
@@ -78,10 +82,12 @@ class DiagnosesScreen(ViewScreen):
             self.show_view(self.console.view)
 
     def draw(self, view: FleetView) -> None:
+        if (spec := self.columns()) != self.fitted.spec:  # the width changed: laid out anew
+            self.fitted.spec, self.fitted.fit = spec, replace(self.fitted.fit, room=-1)
         if not self.fitted.ready():
             return
         found = self.console.diagnoses
-        now, fit, width = found.now(), self.fitted.fit, dict(self.COLUMNS)
+        now, fit, width = found.now(), self.fitted.fit, dict(self.fitted.spec)
         rows = []
         for x in found.found:
             word, style = SEVERITY[x.kind.severity]
@@ -106,8 +112,17 @@ class DiagnosesScreen(ViewScreen):
             rows.append(empty_row(len(fit.shown), fmt.fit(why, max(fit.room, 16)).plain))
         self.query_one(FleetTable).show(rows, self.filter)
         note = Text("Enter: the evidence, what rules it out, the moves", style="dim")
+        # What could not be told, one line a class and a missing figure: a fleet of Triton
+        # engines (no token counter) would fill the screen with one line each.
+        blind: dict[tuple[str, str], list[str]] = {}
         for c in found.diagnoser.cannot_tell:
-            note.append(f"\n{c.line()}", style="yellow")
+            blind.setdefault((c.name, c.needs), []).append(c.subject)
+        room = max(20, self.size.width - 2)
+        for (name, needs), subjects in blind.items():
+            title = d.BY_NAME[name].title if name in d.BY_NAME else name
+            line = f"cannot tell {title} (needs {needs}): {', '.join(subjects)}"
+            note.append("\n")
+            note.append_text(fmt.fit(line, room, "yellow"))
         self.query_one("#diagnoses-note", SafeStatic).update(note)
 
     @on(DataTable.RowSelected, "#diagnoses")
@@ -140,7 +155,10 @@ class DiagnosisScreen(ViewScreen):
 
     def draw(self, view: FleetView) -> None:
         found = self.console.diagnoses
-        self.diagnosis = x = found.get(self.key)
+        before, self.diagnosis = self.diagnosis, found.get(self.key)
+        x = self.diagnosis
+        if (before is None) != (x is None):
+            self.refresh_bindings()  # f shows only while there is a model to fail over
         if x is None:
             name, subject = self.key
             title = d.BY_NAME[name].title if name in d.BY_NAME else name
@@ -155,16 +173,23 @@ class DiagnosisScreen(ViewScreen):
         t.append(f" {word} ", style=style)
         t.append(f" {title_text(x)}: {x.subject}\n", style="bold")
         since = time.strftime("%H:%M:%S", time.localtime(x.since))
-        t.append(f"first seen {since} ({_ago(now, x.since)} ago)  ")
-        t.append_text(state_text(x, now))
+        if x.state == "active":
+            t.append(f"active since {since} ({_ago(now, x.since)})")
+        else:
+            t.append(f"first seen {since} ({_ago(now, x.since)} ago)  ")
+            t.append_text(state_text(x, now))
         t.append(f"\n{x.kind.summary}\n", style="dim")
         t.append("\nEVIDENCE\n", style="bold")
+        # Figure, value, then where it was measured and how old it is, each a column.
         wide = min(max((len(e.figure) for e in x.evidence), default=0), 28)
+        values = min(max((len(e.value) for e in x.evidence), default=0), 40)
         for e in x.evidence:
-            age = "age unknown" if e.age_s is None else f"{duration_from_seconds(e.age_s)} old"
             t.append(f"  {e.figure:<{wide}}  ", style="bold")
-            t.append(e.value)
-            t.append(f"  at {e.at}, {age}\n", style="dim")
+            t.append(f"{e.value:<{values}}  ")
+            t.append(f"at {e.at}, ", style="dim")
+            t.append_text(Text("age unknown", style="yellow") if e.age_s is None
+                          else fmt.age(e.age_s) + Text(" old", style="dim"))  # fmt: skip
+            t.append("\n")
         t.append("\nRULES IT OUT\n", style="bold")
         t.append(f"  {x.kind.rules_out}\n")
         t.append("\nMOVES, IN ORDER\n", style="bold")
@@ -186,6 +211,8 @@ class DiagnosisScreen(ViewScreen):
                 return f"read-only here: {command}, from a console that may act"
             drain = f", draining {plan[1]}" if plan[1] else ""
             return f"f: the failover plan for {plan[0]}{drain}"
+        if move == "failover" and x.node and not x.model:  # a GPU: which model runs there
+            return f":node {x.node} shows what runs on it; then f on Models for that model"
         if move == "standby" and x.model:
             return f":start {x.model} (the Start vLLM form)"
         if move == "drill":
@@ -214,8 +241,8 @@ class DiagnosisScreen(ViewScreen):
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action == "fail_over":
             x = self.diagnosis
-            if x is None or "failover" not in x.moves:
-                return False
+            if x is None or self._failover(x) is None:
+                return False  # no model to fail over: the move's line says where to look
             return None if self.console.read_only else True
         return True
 
