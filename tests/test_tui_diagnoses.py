@@ -9,18 +9,27 @@ is tested on real engines in tests/test_diagnoses.py.
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
+import statistics
+import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from textual.widgets import Input, Select
 from textual.widgets.data_table import ColumnKey
 
+from console.collect import diagnoses
+from console.collect.deployments import DeploymentRow
 from console.collect.replay import ReplayCollector
+from console.collect.view import build
 from console.core.config import parse_fleet
-from console.core.snapshot import decode_snapshot
+from console.core.snapshot import Latency, ModelStats, Percentiles, decode_snapshot
+from console.core.units import duration_from_seconds
 from console.tui.app import EngineroomApp
+from console.tui.diagnosing import BUDGET, FIRST_LOOK_WAIT_S, ConsoleDiagnoses
 from console.tui.screens.diagnoses import DiagnosesScreen, DiagnosisScreen
 from console.tui.screens.failover import FailoverScreen
 from console.tui.web import WebViewApp
@@ -234,3 +243,95 @@ async def test_every_column_shows_at_80_and_the_names_get_the_room_at_200() -> N
             what="a wider SUBJECT column at 200 columns",
         )
         assert wide == dict(screen.fitted.spec)["SUBJECT"] and screen.fitted.fit.every
+
+
+# -- what a look costs, and when the first one is taken ----------------------------------
+
+
+class Clock:
+    """The console's cost clock, moved by the test: a look takes `cost` seconds."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def recorded_view(fleet_text: str = DRILL_FLEET):
+    fleet = parse_fleet(fleet_text)
+    collector = ReplayCollector(fleet, {"h200": None, "cpu-1": decode_snapshot(DRILLS.read_text()),
+                                        "gone": None})  # fmt: skip
+    return fleet, build(fleet, collector.states, collector.refresh_s), collector.states
+
+
+def test_a_look_that_costs_much_is_taken_within_its_share_of_the_console() -> None:
+    fleet, view, states = recorded_view()
+    found = ConsoleDiagnoses(fleet, offline=False)
+    clock = found.clock = Clock()
+    looks = []
+    inner = found.diagnoser.update
+
+    def costly(*args, **kwargs):  # a look at a large fleet: 0.3 s
+        looks.append(clock.t)
+        clock.t += 0.3
+        return inner(*args, **kwargs)
+
+    found.diagnoser.update = costly  # type: ignore[method-assign]
+    for _ in range(20):  # a view every 0.5 s for 10 s
+        found.update(view, states, None, None)
+        clock.t += 0.5
+    # Each look may take BUDGET of the time: one 0.3 s look every 3 s at most.
+    assert len(looks) == 4 and all(b - a >= 0.3 / BUDGET for a, b in itertools.pairwise(looks))
+    assert found.skipped == 16 and [x.key for x in found.found] == [STALE]
+
+
+def test_the_first_look_waits_for_every_node_and_the_gateway_but_not_for_ever(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("T_ADMIN", ADMIN)
+    text = PLAYBOOK_FLEET.format(gw_port=free_port(), gw_state="/nonexistent", other=1, trt=2,
+                                 vllm=3)  # fmt: skip
+    fleet, view, states = recorded_view(text)
+    found = ConsoleDiagnoses(fleet, offline=False)
+    assert found.gateway_expected
+    clock = found.clock = Clock()
+    waiting = replace(view, summary=replace(view.summary, nodes_waiting=1))
+    found.update(waiting, states, None, "gateway: connection refused")
+    assert not found.looked and found.counts() is None  # a node not read yet
+    found.update(view, states, None, None)
+    assert not found.looked  # the gateway not asked yet
+    found.update(view, states, None, "gateway: connection refused")
+    assert found.looked and found.counts() == (1, 0)  # asked: it did not answer
+
+    late = ConsoleDiagnoses(fleet, offline=False)
+    late.clock = clock
+    late.update(waiting, states, None, None)
+    clock.t += FIRST_LOOK_WAIT_S - 0.1
+    late.update(waiting, states, None, None)
+    assert not late.looked
+    clock.t += 0.2  # a node nobody lists, a gateway that never answers: not waited for
+    late.update(waiting, states, None, None)
+    assert late.looked and late.counts() == (1, 0)
+
+
+def test_a_models_thousands_of_deployments_are_compared_in_one_pass() -> None:
+    """Replica imbalance compares each deployment with its siblings' median: at 1,000
+    nodes, a list of the others for each of 1,800 deployments made every look 0.3 s."""
+    stats = [ModelStats(name="m", latency=Latency(ttft_s=Percentiles(p95=0.1 + i % 7 / 100,
+             source="histogram"))) for i in range(8000)]  # fmt: skip
+    stats[123] = ModelStats(name="m", latency=Latency(ttft_s=Percentiles(p95=2.0,
+                            source="histogram")))  # fmt: skip
+    rows = [DeploymentRow(model="m", id=f"d{i}", node="n", engine="vllm", engine_id=f"e{i}",
+                          version=None, state="ready", reason=None, weight=1, stats=s)
+            for i, s in enumerate(stats)]  # fmt: skip
+    fleet = parse_fleet('[fleet]\nname = "f"\n[[nodes]]\nname = "n"\nagent = "http://127.0.0.1:1"')
+    nodes = {"n": diagnoses._Node("n", None, 1.0, set())}  # type: ignore[arg-type]
+    started = time.perf_counter()
+    found = diagnoses._imbalance(fleet, nodes, "m", rows)
+    took = time.perf_counter() - started
+    assert [x.subject for x in found] == ["m/d123"]
+    others = [s.latency.ttft_s.p95 for i, s in enumerate(stats) if i != 123]
+    median = {e.figure: e.value for e in found[0].evidence}["siblings' TTFT p95 median"]
+    assert median == duration_from_seconds(statistics.median(others))  # type: ignore[arg-type]
+    assert took < 1.0, f"{took:.2f} s for 8,000 deployments"  # was 4 s here

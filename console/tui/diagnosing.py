@@ -2,8 +2,13 @@
 
 The first look waits until every node has answered once (or is known down) and the
 gateway, where there is one, was asked: a diagnosis already there at the first look is
-raised at once, so that look must see the whole fleet, not its first node. A replay looks
+raised at once, so that look must see the whole fleet, not its first node. It waits
+FIRST_LOOK_WAIT_S at most: a node no source ever lists is not waited for. A replay looks
 at the replayed time; when its cursor goes back, what was first seen later is forgotten.
+
+A look reads the whole fleet (at 1,000 nodes about 30 ms here, at 10,000 ten times that):
+the live console looks at most BUDGET of its time, so on a large fleet a look is skipped
+until its share allows (at 10,000 nodes about every 3 s); a small fleet's is every view.
 """
 
 from __future__ import annotations
@@ -18,6 +23,9 @@ from console.collect.view import FleetView
 from console.core import diagnosis as d
 from console.core.config import Fleet
 
+BUDGET = 0.1  # the share of the console's time its diagnoses may take
+FIRST_LOOK_WAIT_S = 10.0  # the longest the first look waits for the fleet's first answers
+
 
 class ConsoleDiagnoses:
     """What the console found, as the header and the Diagnoses screens read it."""
@@ -29,6 +37,10 @@ class ConsoleDiagnoses:
         self.looked = False  # False until the first whole look: the count is unknown
         self.gateway_expected = not offline and GatewayClient.configured(fleet)
         self._now: float | None = None
+        self.clock = time.perf_counter  # what a look's cost is measured by
+        self._next = 0.0  # the live console's next look, by `clock`
+        self.skipped = 0  # views not looked at, to keep within BUDGET
+        self._first_view: float | None = None  # by `clock`: when the first view came
 
     def update(
         self,
@@ -39,15 +51,22 @@ class ConsoleDiagnoses:
         now: float | None = None,
     ) -> None:
         """One look at a new view. `now`: the replayed time; None for the live fleet."""
+        started = self.clock()
         if not self.looked:
+            first = self._first_view = started if self._first_view is None else self._first_view
             unasked = self.gateway_expected and gateway is None and gateway_error is None
-            if view.summary.nodes_waiting or unasked:
+            if (view.summary.nodes_waiting or unasked) and started - first < FIRST_LOOK_WAIT_S:
                 return
+        if now is None and self.looked and started < self._next:
+            self.skipped += 1
+            return
         if now is not None and self._now is not None and now < self._now:
             self.diagnoser = Diagnoser(self.fleet)  # a replay went back: start again there
         self._now = now
         self.found = self.diagnoser.update(view, states, gateway, now)
         self.looked = True
+        ended = self.clock()
+        self._next = ended + (ended - started) / BUDGET
 
     def now(self) -> float:
         """The time the diagnoses were judged at: the replayed time in a replay."""
