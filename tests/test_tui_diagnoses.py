@@ -60,6 +60,16 @@ def header(app: EngineroomApp) -> str:
     return str(app.screen.query_one(FleetHeader).render())
 
 
+def diag_count(app: EngineroomApp) -> tuple[str, str] | None:
+    """The header's diagnoses count and its style: ("diag 2", "bold white on red")."""
+    plain, spans, _ = app.screen.query_one(FleetHeader)._shown
+    for span in spans:
+        piece = plain[span.start : span.end].strip()
+        if piece.startswith("diag "):
+            return piece, str(span.style)
+    return None
+
+
 def rows(app: EngineroomApp) -> dict[str, list[str]]:
     table = app.screen.query_one(FleetTable)
     return {key: [str(getattr(c, "plain", c)) for c in row.made()] for key, row in
@@ -88,8 +98,9 @@ async def test_the_header_counts_the_diagnoses_and_diag_lists_them() -> None:
     async with app.run_test(size=SIZE) as pilot:
         await until(pilot, lambda: app.diagnoses.looked, what="the first look")
         assert [x.key for x in app.diagnoses.found] == [STALE]
-        await until(pilot, lambda: "diag 1 " in header(app), what="diag 1 in the header")
-        assert "diag 1 (" not in header(app)  # a warning: no critical count
+        # A warning: yellow, as the header's other warnings.
+        counted = await until(pilot, lambda: diag_count(app), what="the count in the header")
+        assert counted == ("diag 1", "bold black on yellow")
 
         await pilot.press(*keys(":diag\r"))
         await until(pilot, lambda: isinstance(app.screen, DiagnosesScreen), what=":diag")
@@ -112,13 +123,14 @@ async def test_a_critical_diagnosis_is_counted_apart_and_none_shows_no_count() -
         await until(pilot, lambda: app.diagnoses.looked, what="the first look")
         names = [x.kind.name for x in app.diagnoses.found]
         assert names == ["gpu_fault", "stale_trt_engine"]  # the critical one first
-        assert await until(pilot, lambda: "diag 2 (1 crit)" in header(app), what="the count")
+        counted = await until(pilot, lambda: diag_count(app), what="the count in the header")
+        assert counted == ("diag 2", "bold white on red")  # one is critical: it stands out
 
     quiet = recorded_app()  # the recorded H200 and vLLM + Triton on CPU: nothing wrong
     async with quiet.run_test(size=SIZE) as pilot:
         await until(pilot, lambda: quiet.diagnoses.looked, what="the first look")
         await until(pilot, lambda: "nodes" in header(quiet), what="the header")
-        assert quiet.diagnoses.found == [] and "diag" not in header(quiet)
+        assert quiet.diagnoses.found == [] and diag_count(quiet) is None
 
 
 async def test_enter_shows_the_evidence_what_rules_it_out_and_the_moves_in_order() -> None:
@@ -152,6 +164,8 @@ async def test_a_read_only_view_shows_the_diagnosis_and_refuses_the_failover() -
     async with app.run_test(size=SIZE) as pilot:
         screen = await open_diagnosis(app, pilot)
         await until(pilot, lambda: "EVIDENCE" in shown(screen), what="the evidence")
+        hint = "read-only here: engineroom failover tiny --plan, from a console that may act"
+        assert hint in shown(screen)
         await pilot.press("f")
         await until(pilot, lambda: app.refused, what="a refusal")
         assert app.refused == ["failing over"]

@@ -44,7 +44,11 @@ def _key(x: Diagnosis) -> str:
 
 
 def _ago(now: float, then: float) -> str:
-    return fmt.seconds(max(0.0, now - then))
+    """How long a diagnosis has held, in whole units: 0s, 26s, 5m, 2.5h."""
+    held = max(0.0, now - then)
+    if held < 60:
+        return f"{held:.0f}s"
+    return f"{held / 60:.0f}m" if held < 3600 else f"{held / 3600:.1f}h"
 
 
 def state_text(x: Diagnosis, now: float) -> Text:
@@ -205,10 +209,10 @@ class DiagnosisScreen(ViewScreen):
         plan = self._failover(x) if move == "failover" else None
         if plan is not None:
             command = command_hint(x, move).strip().removeprefix("(").partition(";")[0]
-            if not GatewayClient.configured(self.console.fleet):
-                return f"needs the gateway: [gateway] in fleet.toml, its token set ({command})"
             if self.console.read_only:
                 return f"read-only here: {command}, from a console that may act"
+            if not GatewayClient.configured(self.console.fleet):
+                return f"needs the gateway: [gateway] in fleet.toml, its token set ({command})"
             drain = f", draining {plan[1]}" if plan[1] else ""
             return f"f: the failover plan for {plan[0]}{drain}"
         if move == "failover" and x.node and not x.model:  # a GPU: which model runs there

@@ -34,8 +34,9 @@ class FleetHeader(Static):
         old (Prometheus slow, down or erring), said before anything else on the line;
         `source_note`: what a healthy Prometheus source costs, said last; `redraw_s`: how
         often a --slow-link console redraws, so nobody takes a number for this second's;
-        `diagnoses`: (open, critical), said beside the alerts when there are any (a part of
-        the fleet unseen is said above; None: not looked yet)."""
+        `diagnoses`: (open, critical), the count said beside the alerts when there are any,
+        red when one is critical (a part of the fleet unseen is said above; None: not
+        looked yet)."""
         self.set_class(s.environment.lower() == "prod" and replay is None, "prod")
         t = Text()
         t.append(f" {s.name} ", style="bold black on yellow" if simulated else "bold reverse")
@@ -76,10 +77,10 @@ class FleetHeader(Static):
         else:
             t.append("  no alerts", style="green")
         if diagnoses is not None and diagnoses[0]:
+            # Short, since the line is full at 80 columns; red when one is critical.
             n, crit = diagnoses
             t.append("  ")
-            said = f" diag {n}" + (f" ({crit} crit) " if crit else " ")
-            t.append(said, style="bold white on red" if crit else "bold black on yellow")
+            t.append(f" diag {n} ", style="bold white on red" if crit else "bold black on yellow")
         t.append(f"  {where}", style="bold cyan")
         if source_note is not None:
             t.append(f"  {source_note}", style="dim")
