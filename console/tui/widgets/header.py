@@ -66,6 +66,12 @@ class FleetHeader(Static):
             t.append(f" {s.nodes_waiting} waiting", style="dim")
         util = "?" if s.util_avg is None else f"{s.util_avg:.0f}%"
         t.append(f"  {s.gpus} GPUs {util}")
+        if diagnoses is not None and diagnoses[0]:
+            # Before the alerts and short: the line is full at 80 columns (100 in a
+            # replay), and both counts must show there. Red when one is critical.
+            n, crit = diagnoses
+            t.append(" ")  # the block's own padding makes it two
+            t.append(f" diag {n} ", style="bold white on red" if crit else "bold black on yellow")
         if s.alerts:
             style = "bold red" if s.critical else "bold yellow"
             t.append(
@@ -76,11 +82,6 @@ class FleetHeader(Static):
             t.append(f"  alerts ? ({s.unseen} unseen)", style="bold yellow")
         else:
             t.append("  no alerts", style="green")
-        if diagnoses is not None and diagnoses[0]:
-            # Short, since the line is full at 80 columns; red when one is critical.
-            n, crit = diagnoses
-            t.append("  ")
-            t.append(f" diag {n} ", style="bold white on red" if crit else "bold black on yellow")
         t.append(f"  {where}", style="bold cyan")
         if source_note is not None:
             t.append(f"  {source_note}", style="dim")
