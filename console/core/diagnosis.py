@@ -219,7 +219,8 @@ START_CAUSES: tuple[tuple[str, re.Pattern[str]], ...] = (
         "unknown architecture",
         re.compile(
             r"not supported for now|Model architectures .* are not supported|"
-            r"does not recognize this architecture",
+            r"does not recognize this architecture|Unrecognized model in|"
+            r"Should have a `model_type` key",
             re.I,
         ),
     ),

@@ -1,0 +1,218 @@
+"""The diagnoses (issue 30) on real engines: a wedged vLLM (its EngineCore stopped, its API
+server still answering), a start that fails on real vLLM, thresholds refused with their
+line, and an engine that does not count tokens, which cannot tell instead of guessing."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from console.collect.check import poll_once
+from console.collect.diagnoses import Diagnoser, Diagnosis
+from console.core import diagnosis as d
+from console.core.config import ConfigError, load_fleet, parse_fleet
+from tests.conftest import OPERATOR, Agent, agent_env, run_cli
+from tests.engines.servers import VllmServer, free_port, send_traffic_vllm, vllm_python, wait_until
+from tests.test_agent_real_engines import fleet_text
+from tests.test_dataplane_router import hold_streams
+
+OPERATOR_TOKEN = OPERATOR.split(":", 1)[1]
+
+
+def look(fleet_path: Path, diagnoser: Diagnoser) -> list[Diagnosis]:
+    fleet = load_fleet(fleet_path)
+    view, states, gateway, _ = asyncio.run(poll_once(fleet))
+    return diagnoser.update(view, states, gateway.snapshot)
+
+
+NODE_TOKEN = "T_NODE"  # the console's token for the node: an operator's, so it may act
+
+
+def agent_over(agent_factory, text: str, monkeypatch: pytest.MonkeyPatch) -> Agent:
+    """A real agent at the address its fleet file names, which this process reads too."""
+    port = free_port()
+    node = f'agent = "http://127.0.0.1:{port}"\ntoken_env = "{NODE_TOKEN}"'
+    agent: Agent = agent_factory(text.replace('agent = "http://127.0.0.1:9410"', node), port=port)
+    monkeypatch.setenv(NODE_TOKEN, OPERATOR_TOKEN)
+    return agent
+
+
+@pytest.mark.engines
+def test_a_wedged_vllm_is_named_with_its_evidence_and_verified_once_it_generates_again(
+    agent_factory, vllm_server: VllmServer, monkeypatch
+):
+    agent = agent_over(agent_factory, fleet_text(vllm=vllm_server), monkeypatch)
+    engine = wait_until(
+        lambda: next((e for e in agent.snapshot()["engines"] if e["state"] == "ready"), None),
+        60,
+        what="vLLM ready in the snapshot",
+    )
+    fleet = load_fleet(agent.fleet)
+    diagnoser = Diagnoser(fleet)
+    assert look(agent.fleet, diagnoser) == []  # at rest: nothing
+
+    # Streams, one after another, until the test ends: the core is stopped at a moment
+    # the engine's own /metrics counts one running (tests.test_dataplane_router does too).
+    done = threading.Event()
+
+    def streams() -> None:
+        while not done.is_set():
+            send_traffic_vllm(vllm_server.base_url, 1, True, max_tokens=64, timeout=300)
+
+    sender = threading.Thread(target=streams, daemon=True)
+    sender.start()
+    core = hold_streams(vllm_server)
+    try:
+        stopped = time.monotonic()
+
+        def wedged() -> Diagnosis | None:
+            return next(
+                (x for x in look(agent.fleet, diagnoser) if x.kind is d.ENGINE_WEDGED), None
+            )
+
+        try:
+            found = wait_until(wedged, 60, interval=0.5, what="engine wedged diagnosed")
+        except TimeoutError:
+            seen = [(e["state"], e["models"]) for e in agent.snapshot()["engines"]]
+            view, *_ = asyncio.run(poll_once(load_fleet(agent.fleet)))
+            rows = [(r.name, r.status, r.error) for r in view.nodes]
+            raise AssertionError(f"not diagnosed; the agent saw {seen}; {rows}") from None
+        took = time.monotonic() - stopped
+        assert found.subject == f"local/{engine['id']}", found
+        assert found.moves[0] == "failover" and found.engine == engine["id"]
+        shown = {e.figure: e.value for e in found.evidence}
+        assert float(shown["requests running"]) >= 1, shown
+        assert shown["health"].startswith("ready"), shown  # its API server still answers
+        assert all(e.at == f"engine {engine['id']} on local" for e in found.evidence)
+        print(f"wedged: diagnosed {took:.1f} s after the engine core stopped")
+
+        # The same through the command line, as an on-call engineer runs it over SSH.
+        out = run_cli(
+            "diagnose", "--fleet", str(agent.fleet), "--json",
+            env=agent_env(**{NODE_TOKEN: OPERATOR_TOKEN}),
+        )  # fmt: skip
+        assert out.returncode == 1, out.stderr
+        names = [x["name"] for x in json.loads(out.stdout)["diagnoses"]]
+        assert "engine_wedged" in names, out.stdout
+        diagnoser.moved(found.key, "restart")
+        assert wedged() is not None and wedged().state == "verifying"  # type: ignore[union-attr]
+    finally:
+        core.resume()
+        done.set()  # the last stream ends; the engine idles, which is no wedge
+    resolved = wait_until(
+        lambda: next(
+            (
+                x
+                for x in look(agent.fleet, diagnoser)
+                if x.key == found.key and x.state == "resolved"
+            ),
+            None,
+        ),
+        60,
+        interval=0.5,
+        what="the wedged diagnosis resolved once tokens flow again",
+    )
+    assert resolved.detail.startswith("resolved ") and resolved.detail.endswith("after restart")
+    sender.join(300)
+
+
+@pytest.mark.engines
+def test_a_failed_start_on_real_vllm_is_diagnosed_with_its_cause(
+    agent_factory, tmp_path: Path, monkeypatch
+):
+    """A model directory whose config names no architecture: vLLM starts, then refuses it."""
+    model = tmp_path / "no-architecture"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    port = free_port()
+    text = f"""
+[fleet]
+name = "diag"
+[agent]
+state_dir = "{tmp_path / "state"}"
+scrape_interval_s = 1
+[[nodes]]
+name = "local"
+agent = "http://127.0.0.1:9410"
+[profiles.broken]
+engine = "vllm"
+node = "local"
+model = "{model}"
+served_model_name = "broken"
+port = {port}
+command = ["{vllm_python()}", "-m", "vllm.entrypoints.openai.api_server"]
+ready_timeout_s = 240
+"""
+    agent = agent_over(agent_factory, text, monkeypatch)
+    started = run_cli(
+        "vllm", "start", "--fleet", str(agent.fleet), "--node", "local", "--profile", "broken",
+        "--wait", env=agent_env(**{NODE_TOKEN: OPERATOR_TOKEN}), timeout=300,
+    )  # fmt: skip
+    assert started.returncode == 1, started.stdout + started.stderr
+    diagnoser = Diagnoser(load_fleet(agent.fleet))
+    failed = wait_until(  # in the agent's next snapshot
+        lambda: [x for x in look(agent.fleet, diagnoser) if x.kind is d.START_FAILED],
+        30,
+        interval=0.5,
+        what="the failed start diagnosed",
+    )
+    assert len(failed) == 1, [x.headline() for x in failed]
+    assert failed[0].cause == "unknown architecture", failed[0].evidence
+    assert failed[0].moves[0] == "start"
+
+
+@pytest.mark.parametrize(
+    ("table", "key", "value", "why"),
+    [
+        ("diagnoses", "kv_pressure_usage", "1.5", "less than or equal to 1"),
+        ("diagnoses", "wedged_after_s", "0", "greater than 0"),
+        ("diagnoses", "imbalance_times", "1.1", "greater than or equal to 1.5"),
+        ("diagnoses", "wedge_after_s", "5", "did you mean 'wedged_after_s'"),  # not ignored
+    ],
+)
+def test_thresholds_out_of_range_are_refused_with_their_line(table, key, value, why, tmp_path):
+    text = f'[fleet]\nname = "x"\n\n[{table}]\n{key} = {value}\n'
+    with pytest.raises(ConfigError) as refused:
+        parse_fleet(text, tmp_path / "fleet.toml")
+    message = str(refused.value)
+    assert "fleet.toml:5" in message and key in message and why in message, message
+
+
+def test_a_models_threshold_overrides_the_fleets_and_an_unset_one_takes_the_default(tmp_path):
+    fleet = parse_fleet(
+        '[fleet]\nname = "x"\n[diagnoses]\nwedged_after_s = 10\n'
+        '[[models]]\nname = "m"\n[models.diagnoses]\nwedged_after_s = 4\n',
+        tmp_path / "fleet.toml",
+    )
+    assert d.limit(fleet, "m", "wedged_after_s") == 4
+    assert d.limit(fleet, "other", "wedged_after_s") == 10
+    assert d.limit(fleet, "m", "kv_pressure_usage") == d.DEFAULTS["kv_pressure_usage"]
+
+
+@pytest.mark.parametrize(
+    ("text", "cause"),
+    [
+        (
+            "ValueError: To serve at least one request with the models's max seq len (8192), "
+            "(0.5 GiB KV cache is needed, which is larger than the available KV cache memory",
+            "KV cache cannot hold max_model_len",
+        ),
+        ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate", "out of memory"),
+        ("OSError: [Errno 98] Address already in use", "port in use"),
+        ("the engine exited with code 1 before it was ready", "unclassified"),
+    ],
+)
+def test_a_failed_starts_cause_is_read_from_vllms_own_words(text, cause):
+    assert d.start_cause(text) == cause
+
+
+def test_every_class_has_moves_the_console_has_and_a_documented_name():
+    docs = (Path(__file__).parent.parent / "docs" / "diagnoses.md").read_text()
+    for kind in d.ALL:
+        assert kind.moves and all(m in d.MOVE_TEXT for m in kind.moves), kind.name
+        assert f"`{kind.name}`" in docs, f"{kind.name} is not in docs/diagnoses.md"
