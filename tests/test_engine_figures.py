@@ -95,6 +95,22 @@ def test_vllm_figures_over_the_window_and_across_a_restart():
     assert still.prefix_cache_hit_rate is None  # queries did not move
 
 
+def test_generation_idle_is_the_time_since_the_token_counter_last_rose():
+    """What the wedged-engine diagnosis reads: tokens rose between 10 s and 20 s, then not
+    (a stopped engine core keeps its counters): idle 25 s at 45 s; before any rise, the
+    whole span the window sees; a restart starts the window over (one reading: unknown).
+    Triton, with no token counter, is never idle, only unknown (the test below)."""
+    idle, done, busy = (
+        read_metrics(vllm_text(name), ["tiny"])[0]
+        for name in ("idle.metrics", "metrics", "busy.metrics")
+    )
+    assert window_over([(0.0, idle), (10.0, idle), (25.0, idle)]).generation_idle_s == 25.0
+    assert window_over([(0.0, idle), (20.0, done)]).generation_idle_s == 0.0
+    stalled = [(0.0, idle), (10.0, done), (20.0, busy), (30.0, busy), (45.0, busy)]
+    assert window_over(stalled).generation_idle_s == 25.0
+    assert window_over([(0.0, busy), (10.0, idle)]).generation_idle_s is None  # restarted
+
+
 def test_a_prefix_cache_that_hits_gives_hits_over_queries_in_the_window():
     def text(hits: int, queries: int, preempted: int) -> str:
         labels = '{engine="0",model_name="m"}'
@@ -170,6 +186,7 @@ def test_triton_cannot_tell_tokens_preemptions_reasons_or_prefix_cache():
         "preemption_rate",
         "prefix_cache_hit_rate",
         "requests_waiting_by_reason",
+        "generation_idle_s",
     ):
         assert getattr(window, figure) is None, figure  # ...and these stay unknown
 
