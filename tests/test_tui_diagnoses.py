@@ -23,13 +23,16 @@ from textual.widgets.data_table import ColumnKey
 
 from console.collect import diagnoses
 from console.collect.deployments import DeploymentRow
-from console.collect.replay import ReplayCollector
+from console.collect.recording import Recording
+from console.collect.recording_writer import RecordingWriter
+from console.collect.replay import ReplayCollector, fleet_of
 from console.collect.view import build
 from console.core.config import parse_fleet
 from console.core.snapshot import Latency, ModelStats, Percentiles, decode_snapshot
 from console.core.units import duration_from_seconds
 from console.tui.app import EngineroomApp
 from console.tui.diagnosing import BUDGET, FIRST_LOOK_WAIT_S, ConsoleDiagnoses
+from console.tui.replay import ReplayApp
 from console.tui.screens.diagnoses import DiagnosesScreen, DiagnosisScreen
 from console.tui.screens.failover import FailoverScreen
 from console.tui.web import WebViewApp
@@ -349,3 +352,36 @@ def test_a_models_thousands_of_deployments_are_compared_in_one_pass() -> None:
     median = {e.figure: e.value for e in found[0].evidence}["siblings' TTFT p95 median"]
     assert median == duration_from_seconds(statistics.median(others))  # type: ignore[arg-type]
     assert took < 1.0, f"{took:.2f} s for 8,000 deployments"  # was 4 s here
+
+
+# -- in a replay -------------------------------------------------------------------------
+
+
+async def test_a_replay_judges_its_diagnoses_at_the_replayed_time(tmp_path: Path) -> None:
+    """60 s of the recorded drills node: its stale engine is diagnosed as of the moment the
+    cursor shows, not the wall clock's; a jump back starts the look again there."""
+    t0 = 1_796_083_200.0  # 2026-12-01 00:00:00 UTC
+    cpu = json.loads(DRILLS.read_text())
+    writer = RecordingWriter(tmp_path / "stale.rec", fleet_text=DRILL_FLEET,
+                             fleet_source="fleet.toml", keyframe_s=20)  # fmt: skip
+    for second in range(61):
+        t = t0 + second
+        writer.node("cpu-1", {**cpu, "node": {**cpu["node"], "time": t}}, "up", None, t=t)
+        for name in ("h200", "gone"):
+            writer.node(name, None, "down", "connection refused", t=t)
+    writer.close()
+    recording = Recording(tmp_path / "stale.rec")
+    fleet = fleet_of(recording)
+    app = ReplayApp(fleet, ReplayCollector(fleet, recording=recording, at=t0 + 30))
+    async with app.run_test(size=SIZE) as pilot:
+        stale = await until(pilot, lambda: app.diagnoses.get(STALE), what="the diagnosis")
+        assert stale.since == app.replay.at == t0 + 30
+        app.jump_to("+0:40")
+        await until(pilot, lambda: app.diagnoses.now() == t0 + 40, what="the look at +40 s")
+        assert app.diagnoses.get(STALE).since == t0 + 30  # the same one, held 10 s
+        await pilot.press(*keys(":diag\r"))
+        listed = await until(pilot, lambda: rows(app), what="the Diagnoses table")
+        assert listed["stale_trt_engine/tiny/tiny-trt"][4] == "active 10s"
+        app.jump_to("+0:05")
+        await until(pilot, lambda: app.diagnoses.now() == t0 + 5, what="the look at +5 s")
+        assert app.diagnoses.get(STALE).since == t0 + 5  # not first seen in its future
