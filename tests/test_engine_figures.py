@@ -14,6 +14,7 @@ import json
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -95,20 +96,26 @@ def test_vllm_figures_over_the_window_and_across_a_restart():
     assert still.prefix_cache_hit_rate is None  # queries did not move
 
 
-def test_generation_idle_is_the_time_since_the_token_counter_last_rose():
-    """What the wedged-engine diagnosis reads: tokens rose between 10 s and 20 s, then not
-    (a stopped engine core keeps its counters): idle 25 s at 45 s; before any rise, the
-    whole span the window sees; a restart starts the window over (one reading: unknown).
-    Triton, with no token counter, is never idle, only unknown (the test below)."""
+def test_generation_stalled_is_how_long_requests_have_been_in_with_no_token():
+    """What the wedged-engine diagnosis reads. Tokens rose between 10 s and 20 s, then not
+    while two requests stayed in (a stopped engine core keeps its counters): stalled 25 s
+    at 45 s. An idle engine is not stalled, however long it idled; one that just got a
+    request has stalled one scrape at most, not its idle time (before: 52 s, a false
+    'wedged' on the first request after a quiet minute, seen in bench.diagnose_time).
+    A restart starts the window over (one reading: unknown). Triton, with no token
+    counter, is never stalled, only unknown (the test below)."""
     idle, done, busy = (
         read_metrics(vllm_text(name), ["tiny"])[0]
         for name in ("idle.metrics", "metrics", "busy.metrics")
     )
-    assert window_over([(0.0, idle), (10.0, idle), (25.0, idle)]).generation_idle_s == 25.0
-    assert window_over([(0.0, idle), (20.0, done)]).generation_idle_s == 0.0
     stalled = [(0.0, idle), (10.0, done), (20.0, busy), (30.0, busy), (45.0, busy)]
-    assert window_over(stalled).generation_idle_s == 25.0
-    assert window_over([(0.0, busy), (10.0, idle)]).generation_idle_s is None  # restarted
+    assert window_over(stalled).generation_stalled_s == 25.0
+    quiet = [(0.0, done), (10.0, done), (40.0, done), (50.0, done)]
+    assert window_over(quiet).generation_stalled_s == 0.0
+    arrived = replace(done, requests_running=1.0)  # in, no token yet
+    assert window_over([*quiet, (52.0, arrived)]).generation_stalled_s == 2.0
+    assert window_over([(0.0, idle), (20.0, done)]).generation_stalled_s == 0.0
+    assert window_over([(0.0, busy), (10.0, idle)]).generation_stalled_s is None  # restarted
 
 
 def test_a_prefix_cache_that_hits_gives_hits_over_queries_in_the_window():
@@ -186,7 +193,7 @@ def test_triton_cannot_tell_tokens_preemptions_reasons_or_prefix_cache():
         "preemption_rate",
         "prefix_cache_hit_rate",
         "requests_waiting_by_reason",
-        "generation_idle_s",
+        "generation_stalled_s",
     ):
         assert getattr(window, figure) is None, figure  # ...and these stay unknown
 

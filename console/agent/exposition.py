@@ -50,9 +50,9 @@ MODEL_FIELDS = (
         "prefix-cache hits / queries, 0..1 (window)",
     ),
     (
-        "generation_idle_s",
-        "engineroom_model_generation_idle_seconds",
-        "seconds since the generated-token counter last rose (as far back as the window)",
+        "generation_stalled_s",
+        "engineroom_model_generation_stalled_seconds",
+        "seconds requests have been in with no token generated (as far back as the window)",
     ),
 )
 LATENCY_STATS = (("p50", "p50"), ("p95", "p95"), ("p99", "p99"), ("mean", "mean"))

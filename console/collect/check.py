@@ -49,7 +49,7 @@ _ENGINE_FIGURES = (
     "preemption_rate",
     "requests_waiting_by_reason",
     "prefix_cache_hit_rate",
-    "generation_idle_s",
+    "generation_stalled_s",
 )
 
 

@@ -268,16 +268,16 @@ def _engine_wedged(
     if inside <= 0:
         return []
     subject = f"{node.name}/{engine.id}"
-    if m.generation_idle_s is None:
+    if m.generation_stalled_s is None:
         blind.append(CannotTell(d.ENGINE_WEDGED.name, subject, "a generated-token counter"))
         return []
     after = d.limit(fleet, m.name, "wedged_after_s")
-    if m.generation_idle_s < after:
+    if m.generation_stalled_s < after:
         return []
     at = node.at(engine)
     evidence = [
         Evidence(
-            "no token generated for", duration_from_seconds(m.generation_idle_s), at, node.age
+            "no token generated for", duration_from_seconds(m.generation_stalled_s), at, node.age
         ),
         Evidence("requests running", _num(m.requests_running), at, node.age),
         Evidence("requests waiting", _num(m.requests_waiting), at, node.age),

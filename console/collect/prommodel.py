@@ -76,7 +76,7 @@ def _stats(name: str, r: dict[str, float | None], latency: dict[str, Percentiles
         kv_cache_usage=r.get("kv_cache_usage"),
         generation_tokens_rate=r.get("generation_tokens_rate"),
         preemption_rate=r.get("preemption_rate"),
-        generation_idle_s=r.get("generation_idle_s"),
+        generation_stalled_s=r.get("generation_stalled_s"),
         prefix_cache_hit_rate=r.get("prefix_cache_hit_rate"),
         requests_waiting_by_reason=_by_reason(r),
         latency=Latency(**latency),

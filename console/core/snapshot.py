@@ -121,7 +121,7 @@ class ModelStats(_Struct, kw_only=True):
     prompt_tokens_rate: float | None = None
     generation_tokens_rate: float | None = None
     preemption_rate: float | None = None
-    generation_idle_s: float | None = None
+    generation_stalled_s: float | None = None
     prefix_cache_hit_rate: float | None = None
     requests_waiting_by_reason: dict[str, float] | None = None
     latency: Latency = msgspec.field(default_factory=Latency)

@@ -62,6 +62,11 @@ def _went_backwards(new: ModelReading, old: ModelReading) -> bool:
     return False
 
 
+def _inside(reading: ModelReading) -> bool:
+    """Requests running or waiting in this reading."""
+    return (reading.requests_running or 0) + (reading.requests_waiting or 0) > 0
+
+
 class ModelWindow:
     """The readings of one model on one engine over the last `window_s` seconds."""
 
@@ -112,7 +117,7 @@ class ModelWindow:
             value = delta(key)
             if value is not None and span > 0:
                 setattr(stats, attr, value / span)
-        stats.generation_idle_s = self._generation_idle_s()
+        stats.generation_stalled_s = self._generation_stalled_s()
         hits, queries = delta("prefix_cache_hits"), delta("prefix_cache_queries")
         if hits is not None and queries is not None and queries > 0:  # never 0/0
             stats.prefix_cache_hit_rate = min(1.0, hits / queries)
@@ -121,22 +126,23 @@ class ModelWindow:
         )
         return stats
 
-    def _generation_idle_s(self) -> float | None:
-        """Seconds since the generated-token counter last rose, as far back as the window
-        sees (a counter still at the oldest reading's value: the whole span, at least).
-        None without the counter: an engine that does not count tokens is not idle."""
-        t_new, new = self._readings[-1]
+    def _generation_stalled_s(self) -> float | None:
+        """Seconds that requests have been in (running or waiting) with no token generated:
+        back to the newest reading where the token counter rose or nothing was in, as far
+        as the window sees. 0 with nothing in now. An engine that was idle and just got a
+        request has stalled one scrape at most, not its whole idle time. None without a
+        token counter: an engine that does not count tokens is never said to stall."""
+        readings = self._readings
+        t_new, new = readings[-1]
         if "generation_tokens" not in new.counters:
             return None
-        readings = self._readings
         for i in range(len(readings) - 1, 0, -1):
             t, reading = readings[i]
-            now, before = (
-                r.counters.get("generation_tokens") for r in (reading, readings[i - 1][1])
-            )
-            if now is None or before is None or now > before:
+            now = reading.counters.get("generation_tokens")
+            before = readings[i - 1][1].counters.get("generation_tokens")
+            if now is None or before is None or now > before or not _inside(reading):
                 return round(t_new - t, 3)
-        return round(t_new - self._readings[0][0], 3)
+        return round(t_new - readings[0][0], 3)
 
     @staticmethod
     def _percentiles(name: str, new: ModelReading, old: ModelReading) -> Percentiles:

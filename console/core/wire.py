@@ -120,10 +120,11 @@ class ModelStats(_Wire):
     preemption_rate: float | None = Field(
         default=None, description="requests preempted per second over the window"
     )
-    generation_idle_s: float | None = Field(
+    generation_stalled_s: float | None = Field(
         default=None,
-        description="seconds since the engine's generated-token counter last rose, as far "
-        "back as the agent's window sees; null where the engine counts no tokens",
+        description="seconds that requests have been in (running or waiting) with no token "
+        "generated, as far back as the agent's window sees; 0 with nothing in; null where "
+        "the engine counts no tokens",
     )
     prefix_cache_hit_rate: float | None = Field(
         default=None,

