@@ -108,6 +108,7 @@ bench: $(VENV)/.test-deps engines router sshd nginx prometheus haproxy
 	ENGINEROOM_VLLM_ROUTER=$(CURDIR)/$(ROUTER_VENV)/bin/vllm-router \
 	$(BIN)/python -m bench.agent_cycle
 	$(BIN)/python -m bench.cold_start
+	$(BIN)/python -m bench.diagnose_time
 	$(BIN)/python -m bench.drill_overhead
 	$(BIN)/python -m bench.ssh_refresh
 	$(BIN)/python -m bench.gateway_overhead
