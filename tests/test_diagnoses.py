@@ -12,12 +12,19 @@ from pathlib import Path
 
 import pytest
 
-from console.collect.check import poll_once
-from console.collect.diagnoses import Diagnoser, Diagnosis
+from console.agent.gpu import GpuSampler
+from console.collect.check import Diagnosed, poll_once
+from console.collect.diagnoses import Diagnoser, Diagnosis, diagnose_once
+from console.collect.source import NodeState
+from console.collect.view import build
 from console.core import diagnosis as d
 from console.core.config import ConfigError, load_fleet, parse_fleet
+from console.core.snapshot import decode_snapshot
+from console.core.wire import Engine, Host, Job, NodeInfo, Snapshot
+from console.core.wire import ModelStats as WireModelStats
 from tests.conftest import OPERATOR, Agent, agent_env, run_cli
 from tests.engines.servers import VllmServer, free_port, send_traffic_vllm, vllm_python, wait_until
+from tests.nvml_double import FakeGpu, FakeNvml
 from tests.test_agent_real_engines import fleet_text
 from tests.test_dataplane_router import hold_streams
 
@@ -216,3 +223,86 @@ def test_every_class_has_moves_the_console_has_and_a_documented_name():
     for kind in d.ALL:
         assert kind.moves and all(m in d.MOVE_TEXT for m in kind.moves), kind.name
         assert f"`{kind.name}`" in docs, f"{kind.name} is not in docs/diagnoses.md"
+
+
+# -- GPU faults: the FakeNvml TEST DOUBLE (no GPU on these machines) ----------------------
+
+
+NODE_FLEET = """
+[fleet]
+name = "t"
+[[nodes]]
+name = "local"
+agent = "http://127.0.0.1:9410"
+"""
+
+
+def diagnose_snapshot(wire: Snapshot, fleet_text: str = NODE_FLEET) -> Diagnosed:
+    """The finder over one node's snapshot, as the console holds it after a poll."""
+    fleet = parse_fleet(fleet_text)
+    wire.node.time = time.time()
+    snap = decode_snapshot(wire.model_dump_json())
+    states = {"local": NodeState("local", "agent", snapshot=snap, last_ok=time.monotonic())}
+    return Diagnosed(*diagnose_once(fleet, build(fleet, states, 1.0), states))
+
+
+def test_an_xid_and_uncorrected_ecc_read_through_nvml_are_gpu_faults_with_their_class():
+    nvml = FakeNvml([FakeGpu(), FakeGpu(), FakeGpu()])  # TEST DOUBLE: no GPU here
+    nvml.gpus[0].ecc = 2
+    sampler = GpuSampler(nvml)
+    nvml.xid_queue.append((1, 79))
+    nvml.xid_queue.append((2, 31))
+    gpus = wait_until(
+        lambda: (g := sampler.read()) and g[1].xid_events and g[2].xid_events and g,
+        timeout=5,
+        what="the XIDs through the event thread",
+    )
+    sampler.close()
+    wire = Snapshot(
+        node=NodeInfo(name="local", agent_version="t", time=0.0), host=Host(),
+        gpu_status="ok", gpus=gpus,
+    )  # fmt: skip
+    found = {x.subject: x for x in diagnose_snapshot(wire).found}
+    assert set(found) == {"local/gpu0", "local/gpu1", "local/gpu2"}
+    assert found["local/gpu0"].cause == "memory"
+    assert found["local/gpu1"].cause == "hardware"  # fell off the bus
+    assert found["local/gpu2"].cause == "application"  # a page fault: restart it
+    assert found["local/gpu1"].evidence[0].figure == "XID 79"
+    assert all(x.moves == ["failover", "escalate"] for x in found.values())
+    assert d.xid_class(999) == ("unclassified", "not in the recorded table: see NVIDIA's")
+
+
+def test_an_engine_that_counts_no_tokens_cannot_tell_if_it_is_wedged():
+    """Triton (recorded answers): requests in, no token counter. Never 'wedged', and never
+    silent: 'cannot tell: needs a generated-token counter'."""
+    model = WireModelStats(name="ensemble", requests_running=3.0, requests_waiting=1.0)
+    engine = Engine(id="triton-8000", kind="triton", state="ready", models=[model])
+    wire = Snapshot(
+        node=NodeInfo(name="local", agent_version="t", time=0.0), host=Host(),
+        gpu_status="ok", engines=[engine],
+    )  # fmt: skip
+    out = diagnose_snapshot(wire)
+    assert out.found == []
+    assert [(c.name, c.subject, c.needs) for c in out.cannot_tell] == [
+        ("engine_wedged", "local/triton-8000", "a generated-token counter")
+    ]
+
+
+def test_expected_work_raises_no_diagnosis():
+    """A stalled engine with a job under way on it (a restart's stop, say) is expected
+    work; a loading one is a cold start."""
+    stalled = WireModelStats(
+        name="m", requests_running=1.0, requests_waiting=0.0, generation_stalled_s=60.0
+    )
+    engine = Engine(id="vllm-8000", kind="vllm", state="ready", models=[stalled])
+    wire = Snapshot(
+        node=NodeInfo(name="local", agent_version="t", time=0.0), host=Host(),
+        gpu_status="ok", engines=[engine],
+    )  # fmt: skip
+    assert [x.kind.name for x in diagnose_snapshot(wire).found] == ["engine_wedged"]
+    wire.jobs = [
+        Job(id="j1", kind="engine.restart", state="running", params={"engine": "vllm-8000"})
+    ]
+    assert diagnose_snapshot(wire).found == []
+    wire.jobs, engine.state = [], "loading"
+    assert diagnose_snapshot(wire).found == []
