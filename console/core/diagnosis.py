@@ -14,8 +14,8 @@ and `[models.diagnoses]` for one model (console.core.config_model.DiagnosisLimit
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 from console.core.config_model import Fleet
 
@@ -168,6 +168,79 @@ ALL: tuple[DiagnosisDef, ...] = (
     STALE_TRT,
 )
 BY_NAME = {d.name: d for d in ALL}
+
+# -- what a look found (console/collect/diagnoses.py finds them) ------------------------
+
+State = Literal["active", "verifying", "resolved", "still there"]
+
+
+@dataclass(frozen=True, slots=True)
+class Evidence:
+    figure: str
+    value: str
+    at: str  # where it was measured: "engine vllm-8000 on node-a", "gateway", "job 3f2a"
+    age_s: float | None  # how old the reading is; None: unknown
+
+    def as_dict(self) -> dict[str, Any]:
+        age = None if self.age_s is None else round(self.age_s, 1)
+        return {"figure": self.figure, "value": self.value, "at": self.at, "age_s": age}
+
+
+@dataclass(slots=True)
+class Diagnosis:
+    kind: DiagnosisDef
+    subject: str  # "node-a/gpu1", "llama-70b/llama-trt", "node-a/vllm-8000", "job 3f2a"
+    node: str | None
+    evidence: list[Evidence]
+    model: str | None = None
+    deployment: str | None = None
+    engine: str | None = None
+    cause: str | None = None  # start failed: the named cause; GPU fault: the XID's class
+    moves: list[Move] = field(default_factory=list)
+    state: State = "active"
+    since: float = 0.0  # when it was first seen (wall clock)
+    detail: str = ""  # verifying / resolved after N s / still there: ...
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return self.kind.name, self.subject
+
+    def headline(self) -> str:
+        cause = f" ({self.cause})" if self.cause else ""
+        state = "" if self.state == "active" else f" [{self.detail or self.state}]"
+        return f"{self.kind.title}{cause}: {self.subject}{state}"
+
+    def as_dict(self) -> dict[str, Any]:
+        """check --json's and diagnose --json's shape (docs/diagnoses.md)."""
+        return {
+            "name": self.kind.name,
+            "title": self.kind.title,
+            "severity": self.kind.severity,
+            "subject_kind": self.kind.subject,
+            "subject": self.subject,
+            "node": self.node,
+            "model": self.model,
+            "deployment": self.deployment,
+            "engine": self.engine,
+            "cause": self.cause,
+            "state": self.state,
+            "detail": self.detail or None,
+            "since": round(self.since, 3),
+            "evidence": [e.as_dict() for e in self.evidence],
+            "rules_out": self.kind.rules_out,
+            "moves": [{"move": m, "text": MOVE_TEXT[m]} for m in self.moves],
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class CannotTell:
+    name: str
+    subject: str
+    needs: str
+
+    def line(self) -> str:
+        return f"{BY_NAME[self.name].title}: {self.subject}: cannot tell, needs {self.needs}"
+
 
 # -- XIDs ---------------------------------------------------------------------------------
 # Recorded from NVIDIA's XID catalogue (https://docs.nvidia.com/deploy/xid-errors/, the
