@@ -157,6 +157,9 @@ async def test_a_terminal_made_narrower_lays_every_table_out_again():
 
             tables = await until(pilot, fitted, what=f":{command} at 80 columns")
             await pilot.pause(0.3)
+            # The keys still reach the table made anew (before: the focus went with the
+            # old one, and Enter did nothing until Tab).
+            assert isinstance(app.focused, FleetTable), (command, app.focused)
             for table in app.screen.query(FleetTable):
                 assert table.max_scroll_x == 0, (command, table.id, table.virtual_size)
                 assert overruns(table) == [], (command, table.id)

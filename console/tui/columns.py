@@ -71,16 +71,21 @@ def layout(spec: Spec, width: int, spare: Sequence[int] = ()) -> Layout:
 
 
 async def replace_table(old: FleetTable, new: FleetTable) -> None:
-    """`new` where `old` was (its columns differ: a table's columns are set as it mounts)."""
+    """`new` where `old` was (its columns differ: a table's columns are set as it mounts).
+    The keys go where they went: a table that had the focus hands it to its successor
+    (before, a terminal resized over SSH left Enter and the arrows going nowhere)."""
     parent = old.parent
     assert isinstance(parent, Widget)
     siblings = list(parent.children)
     after = siblings[siblings.index(old) + 1] if siblings[-1] is not old else None
+    focused = old.has_focus
     await old.remove()
     if after is not None:
         await parent.mount(new, before=after)
     else:
         await parent.mount(new)
+    if focused:
+        new.focus()
 
 
 class Fitted:
