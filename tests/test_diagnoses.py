@@ -13,13 +13,16 @@ from pathlib import Path
 import pytest
 
 from console.agent.gpu import GpuSampler
+from console.collect import diagnoses
 from console.collect.check import Diagnosed, poll_once
+from console.collect.deployments import DeploymentRow
 from console.collect.diagnoses import Diagnoser, Diagnosis, diagnose_once
 from console.collect.source import NodeState
 from console.collect.view import build
 from console.core import diagnosis as d
 from console.core.config import ConfigError, load_fleet, parse_fleet
-from console.core.snapshot import decode_snapshot
+from console.core.snapshot import Latency, Percentiles, decode_snapshot
+from console.core.snapshot import ModelStats as SnapModelStats
 from console.core.wire import Engine, Host, Job, NodeInfo, Snapshot
 from console.core.wire import ModelStats as WireModelStats
 from tests.conftest import OPERATOR, Agent, agent_env, run_cli
@@ -306,3 +309,29 @@ def test_expected_work_raises_no_diagnosis():
     assert diagnose_snapshot(wire).found == []
     wire.jobs, engine.state = [], "loading"
     assert diagnose_snapshot(wire).found == []
+
+
+@pytest.mark.parametrize(
+    ("slow", "others", "named"),
+    [
+        (0.400, [0.100, 0.110], True),  # 4x and 0.3 s over: named
+        (0.012, [0.005, 0.006], False),  # 2x, but 6.5 ms: noise on a tiny model
+        (0.150, [0.100, 0.110], False),  # 50 ms over, but under 2x
+    ],
+)
+def test_replica_imbalance_names_the_slow_one_only_when_it_matters(slow, others, named):
+    p95s = [slow, *others]
+    rows = [
+        DeploymentRow(
+            model="m", id=f"d{i}", node="local", engine="vllm", engine_id=f"e{i}",
+            version=None, state="ready", reason=None, weight=1,
+            stats=SnapModelStats(
+                name="m", latency=Latency(ttft_s=Percentiles(p95=p95, source="histogram"))
+            ),
+        )
+        for i, p95 in enumerate(p95s)
+    ]  # fmt: skip
+    fleet = parse_fleet(NODE_FLEET)
+    node = diagnoses._Node("local", None, 1.0, set())  # type: ignore[arg-type]
+    found = diagnoses._imbalance(fleet, {"local": node}, "m", rows)
+    assert [x.subject for x in found] == (["m/d0"] if named else [])

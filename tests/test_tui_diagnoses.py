@@ -13,7 +13,6 @@ import itertools
 import json
 import re
 import statistics
-import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -334,7 +333,8 @@ def test_the_first_look_waits_for_every_node_and_the_gateway_but_not_for_ever(
 
 def test_a_models_thousands_of_deployments_are_compared_in_one_pass() -> None:
     """Replica imbalance compares each deployment with its siblings' median: at 1,000
-    nodes, a list of the others for each of 1,800 deployments made every look 0.3 s."""
+    nodes, a list of the others for each of 1,800 deployments made every look 0.3 s. The
+    median is right here; the time is bench.console_scale's (its diagnoses' CPU)."""
     stats = [ModelStats(name="m", latency=Latency(ttft_s=Percentiles(p95=0.1 + i % 7 / 100,
              source="histogram"))) for i in range(8000)]  # fmt: skip
     stats[123] = ModelStats(name="m", latency=Latency(ttft_s=Percentiles(p95=2.0,
@@ -344,14 +344,11 @@ def test_a_models_thousands_of_deployments_are_compared_in_one_pass() -> None:
             for i, s in enumerate(stats)]  # fmt: skip
     fleet = parse_fleet('[fleet]\nname = "f"\n[[nodes]]\nname = "n"\nagent = "http://127.0.0.1:1"')
     nodes = {"n": diagnoses._Node("n", None, 1.0, set())}  # type: ignore[arg-type]
-    started = time.perf_counter()
     found = diagnoses._imbalance(fleet, nodes, "m", rows)
-    took = time.perf_counter() - started
     assert [x.subject for x in found] == ["m/d123"]
     others = [s.latency.ttft_s.p95 for i, s in enumerate(stats) if i != 123]
     median = {e.figure: e.value for e in found[0].evidence}["siblings' TTFT p95 median"]
     assert median == duration_from_seconds(statistics.median(others))  # type: ignore[arg-type]
-    assert took < 1.0, f"{took:.2f} s for 8,000 deployments"  # was 4 s here
 
 
 # -- in a replay -------------------------------------------------------------------------

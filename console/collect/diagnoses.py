@@ -32,6 +32,9 @@ from console.core.units import duration_from_seconds
 
 VERIFY_S = 120.0  # after a move, how long the condition may take to go
 RESOLVED_SHOWN_S = 300.0  # how long a resolved diagnosis stays listed
+# A replica slower than its siblings by less than this is noise, whatever the ratio (a
+# 12 ms TTFT beside 5 ms ones is no incident).
+IMBALANCE_FLOOR_S = 0.05
 _OPEN = ("queued", "running")
 _STARTS = ("vllm.start", "engine.restart")
 
@@ -475,7 +478,7 @@ def _imbalance(
             if len(known) < 2 or row.node not in nodes:
                 continue
             median = _median_without(ordered, p95)
-            if median <= 0 or p95 < times * median:
+            if median <= 0 or p95 < times * median or p95 - median < IMBALANCE_FLOOR_S:
                 continue
             node = nodes[row.node]
             name = "TTFT" if figure == "ttft_s" else "ITL"
