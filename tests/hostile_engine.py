@@ -4,7 +4,7 @@ per mode.
     python tests/hostile_engine.py hang:PORT garbage:PORT error500:PORT enormous:PORT
     python tests/hostile_engine.py flood:PORT endless:PORT endless-head:PORT one-line:PORT
     python tests/hostile_engine.py endless-500:PORT slow:PORT enormous-health:PORT
-    python tests/hostile_engine.py trickle-head:PORT trickle-body:PORT
+    python tests/hostile_engine.py trickle-head:PORT trickle-body:PORT completion-500:PORT
 
 `enormous-health` answers `/health` with `enormous`'s endless body. The others of the
 last two lines misbehave only on a completion (`POST /v1/...`, or Triton's
@@ -13,7 +13,8 @@ last two lines misbehave only on a completion (`POST /v1/...`, or Triton's
 non-streaming body that never ends (`endless-500`: an error's), `endless-head` a header
 line that never ends, `one-line` an SSE stream whose one line never ends; `slow` answers
 a completion correctly, after a second; `trickle-head` and `trickle-body` send a byte of
-their answer's head, or of its body, every 0.1 s.
+their answer's head, or of its body, every 0.1 s; `completion-500` answers every
+completion 500 and every health check 200 (an engine that fails its requests, healthy).
 
 These are not stand-ins for a real engine's normal behaviour (the real engines are
 tested for that); they are the hung, lying and broken servers an agent meets in an
@@ -23,6 +24,7 @@ incident. Each speaks just enough HTTP/1.1 for the probes.
 from __future__ import annotations
 
 import asyncio
+import re
 import sys
 
 MODELS = b'{"object":"list","data":[{"id":"m","object":"model"}]}'
@@ -105,11 +107,16 @@ def handler(mode: str):  # type: ignore[no-untyped-def]
                 if mode.startswith("trickle-") and request.startswith(b"POST "):
                     await _trickle(writer, mode)
                     return
+                if mode == "completion-500" and request.startswith(b"POST "):
+                    length = re.search(rb"(?i)\r\ncontent-length: *(\d+)", request)
+                    await reader.readexactly(int(length.group(1)) if length else 0)
+                    await _reply(writer, "500 Internal Server Error", b'{"error":"boom"}')
+                    continue
                 if mode == "slow" and request.startswith(b"POST "):
                     await asyncio.sleep(1)
                     await _reply(writer, "200 OK", ANSWER)
                     return
-                if mode in (*ENDLESS_MODES, "slow") and path.endswith("/ready"):
+                if mode in (*ENDLESS_MODES, "slow", "completion-500") and path.endswith("/ready"):
                     await _reply(writer, "200 OK", b"")
                 elif mode == "hang":
                     await asyncio.sleep(3600)

@@ -6,10 +6,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from console.agent.gpu import GpuSampler
@@ -25,11 +30,20 @@ from console.core.snapshot import Latency, Percentiles, decode_snapshot
 from console.core.snapshot import ModelStats as SnapModelStats
 from console.core.wire import Engine, Host, Job, NodeInfo, Snapshot
 from console.core.wire import ModelStats as WireModelStats
-from tests.conftest import OPERATOR, Agent, agent_env, run_cli
-from tests.engines.servers import VllmServer, free_port, send_traffic_vllm, vllm_python, wait_until
+from tests.conftest import OPERATOR, ROOT, Agent, agent_env, run_cli
+from tests.engines.servers import (
+    VllmServer,
+    free_port,
+    free_ports,
+    send_traffic_vllm,
+    stop,
+    vllm_python,
+    wait_until,
+)
 from tests.nvml_double import FakeGpu, FakeNvml
 from tests.test_agent_real_engines import fleet_text
 from tests.test_dataplane_router import hold_streams
+from tests.test_gateway import ADMIN, start_gateway
 
 OPERATOR_TOKEN = OPERATOR.split(":", 1)[1]
 
@@ -335,3 +349,75 @@ def test_replica_imbalance_names_the_slow_one_only_when_it_matters(slow, others,
     node = diagnoses._Node("local", None, 1.0, set())  # type: ignore[arg-type]
     found = diagnoses._imbalance(fleet, {"local": node}, "m", rows)
     assert [x.subject for x in found] == (["m/d0"] if named else [])
+
+
+# -- an error burst: an engine double that fails its requests, behind the real gateway ----
+
+BURST_FLEET = """
+[fleet]
+name = "burst"
+[agent]
+scrape_interval_s = 1
+discover = false
+[gateway]
+url = "http://127.0.0.1:{gateway_port}"
+state_dir = "{state}"
+health_interval_s = 0.5
+[[nodes]]
+name = "local"
+agent = "http://127.0.0.1:9410"
+[[models]]
+name = "tiny"
+  [[models.deployments]]
+  id = "tiny-bad"
+  node = "local"
+  engine = "vllm"
+  endpoint = "http://127.0.0.1:{bad_port}"
+"""
+
+
+def test_an_engine_that_fails_its_requests_is_an_error_burst_with_the_gateways_count(
+    agent_factory, tmp_path: Path, monkeypatch
+):
+    """The engine answers its health checks and 500 to every completion (the hostile
+    engine's completion-500: a TEST DOUBLE of a broken engine, which no real one can be
+    made here on demand); clients go through the real gateway, which counts the failures."""
+    bad_port, gateway_port = free_ports(2)
+    double = subprocess.Popen(
+        [sys.executable, str(ROOT / "tests" / "hostile_engine.py"), f"completion-500:{bad_port}"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+    try:
+        assert double.stdout is not None and double.stdout.readline() == b"listening\n"
+        text = BURST_FLEET.format(
+            gateway_port=gateway_port, state=tmp_path / "gw-state", bad_port=bad_port
+        )
+        agent = agent_over(agent_factory, text, monkeypatch)
+        gateway = start_gateway(agent.fleet.parent, "", gateway_port)  # the same fleet file
+        monkeypatch.setenv("ENGINEROOM_ADMIN_TOKEN", ADMIN)
+        try:
+            body = {"model": "tiny", "prompt": "x", "max_tokens": 2}
+            codes = [
+                httpx.post(gateway.url + "/v1/completions", json=body, timeout=30).status_code
+                for _ in range(10)
+            ]
+            assert all(code >= 500 for code in codes), codes
+            diagnoser = Diagnoser(load_fleet(agent.fleet))
+
+            def burst() -> Diagnosis | None:
+                found = look(agent.fleet, diagnoser)
+                return next((x for x in found if x.kind is d.ERROR_BURST), None)
+
+            found = wait_until(burst, 30, interval=0.5, what="the error burst diagnosed")
+            assert found.subject == "tiny/tiny-bad" and found.moves[0] == "failover"
+            rate, counted = found.evidence[0], found.evidence[1]
+            assert rate.at == "gateway" and rate.value.startswith("100.0%"), rate
+            # Every request the gateway passed to it failed (after a few, the gateway's own
+            # health marks it down and answers the rest itself: those are not its).
+            failed, _, passed = counted.value.partition(" failed of ")
+            assert counted.at == "gateway" and failed == passed and int(passed) >= 1, counted
+        finally:
+            stop(gateway.process, grace=5)
+    finally:
+        os.killpg(double.pid, signal.SIGKILL)
+        double.wait(10)
