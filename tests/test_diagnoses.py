@@ -21,6 +21,7 @@ from console.agent.gpu import GpuSampler
 from console.collect import diagnoses
 from console.collect.check import Diagnosed, poll_once
 from console.collect.deployments import DeploymentRow
+from console.collect.diagnose_out import render_markdown, render_text
 from console.collect.diagnoses import Diagnoser, Diagnosis, diagnose_once
 from console.collect.source import NodeState
 from console.collect.view import build
@@ -421,3 +422,30 @@ def test_an_engine_that_fails_its_requests_is_an_error_burst_with_the_gateways_c
     finally:
         os.killpg(double.pid, signal.SIGKILL)
         double.wait(10)
+
+
+def test_an_agents_hostile_text_reaches_the_terminal_and_markdown_only_through_the_sanitizer():
+    """Engine ids and errors come from the agents: outside text. A failed start's error
+    carrying an escape sequence and a Markdown table break prints neither."""
+    hostile = "vllm-8000\x1b[2J\x1b]0;owned\x07|x"
+    job = Job(
+        id="j1", kind="vllm.start", state="failed", created=time.time(), updated=time.time(),
+        error="load: \x1b[31mboom\x1b[0m | not | a | cell\nsecond line",
+        result={"engine_id": hostile, "log_tail": ["Address already in use"]},
+    )  # fmt: skip
+    wire = Snapshot(
+        node=NodeInfo(name="local", agent_version="t", time=0.0), host=Host(),
+        gpu_status="ok", jobs=[job],
+    )  # fmt: skip
+    fleet = parse_fleet(NODE_FLEET)
+    wire.node.time = time.time()
+    snap = decode_snapshot(wire.model_dump_json())
+    states = {"local": NodeState("local", "agent", snapshot=snap, last_ok=time.monotonic())}
+    view = build(fleet, states, 1.0)
+    found = Diagnosed(*diagnose_once(fleet, view, states))
+    assert [x.cause for x in found.found] == ["port in use"]
+    text = render_text(view, found, None)
+    assert "\x1b" not in text and "\x07" not in text and "start failed" in text
+    table = render_markdown(view, found).splitlines()
+    row = next(line for line in table if "start failed" in line)
+    assert "\x1b" not in row and row.count(" | ") == 4, row  # five cells, no more
