@@ -22,6 +22,11 @@ import psutil
 import pytest
 
 from console.agent.engines import engine_id as make_engine_id
+from console.collect.diagnoses import diagnose_once
+from console.collect.source import NodeState
+from console.collect.view import build
+from console.core.config import parse_fleet
+from console.core.snapshot import Snapshot, snapshot_from
 from console.core.wire import EngineJobResult
 from tests.conftest import OPERATOR, ROOT, VIEWER, Agent, agent_env, run_cli
 from tests.engines.servers import free_port, stop, vllm_python, wait_until
@@ -57,6 +62,7 @@ overridable = ["port"]
 allowed_args = ["max_num_seqs"]
 ready_timeout_s = 240
 stop_grace_s = 60
+cold_start_budget_s = 1  # the tiny model's real cold start is far over: a slow cold start
 
 [profiles.missing]
 engine = "vllm"
@@ -344,6 +350,21 @@ def test_vllm_start_readopt_and_a_stop_that_lets_the_stream_finish(
     )
     assert engine["profile"] == "tiny" and engine["version"] == "0.32.0"
     assert any(j["id"] == job["id"] for j in agent.snapshot()["jobs"])
+
+    # Over the profile's 1 s budget: diagnosed a slow cold start (issue 30), from the real
+    # agent's snapshot, naming the phase that took longest.
+    def ended_in_snapshot() -> Snapshot | None:
+        snap = snapshot_from(agent.snapshot())
+        ended = any(j.id == job["id"] and j.state == "succeeded" for j in snap.jobs)
+        return snap if ended else None
+
+    snap = wait_until(ended_in_snapshot, 30, what="the job's end in the agent's snapshot")
+    fleet = parse_fleet(text)
+    states = {"local": NodeState("local", "agent", snapshot=snap, last_ok=time.monotonic())}
+    found = diagnose_once(fleet, build(fleet, states, 1.0), states)[0]
+    slow = [x for x in found if x.kind.name == "slow_cold_start"]
+    assert len(slow) == 1 and slow[0].cause in phases, [x.headline() for x in found]
+    assert slow[0].evidence[0].value.endswith("over its 1 s budget"), slow[0].evidence
     (record,) = engine_records(state)
     engine_pid = json.loads((Path(record["dir"]) / "status.json").read_text())["engine_pid"]
 
