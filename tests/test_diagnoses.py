@@ -37,6 +37,7 @@ from tests.engines.servers import (
     free_port,
     free_ports,
     send_traffic_vllm,
+    start_vllm,
     stop,
     vllm_python,
     wait_until,
@@ -62,7 +63,11 @@ def agent_over(agent_factory, text: str, monkeypatch: pytest.MonkeyPatch) -> Age
     """A real agent at the address its fleet file names, which this process reads too."""
     port = free_port()
     node = f'agent = "http://127.0.0.1:{port}"\ntoken_env = "{NODE_TOKEN}"'
-    agent: Agent = agent_factory(text.replace('agent = "http://127.0.0.1:9410"', node), port=port)
+    text = text.replace('agent = "http://127.0.0.1:9410"', node)
+    # Only the engines the test declares or starts: the suite's other engines on this
+    # machine (a session's Triton, another test's vLLM) are not this test's fleet.
+    text = text.replace("[agent]\n", "[agent]\ndiscover = false\n", 1)
+    agent: Agent = agent_factory(text, port=port)
     monkeypatch.setenv(NODE_TOKEN, OPERATOR_TOKEN)
     return agent
 
@@ -72,14 +77,24 @@ def test_a_wedged_vllm_is_named_with_its_evidence_and_verified_once_it_generates
     agent_factory, vllm_server: VllmServer, monkeypatch
 ):
     agent = agent_over(agent_factory, fleet_text(vllm=vllm_server), monkeypatch)
+    # The deployment's engine: the agent also finds the session's other engines (Triton)
+    # among the node's processes.
     engine = wait_until(
-        lambda: next((e for e in agent.snapshot()["engines"] if e["state"] == "ready"), None),
+        lambda: next(
+            (
+                e
+                for e in agent.snapshot()["engines"]
+                if e["state"] == "ready" and "tiny-vllm" in e["deployment_ids"]
+            ),
+            None,
+        ),
         60,
         what="vLLM ready in the snapshot",
     )
     fleet = load_fleet(agent.fleet)
     diagnoser = Diagnoser(fleet)
-    assert look(agent.fleet, diagnoser) == []  # at rest: nothing
+    rest = look(agent.fleet, diagnoser)
+    assert rest == [], [(x.headline(), x.evidence) for x in rest]  # at rest: nothing
 
     # Streams, one after another, until the test ends: the core is stopped at a moment
     # the engine's own /metrics counts one running (tests.test_dataplane_router does too).
@@ -359,7 +374,6 @@ BURST_FLEET = """
 name = "burst"
 [agent]
 scrape_interval_s = 1
-discover = false
 [gateway]
 url = "http://127.0.0.1:{gateway_port}"
 state_dir = "{state}"
@@ -449,3 +463,48 @@ def test_an_agents_hostile_text_reaches_the_terminal_and_markdown_only_through_t
     table = render_markdown(view, found).splitlines()
     row = next(line for line in table if "start failed" in line)
     assert "\x1b" not in row and row.count(" | ") == 4, row  # five cells, no more
+
+
+@pytest.mark.engines
+def test_a_vllm_out_of_kv_cache_preempting_requests_is_kv_pressure(
+    agent_factory, tiny_model_dir: Path, tmp_path: Path, monkeypatch
+):
+    """Real vLLM with 12 KV blocks of 32 tokens (384 tokens) and six concurrent requests
+    of ~200 tokens each: its cache fills and it preempts. Named KV-cache pressure on that
+    engine, with the usage and the preemptions as evidence, a standby first."""
+    server = start_vllm(
+        tiny_model_dir, tmp_path / "vllm",
+        extra_args=("-O0", "--block-size", "32", "--num-gpu-blocks-override", "12"),
+    )  # fmt: skip
+    done = threading.Event()
+
+    def client(i: int) -> None:
+        while not done.is_set():
+            send_traffic_vllm(server.base_url, 1, True, max_tokens=200, timeout=300)
+
+    clients = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(6)]
+    try:
+        agent = agent_over(agent_factory, fleet_text(vllm=server), monkeypatch)
+        for thread in clients:
+            thread.start()
+        diagnoser = Diagnoser(load_fleet(agent.fleet))
+
+        def pressure() -> Diagnosis | None:
+            found = look(agent.fleet, diagnoser)
+            return next((x for x in found if x.kind is d.KV_PRESSURE), None)
+
+        try:
+            found = wait_until(pressure, 120, interval=0.5, what="KV pressure diagnosed")
+        except TimeoutError:
+            seen = [e["models"] for e in agent.snapshot()["engines"]]
+            raise AssertionError(f"not diagnosed; the agent saw {seen}") from None
+        engine = next(e for e in agent.snapshot()["engines"] if "tiny-vllm" in e["deployment_ids"])
+        assert found.subject == f"local/{engine['id']}" and found.moves[0] == "standby"
+        shown = {e.figure: e.value for e in found.evidence}
+        assert int(shown["KV cache"].rstrip("%")) >= 90, shown
+        assert shown["preemptions"] != "?" or shown["waiting for capacity"] != "?", shown
+    finally:
+        done.set()
+        for thread in clients:
+            thread.join(300)
+        stop(server.process)

@@ -589,10 +589,15 @@ def test_ctrl_c_on_wait_says_the_job_goes_on_and_the_jobs_header_names_every_col
         )
     )
     env = {**agent_env(), "T_OP": OPERATOR_TOKEN}
+    # Ctrl+C as a terminal sends it. The CLI gets SIGINT's default action back: a suite
+    # started in the background by a shell inherits SIGINT ignored, and a Python that
+    # starts with it ignored never raises KeyboardInterrupt (seen in a CI trial run as
+    # `nohup ... &`: the CLI went on following for 30 s).
     cli = subprocess.Popen(
         [sys.executable, "-m", "console.cli", "vllm", "start", "--fleet", str(console_fleet),
          "--node", "local", "--profile", "tiny", "--wait"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )  # fmt: skip
     try:
         job_id = wait_until(
