@@ -229,7 +229,6 @@ def _engine_wedged(
             model=m.name,
             deployment=",".join(engine.deployment_ids) or None,
             engine=engine.id,
-            moves=list(d.ENGINE_WEDGED.moves),
         )
     ]
 
@@ -267,7 +266,6 @@ def _kv_pressure(
             model=m.name,
             deployment=",".join(engine.deployment_ids) or None,
             engine=engine.id,
-            moves=list(d.KV_PRESSURE.moves),
         )
     ]
 
@@ -296,7 +294,6 @@ def _failed_starts(node: _Node) -> list[Diagnosis]:
                     evidence,
                     engine=engine,
                     cause=d.start_cause(text),
-                    moves=list(d.START_FAILED.moves),
                 )
             )
     return out
@@ -333,7 +330,6 @@ def _slow_starts(fleet: Fleet, node: _Node) -> list[Diagnosis]:
                 evidence,
                 engine=_job_engine(job),
                 cause=phase,
-                moves=list(d.SLOW_COLD_START.moves),
             )
         )
     return out
@@ -377,7 +373,6 @@ def _gpu_faults(node: _Node) -> list[Diagnosis]:
                 node.name,
                 evidence,
                 cause=kinds[0],
-                moves=list(d.GPU_FAULT.moves),
             )
         )
     return out
@@ -428,7 +423,6 @@ def _saturated(
             model=model,
             deployment=row.id,
             engine=row.engine_id,
-            moves=list(d.API_SERVER_SATURATED.moves),
         )
     ]
 
@@ -457,7 +451,6 @@ def _error_burst(
             model=model,
             deployment=row.id,
             engine=row.engine_id,
-            moves=list(d.ERROR_BURST.moves),
         )
     ]
 
@@ -505,7 +498,6 @@ def _imbalance(
                     model=model,
                     deployment=rid,
                     engine=row.engine_id,
-                    moves=list(d.REPLICA_IMBALANCE.moves),
                 )
             )
     unique = {x.subject: x for x in out}  # TTFT and ITL both: said once
@@ -531,5 +523,4 @@ def _stale(node: _Node, model: str, row: DeploymentRow) -> Diagnosis:
         model=model,
         deployment=row.id,
         engine=row.engine_id,
-        moves=list(d.STALE_TRT.moves),
     )

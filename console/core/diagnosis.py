@@ -14,7 +14,7 @@ and `[models.diagnoses]` for one model (console.core.config_model.DiagnosisLimit
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from console.core.config_model import Fleet
@@ -196,10 +196,14 @@ class Diagnosis:
     deployment: str | None = None
     engine: str | None = None
     cause: str | None = None  # start failed: the named cause; GPU fault: the XID's class
-    moves: list[Move] = field(default_factory=list)
     state: State = "active"
     since: float = 0.0  # when it was first seen (wall clock)
     detail: str = ""  # verifying / resolved after N s / still there: ...
+
+    @property
+    def moves(self) -> list[Move]:
+        """Its class's moves, in order (one definition: console/core/diagnosis.py)."""
+        return list(self.kind.moves)
 
     @property
     def key(self) -> tuple[str, str]:
