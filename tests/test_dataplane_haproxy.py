@@ -278,7 +278,8 @@ def test_draining_a_server_through_haproxy_then_restoring_drops_no_stream(stack_
         resp = hap.gateway.admin("POST", "/admin/failover", json={"model": "tiny", "drain": "a"})
         assert resp.status_code == 202, resp.text
         job = hap.gateway.wait_job(resp.json()["id"])
-        assert job["state"] == "succeeded" and job["kind"] == "drain.planned", job
+        assert job["state"] == "succeeded", (job.get("error"), job["steps"])
+        assert job["kind"] == "drain.planned", job
         assert job["after"] == {"a": 0, "b": 200}
         assert hap.live_weights() == {"a": 0, "b": 200} == hap.file_weights()
         checked = [v for v in job["verification"] if "show stat" in v["source"]]
@@ -290,7 +291,8 @@ def test_draining_a_server_through_haproxy_then_restoring_drops_no_stream(stack_
             "POST", "/admin/failover", json={"model": "tiny", "restore_before": job["id"]}
         )
         back = hap.gateway.wait_job(resp.json()["id"])
-        assert back["state"] == "succeeded" and back["kind"] == "restore.planned", back
+        assert back["state"] == "succeeded", (back.get("error"), back["steps"])
+        assert back["kind"] == "restore.planned", back
         assert hap.live_weights() == {"a": 100, "b": 100} == hap.file_weights()
         wait_until(lambda: served_by(hap)["a"] > before["a"] + 4, 60, what="traffic on a")
     finally:

@@ -78,8 +78,8 @@ def rows(app: EngineroomApp) -> dict[str, list[str]]:
             table.rows_by_key.items()}  # fmt: skip
 
 
-async def open_diagnosis(app: EngineroomApp, pilot) -> DiagnosisScreen:
-    await pilot.press(*keys(":diag\r"))
+async def open_diagnosis(app: EngineroomApp, pilot, key: str = ":diag\r") -> DiagnosisScreen:
+    await pilot.press(*keys(key))
     await until(pilot, lambda: "stale_trt_engine/tiny/tiny-trt" in rows(app), what="the row")
     await pilot.press("enter")
     return await until(
@@ -192,7 +192,7 @@ async def test_a_failover_from_a_diagnosis_verifies_it_once_confirmed(
     try:
         async with app.run_test(size=(160, 40)) as pilot:
             await until(pilot, lambda: app.gateway_role == "admin", what="the gateway's role")
-            screen = await open_diagnosis(app, pilot)
+            screen = await open_diagnosis(app, pilot, "!")  # the header's count's key
             hint = "f: the failover plan for tiny, draining tiny-trt"
             await until(pilot, lambda: hint in shown(screen), what="the failover's key")
 
@@ -218,10 +218,18 @@ async def test_a_failover_from_a_diagnosis_verifies_it_once_confirmed(
             # Confirmed: the gateway runs the job; back here the diagnosis is verifying.
             second = await plan()
             assert second.query_one("#onto", Select).value == "tiny-vllm"
-            second.query_one("#mode", Select).value = "emergency"  # tiny-vllm does not answer
-            await pilot.press(*"tiny", "enter")
+            # Filled in by the diagnosis: its mode (a warning's: planned), the model's name
+            # typed, and the move named with why. Enter confirms.
+            assert second.query_one("#mode", Select).value == "planned"
             assert second.query_one("#confirm", Input).value == "tiny"
-            await until(pilot, lambda: second.job, what="the failover job")
+            said = str(second.query_one("#confirm-what", SafeStatic).render())
+            assert "Enter to confirm (diagnosis stale_trt_engine on tiny/tiny-trt" in said
+            second.query_one("#mode", Select).value = "emergency"  # tiny-vllm does not answer
+            await pilot.press("enter")
+            job = await until(pilot, lambda: second.job, what="the failover job")
+            assert job["params"]["why"] == (
+                "from the console: diagnosis stale_trt_engine on tiny/tiny-trt"
+            )  # the gateway audits the job with its params
             await pilot.press("escape")
             await until(pilot, lambda: app.screen is screen, what="back on the diagnosis")
             moved = await until(

@@ -123,6 +123,8 @@ class EngineroomApp(Workflows):
         Binding("v", "goto('events')", "events", id="events"),
         Binding("j", "goto('jobs')", "jobs", id="jobs"),
         Binding("d", "goto('drills')", "drills", id="drills"),
+        # The header's "diag N": one key from any screen to what is wrong.
+        Binding("exclamation_mark", "goto('diag')", "diagnoses", id="diag"),
         Binding("q", "quit", "quit", id="quit"),
         Binding("ctrl+l", "redraw", "redraw", id="redraw", show=False),
     ]

@@ -86,7 +86,13 @@ class ConsoleHost(Protocol):
     def run_drill(self, name: str) -> None: ...
     def stop_engine(self, node: str, engine_id: str, restart: bool = False) -> None: ...
     def fail_over(
-        self, model: str, target: str | None = None, source: str | None = None
+        self,
+        model: str,
+        target: str | None = None,
+        source: str | None = None,
+        *,
+        mode: str = "planned",
+        reason: str | None = None,
     ) -> None: ...
     def start_vllm(
         self, node: str | None = None, model: str | None = None, then_fail_over: bool = False

@@ -72,7 +72,15 @@ class RefusingApp(EngineroomApp):
     def stop_engine(self, node: str, engine_id: str, restart: bool = False) -> None:
         self.refuse(ACTING["restart_engine" if restart else "stop_engine"])
 
-    def fail_over(self, model: str, target: str | None = None, source: str | None = None) -> None:
+    def fail_over(
+        self,
+        model: str,
+        target: str | None = None,
+        source: str | None = None,
+        *,
+        mode: str = "planned",
+        reason: str | None = None,
+    ) -> None:
         self.refuse(ACTING["fail_over"])
 
     def run_drill(self, name: str) -> None:

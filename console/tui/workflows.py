@@ -166,11 +166,20 @@ class Workflows(App[int]):
             ),
         )
 
-    def fail_over(self, model: str, target: str | None = None, source: str | None = None) -> None:
+    def fail_over(
+        self,
+        model: str,
+        target: str | None = None,
+        source: str | None = None,
+        *,
+        mode: str = "planned",
+        reason: str | None = None,
+    ) -> None:
         """The failover plan for `model`, its target preselected when given (the
         playbook's step names one); with `source`, the plan drains it (onto `target` when
         given, else over the others): in a model with replicas, the move that takes one
-        deployment's traffic off and leaves the others theirs."""
+        deployment's traffic off and leaves the others theirs. With `reason` (a diagnosis
+        chose the move), the plan comes filled in with `mode` and the audit records why."""
         from console.collect.gateway_client import GatewayClient
 
         if self.read_only:
@@ -195,7 +204,7 @@ class Workflows(App[int]):
             )
             return
         self.push_screen(
-            FailoverScreen(model, target=target, source=source),
+            FailoverScreen(model, target=target, source=source, mode=mode, reason=reason),
             lambda why: self._after_plan(model, why),
         )
 

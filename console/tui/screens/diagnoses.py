@@ -257,7 +257,11 @@ class DiagnosisScreen(ViewScreen):
             self.notify("no model to fail over for this diagnosis", severity="warning")
             return
         model, source, target = plan
-        self.console.fail_over(model, target, source=source)
+        # A critical diagnosis (a wedged engine, a GPU off the bus) is an emergency: a
+        # verified shift in steps would keep sending part of the traffic into the fault.
+        mode = "emergency" if x.kind.severity == "critical" else "planned"
+        reason = f"diagnosis {x.kind.name} on {x.subject}"
+        self.console.fail_over(model, target, source=source, mode=mode, reason=reason)
         top = self.app.screen_stack[-1]
         # The plan, when the console opened one (a read-only one refuses and opens none).
         self._plan = top if isinstance(top, FailoverScreen) else None

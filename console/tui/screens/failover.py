@@ -62,11 +62,24 @@ class FailoverScreen(ModalScreen[str | None]):
     FailoverScreen #preflight, FailoverScreen #plan-table { margin-top: 1; }
     """
 
-    def __init__(self, model: str, target: str | None = None, source: str | None = None) -> None:
+    def __init__(
+        self,
+        model: str,
+        target: str | None = None,
+        source: str | None = None,
+        *,
+        mode: str = "planned",
+        reason: str | None = None,
+    ) -> None:
         super().__init__()
         self.model = model
         self.target = target  # preselected, e.g. the standby the console just started
         self.source = source  # a deployment to drain (onto `target` when given)
+        self.mode = mode  # preselected: a critical diagnosis's move is an emergency one
+        # Why, when a diagnosis chose the move: the gateway's audit records it, and the
+        # confirmation comes filled in (the diagnosis and this plan both name the move and
+        # its target; Enter confirms, as `y` does in a yes/no confirmation).
+        self.reason = reason
         self.job: dict[str, Any] | None = None
         self.plan: dict[str, Any] | None = None  # the gateway's answer for the move shown
         self.jobs: list[dict[str, Any]] = []  # the model's earlier jobs, for a restore
@@ -146,7 +159,7 @@ class FailoverScreen(ModalScreen[str | None]):
             "move": move,
             "target": value,
             "onto": onto_value,
-            "mode": "planned",
+            "mode": self.mode,
         }
         # Not focusable itself: the fields are, so Tab goes field to field. They come first,
         # so that at 80x24 the target and the confirmation are on screen.
@@ -160,7 +173,7 @@ class FailoverScreen(ModalScreen[str | None]):
                              classes="" if move == "drain" else "hidden")  # fmt: skip
                 yield Select(
                     [("planned (verified)", "planned"), ("emergency (at once)", "emergency")],
-                    value="planned",
+                    value=self.mode,
                     allow_blank=False,
                     id="mode",
                     compact=True,
@@ -169,9 +182,15 @@ class FailoverScreen(ModalScreen[str | None]):
             # The move in words, wrapped: as a placeholder it was cut at 80 columns (the
             # target lost) and went away at the first key typed.
             yield SafeStatic(self._confirm_text(ask), id="confirm-what")
-            yield Input(placeholder=f"type {self.model}", id="confirm", compact=True)
+            yield Input(
+                self.model if self.reason else "",
+                placeholder=f"type {self.model}",
+                id="confirm",
+                compact=True,
+            )
             with Horizontal():
-                yield Button(self._go_label(ask), id="go", variant="error", disabled=True,
+                ready = bool(self.reason) and any(ask.values())  # filled in by a diagnosis
+                yield Button(self._go_label(ask), id="go", variant="error", disabled=not ready,
                              compact=True)  # fmt: skip
                 yield Button("Start a vLLM standby first", id="standby", compact=True)
                 yield Button("Close (esc)", id="close", compact=True)
@@ -206,6 +225,8 @@ class FailoverScreen(ModalScreen[str | None]):
 
     def _confirm_text(self, ask: dict[str, str | None] | None = None) -> str:
         what = _what(ask if ask is not None else self.ask())
+        if self.reason:
+            return f"{what}: Enter to confirm ({self.reason}; {self.model} typed for you)"
         return f"{what}: type {self.model} below to confirm"
 
     def _go_label(self, ask: dict[str, str | None] | None = None) -> str:
@@ -425,7 +446,8 @@ class FailoverScreen(ModalScreen[str | None]):
     async def _start(self, ask: dict[str, str | None], mode: str) -> None:
         client = GatewayClient(self.console.fleet)
         try:
-            job = await client.failover(self.model, ask["to"], mode, "from the console",
+            why = f"from the console: {self.reason}" if self.reason else "from the console"
+            job = await client.failover(self.model, ask["to"], mode, why,
                                         drain=ask["drain"],
                                         restore_before=ask["restore_before"])  # fmt: skip
         except GatewayError as exc:
