@@ -24,8 +24,9 @@ import pytest
 from console.agent.exposition import render as render_metrics
 from console.collect.collector import NodeState
 from console.collect.rules import render as render_rules
+from console.collect.rules_diagnoses import alert_name
 from console.collect.view import build
-from console.core import alertrules
+from console.core import alertrules, diagnosis
 from console.core.config import parse_fleet
 from console.core.snapshot import decode_snapshot
 from console.core.wire import (
@@ -343,7 +344,9 @@ def test_promtool_accepts_the_rules_and_every_family_is_in_them(rules_file):
     result = promtool("check", "rules", str(rules_file))
     assert result.returncode == 0, result.stdout + result.stderr
     assert "SUCCESS" in result.stdout
-    assert set(rules_by_name(rules_file.read_text())) == set(RULE_NAMES)
+    # With the diagnoses' rules, which tests/test_rules_diagnoses.py fires.
+    diagnoses = {alert_name(c) for c in diagnosis.ALL if c.in_rules}
+    assert set(rules_by_name(rules_file.read_text())) == set(RULE_NAMES) | diagnoses
 
 
 @pytest.mark.parametrize("name", list(CASES))

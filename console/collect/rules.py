@@ -17,6 +17,9 @@ histograms, a rule accepts those too, joined with `or`:
 Each rule holds as the console's alert does: `for:` and `keep_firing_for:` are the
 definition's raise_after_s and clear_after_s.
 
+The diagnoses PromQL can tell as the headless finder does are rules too, in their own group
+(console/collect/rules_diagnoses.py); the file's header names the others and why.
+
 The output is YAML that `promtool check rules` accepts, in a stable order, so a diff of two
 runs shows what changed in the fleet. Names from the fleet are outside text: in a label
 matcher they are matched literally (console.collect.promql.matcher: regex and PromQL string
@@ -29,14 +32,16 @@ from __future__ import annotations
 import json
 import re
 import sys
-from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from console.collect.promql import matcher
+from console.collect.rules_diagnoses import diagnosis_rules
+from console.collect.rules_promql import Judged, Rule, none_of, num, one_of, served_names
 from console.core import alertrules as rules
+from console.core import diagnosis
 from console.core.alertrules import AlertDef, Severity
 from console.core.atomicfile import replace_text
-from console.core.config import Fleet, Model
+from console.core.config import Fleet
 from console.core.plugin import EnginePlugin, load_plugins
 
 # dcgm-exporter's names for the fields the GPU rules read (its default counters).
@@ -52,34 +57,6 @@ LATENCY = {
 }
 
 
-@dataclass(slots=True)
-class Rule:
-    defn: AlertDef
-    expr: str
-    summary: str  # a template: {{ $labels.x }}, {{ $value }}
-    labels: dict[str, str] = field(default_factory=dict)
-    severity: Severity | None = None  # the band's, where a breach scales (else the alert's)
-
-
-def _num(value: float) -> str:
-    """A threshold as PromQL reads it: 90, 0.95, 0.5."""
-    return f"{value:g}"
-
-
-def _one_of(label: str, values: list[str]) -> str:
-    """`label=~"..."` selecting exactly these values (sorted: a stable file)."""
-    return matcher(label, sorted(set(values)))
-
-
-def _none_of(label: str, values: list[str]) -> str:
-    return label + "!~" + _one_of(label, values).removeprefix(label + "=~")
-
-
-def _served_names(model: Model) -> list[str]:
-    """The names the engines serve a fleet model under (its name, each engine_model)."""
-    return [model.name, *(d.engine_model for d in model.deployments if d.engine_model)]
-
-
 def gpu_rules(fleet: Fleet) -> list[Rule]:
     crit = rules.GPU_TEMP_CRITICAL.threshold(fleet)
     warn = rules.GPU_TEMP_WARNING.threshold(fleet)
@@ -89,20 +66,19 @@ def gpu_rules(fleet: Fleet) -> list[Rule]:
     return [
         Rule(
             rules.GPU_TEMP_CRITICAL,
-            f"engineroom_gpu_temperature_celsius >= {_num(crit)} or {DCGM_TEMP} >= {_num(crit)}",
+            f"engineroom_gpu_temperature_celsius >= {num(crit)} or {DCGM_TEMP} >= {num(crit)}",
             f"{where}: {rules.GPU_TEMP_CRITICAL.title}: {{{{ $value }}}} C "
-            f"(critical at {_num(crit)})",
+            f"(critical at {num(crit)})",
         ),
         Rule(
             rules.GPU_TEMP_WARNING,
-            f"(engineroom_gpu_temperature_celsius >= {_num(warn)} < {_num(crit)})"
-            f" or ({DCGM_TEMP} >= {_num(warn)} < {_num(crit)})",
-            f"{where}: {rules.GPU_TEMP_WARNING.title}: {{{{ $value }}}} C "
-            f"(warning at {_num(warn)})",
+            f"(engineroom_gpu_temperature_celsius >= {num(warn)} < {num(crit)})"
+            f" or ({DCGM_TEMP} >= {num(warn)} < {num(crit)})",
+            f"{where}: {rules.GPU_TEMP_WARNING.title}: {{{{ $value }}}} C (warning at {num(warn)})",
         ),
         Rule(
             rules.GPU_ECC,
-            f"engineroom_gpu_ecc_uncorrected_errors > {_num(ecc)} or {DCGM_ECC} > {_num(ecc)}",
+            f"engineroom_gpu_ecc_uncorrected_errors > {num(ecc)} or {DCGM_ECC} > {num(ecc)}",
             f"{where}: {rules.GPU_ECC.title}: {{{{ $value }}}} volatile uncorrected errors",
         ),
         Rule(
@@ -121,7 +97,7 @@ def gpu_rules(fleet: Fleet) -> list[Rule]:
 def engine_rules(fleet: Fleet) -> list[Rule]:
     # A declared standby (weight 0) that is down is waiting to be started, not an outage.
     standby = [d.id for m in fleet.models for d in m.deployments if d.weight == 0]
-    spare = f",{_none_of('deployment', standby)}" if standby else ""
+    spare = f",{none_of('deployment', standby)}" if standby else ""
     where = "{{ $labels.node }}/{{ $labels.deployment }} ({{ $labels.engine }})"
     return [
         Rule(
@@ -157,56 +133,13 @@ def _bands(defn: AlertDef, limit: float) -> list[tuple[Severity, str]]:
     """(severity, comparison) for each band of a breach: over the limit a warning, and past
     critical_times the limit critical (the console's verdict, console/core/slo.py)."""
     if defn.critical_times is None:
-        return [(defn.severity, f" > {_num(limit)}")]
-    top = _num(defn.critical_times * limit)
-    return [(defn.severity, f" > {_num(limit)} <= {top}"), ("critical", f" > {top}")]
-
-
-@dataclass(frozen=True, slots=True)
-class _Judged:
-    """How one model's deployments are read: the gateway's figure by model and
-    deployment, else the agent's by the deployment it reports serving (so a Triton
-    `ensemble` of another model, or another deployment, is never this model's)."""
-
-    model: Model
-    window: str
-
-    @property
-    def deployments(self) -> str:
-        """The agent's series of this model's deployments, joined on (node, engine)."""
-        ids = _one_of("deployment", [d.id for d in self.model.deployments])
-        return (
-            f" * on(node, engine) group_left(deployment) "
-            f"group by (node, engine, deployment) (engineroom_deployment_state{{{ids}}})"
-        )
-
-    def gateway(self, series: str, band: str = "") -> str:
-        model = matcher("model", [self.model.name])
-        return (
-            f"histogram_quantile(0.95, sum by (le, model, deployment) "
-            f"(rate(engineroom_gateway_{series}_seconds_bucket{{{model}}}[{self.window}])))" + band
-        )
-
-    def gateway_errors(self, band: str = "") -> str:
-        model = matcher("model", [self.model.name])
-        rate = "sum by (model, deployment) (rate(engineroom_gateway_{}_total{{{}}}[{}]))"
-        return (
-            f"{rate.format('failures', model, self.window)} / "
-            f"{rate.format('requests', model, self.window)}{band}"
-        )
-
-    def either(self, gateway: str, engine: str, known: str) -> str:
-        """The gateway's figure where it has one (`known`: its figure, not NaN), else the
-        engine's; each says where it was measured."""
-        return (
-            f'label_replace({gateway}, "measured_at", "gateway", "", "") or '
-            f'(label_replace({engine}, "measured_at", "engine", "", "") '
-            f"unless on(deployment) ({known} >= 0))"
-        )
+        return [(defn.severity, f" > {num(limit)}")]
+    top = num(defn.critical_times * limit)
+    return [(defn.severity, f" > {num(limit)} <= {top}"), ("critical", f" > {top}")]
 
 
 def _native(
-    judged: _Judged,
+    judged: Judged,
     series: str,
     band: str,
     plugins: dict[str, EnginePlugin],
@@ -216,7 +149,7 @@ def _native(
     of each of this model's deployments of that kind (`instance`), never by a model name
     alone; read only where neither the agents nor the gateway report the model."""
     model = judged.model
-    names = _one_of("model", _served_names(model))
+    names = one_of("model", served_names(model))
     gateway = matcher("model", [model.name])
     absent = (
         f"unless on() (count(engineroom_model_{series}_seconds{{{names}}}) "
@@ -231,8 +164,8 @@ def _native(
         if prom is None or name is None or not targets:
             continue
         served = [model.name, *(d.engine_model for d in mine if d.engine_model)]
-        where = f"{_one_of(prom.model_label, served)},{_one_of('instance', targets)}"
-        scale = f" * {_num(prom.histogram_scale)}" if prom.histogram_scale != 1 else ""
+        where = f"{one_of(prom.model_label, served)},{one_of('instance', targets)}"
+        scale = f" * {num(prom.histogram_scale)}" if prom.histogram_scale != 1 else ""
         quantile = (
             f"histogram_quantile(0.95, sum by (le, instance, {prom.model_label}) "
             f"(rate({name}_bucket{{{where}}}[{judged.window}])))"
@@ -254,8 +187,8 @@ def model_rules(fleet: Fleet, plugins: dict[str, EnginePlugin]) -> list[Rule]:
     for model in fleet.models:
         if not model.deployments:
             continue
-        judged = _Judged(model, window)
-        names = _one_of("model", _served_names(model))
+        judged = Judged(model, window)
+        names = one_of("model", served_names(model))
         labels = {"fleet_model": model.name}
         for series, defn in LATENCY.items():
             limit = defn.threshold(fleet, model)
@@ -273,21 +206,16 @@ def model_rules(fleet: Fleet, plugins: dict[str, EnginePlugin]) -> list[Rule]:
                 ]
                 summary = (
                     f"{where}: {defn.title}: {{{{ $value }}}} s at the "
-                    f"{{{{ $labels.measured_at }}}} (over {_num(limit)} s)"
+                    f"{{{{ $labels.measured_at }}}} (over {num(limit)} s)"
                 )
                 out.append(Rule(defn, " or ".join(parts), summary, labels, severity))
         errors = rules.ERROR_RATE.threshold(fleet, model)
         assert errors is not None  # the fleet's default where the model sets none
-        engine = f"engineroom_model_error_ratio{{{names}}}"
         for severity, band in _bands(rules.ERROR_RATE, errors):
-            expr = judged.either(
-                judged.gateway_errors(band),
-                engine + judged.deployments + band,
-                judged.gateway_errors(),
-            )
+            expr = judged.errors(band)
             summary = (
                 f"{where}: {rules.ERROR_RATE.title}: {{{{ $value }}}} at the "
-                f"{{{{ $labels.measured_at }}}} (over {_num(errors)})"
+                f"{{{{ $labels.measured_at }}}} (over {num(errors)})"
             )
             out.append(Rule(rules.ERROR_RATE, expr, summary, labels, severity))
     # An engine that serves no declared deployment gets the fleet's default error rate,
@@ -301,35 +229,36 @@ def model_rules(fleet: Fleet, plugins: dict[str, EnginePlugin]) -> list[Rule]:
             Rule(
                 rules.ERROR_RATE,
                 f"({other}){band}",
-                f"{plain}: {rules.ERROR_RATE.title}: {{{{ $value }}}} (over {_num(default)})",
+                f"{plain}: {rules.ERROR_RATE.title}: {{{{ $value }}}} (over {num(default)})",
                 severity=severity,
             )
         )
     kv = rules.KV_CACHE.threshold(fleet)
     assert kv is not None
-    parts = [f"engineroom_model_kv_cache_usage_ratio >= {_num(kv)}"]
+    parts = [f"engineroom_model_kv_cache_usage_ratio >= {num(kv)}"]
     for kind in sorted(plugins):
         prom = getattr(plugins[kind], "prometheus", None)
         if prom is not None and prom.kv_cache:
-            parts.append(f"{prom.kv_cache} >= {_num(kv)}")
+            parts.append(f"{prom.kv_cache} >= {num(kv)}")
     where = "{{ $labels.node }}{{ $labels.instance }} {{ $labels.model }}{{ $labels.model_name }}"
     out.append(
         Rule(
             rules.KV_CACHE,
             " or ".join(parts),
-            f"{where}: {rules.KV_CACHE.title}: {{{{ $value }}}} used (warning at {_num(kv)})",
+            f"{where}: {rules.KV_CACHE.title}: {{{{ $value }}}} used (warning at {num(kv)})",
         )
     )
     return out
 
 
 def build(fleet: Fleet, plugins: dict[str, EnginePlugin] | None = None) -> dict[str, list[Rule]]:
-    """The rule groups for `fleet`: gpus, engines, models."""
+    """The rule groups for `fleet`: gpus, engines, models, diagnoses."""
     plugins = load_plugins() if plugins is None else plugins
     return {
         "engineroom-gpus": gpu_rules(fleet),
         "engineroom-engines": engine_rules(fleet),
         "engineroom-models": model_rules(fleet, plugins),
+        "engineroom-diagnoses": diagnosis_rules(fleet),
     }
 
 
@@ -360,7 +289,9 @@ def render(fleet: Fleet, plugins: dict[str, EnginePlugin] | None = None) -> str:
     lines = [
         f"# Alerting rules for fleet {fleet.fleet.name!r}, written by `engineroom rules`",
         f"# from {fleet.source}. Regenerate after editing the fleet; do not edit by hand.",
-        "# Thresholds and wording: console/core/alertrules.py, shared with the console.",
+        "# Thresholds and wording: console/core/alertrules.py, shared with the console;",
+        "# the diagnoses': console/core/diagnosis.py. Diagnoses with no rule, and why:",
+        *(f"#   {c.name}: {c.note}" for c in diagnosis.ALL if not c.in_rules),
         "groups:",
     ]
     for group, group_rules in build(fleet, plugins).items():
@@ -378,6 +309,7 @@ def render(fleet: Fleet, plugins: dict[str, EnginePlugin] | None = None) -> str:
                 "        annotations:",
                 f"          summary: {_q(rule.summary)}",
                 f"          description: {_q(rule.defn.description)}",
+                *(f"          {k}: {_q(v)}" for k, v in rule.annotations.items()),
             ]
     return "\n".join(lines) + "\n"
 

@@ -68,6 +68,10 @@ class DiagnosisDef:
     # How long the condition must hold, while watched, before it is raised (one already
     # there at the first look is raised at once, as an alert is: active at start).
     hold_s: float = 0.0
+    # False for a class `engineroom rules` cannot write as a Prometheus rule, with why in
+    # `note` (console/collect/rules_diagnoses.py writes the others).
+    in_rules: bool = True
+    note: str = ""
 
 
 ENGINE_WEDGED = DiagnosisDef(
@@ -98,6 +102,10 @@ API_SERVER_SATURATED = DiagnosisDef(
     "the gateway's TTFT p95 near the engine's; the API server's CPU well under a core",
     ("standby", "failover"),
     hold_s=30.0,
+    in_rules=False,
+    note="it compares the gateway's exact TTFT p95 (its admin snapshot) with the engine's; "
+    "Prometheus has only the gateway's histogram buckets, whose interpolated p95 would "
+    "raise it where the console does not",
 )
 START_FAILED = DiagnosisDef(
     "start_failed",
@@ -107,6 +115,8 @@ START_FAILED = DiagnosisDef(
     "a vllm.start or engine.restart job failed; the cause is read from its error and log",
     "a later start of the same engine that succeeded",
     ("start", "standby"),
+    in_rules=False,
+    note="a failed job and its log are in the agent's jobs API, not in /metrics",
 )
 SLOW_COLD_START = DiagnosisDef(
     "slow_cold_start",
@@ -116,6 +126,8 @@ SLOW_COLD_START = DiagnosisDef(
     "a start took longer than its profile's cold_start_budget_s; names the slowest phase",
     "a later start within the budget",
     ("drill",),
+    in_rules=False,
+    note="a start's phases and its profile's budget are in the agent's jobs, not in /metrics",
 )
 REPLICA_IMBALANCE = DiagnosisDef(
     "replica_imbalance",
@@ -126,6 +138,9 @@ REPLICA_IMBALANCE = DiagnosisDef(
     "the deployment's p95 back near its siblings'",
     ("quarantine", "restart"),
     hold_s=60.0,
+    in_rules=False,
+    note="it takes the median of the other deployments' p95s, each left out of its own; "
+    "PromQL's quantile() takes every series of a group",
 )
 ERROR_BURST = DiagnosisDef(
     "error_burst",
