@@ -1,5 +1,5 @@
-"""`engineroom rules [--out FILE]`: the fleet's Prometheus alerting rules
-(console.collect.rules, docs/prometheus.md)."""
+"""`engineroom rules [--out FILE]`: the fleet's Prometheus alerting rules, its alerts' and
+the diagnoses' PromQL can tell (console.collect.rules, docs/prometheus.md)."""
 
 from __future__ import annotations
 

@@ -4,8 +4,9 @@ what rules it out and its moves, in order.
 A diagnosis names a problem (an alert names a figure): "engine wedged" where the alerts
 say a queue grows and a p95 is over its SLO. The evaluation (console/collect/diagnoses.py)
 reads only this module for what a class is; `engineroom diagnose`, `check --json` and the
-console's Diagnoses screen show what it found. docs/diagnoses.md gives each class with its
-signals per engine; tests/test_diagnoses.py holds the two together.
+console's Diagnoses screen show what it found; `engineroom rules` writes the classes PromQL
+can tell as Prometheus alerting rules (console/collect/rules_diagnoses.py). docs/diagnoses.md
+gives each class with its signals per engine; tests/test_diagnoses.py holds the two together.
 
 Thresholds have defaults here and may be set in fleet.toml, `[diagnoses]` for the fleet
 and `[models.diagnoses]` for one model (console.core.config_model.DiagnosisLimits).
