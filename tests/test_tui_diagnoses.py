@@ -34,10 +34,12 @@ from console.tui.diagnosing import BUDGET, FIRST_LOOK_WAIT_S, ConsoleDiagnoses
 from console.tui.replay import ReplayApp
 from console.tui.screens.diagnoses import DiagnosesScreen, DiagnosisScreen
 from console.tui.screens.failover import FailoverScreen
+from console.tui.screens.models import ModelsScreen
 from console.tui.web import WebViewApp
 from console.tui.widgets.header import FleetHeader
 from console.tui.widgets.safe_static import SafeStatic
 from console.tui.widgets.table import FleetTable
+from console.tui.widgets.top_diagnosis import STYLE, TopDiagnosis
 from tests.engines.servers import free_port, stop
 from tests.test_hardening_clients import ADMIN, start_gateway
 from tests.test_tui_drills import DRILL_FLEET, DRILLS
@@ -133,6 +135,59 @@ async def test_a_critical_diagnosis_is_counted_apart_and_none_shows_no_count() -
         await until(pilot, lambda: quiet.diagnoses.looked, what="the first look")
         await until(pilot, lambda: "nodes" in header(quiet), what="the header")
         assert quiet.diagnoses.found == [] and diag_count(quiet) is None
+
+
+def marked(app: EngineroomApp) -> dict[str, str]:
+    """The rows whose whole first cell is in a diagnosis's colour: {key: style}."""
+    table = app.screen.query_one(FleetTable)
+    out = {}
+    for key in table.rows_by_key:
+        first = table.get_row(key)[0]
+        for span in getattr(first, "spans", []):
+            whole = span.start <= 1 and span.end == len(first.plain)  # after the margin
+            if whole and str(span.style) in STYLE.values():
+                out[key] = str(span.style)
+    return out
+
+
+async def test_fleet_and_models_say_the_top_diagnosis_and_mark_its_subject() -> None:
+    faulty = json.loads(H200.read_text())
+    faulty["gpus"][1]["ecc_uncorrected"] = 2
+    app = recorded(h200=faulty)
+    async with app.run_test(size=SIZE) as pilot:
+        strip = app.screen.query_one(TopDiagnosis)
+        said = await until(pilot, lambda: str(strip.render()).strip(), what="the top line")
+        # The critical one, its subject, its first move, and the key to the others.
+        assert said.startswith("CRIT  GPU fault"), said
+        assert "h200/gpu1" in said and "first move: " in said, said
+        assert said.endswith("! all 2"), said
+        assert await until(pilot, lambda: marked(app), what="a marked row") == {
+            "h200": STYLE["critical"]
+        }
+        await pilot.press("m")  # a GPU names no model: Models says it, marks no row
+        await until(pilot, lambda: isinstance(app.screen, ModelsScreen), what="Models")
+        await until(pilot, lambda: app.screen.query_one(FleetTable).rows_by_key)
+        assert str(app.screen.query_one(TopDiagnosis).render()).strip() == said
+        assert marked(app) == {}
+
+    app = recorded()  # the stale engine alone: Models marks its deployment
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: app.diagnoses.looked, what="the first look")
+        assert await until(pilot, lambda: marked(app), what="a marked row") == {
+            "cpu-1": STYLE["warning"]
+        }
+        await pilot.press("m")
+        await until(pilot, lambda: isinstance(app.screen, ModelsScreen), what="Models")
+        assert await until(pilot, lambda: marked(app), what="a marked row") == {
+            "d:tiny:tiny-trt": STYLE["warning"]
+        }
+
+    quiet = recorded_app()  # nothing wrong: no line, no mark
+    async with quiet.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: quiet.diagnoses.looked, what="the first look")
+        await until(pilot, lambda: quiet.screen.query_one(FleetTable).rows_by_key)
+        assert not quiet.screen.query_one(TopDiagnosis).display
+        assert marked(quiet) == {}
 
 
 async def test_enter_shows_the_evidence_what_rules_it_out_and_the_moves_in_order() -> None:

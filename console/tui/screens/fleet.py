@@ -13,6 +13,7 @@ from console.tui.columns import Fitted
 from console.tui.screens.base import ViewScreen
 from console.tui.widgets.gpu_grid import GpuGrid
 from console.tui.widgets.table import FleetTable, Row
+from console.tui.widgets.top_diagnosis import TopDiagnosis, fleet_key, point
 
 COLUMNS = [
     ("NODE", 13),  # longer names end in an ellipsis
@@ -87,6 +88,7 @@ class FleetScreen(ViewScreen):
 
     def compose_body(self) -> ComposeResult:
         self.fitted = Fitted(self, COLUMNS, "nodes", self._redraw)
+        yield TopDiagnosis()
         yield from self.fitted.compose()
         yield GpuGrid(id="grid")
 
@@ -97,6 +99,10 @@ class FleetScreen(ViewScreen):
     def draw(self, view: FleetView) -> None:
         if not self.fitted.ready():
             return
+        found = self.console.diagnoses
+        counts = found.counts()
+        point(self.query_one(TopDiagnosis), self.query_one(FleetTable), found.found,
+              counts[0] if counts else 0, fleet_key)  # fmt: skip
         room = self.fitted.fit.room
         if room != self._room:  # the rows made so far are cut to the old width
             self._made, self._drawn, self._room = {}, None, room

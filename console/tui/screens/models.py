@@ -41,6 +41,7 @@ from console.tui import format as fmt
 from console.tui.columns import Fitted
 from console.tui.screens.base import ViewScreen
 from console.tui.widgets.table import FleetTable, Row
+from console.tui.widgets.top_diagnosis import TopDiagnosis, models_key, point
 
 # The order an on-call engineer reads in: state, then TTFT where the engine measured it,
 # where clients felt it (the gateway) and the gap, before anything else; at 80 columns
@@ -314,6 +315,7 @@ class ModelsScreen(ViewScreen):
     def compose_body(self) -> ComposeResult:
         spec = columns(self.console.fleet)
         self.fitted = Fitted(self, spec, "models", self._relaid, SPARE, header_height=2)
+        yield TopDiagnosis()
         yield from self.fitted.compose()
 
     def __init__(self) -> None:
@@ -338,6 +340,10 @@ class ModelsScreen(ViewScreen):
     def draw(self, view: FleetView) -> None:
         if not self.fitted.ready():
             return
+        found = self.console.diagnoses
+        counts = found.counts()
+        point(self.query_one(TopDiagnosis), self.query_one(FleetTable), found.found,
+              counts[0] if counts else 0, models_key)  # fmt: skip
         gateway = self.console.gateway_snapshot
         drawn = self._drawn
         if (

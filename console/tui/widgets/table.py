@@ -91,6 +91,27 @@ class RowsByKey(Mapping[str, Row]):
         return len(self.at)
 
 
+def _marked(rows: list[Row], key: str, style: str) -> list[Row]:
+    """`rows` with the row of `key` (if there) drawn with its first cell in `style`; the
+    list and the rows given are not changed (a screen keeps them for its next draw)."""
+    at = next((i for i, r in enumerate(rows) if r.key == key), None)
+    if at is None:
+        return rows
+    row = rows[at]
+
+    def cells() -> Cells:
+        made = row.made()
+        if not made or not isinstance(made[0], Text):
+            return made
+        first = made[0].copy()
+        first.stylize(style)
+        return (first, *made[1:])
+
+    out = rows.copy()
+    out[at] = Row(key, cells, lambda: row.fields, lambda: row.text)
+    return out
+
+
 def empty_row(columns: int, why: str) -> Row:
     """The one row of an empty table: "none", and why, in the last column (key "-")."""
     cells = (Text("none", style="dim"), *[Text("")] * (columns - 2), Text(why, style="dim"))
@@ -99,6 +120,9 @@ def empty_row(columns: int, why: str) -> Row:
 
 class FleetTable(DataTable[RenderableType]):
     DEFAULT_CSS = "FleetTable { height: 1fr; }"
+    # (row key, style): the row a screen points at (the top diagnosis's subject); its
+    # first cell is drawn in the style. Set before show(); None marks nothing.
+    mark: tuple[str, str] | None = None
 
     def __init__(self, columns: Sequence[tuple[str, int | None]], **kwargs: Any) -> None:
         # Rendered cells kept by the cell object they came from (see _render_cell); made
@@ -147,6 +171,8 @@ class FleetTable(DataTable[RenderableType]):
         """`same_keys`: the caller knows the rows have the keys of the last show, in order
         (a screen that patched its last rows): they are not compared."""
         visible = rows if flt is None else [r for r in rows if flt.matches(r.fields, r.text)]
+        if self.mark is not None:
+            visible = _marked(visible, *self.mark)
         if same_keys and flt is None and len(visible) == len(self._order):
             self.rows_by_key = RowsByKey(visible, self.rows_by_key.at)
             self._update_on_screen()
