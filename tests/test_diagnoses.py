@@ -321,6 +321,36 @@ def test_an_engine_that_counts_no_tokens_cannot_tell_if_it_is_wedged():
     ]
 
 
+def test_an_engine_serving_a_model_under_its_engine_name_is_judged_as_the_declared_model():
+    """A Triton deployment's engine reports its `engine_model` ("ensemble"), not the
+    model's name: the model's own threshold applies, and the diagnosis names the declared
+    model (the failover plan opens for it)."""
+    text = NODE_FLEET + """
+[[models]]
+name = "tiny"
+diagnoses = { kv_pressure_usage = 0.5 }
+  [[models.deployments]]
+  id = "tiny-trt"
+  node = "local"
+  engine = "triton"
+  endpoint = "http://127.0.0.1:8000"
+  engine_model = "ensemble"
+"""
+    model = WireModelStats(name="ensemble", kv_cache_usage=0.6, preemption_rate=0.5)
+    engine = Engine(id="triton-8000", kind="triton", state="ready", models=[model],
+                    deployment_ids=["tiny-trt"])  # fmt: skip
+    wire = Snapshot(
+        node=NodeInfo(name="local", agent_version="t", time=0.0), host=Host(),
+        gpu_status="ok", engines=[engine],
+    )  # fmt: skip
+    found = [x for x in diagnose_snapshot(wire, text).found if x.kind is d.KV_PRESSURE]
+    assert [(x.model, x.deployment, x.subject) for x in found] == [
+        ("tiny", "tiny-trt", "local/triton-8000")
+    ]
+    # The fleet's default (0.9) would not have raised it: the model's own 0.5 did.
+    assert not diagnose_snapshot(wire, text.replace("kv_pressure_usage = 0.5", "")).found
+
+
 def test_expected_work_raises_no_diagnosis():
     """A stalled engine with a job under way on it (a restart's stop, say) is expected
     work; a loading one is a cold start."""

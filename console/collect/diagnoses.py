@@ -159,13 +159,15 @@ def find(
             continue  # a node not seen: the view says so first; nothing is guessed
         busy = {e for j in snap.jobs if j.state in _OPEN and (e := _job_engine(j))}
         nodes[name] = _Node(name, snap, state.age(), busy)
+    declared = _declared_models(fleet)
     for node in nodes.values():
         for engine in node.snap.engines:
             if engine.state != "ready" or engine.id in node.busy:
                 continue  # loading, stopping, restarting, in a drill: expected work
             for stats in engine.models:
-                found += _engine_wedged(fleet, node, engine, stats, blind)
-                found += _kv_pressure(fleet, node, engine, stats, blind)
+                model = _model_of(declared, engine, stats)
+                found += _engine_wedged(fleet, node, engine, stats, model, blind)
+                found += _kv_pressure(fleet, node, engine, stats, model, blind)
         found += _failed_starts(node)
         found += _slow_starts(fleet, node)
         found += _gpu_faults(node)
@@ -185,6 +187,34 @@ def find(
     return found, blind
 
 
+_DECLARED: dict[int, tuple[Fleet, dict[tuple[str, str], str]]] = {}
+
+
+def _declared_models(fleet: Fleet) -> dict[tuple[str, str], str]:
+    """{(deployment id, the model name its engine reports): the declared model}: a Triton
+    deployment's engine reports its `engine_model` ("ensemble"), not the model's name.
+    Made once per fleet (20,000 deployments at 10,000 nodes)."""
+    kept = _DECLARED.get(id(fleet))
+    if kept is not None and kept[0] is fleet:
+        return kept[1]
+    found = {}
+    for model in fleet.models:
+        for dep in model.deployments:
+            for reported in {model.name, dep.engine_model or model.name}:
+                found[(dep.id, reported)] = model.name
+    _DECLARED.clear()  # one fleet at a time (a console, a check)
+    _DECLARED[id(fleet)] = (fleet, found)
+    return found
+
+
+def _model_of(declared: dict[tuple[str, str], str], engine: Engine, stats: ModelStats) -> str:
+    """The declared model whose figures `stats` are; the reported name where none is."""
+    for dep in engine.deployment_ids:
+        if (model := declared.get((dep, stats.name))) is not None:
+            return model
+    return stats.name
+
+
 def _job_engine(job: Job) -> str | None:
     engine = job.result.get("engine_id") or job.params.get("engine")
     return engine if isinstance(engine, str) else None
@@ -195,7 +225,7 @@ def _num(value: float | None, unit: str = "") -> str:
 
 
 def _engine_wedged(
-    fleet: Fleet, node: _Node, engine: Engine, m: ModelStats, blind: list[CannotTell]
+    fleet: Fleet, node: _Node, engine: Engine, m: ModelStats, model: str, blind: list[CannotTell]
 ) -> list[Diagnosis]:
     if m.requests_running is None and m.requests_waiting is None:
         return []
@@ -206,7 +236,7 @@ def _engine_wedged(
     if m.generation_stalled_s is None:
         blind.append(CannotTell(d.ENGINE_WEDGED.name, subject, "a generated-token counter"))
         return []
-    after = d.limit(fleet, m.name, "wedged_after_s")
+    after = d.limit(fleet, model, "wedged_after_s")
     if m.generation_stalled_s < after:
         return []
     at = node.at(engine)
@@ -226,7 +256,7 @@ def _engine_wedged(
             subject,
             node.name,
             evidence,
-            model=m.name,
+            model=model,
             deployment=",".join(engine.deployment_ids) or None,
             engine=engine.id,
         )
@@ -234,10 +264,10 @@ def _engine_wedged(
 
 
 def _kv_pressure(
-    fleet: Fleet, node: _Node, engine: Engine, m: ModelStats, blind: list[CannotTell]
+    fleet: Fleet, node: _Node, engine: Engine, m: ModelStats, model: str, blind: list[CannotTell]
 ) -> list[Diagnosis]:
     usage = m.kv_cache_usage
-    if usage is None or usage < d.limit(fleet, m.name, "kv_pressure_usage"):
+    if usage is None or usage < d.limit(fleet, model, "kv_pressure_usage"):
         return []
     capacity = (m.requests_waiting_by_reason or {}).get("capacity")
     subject = f"{node.name}/{engine.id}"
@@ -263,7 +293,7 @@ def _kv_pressure(
             subject,
             node.name,
             evidence,
-            model=m.name,
+            model=model,
             deployment=",".join(engine.deployment_ids) or None,
             engine=engine.id,
         )
