@@ -563,3 +563,27 @@ def test_a_hostile_model_name_with_its_own_threshold_breaks_no_rule_and_matches_
         }
     ]
     promtool_test(rules_file, tmp_path, series, tests)
+
+
+def test_a_triton_deployment_reporting_its_engine_model_gets_its_models_threshold(tmp_path):
+    """tiny-trt's engine reports "ens.v1" (its engine_model), not "tiny": the finder maps
+    it back to tiny and the rule matches the name, so tiny's own kv_pressure_usage (0.8)
+    raises 0.85 in both; the fleet's default (0.9) would raise it in neither."""
+    case = Case(engines=[triton(kv_cache_usage=0.85, preemption_rate=1.0)])
+    assert finder(FLEET, case)[0] == {"kv_pressure"}
+    rules_file = tmp_path / "rules.yml"
+    rules_file.write_text(render_rules(FLEET))
+    labels = {"node": "a", "engine": "triton-8000", "kind": "triton", "model": "ens.v1",
+              "fleet_model": "tiny"}  # fmt: skip
+    summary = (
+        "a/triton-8000: KV-cache pressure: ens.v1 uses 0.85 of its KV cache with requests "
+        "preempted or waiting for capacity (kv_pressure_usage 0.8)"
+    )
+    tests = [
+        {
+            "eval_time": "2m",
+            "alertname": RULES["kv_pressure"],
+            "exp_alerts": [expected("kv_pressure", labels, summary)],
+        }
+    ]
+    promtool_test(rules_file, tmp_path, input_series(case), tests)

@@ -20,8 +20,9 @@ the error burst, the gateway's:
 - gpu_fault: an XID, uncorrected ECC errors, a row remapping failed or pending;
 - stale_trt_engine: a declared deployment's TensorRT-LLM engine no longer matches its node.
 
-The finder looks a threshold up by the model name the engine reports; so do the rules: a
-model that sets its own gets a rule matching that name, every other name the fleet's.
+A model that sets its own threshold gets a rule matching the names its engines report (its
+own, and its deployments' `engine_model`, as the finder maps an engine's figures back to
+the declared model); every other name gets the fleet's.
 
 What a rule cannot see: a job under way on an engine (a start, a restart, a drill) is not
 in /metrics, so where the finder waits for an engine's job to end, a rule does not. A
@@ -80,11 +81,17 @@ def _by_model(fleet: Fleet, key: str) -> list[tuple[str, float, dict[str, str]]]
     """(selector, threshold, labels): one for each model that sets `key` in its
     [models.diagnoses], matching the model name the engine reports (as diagnosis.limit
     looks it up), then one for every other name, at the fleet's value or the default."""
-    own = list(dict.fromkeys(m.name for m in fleet.models if getattr(m.diagnoses, key) is not None))
-    out = [
-        (f"{{{one_of('model', [name])}}}", d.limit(fleet, name, key), {"fleet_model": name})
-        for name in own
-    ]
+    out, own = [], []
+    for m in fleet.models:
+        if getattr(m.diagnoses, key) is None:
+            continue
+        # The names its engines report: its own, and its deployments' engine_model (a
+        # Triton deployment's engine reports "ensemble"), as the finder maps them back.
+        names = list(dict.fromkeys([m.name, *(x.engine_model for x in m.deployments
+                                              if x.engine_model)]))  # fmt: skip
+        own += names
+        selector = f"{{{one_of('model', names)}}}"
+        out.append((selector, d.limit(fleet, m.name, key), {"fleet_model": m.name}))
     rest = f"{{{none_of('model', own)}}}" if own else ""
     return [*out, (rest, d.limit(fleet, None, key), {})]
 
