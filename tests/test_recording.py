@@ -339,3 +339,60 @@ def test_what_the_first_view_after_every_node_was_read_raises_was_active_at_star
     writer.close()
     kinds = {e["subject"]: e["kind"] for e in Recording(out).events}
     assert kinds == {"gone": "active", "local": "raised"}
+
+
+def test_a_diagnosis_is_recorded_as_raised_verified_and_resolved_and_the_timeline_says_so(
+    tmp_path,
+):
+    """What the console names goes into the recording as it changes: raised (or active at
+    start), verifying the move made for it, resolved or still there, gone; the timeline
+    lists each with its subject, and hostile text reaches the Markdown only escaped."""
+    from console.collect import timeline
+    from console.collect.collector import NodeState
+    from console.collect.recorder import Recorder
+    from console.core import diagnosis as d
+    from console.core.diagnosis import Diagnosis, Evidence
+
+    out = tmp_path / "diag.rec"
+    writer = RecordingWriter(out, fleet_text="", fleet_source="fleet.toml")
+    recorder = Recorder(writer, refresh_s=0.5, nodes=["local"])
+    recorder.node_updated(NodeState("local", "agent", failures=1, error="timed out"))
+    warm = recorder._warm_at
+    assert warm is not None
+
+    def wedged(state: str = "active", detail: str = "") -> Diagnosis:
+        evidence = [Evidence("no token generated for", "9 s", "engine vllm-8000 on local", 1.0)]
+        where = {"model": "tiny", "deployment": "a", "engine": "vllm-8000"}
+        return Diagnosis(d.ENGINE_WEDGED, "local/vllm-8000", "local", evidence, **where,
+                         state=state, detail=detail)  # type: ignore[arg-type]  # fmt: skip
+
+    hostile = Diagnosis(d.KV_PRESSURE, "local/x|\x1b[31mred", "local",
+                        [Evidence("KV cache", "95%", "engine x", 1.0)])  # fmt: skip
+    steps = [
+        (warm, [wedged()]),  # there as the recording began
+        (warm + 5, [wedged(), hostile]),
+        (warm + 6, [wedged("verifying", "verifying failover (0 s)"), hostile]),
+        (warm + 7, [wedged("verifying", "verifying failover (1 s)"), hostile]),  # no change
+        (warm + 20, [wedged("resolved", "resolved 14 s after failover")]),  # KV gone
+        (warm + 90, []),  # the resolved one is no longer listed: nothing more to say
+    ]
+    for at, found in steps:
+        recorder.diagnoses(found, at)
+    writer.close()
+    rec = Recording(out)
+    said = [(e["kind"], e["subject"], e["severity"]) for e in rec.events]
+    assert said == [
+        ("diagnosis active at start", "local/vllm-8000", "critical"),
+        ("diagnosis raised", "local/x|\x1b[31mred", "warning"),
+        ("diagnosis verifying", "local/vllm-8000", "critical"),
+        ("diagnosis resolved", "local/vllm-8000", "info"),
+        ("diagnosis gone", "local/x|\x1b[31mred", "info"),
+    ]
+    assert rec.events[0]["message"] == (
+        "engine wedged: local/vllm-8000: no token generated for 9 s; first move: failover"
+    )
+    assert rec.events[3]["message"].endswith("[resolved 14 s after failover]")
+    entries = timeline.build(rec)
+    assert [e.kind for e in entries] == [k for k, _, _ in said]
+    text = timeline.markdown(rec, entries, rec.start, rec.end)
+    assert "diagnosis resolved" in text and "\x1b" not in text

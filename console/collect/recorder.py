@@ -1,7 +1,7 @@
 """What goes into a recording: the nodes' snapshots as the collector gets them, the alerts
-the console raises and clears, the gateway's routes, and the operator's actions (jobs on
-the agents, failovers and weight changes in the gateway's audit log), each with who and
-why.
+the console raises and clears, the diagnoses it names (raised, verifying a move, resolved
+or still there), the gateway's routes, and the operator's actions (jobs on the agents,
+failovers and weight changes in the gateway's audit log), each with who and why.
 
 One Recorder serves both `engineroom record` (headless, `record` below) and the console's
 `--record FILE`: the console hands it what it already has, so recording costs the
@@ -21,11 +21,14 @@ from typing import Any
 
 from console.collect.alerts import Event, EventLog
 from console.collect.collector import Collector, NodeState
+from console.collect.diagnoses import Diagnoser
 from console.collect.gateway_client import GatewayClient, GatewayError
 from console.collect.operator_actions import AUDIT_EVERY_S, ActionTracker
 from console.collect.recording_writer import RecordingWriter
 from console.collect.view import ViewBuilder
+from console.core import diagnosis as d
 from console.core.config import Fleet
+from console.core.diagnosis import Diagnosis
 
 
 def open_writer(fleet: Fleet, out: str | Path, by: str, **settings: Any) -> RecordingWriter:
@@ -53,6 +56,8 @@ class Recorder:
         self.actions = ActionTracker()  # how an action reads: the live Events' too
         self._newest_event: Event | None = None
         self._next_audit = 0.0
+        self._diagnosed: dict[tuple[str, str], str] = {}  # each diagnosis's state written
+        self.last_gateway: dict[str, Any] | None = None  # its snapshot, for the diagnoses
 
     def node_updated(self, state: NodeState) -> None:
         """The collector's on_update: the snapshot if it is new, else the status alone."""
@@ -97,7 +102,41 @@ class Recorder:
                  "subject": event.subject, "message": event.message}
             )  # fmt: skip
 
+    def diagnoses(self, found: list[Diagnosis], now: float | None = None) -> None:
+        """Each diagnosis as it is raised, changes state (verifying a move, still there,
+        resolved) and goes: the timeline says what was named, when, with what evidence,
+        and whether the move made for it worked. A diagnosis there before every node was
+        read (and a refresh after) is "active at start", as an alert is."""
+        now = time.time() if now is None else now
+        warm = self._warm_at
+        seen: dict[tuple[str, str], str] = {}
+        for x in found:
+            seen[x.key] = x.state
+            before = self._diagnosed.get(x.key)
+            if before == x.state:
+                continue
+            if before is None:
+                at_start = warm is None or now <= warm + self.refresh_s
+                kind = "diagnosis active at start" if at_start else "diagnosis raised"
+                held = "; ".join(f"{e.figure} {e.value}" for e in x.evidence[:3])
+                first = f"; first move: {x.moves[0]}" if x.moves else ""
+                message = f"{x.headline()}: {held}{first}"
+            else:
+                kind, message = f"diagnosis {x.state}", x.headline()
+            severity = "info" if x.state == "resolved" else x.kind.severity
+            self.writer.event({"t": now, "kind": kind, "severity": severity,
+                               "subject": x.subject, "message": message,
+                               "node": x.node})  # fmt: skip
+        for (name, subject), state in self._diagnosed.items():
+            if (name, subject) not in seen and state != "resolved":
+                title = d.BY_NAME[name].title if name in d.BY_NAME else name
+                gone = {"t": now, "kind": "diagnosis gone", "severity": "info",
+                        "subject": subject, "message": f"{title}: no longer seen"}  # fmt: skip
+                self.writer.event(gone)
+        self._diagnosed = seen
+
     def gateway(self, snap: dict[str, Any]) -> None:
+        self.last_gateway = snap
         self.writer.gateway(snap)
 
     async def from_gateway(self, client: GatewayClient, snap: dict[str, Any] | None) -> None:
@@ -142,6 +181,7 @@ async def record(fleet: Fleet, out: str | Path, for_s: float | None) -> int:
     recorder = Recorder(writer, fleet.fleet.refresh_s, (n.name for n in fleet.nodes))
     collector = Collector(fleet, on_update=recorder.node_updated)
     views, log = ViewBuilder(fleet, hold=True), EventLog()  # alerts held as in the console
+    diagnoser = Diagnoser(fleet)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -159,6 +199,8 @@ async def record(fleet: Fleet, out: str | Path, for_s: float | None) -> int:
                 view = views.build(collector.states, collector.refresh_s, history=collector.history)
                 log.update(view.alerts)
                 recorder.alerts(log)
+                found = diagnoser.update(view, collector.states, recorder.last_gateway)
+                recorder.diagnoses(found)
                 wait = (
                     collector.refresh_s
                     if end is None

@@ -290,6 +290,8 @@ class EngineroomApp(Workflows):
                               self.gateway_error, self.replay_time())  # fmt: skip
         if self.recorder is not None:
             self.recorder.alerts(self.events)
+            if self.diagnoses.looked:
+                self.recorder.diagnoses(self.diagnoses.found, self.diagnoses.now())
         built = time.perf_counter()
         # The timer can fire once more while the app closes, after its screens are gone.
         screen = self.screen_stack[-1] if self.screen_stack else None
