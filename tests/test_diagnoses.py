@@ -325,7 +325,9 @@ def test_an_engine_serving_a_model_under_its_engine_name_is_judged_as_the_declar
     """A Triton deployment's engine reports its `engine_model` ("ensemble"), not the
     model's name: the model's own threshold applies, and the diagnosis names the declared
     model (the failover plan opens for it)."""
-    text = NODE_FLEET + """
+    text = (
+        NODE_FLEET
+        + """
 [[models]]
 name = "tiny"
 diagnoses = { kv_pressure_usage = 0.5 }
@@ -336,6 +338,7 @@ diagnoses = { kv_pressure_usage = 0.5 }
   endpoint = "http://127.0.0.1:8000"
   engine_model = "ensemble"
 """
+    )
     model = WireModelStats(name="ensemble", kv_cache_usage=0.6, preemption_rate=0.5)
     engine = Engine(id="triton-8000", kind="triton", state="ready", models=[model],
                     deployment_ids=["tiny-trt"])  # fmt: skip
@@ -349,6 +352,35 @@ diagnoses = { kv_pressure_usage = 0.5 }
     ]
     # The fleet's default (0.9) would not have raised it: the model's own 0.5 did.
     assert not diagnose_snapshot(wire, text.replace("kv_pressure_usage = 0.5", "")).found
+
+
+def test_a_diagnosis_back_after_it_was_resolved_is_a_new_one_not_the_old_move_failing():
+    """Wedged, failed over, resolved; wedged again later: that is active again (a new
+    incident to look at), not "still there 188 s after failover" (the incident drill
+    bench's second round read so)."""
+    fleet = parse_fleet(NODE_FLEET)
+    diagnoser = Diagnoser(fleet)
+
+    def look(stalled: float, at: float) -> list[Diagnosis]:
+        model = WireModelStats(name="tiny", requests_running=1.0, generation_stalled_s=stalled)
+        engine = Engine(id="vllm-8000", kind="vllm", state="ready", models=[model])
+        wire = Snapshot(
+            node=NodeInfo(name="local", agent_version="t", time=time.time()), host=Host(),
+            gpu_status="ok", engines=[engine],
+        )  # fmt: skip
+        snap = decode_snapshot(wire.model_dump_json())
+        states = {"local": NodeState("local", "agent", snapshot=snap, last_ok=time.monotonic())}
+        return diagnoser.update(build(fleet, states, 1.0), states, None, at)
+
+    t = 1_000_000.0
+    [first] = look(30.0, t)
+    diagnoser.moved(first.key, "failover", t + 1)
+    assert [x.state for x in look(30.0, t + 2)] == ["verifying"]
+    assert [(x.state, x.detail) for x in look(0.0, t + 10)] == [
+        ("resolved", "resolved 9 s after failover")
+    ]
+    [again] = look(30.0, t + 200)
+    assert (again.state, again.detail, again.since) == ("active", "", t + 200)
 
 
 def test_expected_work_raises_no_diagnosis():

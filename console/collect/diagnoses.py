@@ -72,6 +72,12 @@ class Diagnoser:
         found, blind = find(self.fleet, view, states, gateway, now)
         self.cannot_tell = list(dict.fromkeys(blind))
         current = {x.key: x for x in found}
+        for key, move in list(self.moves.items()):
+            if key in current and move.gone_at is not None:
+                # Back after it was resolved: a new incident, not the old move failing
+                # ("still there 188 s after failover" said of a wedge that had cleared).
+                del self.moves[key]
+                self.first_seen.pop(key, None)
         for key in list(self.first_seen):
             if key not in current and key not in self.moves:
                 del self.first_seen[key]
@@ -83,7 +89,6 @@ class Diagnoser:
                 continue  # not held long enough yet
             if (move := self.moves.get(key)) is not None:
                 took = now - move.at
-                move.gone_at = None
                 x.state = "verifying" if took < VERIFY_S else "still there"
                 x.detail = (
                     f"verifying {move.move} ({took:.0f} s)"
