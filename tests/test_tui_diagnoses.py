@@ -36,6 +36,7 @@ from console.tui.screens.diagnoses import DiagnosesScreen, DiagnosisScreen
 from console.tui.screens.failover import FailoverScreen
 from console.tui.screens.models import ModelsScreen
 from console.tui.web import WebViewApp
+from console.tui.widgets.confirm import ConfirmScreen
 from console.tui.widgets.header import FleetHeader
 from console.tui.widgets.safe_static import SafeStatic
 from console.tui.widgets.table import FleetTable
@@ -298,6 +299,48 @@ async def test_a_failover_from_a_diagnosis_verifies_it_once_confirmed(
             assert listed["stale_trt_engine/tiny/tiny-trt"][4].startswith("verifying failover")
     finally:
         stop(gateway.process, grace=5)
+
+
+async def test_r_restarts_a_wedged_engine_once_confirmed_and_a_refused_one_is_no_move() -> None:
+    """The recorded vLLM on cpu-1 with a request in and no token for 30 s: wedged, whose
+    second move is its restart. `r` asks first, naming the engine and its node; `n`
+    leaves everything as it was. Confirmed, the job goes to cpu-1's agent, which does
+    not answer here: no job, so no move to verify, and the diagnosis stays active."""
+    wedged = json.loads(DRILLS.read_text())
+    engine = next(e for e in wedged["engines"] if e["id"] == "vllm-33469")
+    engine["models"][0].update(requests_running=1.0, generation_stalled_s=30.0)
+    fleet = parse_fleet(DRILL_FLEET)
+    snapshots = {"h200": None, "cpu-1": decode_snapshot(json.dumps(wedged)), "gone": None}
+    app = EngineroomApp(fleet, collector=ReplayCollector(fleet, snapshots))
+    key = ("engine_wedged", "cpu-1/vllm-33469")
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: app.diagnoses.get(key), what="the wedged engine")
+        await pilot.press("exclamation_mark")
+        await until(pilot, lambda: "engine_wedged/cpu-1/vllm-33469" in rows(app), what="row")
+        await pilot.press("enter")  # critical: the first row
+        screen = await until(
+            pilot,
+            lambda: app.screen if isinstance(app.screen, DiagnosisScreen) else None,
+            what="the diagnosis",
+        )
+        hint = "r: restart vllm-33469 on cpu-1 (asks first; its agent's job)"
+        await until(pilot, lambda: hint in shown(screen), what="the restart's key")
+        for answer in ("n", "y"):
+            await pilot.press("r")
+            asked = await until(
+                pilot,
+                lambda: app.screen if isinstance(app.screen, ConfirmScreen) else None,
+                what="the confirmation",
+            )
+            assert asked.title_text == "Restart vllm-33469 on cpu-1?"
+            await pilot.press(answer)
+            await until(pilot, lambda: app.screen is screen, what="back on the diagnosis")
+        await until(
+            pilot,
+            lambda: not [w for w in app.workers if w.group == "act"],
+            what="the call to the agent ended",
+        )
+        assert app.diagnoses.get(key).state == "active"  # type: ignore[union-attr]
 
 
 async def test_every_column_shows_at_80_and_the_names_get_the_room_at_200() -> None:

@@ -72,8 +72,8 @@ class Diagnoser:
         found, blind = find(self.fleet, view, states, gateway, now)
         self.cannot_tell = list(dict.fromkeys(blind))
         current = {x.key: x for x in found}
-        for key, move in list(self.moves.items()):
-            if key in current and move.gone_at is not None:
+        for key, was in list(self.moves.items()):
+            if key in current and was.gone_at is not None:
                 # Back after it was resolved: a new incident, not the old move failing
                 # ("still there 188 s after failover" said of a wedge that had cleared).
                 del self.moves[key]

@@ -69,7 +69,14 @@ class RefusingApp(EngineroomApp):
     def start_vllm(self, *args: object, **kwargs: object) -> None:
         self.refuse(ACTING["start_vllm"])
 
-    def stop_engine(self, node: str, engine_id: str, restart: bool = False) -> None:
+    def stop_engine(
+        self,
+        node: str,
+        engine_id: str,
+        restart: bool = False,
+        *,
+        started: Callable[[], object] | None = None,
+    ) -> None:
         self.refuse(ACTING["restart_engine" if restart else "stop_engine"])
 
     def fail_over(

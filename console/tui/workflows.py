@@ -76,10 +76,17 @@ class Workflows(App[int]):
         finally:
             await actions.close()
 
-    async def act(self, node: str, submit: Callable[[AgentActions], Awaitable[Job]]) -> None:
-        """Submit a job to `node`'s agent and open it."""
+    async def act(
+        self,
+        node: str,
+        submit: Callable[[AgentActions], Awaitable[Job]],
+        started: Callable[[], object] | None = None,
+    ) -> None:
+        """Submit a job to `node`'s agent and open it; `started` once the agent took it."""
         job = await self.agent_call(node, submit)
         if job is not None:
+            if started is not None:
+                started()
             self.open_job(node, job.id)
 
     def confirm(self, title: str, body: str, yes: str, then: Callable[[], object]) -> None:
@@ -146,7 +153,16 @@ class Workflows(App[int]):
             lambda: self.run_worker(self.act(node, lambda a: a.drill(name)), group="act"),
         )
 
-    def stop_engine(self, node: str, engine_id: str, restart: bool = False) -> None:
+    def stop_engine(
+        self,
+        node: str,
+        engine_id: str,
+        restart: bool = False,
+        *,
+        started: Callable[[], object] | None = None,
+    ) -> None:
+        """Stop or restart an engine, once confirmed; `started` runs once its agent took
+        the job (a diagnosis verifies the move from then)."""
         reason = self.action_blocked(node)
         if reason:
             self.notify(reason, severity="warning")
@@ -162,7 +178,7 @@ class Workflows(App[int]):
             body,
             f"{verb.lower()} {engine_id}",
             lambda: self.run_worker(
-                self.act(node, lambda a: a.stop(engine_id, restart)), group="act"
+                self.act(node, lambda a: a.stop(engine_id, restart), started), group="act"
             ),
         )
 

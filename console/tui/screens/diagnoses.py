@@ -144,7 +144,10 @@ class DiagnosisScreen(ViewScreen):
     DiagnosisScreen #diagnosis-scroll { height: 1fr; }
     DiagnosisScreen #diagnosis { padding: 0 1; }
     """
-    BINDINGS = [Binding("f", "fail_over", "fail over (plan)", id="fail_over")]
+    BINDINGS = [
+        Binding("f", "fail_over", "fail over (plan)", id="fail_over"),
+        Binding("r", "restart", "restart the engine (confirm)", id="restart_engine"),
+    ]
 
     def __init__(self, key: tuple[str, str]) -> None:
         super().__init__()
@@ -201,7 +204,8 @@ class DiagnosisScreen(ViewScreen):
             t.append(f"  {n}. {d.MOVE_TEXT[move]}\n")
             hint = self.hint(x, move)
             if hint:
-                t.append(f"     {hint}\n", style="cyan" if hint.startswith("f:") else "dim")
+                key = hint.startswith(("f:", "r:"))
+                t.append(f"     {hint}\n", style="cyan" if key else "dim")
         return t
 
     def hint(self, x: Diagnosis, move: d.Move) -> str:
@@ -217,6 +221,10 @@ class DiagnosisScreen(ViewScreen):
             return f"f: the failover plan for {plan[0]}{drain}"
         if move == "failover" and x.node and not x.model:  # a GPU: which model runs there
             return f":node {x.node} shows what runs on it; then f on Models for that model"
+        if move == "restart" and (where := self._restartable(x)) is not None:
+            if self.console.read_only:
+                return "read-only here: restart it from a console that may act"
+            return f"r: restart {where[1]} on {where[0]} (asks first; its agent's job)"
         if move == "standby" and x.model:
             return f":start {x.model} (the Start vLLM form)"
         if move == "drill":
@@ -242,7 +250,28 @@ class DiagnosisScreen(ViewScreen):
         best = rank(model, rows, live or None, [source])
         return model.name, source, best[0].id if best else None
 
+    def _restartable(self, x: Diagnosis | None) -> tuple[str, str] | None:
+        """(node, engine) when restarting its engine is one of the diagnosis's moves."""
+        if x is None or "restart" not in x.moves or not x.node or not x.engine:
+            return None
+        return x.node, x.engine
+
+    def action_restart(self) -> None:
+        x = self.diagnosis
+        where = self._restartable(x)
+        if x is None or where is None:
+            self.notify("no engine to restart for this diagnosis", severity="warning")
+            return
+        key = x.key
+        self.console.stop_engine(
+            *where, restart=True, started=lambda: self.console.diagnoses.moved(key, "restart")
+        )
+
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "restart":
+            if self._restartable(self.diagnosis) is None:
+                return False
+            return None if self.console.read_only else True
         if action == "fail_over":
             x = self.diagnosis
             if x is None or self._failover(x) is None:
