@@ -216,6 +216,16 @@ def show_drill(
     return EXIT_OK
 
 
+def what_if_rows(fleet: Fleet, change: dict[str, Any]) -> tuple[list[dict[str, Any]], list[str]]:
+    """Every agent's answer for the hypothetical node `change`, asked at once (each judges
+    its own TensorRT-LLM engines: console.agent.drill_staleness): the rows, and the
+    problems (an agent that did not answer, or was not asked). `rollout plan --what-if`
+    selects from the same rows."""
+    answers, problems, no_token = asyncio.run(_each_agent(fleet, lambda a: a.what_if(change)))
+    problems += [f"{node}: not asked: {why}" for node, why in no_token.items()]
+    return [row for _, found in answers for row in found], problems
+
+
 def what_if(
     fleet: Fleet, change: dict[str, Any], *, as_json: bool, out: TextIO = sys.stdout
 ) -> int:
@@ -224,9 +234,7 @@ def what_if(
         print("engineroom: what-if needs at least one of --driver, --cuda, --tensorrt, "
               "--tensorrt-llm, --gpu, --compute-capability", file=sys.stderr)  # fmt: skip
         return EXIT_FAILED
-    answers, problems, no_token = asyncio.run(_each_agent(fleet, lambda a: a.what_if(change)))
-    problems += [f"{node}: not asked: {why}" for node, why in no_token.items()]
-    rows = [row for _, found in answers for row in found]
+    rows, problems = what_if_rows(fleet, change)
     if as_json:
         print(json.dumps(rows, indent=2), file=out)
     else:
