@@ -116,8 +116,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def plan_rollout(
-    fleet: Fleet, args: argparse.Namespace, change: dict[str, str], out: TextIO = sys.stdout
+    fleet: Fleet, args: argparse.Namespace, change: dict[str, str], out: TextIO | None = None
 ) -> int:
+    out = out or sys.stdout  # read at the call: a test's captured stdout
     from console.core.rollout import Ask, Refused, UnknownName, check_plan, make_plan, unique
     from console.core.rollout_plan import join_problems, write_plan
 
@@ -250,7 +251,8 @@ def show(plan: Plan, out: TextIO) -> None:
         print("(nothing selected: no waves)", file=out)
 
 
-def check_plan_file(fleet: Fleet, path: str, out: TextIO = sys.stdout) -> int:
+def check_plan_file(fleet: Fleet, path: str, out: TextIO | None = None) -> int:
+    out = out or sys.stdout
     from console.core.rollout import check_plan, counts
     from console.core.rollout_plan import PlanError, join_problems, read_plan
 
