@@ -386,6 +386,33 @@ def test_plan_files_round_trip_with_hostile_names(
     assert code == 0 and "fits" in stdout
 
 
+NAMES = st.text(st.characters(exclude_categories=["Cs"]), max_size=12)  # any text UTF-8 holds
+
+
+@settings(max_examples=200, deadline=None)
+@given(NAMES, NAMES, NAMES, st.dictionaries(NAMES, NAMES, max_size=3))
+def test_any_text_survives_a_plan_file_escaped(
+    fleet: str, profile: str, node: str, what_if
+) -> None:
+    """Quotes, backslashes, newlines, DEL and the rest: each TOML and JSON string stays one
+    value and reads back as it was."""
+    step = {"model": "m", "deployment": "d", "node": node, "engine": "vllm"}
+    plan = Plan.model_validate(
+        {
+            "fleet": fleet,
+            "fleet_digest": "sha256:" + "0" * 64,
+            "operation": "profile",
+            "profile": profile,
+            "max_unavailable": 1,
+            "canary": 1,
+            "selection": {"what_if": what_if, "models": [fleet]},
+            "waves": [{"steps": [{**step, "operation": "profile", "profile": profile}]}],
+        }
+    )
+    assert parse_plan(to_toml(plan), Path("p.toml")) == plan
+    assert parse_plan(to_json(plan), Path("p.json")) == plan
+
+
 # -- plan files read back ---------------------------------------------------------------
 
 
@@ -700,3 +727,7 @@ def test_what_if_with_an_agent_that_does_not_answer_plans_nothing(
         str(fleet_file),
     )
     assert code == 2 and "go with --what-if" in err
+    code, _, err = run(capsys, "plan", "--restart", "--what-if", "--driver", "5\x1b[2J",
+                       "--fleet", str(fleet_file))  # fmt: skip
+    assert code == 2 and "--driver: wants a version without control characters" in err
+    assert "\x1b" not in err

@@ -27,7 +27,7 @@ from console.commands.base import (
 )
 from console.commands.drill import WHAT_IF_FLAGS
 from console.core.rollout_plan import DEFAULT_TOLERANCE
-from console.core.safetext import say
+from console.core.safetext import clean, say
 
 if TYPE_CHECKING:
     from console.core.config import Fleet
@@ -102,6 +102,11 @@ def run(args: argparse.Namespace) -> int:
         for key in (f.replace("-", "_") for f in WHAT_IF_FLAGS)
         if getattr(args, key) is not None
     }
+    for key, value in change.items():  # they go into the plan file, and to every agent
+        if not clean(value):
+            say(f"engineroom: rollout plan: --{key.replace('_', '-')}: wants a version "
+                f"without control characters; got {value!r}", sys.stderr)  # fmt: skip
+            return EXIT_USAGE
     if change and not args.what_if:
         say("engineroom: rollout plan: --driver, --gpu and the like go with --what-if", sys.stderr)
         return EXIT_USAGE
