@@ -158,9 +158,11 @@ def main() -> None:
                 lines.append(row)
     lines += [
         "",
-        "waves: a model's deployments one canary wave, then max_unavailable (K) at a time,",
-        "models side by side; a model with a standby takes one wave more (its start). The",
-        "waves are the largest model's (16 deployments: 16 at K 1, 1 + 8 at K 2, +1 standby).",
+        "waves: a model's canary wave, then max_unavailable (K) of its deployments at a time,",
+        "the models side by side, so the plan has as many waves as its longest model: 16",
+        "deployments, 16 waves at K 1 and 1 + 8 at K 2. A model with a standby takes one wave",
+        "more (the standby's start); here those have 2 deployments. plan ms is make_plan on",
+        "the parsed fleet; parse fleet ms is reading fleet.toml (once, before it).",
     ]
     if not args.no_write:
         OUT.write_text("\n".join(lines) + "\n")
