@@ -83,6 +83,7 @@ served_model_name = "tiny"
 port = {port}
 command = ["{python}", "-m", "vllm.entrypoints.openai.api_server"]
 args = {{ host = "127.0.0.1", optimization_level = 0 }}
+env = {{ VLLM_CPU_KVCACHE_SPACE = "1" }}  # 1 GiB, as the tests' vLLMs (the default took 12)
 ready_timeout_s = 600
 """
 
@@ -110,9 +111,17 @@ class Agent:
         return next(e["id"] for e in snap["engines"] if deployment in e["deployment_ids"])
 
 
+def say(line: str) -> None:
+    """Progress on stderr, as the run goes (the figures come at its end, on stdout)."""
+    print(f"{time.strftime('%H:%M:%S')} {line}", file=sys.stderr, flush=True)
+
+
 def gateway_job(gw: str, body: dict) -> dict:
     headers = {"Authorization": f"Bearer {ADMIN}"}
-    job = httpx.post(gw + "/admin/failover", json=body, headers=headers, timeout=30).json()
+    resp = httpx.post(gw + "/admin/failover", json=body, headers=headers, timeout=30)
+    if resp.status_code != 202:
+        return {"state": f"refused: HTTP {resp.status_code} {resp.text[:300]}"}
+    job = resp.json()
     return servers.wait_until(
         lambda: (
             j if (j := httpx.get(f"{gw}/admin/jobs/{job['id']}", headers=headers,
@@ -196,17 +205,21 @@ def main() -> int:
             for name in ("a", "b"):
                 job = agent.job({"kind": "vllm.start", "profile": name})
                 events.append(f"cold start {name}: {job['state']}")
+                say(events[-1])
             load = Load(gw).start()
             end = began + minutes * 60
             at = lambda f: began + f * (end - began)  # noqa: E731
             servers.wait_until(lambda: time.monotonic() >= at(0.3), 3600, interval=1, what="t1")
             job = gateway_job(gw, {"model": "tiny", "to": "b", "mode": "planned"})
-            events.append(f"planned failover to b: {job['state']}")
-            back = gateway_job(gw, {"model": "tiny", "restore_before": job["id"]})
+            events.append(f"planned failover to b: {job['state']} {job.get('error') or ''}")
+            say(events[-1])
+            back = gateway_job(gw, {"model": "tiny", "restore_before": job.get("id")})
             events.append(f"restored the weights from before it: {back['state']}")
+            say(events[-1])
             servers.wait_until(lambda: time.monotonic() >= at(0.6), 3600, interval=1, what="t2")
             job = agent.job({"kind": "engine.restart", "engine": agent.engine_of("a")})
             events.append(f"restart of a (a cold start): {job['state']}")
+            say(events[-1])
             servers.wait_until(lambda: time.monotonic() >= end, 3600, interval=1, what="end")
         finally:
             if looker is not None:
