@@ -335,11 +335,12 @@ class EngineJobs:
             # A cancel cannot stop the thread: let it finish, so the engine it starts is
             # one the cancel (self.cancelled) finds and stops, not one left running.
             with contextlib.suppress(Exception):
-                await spawning
+                self.supervisor.track(await spawning)
             raise
         except OSError as exc:
             step.detail = str(exc)
             raise StepFailed(f"spawn: {exc}") from None
+        self.supervisor.track(managed)  # here, on the loop: the thread touched no shared dict
         self._track(managed)
         ctx.end(step, f"session leader pid {managed.pgid}; log {managed.log_path}")
         await self._load(ctx, managed, profile.ready_timeout_s, profile.stop_grace_s)

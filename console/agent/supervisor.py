@@ -114,7 +114,9 @@ class Supervisor:
         served_model_name: str,
         job_id: str,
     ) -> Managed:
-        """Start `launch.argv` under the log capper, in a new session. Never via a shell."""
+        """Start `launch.argv` under the log capper, in a new session. Never via a shell.
+        Safe in a worker thread: it touches no shared state; the caller, on the event loop,
+        hands the result to `track` (`engines` is read there without a lock)."""
         where = self.root / engine_id
         where.mkdir(parents=True, exist_ok=True)
         for stale in ("status.json", "status.tmp"):
@@ -176,8 +178,11 @@ class Supervisor:
                 os.killpg(process.pid, signal.SIGKILL)
             process.wait()
             raise
-        self.engines[engine_id] = managed
         return managed
+
+    def track(self, managed: Managed) -> None:
+        """Count `managed` among this agent's engines (on the event loop only)."""
+        self.engines[managed.engine_id] = managed
 
     def adopt(self) -> tuple[list[Managed], list[tuple[str, dict[str, Any]]]]:
         """Read the engine records a previous agent left: (still running, gone with status)."""
