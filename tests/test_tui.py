@@ -66,7 +66,16 @@ async def test_enter_on_a_node_opens_it_with_its_gpus_and_processes():
 async def test_the_fleet_view_says_which_node_is_down_and_why():
     app = recorded_app()
     async with app.run_test(size=SIZE) as pilot:
-        await pilot.pause(0.3)
+        # The first view drawn: the table has the node's row and the header its count.
+        await until(
+            pilot,
+            lambda: (
+                app.screen.query(FleetHeader)
+                and "down" in header_text(app)
+                and "gone" in app.screen.query_one(FleetTable).rows_by_key
+            ),
+            what="the fleet view with the down node",
+        )
         nodes = app.screen.query_one(FleetTable)
         row = nodes.rows_by_key["gone"]
         assert row.fields["status"] == "down"
@@ -155,7 +164,13 @@ async def test_prod_is_red_and_read_only_by_default():
 
 async def test_the_ui_answers_keys_while_a_node_hangs(tmp_path):
     # A real agent URL that accepts connections and never answers.
-    server = await asyncio.start_server(lambda r, w: asyncio.sleep(3600), "127.0.0.1", 0)
+    accepted: list[asyncio.StreamWriter] = []
+
+    def hang(r: asyncio.StreamReader, w: asyncio.StreamWriter):
+        accepted.append(w)
+        return asyncio.sleep(3600)
+
+    server = await asyncio.start_server(hang, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
     os.environ["T_HUNG"] = "token-0123456789"
     fleet = parse_fleet(f"""
@@ -170,7 +185,8 @@ token_env = "T_HUNG"
     # The poll's timeout is long enough that a UI answering keys is never in a race with it.
     app = EngineroomApp(fleet, collector=Collector(fleet, on_update=None, timeout_s=12))
     async with app.run_test(size=SIZE) as pilot:
-        await pilot.pause(0.5)  # the first poll now waits on the hung node, for up to 12 s
+        # The first poll has reached the hung node and now waits on it, for up to 12 s.
+        await until(pilot, lambda: accepted, timeout=10, what="the poll's connection")
         for key, screen in (
             ("m", ModelsScreen),
             ("g", GpusScreen),
