@@ -152,7 +152,10 @@ async def test_read_only_and_viewer_tokens_disable_actions_visibly(setup):
                 what=f"the node screen to say {reason!r}",
             )
             await pilot.press("s")
-            await pilot.pause(0.3)
+            # Nothing to wait for: an enabled key would push the form in its own handler
+            # (console/tui/workflows.py start_vllm), so it would be on top once the key's
+            # messages are handled.
+            await pilot.pause()
             assert isinstance(app.screen, NodeScreen), "the form opened anyway"
             assert app.screen.check_action("start_vllm", ()) is None  # shown, dimmed
 
