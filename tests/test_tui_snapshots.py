@@ -6,7 +6,10 @@ and look at the report before committing.
 
 from __future__ import annotations
 
-from tests.tui_support import FLEET, keys, recorded_app
+from console.tui.screens.base import ViewScreen
+from console.tui.widgets.header import FleetHeader
+from console.tui.widgets.table import FleetTable
+from tests.tui_support import FLEET, keys, recorded_app, until
 
 SIZE = (100, 30)
 
@@ -22,12 +25,31 @@ RECORDED_GATEWAY = {
 }
 
 
+def drawn(app, typed: str = "", before: object = None) -> bool:
+    """The screen on top has drawn the view: a screen other than `before` when a command
+    was typed, its header naming it (and the filter typed), every table with its rows."""
+    screen = app.screen
+    if not isinstance(screen, ViewScreen) or not screen.is_mounted:
+        return False
+    if typed.startswith(":") and screen is before:
+        return False
+    headers = screen.query(FleetHeader)
+    line = str(headers.first().render()) if headers else ""
+    if screen.where not in line or (typed.startswith("/") and typed.strip() not in line):
+        return False
+    tables = screen.query(FleetTable)
+    return bool(tables) and all(t.row_count for t in tables)
+
+
 def views(*typed: str):
     async def run_before(pilot) -> None:
-        await pilot.pause(0.3)
+        app = pilot.app
+        await until(pilot, lambda: drawn(app), what="the first screen drawn")
         for text in typed:
+            before = app.screen
             await pilot.press(*keys(text))
-            await pilot.pause(0.3)
+            await until(pilot, lambda t=text, b=before: drawn(app, t, b), what=f"{text!r} drawn")
+        await pilot.pause()
 
     return run_before
 
