@@ -5,6 +5,7 @@ line, and an engine that does not count tokens, which cannot tell instead of gue
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -36,14 +37,16 @@ from tests.engines.servers import (
     VllmServer,
     free_port,
     free_ports,
+    send_traffic_triton,
     send_traffic_vllm,
     start_vllm,
     stop,
     vllm_python,
     wait_until,
 )
+from tests.engines.triton_repo import write_repo
 from tests.nvml_double import FakeGpu, FakeNvml
-from tests.test_agent_real_engines import fleet_text
+from tests.test_agent_real_engines import by_deployment, fleet_text
 from tests.test_dataplane_router import hold_streams
 from tests.test_gateway import ADMIN, start_gateway
 
@@ -159,6 +162,68 @@ def test_a_wedged_vllm_is_named_with_its_evidence_and_verified_once_it_generates
     )
     assert resolved.detail.startswith("resolved ") and resolved.detail.endswith("after restart")
     sender.join(300)
+
+
+@pytest.mark.engines
+def test_a_triton_model_that_blocks_is_a_triton_stall_resolved_once_it_answers(
+    agent_factory, engine_launcher, tmp_path: Path, monkeypatch
+):
+    """Real Triton, one model instance that takes 20 s a request (the Python-backend TEST
+    DOUBLE of the ensemble, one token a second): a second request waits in Triton's queue
+    while nothing finishes. Triton still answers its health checks. Named on its engine,
+    failover first; once the first request finishes and nothing is queued, resolved."""
+    repo = write_repo(tmp_path / "repo", "ensemble", token_delay_ms=1000, instances=1)
+    triton = engine_launcher.triton(repo)
+    text = fleet_text(triton=triton) + "[diagnoses]\ntriton_stall_after_s = 3\n"
+    agent = agent_over(agent_factory, text, monkeypatch)
+    engine = wait_until(
+        lambda: (
+            by_deployment(agent).get("tiny-trt", {}).get("state") == "ready"
+            and by_deployment(agent)["tiny-trt"]
+        ),
+        30,
+        what="Triton ready in the snapshot",
+    )
+    diagnoser = Diagnoser(load_fleet(agent.fleet))
+    assert look(agent.fleet, diagnoser) == []  # at rest: nothing
+
+    def ask() -> None:
+        with contextlib.suppress(httpx.HTTPError):  # the server stops at teardown
+            send_traffic_triton(triton.base_url, "ensemble", 1, False, 20, timeout=120)
+
+    for _ in range(2):  # one runs in the model's one instance; the other waits in the queue
+        threading.Thread(target=ask, daemon=True).start()
+    queued = time.monotonic()
+
+    def stalled() -> Diagnosis | None:
+        return next((x for x in look(agent.fleet, diagnoser) if x.kind is d.TRITON_STALL), None)
+
+    found = wait_until(stalled, 60, interval=0.5, what="Triton stall diagnosed")
+    print(f"Triton stall: diagnosed {time.monotonic() - queued:.1f} s after a request queued")
+    assert found.subject == f"local/{engine['id']}" and found.engine == engine["id"]
+    assert found.moves[0] == "failover" and found.deployment == "tiny-trt"
+    shown = {e.figure: e.value for e in found.evidence}
+    assert shown["requests pending"] == "1", shown
+    assert shown["health"].startswith("ready"), shown  # Triton still answers
+    out = run_cli(
+        "diagnose", "--fleet", str(agent.fleet), "--json",
+        env=agent_env(**{NODE_TOKEN: OPERATOR_TOKEN}),
+    )  # fmt: skip
+    assert out.returncode == 1, out.stderr
+    assert "triton_stall" in [x["name"] for x in json.loads(out.stdout)["diagnoses"]]
+    diagnoser.moved(found.key, "failover")
+    # The first request finishes at 20 s; the second runs and nothing is queued.
+    resolved = wait_until(
+        lambda: next(
+            (x for x in look(agent.fleet, diagnoser)
+             if x.key == found.key and x.state == "resolved"),
+            None,
+        ),
+        60,
+        interval=0.5,
+        what="the Triton stall resolved once a request finished",
+    )  # fmt: skip
+    assert resolved.detail.endswith("after failover"), resolved.detail
 
 
 @pytest.mark.engines
@@ -306,18 +371,24 @@ def test_an_xid_and_uncorrected_ecc_read_through_nvml_are_gpu_faults_with_their_
 
 
 def test_an_engine_that_counts_no_tokens_cannot_tell_if_it_is_wedged():
-    """Triton (recorded answers): requests in, no token counter. Never 'wedged', and never
-    silent: 'cannot tell: needs a generated-token counter'."""
+    """trtllm-serve before 1.3 counts no tokens: requests in, never 'wedged', and never
+    silent: 'cannot tell: needs a generated-token counter'. Triton counts none either; it is
+    judged by its finished requests instead (the Triton stall), and where even those are
+    unknown it says so."""
     model = WireModelStats(name="ensemble", requests_running=3.0, requests_waiting=1.0)
-    engine = Engine(id="triton-8000", kind="triton", state="ready", models=[model])
+    engines = [
+        Engine(id="triton-8000", kind="triton", state="ready", models=[model]),
+        Engine(id="trtllm-8001", kind="trtllm", state="ready", models=[model]),
+    ]
     wire = Snapshot(
         node=NodeInfo(name="local", agent_version="t", time=0.0), host=Host(),
-        gpu_status="ok", engines=[engine],
+        gpu_status="ok", engines=engines,
     )  # fmt: skip
     out = diagnose_snapshot(wire)
     assert out.found == []
     assert [(c.name, c.subject, c.needs) for c in out.cannot_tell] == [
-        ("engine_wedged", "local/triton-8000", "a generated-token counter")
+        ("triton_stall", "local/triton-8000", "a finished-request counter"),
+        ("engine_wedged", "local/trtllm-8001", "a generated-token counter"),
     ]
 
 

@@ -198,6 +198,30 @@ def test_triton_cannot_tell_tokens_preemptions_reasons_or_prefix_cache():
         assert getattr(window, figure) is None, figure  # ...and these stay unknown
 
 
+def test_a_triton_model_with_requests_pending_and_none_finishing_has_stalled():
+    """What the Triton-stall diagnosis reads (recorded answers of Triton 2.51.0): two
+    requests pending while the success counter stays put: stalled 14 s at 14 s (back to the
+    reading where nothing was in); one more
+    success and it is 0 again. Tokens stay unknown (Triton counts none)."""
+    stats = json.loads((FIXTURES / "triton-2.51.0.stats.json").read_text())
+    text = (FIXTURES / "triton-2.51.0.metrics.txt").read_text()
+    pending = text.replace(
+        'nv_inference_pending_request_count{model="ensemble",version="1"} 0',
+        'nv_inference_pending_request_count{model="ensemble",version="1"} 2',
+    )
+    assert pending != text
+    [idle] = read_models(["ensemble"], stats, text, frozenset({"ensemble"}))
+    [stuck] = read_models(["ensemble"], stats, pending, frozenset({"ensemble"}))
+    assert stuck.requests_waiting == 2
+    readings = [(0.0, idle), (2.0, stuck), (6.0, stuck), (14.0, stuck)]
+    window = window_over(readings)
+    assert window.completion_stalled_s == 14.0 and window.generation_stalled_s is None
+    stats["model_stats"][0]["inference_stats"]["success"]["count"] += 1
+    [moved] = read_models(["ensemble"], stats, pending, frozenset({"ensemble"}))
+    assert window_over([*readings, (16.0, moved)]).completion_stalled_s == 0.0
+    assert window_over([(0.0, idle), (30.0, idle)]).completion_stalled_s == 0.0  # idle
+
+
 def test_trtllm_serve_generation_tokens_and_a_counter_reset():
     text = (FIXTURES / "trtllm-serve-1.3-style.prometheus.txt").read_text()
     [first] = prometheus_models(text, ["llama"])

@@ -75,6 +75,7 @@ FLEET = parse_fleet(FLEET_TEXT)
 # The rule of each class PromQL can tell, named after the class (alertrules' spelling).
 RULES = {
     "engine_wedged": "EngineroomDiagnosisEngineWedged",
+    "triton_stall": "EngineroomDiagnosisTritonStall",
     "kv_pressure": "EngineroomDiagnosisKvPressure",
     "error_burst": "EngineroomDiagnosisErrorBurst",
     "gpu_fault": "EngineroomDiagnosisGpuFault",
@@ -106,6 +107,15 @@ def wedged(value: float, after: float = 10) -> tuple[str, dict[str, str], float,
         f"with requests in (wedged_after_s {after:g})"
     )
     return ("engine_wedged", VLLM, value, summary)
+
+
+def stall(value: float) -> tuple[str, dict[str, str], float, str]:
+    summary = (
+        f"a/triton-8000: Triton stall: ens.v1 finished no request for {go_number(value)} s "
+        "with requests queued (triton_stall_after_s 20)"
+    )
+    labels = {"node": "a", "engine": "triton-8000", "kind": "triton", "model": "ens.v1"}
+    return ("triton_stall", labels, value, summary)
 
 
 def kv(value: float, at: float = 0.8) -> tuple[str, dict[str, str], float, str]:
@@ -195,9 +205,30 @@ CASES = {
             triton(),
         ],
     ),
-    "a Triton with requests in counts no tokens: cannot tell, no rule fires": Case(
+    "a Triton with requests queued and no finished-request count: cannot tell": Case(
         engines=[vllm(), standby(), triton(requests_running=2, requests_waiting=4)],
-        cannot_tell={"engine_wedged"},
+        cannot_tell={"triton_stall"},
+    ),
+    "a Triton with requests queued and none finished for 25 s: Triton stall": Case(
+        engines=[vllm(), standby(), triton(requests_waiting=4, completion_stalled_s=25.0)],
+        fires=[stall(25)],
+    ),
+    "a Triton with requests queued, none finished for 19.9 s: not yet": Case(
+        engines=[vllm(), standby(), triton(requests_waiting=4, completion_stalled_s=19.9)],
+    ),
+    "a Triton stalled with nothing queued: quiet": Case(
+        engines=[
+            vllm(),
+            standby(),
+            triton(requests_running=1, requests_waiting=0, completion_stalled_s=60.0),
+        ],
+    ),
+    "a vLLM with requests waiting and none finished: the wedge decides, not the stall": Case(
+        engines=[
+            vllm(requests_waiting=3, completion_stalled_s=60.0, generation_stalled_s=0.0),
+            standby(),
+            triton(),
+        ],
     ),
     "KV at the model's 0.8 with preemptions: pressure": Case(
         engines=[vllm(kv_cache_usage=0.8, preemption_rate=0.5), standby(), triton()],

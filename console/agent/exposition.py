@@ -54,6 +54,11 @@ MODEL_FIELDS = (
         "engineroom_model_generation_stalled_seconds",
         "seconds requests have been in with no token generated (as far back as the window)",
     ),
+    (
+        "completion_stalled_s",
+        "engineroom_model_completion_stalled_seconds",
+        "seconds requests have been in with no request finished (as far back as the window)",
+    ),
 )
 LATENCY_STATS = (("p50", "p50"), ("p95", "p95"), ("p99", "p99"), ("mean", "mean"))
 STATES = ("ready", "loading", "unhealthy", "down")

@@ -50,6 +50,7 @@ _ENGINE_FIGURES = (
     "requests_waiting_by_reason",
     "prefix_cache_hit_rate",
     "generation_stalled_s",
+    "completion_stalled_s",
 )
 
 

@@ -171,7 +171,10 @@ def find(
                 continue  # loading, stopping, restarting, in a drill: expected work
             for stats in engine.models:
                 model = _model_of(declared, engine, stats)
-                found += _engine_wedged(fleet, node, engine, stats, model, blind)
+                if engine.kind == "triton":
+                    found += _triton_stall(fleet, node, engine, stats, model, blind)
+                else:
+                    found += _engine_wedged(fleet, node, engine, stats, model, blind)
                 found += _kv_pressure(fleet, node, engine, stats, model, blind)
         found += _failed_starts(node)
         found += _slow_starts(fleet, node)
@@ -258,6 +261,44 @@ def _engine_wedged(
     return [
         Diagnosis(
             d.ENGINE_WEDGED,
+            subject,
+            node.name,
+            evidence,
+            model=model,
+            deployment=",".join(engine.deployment_ids) or None,
+            engine=engine.id,
+        )
+    ]
+
+
+def _triton_stall(
+    fleet: Fleet, node: _Node, engine: Engine, m: ModelStats, model: str, blind: list[CannotTell]
+) -> list[Diagnosis]:
+    """Triton counts no tokens, but it counts finished requests: requests queued (pending)
+    with that count flat. A model whose instances all block leaves the rest pending."""
+    if not m.requests_waiting:  # None (unknown) or 0: nothing queued
+        return []
+    subject = f"{node.name}/{engine.id}"
+    if m.completion_stalled_s is None:
+        blind.append(CannotTell(d.TRITON_STALL.name, subject, "a finished-request counter"))
+        return []
+    after = d.limit(fleet, model, "triton_stall_after_s")
+    if m.completion_stalled_s < after:
+        return []
+    at = node.at(engine)
+    evidence = [
+        Evidence(
+            "no request finished for", duration_from_seconds(m.completion_stalled_s), at, node.age
+        ),
+        Evidence("requests pending", _num(m.requests_waiting), at, node.age),
+        Evidence("requests running", _num(m.requests_running), at, node.age),
+        Evidence(
+            "health", f"{engine.state}, answered in {_num(engine.probe_ms, ' ms')}", at, node.age
+        ),
+    ]
+    return [
+        Diagnosis(
+            d.TRITON_STALL,
             subject,
             node.name,
             evidence,

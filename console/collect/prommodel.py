@@ -77,6 +77,7 @@ def _stats(name: str, r: dict[str, float | None], latency: dict[str, Percentiles
         generation_tokens_rate=r.get("generation_tokens_rate"),
         preemption_rate=r.get("preemption_rate"),
         generation_stalled_s=r.get("generation_stalled_s"),
+        completion_stalled_s=r.get("completion_stalled_s"),
         prefix_cache_hit_rate=r.get("prefix_cache_hit_rate"),
         requests_waiting_by_reason=_by_reason(r),
         latency=Latency(**latency),

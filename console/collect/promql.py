@@ -55,6 +55,7 @@ AGENT_MODEL = {
     "engineroom_model_preemption_rate": "preemption_rate",
     "engineroom_model_prefix_cache_hit_ratio": "prefix_cache_hit_rate",
     "engineroom_model_generation_stalled_seconds": "generation_stalled_s",
+    "engineroom_model_completion_stalled_seconds": "completion_stalled_s",
 }
 # Read with the model figures (one query): waiting requests by `reason`, and the engine's
 # API server CPU (no `model` label).

@@ -10,6 +10,8 @@ the error burst, the gateway's:
 
 - engine_wedged: `engineroom_model_generation_stalled_seconds` at or over wedged_after_s
   with requests running or waiting, on a ready engine;
+- triton_stall: `engineroom_model_completion_stalled_seconds` at or over
+  triton_stall_after_s with requests pending, on a ready Triton;
 - kv_pressure: `engineroom_model_kv_cache_usage_ratio` at or over kv_pressure_usage with
   `engineroom_model_preemption_rate` > 0 or requests waiting for capacity
   (`engineroom_model_requests_waiting_by_reason{reason="capacity"}`), on a ready engine;
@@ -115,6 +117,22 @@ def engine_wedged(fleet: Fleet) -> list[Rule]:
     return out
 
 
+def triton_stall(fleet: Fleet) -> list[Rule]:
+    defn, out = d.TRITON_STALL, []
+    queued = f'{SAME} engineroom_model_requests_waiting{{kind="triton"}} > 0'
+    for selector, after, labels in _by_model(fleet, "triton_stall_after_s"):
+        expr = (
+            f"engineroom_model_completion_stalled_seconds{selector} >= {num(after)} "
+            f"and {queued} and {READY}"
+        )
+        summary = (
+            f"{ENGINE}: {defn.title}: {{{{ $labels.model }}}} finished no request for "
+            f"{{{{ $value }}}} s with requests queued (triton_stall_after_s {num(after)})"
+        )
+        out.append(_rule(defn, expr, summary, labels))
+    return out
+
+
 def kv_pressure(fleet: Fleet) -> list[Rule]:
     defn, out = d.KV_PRESSURE, []
     pressed = (
@@ -194,6 +212,7 @@ def diagnosis_rules(fleet: Fleet) -> list[Rule]:
     """The rules of the classes PromQL can tell (diagnosis.DiagnosisDef.in_rules)."""
     return [
         *engine_wedged(fleet),
+        *triton_stall(fleet),
         *kv_pressure(fleet),
         *error_burst(fleet),
         *gpu_fault(),

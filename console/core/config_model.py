@@ -183,6 +183,7 @@ class DiagnosisLimits(_Strict):
     console/core/diagnosis.py (docs/diagnoses.md gives each)."""
 
     wedged_after_s: Annotated[float, Field(gt=0, le=3600)] | None = None
+    triton_stall_after_s: Annotated[float, Field(gt=0, le=3600)] | None = None
     kv_pressure_usage: Annotated[float, Field(gt=0, le=1)] | None = None
     saturated_gap_times: Annotated[float, Field(ge=1.5, le=1000)] | None = None
     saturated_cpu_pct: Annotated[float, Field(gt=0, le=100)] | None = None

@@ -40,6 +40,9 @@ DEFAULTS: dict[str, float] = {
     # agent's default 2 s, and a held prefill still passes (a long prompt's first token
     # comes in well under this on any GPU engine).
     "wedged_after_s": 6.0,
+    # Requests queued in Triton and none finished for this long. Longer than a wedge's: a
+    # request finishes only at its last token, and a long generation is no stall.
+    "triton_stall_after_s": 20.0,
     "kv_pressure_usage": 0.9,  # with preemptions, or requests waiting for capacity
     "saturated_gap_times": 3.0,  # the gateway's TTFT p95 over the engine's
     "saturated_cpu_pct": 90.0,  # the API server's process, of one core
@@ -82,6 +85,16 @@ ENGINE_WEDGED = DiagnosisDef(
     "engine",
     "requests are in but no token was generated for wedged_after_s; the engine still answers",
     "generated tokens rising again; no request running or waiting",
+    ("failover", "restart"),
+)
+TRITON_STALL = DiagnosisDef(
+    "triton_stall",
+    "Triton stall",
+    "critical",
+    "engine",
+    "requests wait in Triton's queue and none finished for triton_stall_after_s; Triton "
+    "still answers",
+    "the success count rising again; nothing pending",
     ("failover", "restart"),
 )
 KV_PRESSURE = DiagnosisDef(
@@ -174,6 +187,7 @@ STALE_TRT = DiagnosisDef(
 
 ALL: tuple[DiagnosisDef, ...] = (
     ENGINE_WEDGED,
+    TRITON_STALL,
     KV_PRESSURE,
     API_SERVER_SATURATED,
     START_FAILED,

@@ -122,6 +122,7 @@ class ModelStats(_Struct, kw_only=True):
     generation_tokens_rate: float | None = None
     preemption_rate: float | None = None
     generation_stalled_s: float | None = None
+    completion_stalled_s: float | None = None
     prefix_cache_hit_rate: float | None = None
     requests_waiting_by_reason: dict[str, float] | None = None
     latency: Latency = msgspec.field(default_factory=Latency)

@@ -117,7 +117,8 @@ class ModelWindow:
             value = delta(key)
             if value is not None and span > 0:
                 setattr(stats, attr, value / span)
-        stats.generation_stalled_s = self._generation_stalled_s()
+        stats.generation_stalled_s = self._stalled_s("generation_tokens")
+        stats.completion_stalled_s = self._stalled_s("requests")
         hits, queries = delta("prefix_cache_hits"), delta("prefix_cache_queries")
         if hits is not None and queries is not None and queries > 0:  # never 0/0
             stats.prefix_cache_hit_rate = min(1.0, hits / queries)
@@ -126,20 +127,22 @@ class ModelWindow:
         )
         return stats
 
-    def _generation_stalled_s(self) -> float | None:
-        """Seconds that requests have been in (running or waiting) with no token generated:
-        back to the newest reading where the token counter rose or nothing was in, as far
-        as the window sees. 0 with nothing in now. An engine that was idle and just got a
-        request has stalled one scrape at most, not its whole idle time. None without a
-        token counter: an engine that does not count tokens is never said to stall."""
+    def _stalled_s(self, counter: str) -> float | None:
+        """Seconds that requests have been in (running or waiting) with `counter` flat:
+        back to the newest reading where it rose or nothing was in, as far as the window
+        sees. 0 with nothing in now. An engine that was idle and just got a request has
+        stalled one scrape at most, not its whole idle time. None where the engine does not
+        export the counter: an engine that does not count is never said to stall.
+        "generation_tokens": no token generated (a wedged engine); "requests": no request
+        finished (a stalled Triton model)."""
         readings = self._readings
         t_new, new = readings[-1]
-        if "generation_tokens" not in new.counters:
+        if counter not in new.counters:
             return None
         for i in range(len(readings) - 1, 0, -1):
             t, reading = readings[i]
-            now = reading.counters.get("generation_tokens")
-            before = readings[i - 1][1].counters.get("generation_tokens")
+            now = reading.counters.get(counter)
+            before = readings[i - 1][1].counters.get(counter)
             if now is None or before is None or now > before or not _inside(reading):
                 return round(t_new - t, 3)
         return round(t_new - readings[0][0], 3)

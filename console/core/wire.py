@@ -126,6 +126,12 @@ class ModelStats(_Wire):
         "generated, as far back as the agent's window sees; 0 with nothing in; null where "
         "the engine counts no tokens",
     )
+    completion_stalled_s: float | None = Field(
+        default=None,
+        description="seconds that requests have been in (running or waiting) with no request "
+        "finished, as far back as the agent's window sees; 0 with nothing in; null where the "
+        "engine counts no finished requests",
+    )
     prefix_cache_hit_rate: float | None = Field(
         default=None,
         description="prefix-cache hits / queries (tokens) over the window, 0..1; "
