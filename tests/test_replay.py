@@ -19,8 +19,11 @@ from console.collect.recording import Recording
 from console.collect.recording_writer import RecordingWriter
 from console.collect.replay import ReplayCollector, fleet_of
 from console.tui.replay import ReplayApp
+from console.tui.screens.base import ViewScreen
+from console.tui.widgets.header import FleetHeader
 from console.tui.widgets.table import FleetTable
-from tests.tui_support import CPU, FLEET, H200, keys
+from console.tui.widgets.time_cursor import TimeCursor, clock
+from tests.tui_support import CPU, FLEET, H200, keys, until
 
 T0 = 1_796_083_200.0  # 2026-12-01 00:00:00 UTC
 SIZE = (110, 30)
@@ -101,6 +104,25 @@ def _notes(app: ReplayApp) -> list[str]:
     return list(app.said)  # type: ignore[attr-defined]
 
 
+def _drawn(app: ReplayApp, at: float, before: object = None, row: str | None = None) -> bool:
+    """The screen on top (another than `before`) has drawn the moment `at`: its header
+    names it and that time, its time cursor is laid out to its width at that time (the
+    cursor is drawn at the refresh after a screen opens), and its table has `row`."""
+    screen = app.screen
+    if not isinstance(screen, ViewScreen) or not screen.is_mounted or screen is before:
+        return False
+    headers, cursors = screen.query(FleetHeader), screen.query(TimeCursor)
+    if not headers or not cursors:
+        return False
+    line, cursor = str(headers.first().render()), cursors.first()
+    if screen.where not in line or clock(at) not in line:
+        return False
+    bar, _, said = str(cursor.render()).partition("\n")
+    if clock(at) not in said or len(bar) != cursor.size.width - 1:
+        return False
+    return row is None or any(row in t.rows_by_key for t in screen.query(FleetTable))
+
+
 WEIGHT = "W"  # the Models table's weight column
 
 
@@ -109,16 +131,21 @@ async def test_the_cursor_moves_through_the_incident_and_every_screen_shows_that
 ):
     app = replay_app(incident)
     async with app.run_test(size=(200, 30)) as pilot:  # wide enough for Models' W column
-        await pilot.pause(0.2)
+        await until(pilot, lambda: _drawn(app, T0), what="the fleet at the start")
         assert app.replay_label() == "2026-12-01 00:00:00 UTC"
+        fleet = app.screen
         await pilot.press(*keys(":models\r"))
-        await pilot.pause(0.2)
+        await until(
+            pilot, lambda: _drawn(app, T0, fleet, "d:tiny:tiny-trt"), what="Models at the start"
+        )
         assert _cell(app, "d:tiny:tiny-trt", WEIGHT) == "100"
 
         await pilot.press("right_square_bracket")  # the alert
         assert app.replay.at == T0 + 10
         await pilot.press("right_square_bracket")  # alice's failover step
-        await pilot.pause(0.2)
+        await until(
+            pilot, lambda: _drawn(app, T0 + 20, row="d:tiny:tiny-trt"), what="Models at +20 s"
+        )
         assert app.replay.at == T0 + 20
         assert app.replay_label() == "2026-12-01 00:00:20 UTC"
         # The Models screen at the moment of the failover: the weights of that moment.
@@ -126,8 +153,9 @@ async def test_the_cursor_moves_through_the_incident_and_every_screen_shows_that
         assert _cell(app, "d:tiny:tiny-vllm", WEIGHT) == "100"
         assert any("by alice: failover 1a2b" in n for n in _notes(app))
 
+        models = app.screen
         await pilot.press("v")
-        await pilot.pause(0.2)
+        await until(pilot, lambda: _drawn(app, T0 + 20, models), what="Events at +20 s")
         shown = [(e.kind, e.subject) for e in app.events.events]
         assert shown == [("action", "tiny"), ("raised", "tiny/tiny-trt")]  # not yet cleared
 
@@ -135,10 +163,13 @@ async def test_the_cursor_moves_through_the_incident_and_every_screen_shows_that
         await pilot.press("left_square_bracket")
         assert app.replay.at == T0 + 10
         await pilot.press(*keys(":at 00:00:05\r"))
-        await pilot.pause(0.2)
+        await until(pilot, lambda: _drawn(app, T0 + 5), what="Events at +5 s")
         assert app.replay.at == T0 + 5 and list(app.events.events) == []
+        events = app.screen
         await pilot.press("m")
-        await pilot.pause(0.2)
+        await until(
+            pilot, lambda: _drawn(app, T0 + 5, events, "d:tiny:tiny-trt"), what="Models at +5 s"
+        )
         assert _cell(app, "d:tiny:tiny-trt", WEIGHT) == "100"
 
         await pilot.press(*keys(":at +0:45\r"), "full_stop", "full_stop", "comma")
@@ -147,11 +178,12 @@ async def test_the_cursor_moves_through_the_incident_and_every_screen_shows_that
         assert any("cannot read 'half past' as a time" in n for n in _notes(app))
 
         # Every screen draws at the cursor: nodes, GPUs, a node, a model, jobs, drills.
-        for typed in (":nodes\r", ":gpus\r", ":node cpu-1\r", ":model tiny\r", ":jobs\r"):
+        for typed in (":nodes\r", ":gpus\r", ":node cpu-1\r", ":model tiny\r", ":jobs\r", "d"):
+            before = app.screen
             await pilot.press(*keys(typed))
-            await pilot.pause(0.1)
-        await pilot.press("d")
-        await pilot.pause(0.2)
+            await until(
+                pilot, lambda b=before: _drawn(app, app.replay.at, b), what=f"{typed!r} drawn"
+            )
         assert app.replay.states["gone"].error == "connection refused"
         assert app.replay.states["cpu-1"].status(app.refresh_s) == "up"
 
@@ -162,32 +194,44 @@ async def test_playing_moves_the_cursor_at_the_chosen_speed_and_stops_at_the_end
         await pilot.press("greater_than_sign", "greater_than_sign")
         assert app.speed == 60
         await pilot.press("space")
-        for _ in range(100):  # 10 s of recording at 60x: a fraction of a second
-            if not app.playing:
-                break
-            await pilot.pause(0.05)
+        # 10 s of recording at 60x: a fraction of a second (at 1x it would take 10 s, so
+        # the bound is part of what is tested).
+        await until(pilot, lambda: not app.playing, timeout=5, what="the play at the end")
         assert not app.playing and app.replay.at == app.replay.last == T0 + 60
 
 
 async def test_action_keys_say_replay_is_read_only(incident):
     app = replay_app(incident)
     async with app.run_test(size=SIZE) as pilot:
-        await pilot.pause(0.2)
+        await until(pilot, lambda: _drawn(app, T0), what="the fleet at the start")
+        fleet = app.screen
         await pilot.press(*keys(":models\r"))
-        await pilot.pause(0.1)
+        await until(pilot, lambda: _drawn(app, T0, fleet), what="Models")
         await pilot.press("s", "f", "R")
+        models = app.screen
         await pilot.press(*keys(":node cpu-1\r"))
-        await pilot.pause(0.1)
+        await until(pilot, lambda: _drawn(app, T0, models), what="the node")
         await pilot.press("s", "x", "r")
         await pilot.press(*keys(":start\r"))
-        await pilot.pause(0.1)
+
+        def refused() -> int:
+            return sum(n.startswith("replay is read-only") for n in _notes(app))
+
+        await until(pilot, lambda: refused() >= 7, what="the seven refusals")
         said = [n for n in _notes(app) if n.startswith("replay is read-only")]
         assert len(said) == 7, _notes(app)
         # No form, plan or confirmation opened: the Node screen is still on top.
         assert type(app.screen).__name__ == "NodeScreen" and len(app.screen_stack) == 4
         # A job's screen asks no agent (theirs would refuse the connection): the recording.
+        node = app.screen
         await pilot.press(*keys(":job cpu-1/4f2a\r"))
-        await pilot.pause(0.3)
+        await until(
+            pilot,
+            lambda: (
+                _drawn(app, T0, node) and str(app.screen.query_one("#job-info").render()).strip()
+            ),
+            what="the job's screen",
+        )
         info = app.screen.query_one("#job-info")
         assert "not in the recording at this moment" in str(info.render())
         await pilot.press("c")
@@ -200,7 +244,8 @@ def test_replay_header_and_time_cursor(snap_compare, incident):
     app = replay_app(incident, at=T0 + 15)
 
     async def settle(pilot) -> None:
-        await pilot.pause(0.3)
+        await until(pilot, lambda: _drawn(app, T0 + 15, row="h200"), what="the fleet at +15 s")
+        await pilot.pause()
 
     assert snap_compare(app, terminal_size=SIZE, run_before=settle)
 
@@ -209,8 +254,17 @@ def test_time_cursor_playing_at_ten_times_on_models(snap_compare, incident):
     app = replay_app(incident, at=T0 + 20)
 
     async def models(pilot) -> None:
+        fleet = app.screen
         await pilot.press(*keys(":models\r"), "greater_than_sign")
-        await pilot.pause(0.3)
+        await until(
+            pilot,
+            lambda: (
+                _drawn(app, T0 + 20, fleet, "d:tiny:tiny-trt")
+                and " 10×" in str(app.screen.query_one(TimeCursor).render())
+            ),
+            what="Models at +20 s, at 10x",
+        )
+        await pilot.pause()
 
     assert snap_compare(app, terminal_size=SIZE, run_before=models)
 
