@@ -31,8 +31,8 @@ from tests.conftest import OPERATOR, ROOT, agent_env, run_cli, start_agent
 from tests.engines.servers import free_port, log_tail, stop, wait_until
 from tests.test_drills import DRILL, tools  # noqa: F401 - the module fixture, reused
 from tests.test_gateway import ADMIN, nice_group
-from tests.test_replay import T0, WEIGHT, _cell, replay_app, write_incident
-from tests.tui_support import keys
+from tests.test_replay import T0, WEIGHT, _cell, _drawn, replay_app, write_incident
+from tests.tui_support import keys, until
 
 VIEW = "viewer-token-0123"
 WHY = "INC-42: TTFT p95 on Triton over the SLO"
@@ -248,8 +248,14 @@ def _models_at(path: Path, t: float, weights: dict[str, str]) -> None:
         app = replay_app(path)
         async with app.run_test(size=(140, 30)) as pilot:
             await pilot.press(*keys(f":at {t:.3f}\r"))
+            fleet = app.screen
             await pilot.press(*keys(":models\r"))
-            await pilot.pause(0.3)
+            row = next(iter(weights))
+            await until(
+                pilot,
+                lambda: _drawn(app, app.replay.at, fleet, row),
+                what=f"Models drawn at the cursor, with {row}",
+            )
             for key, weight in weights.items():
                 assert _cell(app, key, WEIGHT) == weight, (key, app.replay_label())
 
