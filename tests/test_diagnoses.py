@@ -37,6 +37,7 @@ from tests.engines.servers import (
     VllmServer,
     free_port,
     free_ports,
+    launch_vllm,
     send_traffic_triton,
     send_traffic_vllm,
     start_vllm,
@@ -62,14 +63,17 @@ def look(fleet_path: Path, diagnoser: Diagnoser) -> list[Diagnosis]:
 NODE_TOKEN = "T_NODE"  # the console's token for the node: an operator's, so it may act
 
 
-def agent_over(agent_factory, text: str, monkeypatch: pytest.MonkeyPatch) -> Agent:
+def agent_over(
+    agent_factory, text: str, monkeypatch: pytest.MonkeyPatch, discover: bool = False
+) -> Agent:
     """A real agent at the address its fleet file names, which this process reads too."""
     port = free_port()
     node = f'agent = "http://127.0.0.1:{port}"\ntoken_env = "{NODE_TOKEN}"'
     text = text.replace('agent = "http://127.0.0.1:9410"', node)
     # Only the engines the test declares or starts: the suite's other engines on this
     # machine (a session's Triton, another test's vLLM) are not this test's fleet.
-    text = text.replace("[agent]\n", "[agent]\ndiscover = false\n", 1)
+    if not discover:
+        text = text.replace("[agent]\n", "[agent]\ndiscover = false\n", 1)
     agent: Agent = agent_factory(text, port=port)
     monkeypatch.setenv(NODE_TOKEN, OPERATOR_TOKEN)
     return agent
@@ -224,6 +228,92 @@ def test_a_triton_model_that_blocks_is_a_triton_stall_resolved_once_it_answers(
         what="the Triton stall resolved once a request finished",
     )  # fmt: skip
     assert resolved.detail.endswith("after failover"), resolved.detail
+
+
+@pytest.mark.engines
+def test_a_vllm_killed_again_and_again_is_a_crash_loop_resolved_once_it_stays_up(
+    agent_factory, tiny_model_dir: Path, tmp_path: Path, monkeypatch
+):
+    """A real vLLM, killed (SIGKILL to its process group) each time the agent has found it,
+    and started again on its port as systemd's Restart= would: three exits no one asked
+    for within the window are a crash loop on its engine, failover first. Started once
+    more and left alone, it is resolved once its exits leave the window. An exit the agent
+    asked for (a stop job's) is never counted: tests/test_jobs.py's stops run with the
+    same watch."""
+    port = free_port()
+    text = f"""
+[fleet]
+name = "diag"
+[agent]
+scrape_interval_s = 1
+[diagnoses]
+crash_loop_window_s = 40
+[[nodes]]
+name = "local"
+agent = "http://127.0.0.1:9410"
+[[models]]
+name = "tiny"
+  [[models.deployments]]
+  id = "tiny-vllm"
+  node = "local"
+  engine = "vllm"
+  endpoint = "http://127.0.0.1:{port}"
+"""
+    # Discovery on: the agent finds each new process on the port, as it finds a fleet's.
+    agent = agent_over(agent_factory, text, monkeypatch, discover=True)
+    diagnoser = Diagnoser(load_fleet(agent.fleet))
+
+    def engine() -> dict:
+        return by_deployment(agent)["tiny-vllm"]
+
+    running: list[subprocess.Popen[bytes]] = []
+    try:
+        for n in range(1, 4):
+            process, _, _ = launch_vllm(tiny_model_dir, tmp_path / "vllm", port=port)
+            running.append(process)
+            wait_until(lambda p=process: engine()["pid"] == p.pid, 60, what=f"start {n} found")
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(30)
+            wait_until(lambda n=n: len(engine()["exits"]) == n, 30, what=f"exit {n} seen")
+        crash = wait_until(
+            lambda: next(
+                (x for x in look(agent.fleet, diagnoser)
+                 if x.kind is d.CRASH_LOOP and x.engine == f"vllm-{port}"),
+                None,
+            ),
+            30,
+            interval=0.5,
+            what="the crash loop diagnosed",
+        )  # fmt: skip
+        assert crash.subject == f"local/vllm-{port}" and crash.moves[0] == "failover"
+        assert crash.cause == "exited 3 times" and crash.deployment == "tiny-vllm"
+        assert crash.evidence[0].value.startswith("3 ("), crash.evidence
+        out = run_cli(
+            "diagnose", "--fleet", str(agent.fleet), "--json",
+            env=agent_env(**{NODE_TOKEN: OPERATOR_TOKEN}),
+        )  # fmt: skip
+        assert out.returncode == 1, out.stderr
+        assert "crash_loop" in [x["name"] for x in json.loads(out.stdout)["diagnoses"]]
+        diagnoser.moved(crash.key, "failover")
+        # Started once more (its cause fixed) and left running: no exit for the window.
+        process, _, _ = launch_vllm(tiny_model_dir, tmp_path / "vllm", port=port)
+        running.append(process)
+        wait_until(lambda: engine()["pid"] == process.pid, 60, what="the last start found")
+        resolved = wait_until(
+            lambda: next(
+                (x for x in look(agent.fleet, diagnoser)
+                 if x.key == crash.key and x.state == "resolved"),
+                None,
+            ),
+            90,
+            interval=1.0,
+            what="the crash loop resolved once its exits left the window",
+        )  # fmt: skip
+        assert resolved.detail.endswith("after failover"), resolved.detail
+        assert process.poll() is None  # the same process throughout: nothing counted it
+    finally:
+        for process in running:
+            stop(process, grace=5)
 
 
 @pytest.mark.engines

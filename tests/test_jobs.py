@@ -407,6 +407,9 @@ def test_vllm_start_readopt_and_a_stop_that_lets_the_stream_finish(
     )
     assert typed.argv and typed.endpoint == f"http://127.0.0.1:{port}"
     assert not os.path.exists(f"/proc/{engine_pid}")
+    # The restart's stop was asked for: no exit counted (the crash-loop diagnosis's figure).
+    shown = next(e for e in again.snapshot()["engines"] if e["id"] == engine_id)
+    assert shown["exits"] == [] and shown["pid"] is not None, shown
     (record,) = engine_records(state)
     engine_pid = json.loads((Path(record["dir"]) / "status.json").read_text())["engine_pid"]
 

@@ -204,6 +204,7 @@ def create_app(
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         if runner is not None:
             agent.jobs_view = runner.recent
+            agent.engines.busy = runner.engine_busy
             agent.trt_view = runner.trt.view
             await runner.start()  # re-adopt engines before the first snapshot lists them
         if run_cycle:

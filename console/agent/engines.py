@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
@@ -22,6 +24,10 @@ log = logging.getLogger(__name__)
 
 # A discovered engine whose process is gone stays listed as down this long, then goes.
 FORGET_AFTER_S = 300.0
+# The unasked exits an engine keeps (the crash-loop diagnosis counts them in its window):
+# the newest this many, none older than this.
+EXITS_KEPT = 32
+EXITS_KEPT_S = 3600.0
 
 
 def _port(url: str) -> int | None:
@@ -47,6 +53,24 @@ class Tracked:
     profile: str | None = None  # started by this agent from this launch profile
     # The API server process's CPU at the last probe: (pid, create time, monotonic s, CPU s)
     cpu_mark: tuple[int, float, float, float] | None = None
+    # When its process exited with no stop asked (wall clock), newest last; and the
+    # process whose end is already counted (or was asked for), so it counts once.
+    exits: deque[float] = field(default_factory=lambda: deque(maxlen=EXITS_KEPT))
+    ended: tuple[int, float] | None = None
+
+    def process_ended(self, now: float, asked: bool) -> None:
+        """Its process is gone (seen dead, or replaced by a new one): an exit, once."""
+        proc = self.process
+        if proc is None or self.ended == (proc.pid, proc.create_time):
+            return
+        self.ended = (proc.pid, proc.create_time)
+        if not asked:
+            self.exits.append(now)
+
+    def recent_exits(self, now: float) -> list[float]:
+        while self.exits and self.exits[0] < now - EXITS_KEPT_S:
+            self.exits.popleft()
+        return list(self.exits)
 
 
 class EngineTracker:
@@ -55,6 +79,9 @@ class EngineTracker:
         self.settings = fleet.agent
         self.ctx = ProbeContext(None, fleet.agent.probe_timeout_s, fleet.agent.max_response_bytes)
         self.tracked: dict[str, Tracked] = {}
+        # Whether an engine has a job under way (a stop, a restart): its exit was asked for.
+        # The job runner sets it (console/agent/app.py).
+        self.busy: Callable[[str], bool] = lambda _engine: False
         for model, dep in fleet.deployments_on(node):
             key = engine_id(dep.engine, dep.endpoint)
             entry = self.tracked.get(key)
@@ -87,6 +114,11 @@ class EngineTracker:
                     ),
                     discovered=True,
                 )
+            old = entry.process
+            if old is not None and (old.pid, old.create_time) != (proc.pid, proc.create_time):
+                # A new process on its port: the old one ended (restarted by a supervisor
+                # between two looks, its exit maybe never seen by a probe).
+                entry.process_ended(now, self.busy(key))
             entry.process = proc
             entry.target.pid = proc.pid
             if entry.target.metrics_endpoint is None:
@@ -98,6 +130,7 @@ class EngineTracker:
         entry = self.tracked.get(target.id)
         if entry is None:
             entry = self.tracked[target.id] = Tracked(target, discovered=True)
+        entry.process_ended(time.time(), asked=True)  # a restart's old process: asked for
         entry.profile = profile
         entry.process = process
         entry.target.pid = process.pid
@@ -109,6 +142,9 @@ class EngineTracker:
         entry = self.tracked.get(engine_id)
         if entry is None:
             return
+        entry.process_ended(time.time(), asked=True)
+        # Stopped on purpose: no process of its own now, so it reads down, not "exited".
+        entry.process, entry.target.pid = None, None
         entry.profile = None
         if not entry.deployment_ids:
             del self.tracked[engine_id]
@@ -163,6 +199,7 @@ class EngineTracker:
             probe_ms=round(probe_ms, 2),
             profile=entry.profile,
             api_server_cpu_pct=_api_server_cpu(entry, plugin, reading.state),
+            exits=entry.recent_exits(now),
         )
         for model in reading.models:
             window = entry.windows.get(model.name)
@@ -185,6 +222,7 @@ class EngineTracker:
                     f"answer yet ({reading.reason})"
                 )
             return
+        entry.process_ended(now, self.busy(entry.target.id))
         reading.state = "down"
         reading.reason = f"process {proc.pid} exited" + (
             f"; {reading.reason}" if reading.reason else ""

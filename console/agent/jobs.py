@@ -153,6 +153,10 @@ class JobRunner:
             j for j in self.jobs(20) if j.state not in FINAL or now - (j.updated or 0) < RECENT_S
         ]
 
+    def engine_busy(self, engine_id: str) -> bool:
+        """Whether a job of this agent is under way on the engine (its exit is asked for)."""
+        return any(a.engine_id == engine_id for a in self.active.values())
+
     def log_path(self, job_id: str) -> Path | None:
         job = self.job(job_id)
         handler = None if job is None else self.kinds.get(job.kind)

@@ -167,6 +167,8 @@ def find(
     declared = _declared_models(fleet)
     for node in nodes.values():
         for engine in node.snap.engines:
+            if engine.id not in node.busy:
+                found += _crash_loop(fleet, node, engine, now)
             if engine.state != "ready" or engine.id in node.busy:
                 continue  # loading, stopping, restarting, in a drill: expected work
             for stats in engine.models:
@@ -269,6 +271,56 @@ def _engine_wedged(
             engine=engine.id,
         )
     ]
+
+
+def _crash_loop(fleet: Fleet, node: _Node, engine: Engine, now: float) -> list[Diagnosis]:
+    """Exits of the engine's process that no one asked for (the agent's watch: a stop or
+    restart job's are not among them): one it is not back from, or crash_loop_exits within
+    crash_loop_window_s (an outside supervisor starting it again each time)."""
+    if not engine.exits:
+        return []
+    model = _deployment_model(fleet, engine)
+    window = d.limit(fleet, model, "crash_loop_window_s")
+    recent = [t for t in engine.exits if t >= now - window]
+    # Down with its process known: the process that exited unasked is the one it had (an
+    # engine the agent stopped has none), however long ago. Only a declared deployment's:
+    # an engine the fleet does not serve from may come and go (someone's trial vLLM).
+    down = engine.state == "down" and engine.pid is not None and bool(engine.deployment_ids)
+    looping = len(recent) >= d.limit(fleet, model, "crash_loop_exits")
+    if not (down or looping):
+        return []
+    at = node.at(engine)
+    shown = recent or engine.exits[-1:]
+    ago = ", ".join(duration_from_seconds(now - t) for t in reversed(shown[-5:]))
+    evidence = [
+        Evidence(
+            f"exits no one asked for in {duration_from_seconds(window)}",
+            f"{len(recent)} ({ago} ago)",
+            at,
+            node.age,
+        ),
+        Evidence("state", f"{engine.state}: {engine.reason or 'no reason given'}", at, node.age),
+    ]
+    return [
+        Diagnosis(
+            d.CRASH_LOOP,
+            f"{node.name}/{engine.id}",
+            node.name,
+            evidence,
+            model=model,
+            deployment=",".join(engine.deployment_ids) or None,
+            engine=engine.id,
+            cause=f"exited {len(recent)} times" if looping else "exited, not back",
+        )
+    ]
+
+
+def _deployment_model(fleet: Fleet, engine: Engine) -> str | None:
+    """The declared model of the engine's first deployment (its thresholds)."""
+    for model in fleet.models:
+        if any(dep.id in engine.deployment_ids for dep in model.deployments):
+            return model.name
+    return None
 
 
 def _triton_stall(

@@ -43,6 +43,10 @@ DEFAULTS: dict[str, float] = {
     # Requests queued in Triton and none finished for this long. Longer than a wedge's: a
     # request finishes only at its last token, and a long generation is no stall.
     "triton_stall_after_s": 20.0,
+    # This many exits of an engine's process that no one asked for, within the window: a
+    # crash loop (an outside supervisor, systemd or Kubernetes, starting it again).
+    "crash_loop_exits": 3.0,
+    "crash_loop_window_s": 600.0,
     "kv_pressure_usage": 0.9,  # with preemptions, or requests waiting for capacity
     "saturated_gap_times": 3.0,  # the gateway's TTFT p95 over the engine's
     "saturated_cpu_pct": 90.0,  # the API server's process, of one core
@@ -96,6 +100,19 @@ TRITON_STALL = DiagnosisDef(
     "still answers",
     "the success count rising again; nothing pending",
     ("failover", "restart"),
+)
+CRASH_LOOP = DiagnosisDef(
+    "crash_loop",
+    "crash loop",
+    "critical",
+    "engine",
+    "the engine's process exited with no stop asked and is not back, or exited "
+    "crash_loop_exits times within crash_loop_window_s",
+    "its process up and no exit it was not asked for within crash_loop_window_s",
+    ("failover", "stop"),
+    in_rules=False,
+    note="the exits no one asked for are the agent's watch of the engine's process (its "
+    "snapshot), not a series in /metrics",
 )
 KV_PRESSURE = DiagnosisDef(
     "kv_pressure",
@@ -188,6 +205,7 @@ STALE_TRT = DiagnosisDef(
 ALL: tuple[DiagnosisDef, ...] = (
     ENGINE_WEDGED,
     TRITON_STALL,
+    CRASH_LOOP,
     KV_PRESSURE,
     API_SERVER_SATURATED,
     START_FAILED,

@@ -144,6 +144,7 @@ class Engine(_Struct, kw_only=True):
     probe_ms: float | None = None
     profile: str | None = None
     api_server_cpu_pct: float | None = None
+    exits: list[float] = msgspec.field(default_factory=list)
 
 
 class JobStep(_Struct, kw_only=True):

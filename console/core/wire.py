@@ -167,6 +167,12 @@ class Engine(_Wire):
         "Prometheus: over its window); null where the engine has no API server apart from "
         "its compute (Triton, trtllm-serve), or its process is not known to the agent",
     )
+    exits: list[float] = Field(
+        default_factory=list,
+        description="when (Unix time) the engine's process exited with no stop asked of the "
+        "agent, oldest first: seen dead, or replaced by a new process on its port; the last "
+        "32 within the hour (the crash-loop diagnosis counts them)",
+    )
 
 
 # A vLLM cold start's phases, in order (console.agent.jobs finds them in the engine's log).
