@@ -20,6 +20,7 @@ from textual.widgets import Static
 
 from console.core.config import load_fleet
 from console.tui.app import EngineroomApp
+from console.tui.columns import Fitted, layout
 from console.tui.screens.models import COLUMNS, ModelsScreen
 from console.tui.widgets.table import FleetTable
 from tests.sim.conftest import TOKEN, SimFleet, end, start_sim
@@ -74,6 +75,22 @@ def overruns(table: FleetTable) -> list[str]:
     return bad
 
 
+def measured(table: FleetTable) -> bool:
+    """The table is laid out and has measured what it holds (Textual does that when the
+    table is idle): each auto-width column is as wide as its widest cell, and the
+    scrollable height counts every row."""
+    header = table.header_height if table.show_header else 0
+    if not table.size.width or table.virtual_size.height < table.row_count + header:
+        return False
+    for c, column in enumerate(table.ordered_columns):
+        if not column.auto_width:
+            continue
+        cells = (table.get_cell_at(Coordinate(r, c)) for r in range(table.row_count))
+        if column.content_width < max((Text(_text(x)).cell_len for x in cells), default=0):
+            return False
+    return True
+
+
 @pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
 async def test_no_cell_runs_into_the_next_on_any_screen(demo, monkeypatch, size):
     monkeypatch.setenv("ENGINEROOM_DEMO_TOKEN", TOKEN)
@@ -94,10 +111,12 @@ async def test_no_cell_runs_into_the_next_on_any_screen(demo, monkeypatch, size)
                 screen = app.screen
                 if not screen.is_mounted or not screen.query(FleetTable):
                     return False
-                return main is None or any(t.row_count for t in screen.query(main))
+                if main is not None and not any(t.row_count for t in screen.query(main)):
+                    return False
+                return all(measured(t) for t in screen.query(FleetTable))
 
-            await until(pilot, drawn, what=f":{command} drawn")
-            await pilot.pause(0.2)
+            await until(pilot, drawn, what=f":{command} drawn and measured")
+            await pilot.pause()
             for table in app.screen.query(FleetTable):
                 if bad := overruns(table):
                     found[f"{command} {table.id}"] = bad
@@ -146,17 +165,26 @@ async def test_a_terminal_made_narrower_lays_every_table_out_again():
         for command in ("nodes", "gpus", "models", "node h200"):
             await pilot.resize_terminal(140, 30)
             await pilot.press(*keys(":" + command), "enter")
-            await until(pilot, lambda: app.screen.query(FleetTable), what=f":{command}")
-            await pilot.pause(0.3)
-            await pilot.resize_terminal(80, 24)
 
-            def fitted() -> list[FleetTable] | None:
-                tables = list(app.screen.query(FleetTable))
-                ok = tables and all(t.size.width == 80 and t.row_count for t in tables)
+            def fitted(width: int) -> list[FleetTable] | None:
+                """The screen's tables laid out for `width` (those made anew are in), drawn
+                and measured."""
+                screen, tables = app.screen, list(app.screen.query(FleetTable))
+                fits = [f for f in vars(screen).values() if isinstance(f, Fitted)]
+                ok = (
+                    tables
+                    and all(not f.busy and f.fit == layout(f.spec, width, f.spare) for f in fits)
+                    and all(t.size.width == width and t.row_count and measured(t) for t in tables)
+                )
                 return tables if ok else None
 
-            tables = await until(pilot, fitted, what=f":{command} at 80 columns")
-            await pilot.pause(0.3)
+            # Drawn at 140 columns first: the tables the narrower terminal must make anew.
+            await until(pilot, lambda: fitted(140), what=f":{command} at 140 columns")
+            await pilot.resize_terminal(80, 24)
+            tables = await until(pilot, lambda: fitted(80), what=f":{command} at 80 columns")
+            # A table made anew is given the focus before it is drawn (replace_table, then
+            # the redraw): the focus is pending in the app's queue once its rows are in.
+            await pilot.pause()
             # The keys still reach the table made anew (before: the focus went with the
             # old one, and Enter did nothing until Tab).
             assert isinstance(app.focused, FleetTable), (command, app.focused)
