@@ -12,7 +12,7 @@ from console.collect.replay import ReplayCollector
 from console.core.config import parse_fleet
 from console.core.snapshot import decode_snapshot
 from console.tui.app import EngineroomApp
-from console.tui.screens.drills import PlaybookScreen
+from console.tui.screens.drills import DrillsScreen, PlaybookScreen
 from console.tui.screens.jobtext import step_bars
 from console.tui.widgets.table import FleetTable
 from tests.tui_support import FLEET, ROOT, keys, until
@@ -43,9 +43,26 @@ def drill_app() -> EngineroomApp:
 
 def test_drills_screen(snap_compare):
     async def run_before(pilot) -> None:
-        await pilot.pause(0.3)
+        app = pilot.app
+        await until(
+            pilot,
+            lambda: any(t.row_count for t in app.screen.query(FleetTable)),
+            what="the fleet screen drawn",
+        )
         await pilot.press("d")
-        await pilot.pause(1.0)  # the history fetch from the (absent) agent has failed
+
+        def failed() -> bool:
+            """The history fetch from the (absent) agent has failed, and the screen says so
+            under its drawn tables."""
+            screen = app.screen
+            if not isinstance(screen, DrillsScreen) or not screen.problems:
+                return False
+            tables = screen.query(FleetTable)
+            shown = str(screen.query_one("#drill-detail").render())
+            return bool(tables) and all(t.row_count for t in tables) and "did not answer" in shown
+
+        await until(pilot, failed, what="the drill history's failed fetch said")
+        await pilot.pause()
 
     assert snap_compare(drill_app(), terminal_size=SIZE, run_before=run_before)
 
