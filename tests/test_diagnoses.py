@@ -31,7 +31,9 @@ from console.core.config import ConfigError, load_fleet, parse_fleet
 from console.core.snapshot import Latency, Percentiles, decode_snapshot
 from console.core.snapshot import ModelStats as SnapModelStats
 from console.core.wire import Engine, Host, Job, NodeInfo, Snapshot
+from console.core.wire import Latency as WireLatency
 from console.core.wire import ModelStats as WireModelStats
+from console.core.wire import Percentiles as WirePercentiles
 from tests.conftest import OPERATOR, ROOT, Agent, agent_env, run_cli
 from tests.engines.servers import (
     VllmServer,
@@ -458,6 +460,75 @@ def test_an_xid_and_uncorrected_ecc_read_through_nvml_are_gpu_faults_with_their_
     assert found["local/gpu1"].evidence[0].figure == "XID 79"
     assert all(x.moves == ["failover", "escalate"] for x in found.values())
     assert d.xid_class(999) == ("unclassified", "not in the recorded table: see NVIDIA's")
+
+
+THROTTLE_FLEET = (
+    NODE_FLEET
+    + """
+[[models]]
+name = "tiny"
+slo = { itl_p95_ms = 40 }
+  [[models.deployments]]
+  id = "tiny-vllm"
+  node = "local"
+  engine = "vllm"
+  endpoint = "http://127.0.0.1:8001"
+[[models]]
+name = "free"
+  [[models.deployments]]
+  id = "free-vllm"
+  node = "local"
+  engine = "vllm"
+  endpoint = "http://127.0.0.1:8002"
+"""
+)
+
+
+@pytest.mark.parametrize(
+    ("reasons", "itl_ms", "model", "found", "blind"),
+    [
+        (0x40 | 0x4, 95.0, "tiny", "hardware thermal slowdown", None),
+        (0x1, 95.0, "tiny", None, None),  # idle is no slowdown
+        (0x80, 30.0, "tiny", None, None),  # slowed, but the model within its SLO
+        (0x8, 95.0, "free", None, "an ITL SLO for free"),  # no SLO: cannot tell
+        (0x8, None, "tiny", None, "an ITL p95"),  # a mean only: never taken for a p95
+    ],
+)
+def test_a_slowed_gpu_under_an_engine_over_its_itl_slo_is_a_throttled_gpu(
+    reasons, itl_ms, model, found, blind
+):
+    """The GPU through NVML (the FakeNvml TEST DOUBLE: no GPU here) and its reasons as the
+    agent decodes them; the engine's ITL p95 as its window gives it (constructed: an ITL
+    that rises with the GPU's clock needs the GPU)."""
+    nvml = FakeNvml([FakeGpu(reasons=reasons, temp=91, processes=[(4242, 2**30)])])
+    sampler = GpuSampler(nvml)
+    [gpu] = sampler.read()
+    sampler.close()
+    engine = "vllm-8001" if model == "tiny" else "vllm-8002"
+    for proc in gpu.processes or []:
+        proc.engine_id = engine  # as the agent's cycle names the owner of pid 4242
+    itl = WirePercentiles(p95=None if itl_ms is None else itl_ms / 1000, mean=0.09)
+    stats = WireModelStats(name=model, requests_running=4.0, latency=WireLatency(itl_s=itl))
+    wire = Snapshot(
+        node=NodeInfo(name="local", agent_version="t", time=0.0), host=Host(),
+        gpu_status="ok", gpus=[gpu],
+        engines=[Engine(id=engine, kind="vllm", state="ready", models=[stats],
+                        deployment_ids=[f"{model}-vllm"])],
+    )  # fmt: skip
+    out = diagnose_snapshot(wire, THROTTLE_FLEET)
+    throttled = [x for x in out.found if x.kind is d.THROTTLED_GPU]
+    if found is None:
+        assert throttled == [], [x.headline() for x in throttled]
+    else:
+        [x] = throttled
+        assert (x.subject, x.engine, x.cause) == ("local/gpu0", engine, found)
+        assert x.moves[0] == "failover"
+        shown = {e.figure: e.value for e in x.evidence}
+        assert shown["clock-event reasons"] == "software power cap, hardware thermal slowdown"
+        assert shown["ITL p95 of tiny"] == "95.0 ms (SLO 40 ms)"
+        assert shown["temperature"] == "91 C"
+    needs = [c.needs for c in out.cannot_tell if c.name == "throttled_gpu"]
+    assert needs == ([] if blind is None else [blind])
 
 
 def test_an_engine_that_counts_no_tokens_cannot_tell_if_it_is_wedged():

@@ -181,6 +181,7 @@ def find(
         found += _failed_starts(node)
         found += _slow_starts(fleet, node)
         found += _gpu_faults(node)
+        found += _throttled(fleet, node, declared, blind)
     for model, rows in view.models.items():
         live = [r for r in rows if not r.standby and r.weight != 0 and r.state == "ready"]
         for row in live:
@@ -503,6 +504,60 @@ def _gpu_faults(node: _Node) -> list[Diagnosis]:
                 cause=kinds[0],
             )
         )
+    return out
+
+
+def _throttled(
+    fleet: Fleet, node: _Node, declared: dict[tuple[str, str], str], blind: list[CannotTell]
+) -> list[Diagnosis]:
+    """A GPU slowed down (its clock-event reasons) under a ready engine whose ITL p95 is
+    over its model's SLO: the slowdown is hurting a model, not just showing."""
+    out: list[Diagnosis] = []
+    engines = {e.id: e for e in node.snap.engines if e.state == "ready" and e.id not in node.busy}
+    for gpu in node.snap.gpus:
+        slowed = [r for r in gpu.clock_event_reasons or [] if r in d.SLOWDOWNS]
+        owners = {p.engine_id for p in gpu.processes or [] if p.engine_id in engines}
+        if not slowed or not owners:
+            continue
+        subject = f"{node.name}/gpu{gpu.index}"
+        at = f"GPU {gpu.index} on {node.name}"
+        for engine in (engines[e] for e in sorted(o for o in owners if o)):
+            for stats in engine.models:
+                model = _model_of(declared, engine, stats)
+                slo = next((m.slo.itl_p95_ms for m in fleet.models if m.name == model), None)
+                itl = stats.latency.itl_s.p95  # a p95, never a mean taken for one
+                if slo is None or itl is None:
+                    needs = f"an ITL SLO for {model}" if slo is None else "an ITL p95"
+                    blind.append(CannotTell(d.THROTTLED_GPU.name, subject, needs))
+                    continue
+                if itl * 1000 <= slo:
+                    continue
+                evidence = [
+                    Evidence("clock-event reasons", ", ".join(slowed), at, node.age),
+                    Evidence("SM clock", _num(gpu.sm_clock_mhz, " MHz"), at, node.age),
+                    Evidence("temperature", _num(gpu.temperature_c, " C"), at, node.age),
+                    Evidence(
+                        "power", f"{_num(gpu.power_w, ' W')} of {_num(gpu.power_limit_w, ' W')}",
+                        at, node.age,
+                    ),
+                    Evidence(
+                        f"ITL p95 of {model}", f"{itl * 1000:.1f} ms (SLO {slo:g} ms)",
+                        node.at(engine), node.age,
+                    ),
+                ]  # fmt: skip
+                out.append(
+                    Diagnosis(
+                        d.THROTTLED_GPU,
+                        subject,
+                        node.name,
+                        evidence,
+                        model=model,
+                        deployment=",".join(engine.deployment_ids) or None,
+                        engine=engine.id,
+                        cause=next(r for r in d.SLOWDOWNS if r in slowed),
+                    )
+                )
+                break  # one diagnosis per GPU and engine
     return out
 
 

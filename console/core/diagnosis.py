@@ -192,6 +192,30 @@ GPU_FAULT = DiagnosisDef(
     "none: a fault the driver reported stays until the GPU is reset or replaced",
     ("failover", "escalate"),
 )
+THROTTLED_GPU = DiagnosisDef(
+    "throttled_gpu",
+    "throttled GPU",
+    "warning",
+    "gpu",
+    "a GPU an engine runs on is slowed (thermal, power cap, hardware slowdown or power "
+    "brake) while the engine's ITL p95 is over its model's SLO",
+    "no slowdown reason on the GPU, or the ITL p95 back under the SLO",
+    ("failover", "escalate"),
+    hold_s=60.0,
+    in_rules=False,
+    note="which engine runs on which GPU is the agent's (the GPU's processes), not a label "
+    "of the GPU's series",
+)
+# The clock-event reasons that slow a GPU down (console.core.readings' words), the most
+# telling first (it names the cause); "idle", "applications clocks setting", "sync boost"
+# and "display clock setting" do not.
+SLOWDOWNS = (
+    "hardware power brake",
+    "hardware thermal slowdown",
+    "hardware slowdown",
+    "software thermal slowdown",
+    "software power cap",
+)
 STALE_TRT = DiagnosisDef(
     "stale_trt_engine",
     "stale TensorRT-LLM engine",
@@ -213,6 +237,7 @@ ALL: tuple[DiagnosisDef, ...] = (
     REPLICA_IMBALANCE,
     ERROR_BURST,
     GPU_FAULT,
+    THROTTLED_GPU,
     STALE_TRT,
 )
 BY_NAME = {d.name: d for d in ALL}
