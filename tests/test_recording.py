@@ -233,6 +233,7 @@ async def test_the_console_records_what_it_sees(agent_factory, tmp_path, monkeyp
     replay opens; leaving the console ends the file cleanly."""
     from console.core.config import load_fleet
     from console.tui.app import EngineroomApp
+    from tests.tui_support import until
 
     port = free_port()
     agent = agent_factory(FLEET.format(state=tmp_path / "state", port=port), "local", port)
@@ -254,10 +255,7 @@ async def test_the_console_records_what_it_sees(agent_factory, tmp_path, monkeyp
                 "node down" in e["message"] and e["subject"] == "gone" for e in recording.events
             )
 
-        deadline = time.monotonic() + 60
-        while not recorded():
-            assert time.monotonic() < deadline, "the console recorded nothing within 60 s"
-            await pilot.pause(0.2)
+        await until(pilot, recorded, timeout=60, what="the console's recording")
     recording = Recording(out)
     assert recording.torn is None and recording.head["by"] == "console"
     down = next(e for e in recording.events if e["subject"] == "gone")
