@@ -196,12 +196,14 @@ async def test_ssh_nodes_show_as_ssh_and_cannot_start_engines(sshd, tmp_path):
     text = fleet_text(node(sshd, "box", sshd.known_hosts(tmp_path / "kh")))
     app = EngineroomApp(parse_fleet(text))
     async with app.run_test(size=(120, 36)) as pilot:
-        for _ in range(100):
-            if app.collector.states["box"].snapshot is not None:
-                break
-            await pilot.pause(0.1)
+        await until(pilot, lambda: app.collector.states["box"].snapshot, 30, "box read over SSH")
         app.open_node("box")
-        await pilot.pause(0.5)
+        await until(
+            pilot,
+            lambda: any(str(w.render()).strip() for w in app.screen.query("#node-info")),
+            10,
+            "the node screen's info line",
+        )
         assert isinstance(app.screen, NodeScreen)
         info = str(app.screen.query_one("#node-info").render())
         assert "via ssh" in info
@@ -210,12 +212,19 @@ async def test_ssh_nodes_show_as_ssh_and_cannot_start_engines(sshd, tmp_path):
 
 
 async def test_the_console_answers_keys_while_an_ssh_host_hangs(sshd, tmp_path):
-    server = await asyncio.start_server(lambda r, w: asyncio.sleep(3600), "127.0.0.1", 0)
+    accepted: list[asyncio.StreamWriter] = []
+
+    def hang(r: asyncio.StreamReader, w: asyncio.StreamWriter):
+        accepted.append(w)
+        return asyncio.sleep(3600)
+
+    server = await asyncio.start_server(hang, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
     text = fleet_text(node(sshd, "hung", sshd.known_hosts(tmp_path / "kh"), port=port), timeout=12)
     app = EngineroomApp(parse_fleet(text))
     async with app.run_test(size=(120, 36)) as pilot:
-        await pilot.pause(1.2)  # the first read is now waiting on the hung host, up to 12 s
+        # The first read has reached the hung host and now waits on it, for up to 12 s.
+        await until(pilot, lambda: accepted, 10, "the read's connection")
         for key, screen in (
             ("m", ModelsScreen),
             ("g", GpusScreen),
