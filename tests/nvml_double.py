@@ -45,6 +45,7 @@ class FakeGpu:
     ecc: int | None = 0  # None: not supported
     processes: list[tuple[int, int]] = field(default_factory=list)  # (pid, bytes)
     lost: bool = False
+    uuid: str | None = None  # None: "GPU-fake-NNNN" by its index
 
 
 class FakeNvml:
@@ -93,7 +94,7 @@ class FakeNvml:
         return gpu
 
     def nvmlDeviceGetUUID(self, h: int) -> str:
-        return f"GPU-fake-{h:04d}"
+        return self.gpus[h].uuid or f"GPU-fake-{h:04d}"
 
     def nvmlDeviceGetName(self, h: int) -> str:
         return self.gpus[h].name

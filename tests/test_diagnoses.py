@@ -531,6 +531,46 @@ def test_a_slowed_gpu_under_an_engine_over_its_itl_slo_is_a_throttled_gpu(
     assert needs == ([] if blind is None else [blind])
 
 
+async def test_a_gpu_gone_after_a_restart_and_a_lost_one_are_gpu_faults(tmp_path: Path):
+    """The agent's NVML sampler over the FakeNvml TEST DOUBLE (no GPU here). Three GPUs;
+    the agent restarts and NVML lists two (one fell off the bus): the one not listed is a
+    hardware fault, by its UUID (NVML numbers the rest anew). Replaced (a new UUID, three
+    listed again): nothing. A GPU lost while the agent runs keeps its place in NVML's list
+    with its reads failing: a hardware fault too."""
+    from console.agent.gpu_inventory import GpuInventory
+    from console.agent.node import NodeAgent
+
+    fleet = parse_fleet(NODE_FLEET + "[agent]\ndiscover = false\n")
+    gpus = [FakeGpu(uuid=f"GPU-{n}") for n in "abc"]
+
+    async def snapshot_with(nvml: FakeNvml) -> Snapshot:
+        agent = NodeAgent(fleet, "local", gpu=GpuSampler(nvml))
+        agent.inventory = GpuInventory(tmp_path / "gpus.json")  # as JobRunner.open sets it
+        try:
+            await agent.cycle()
+        finally:
+            await agent.close()
+            agent.gpu.close()
+        return Snapshot.model_validate_json(agent.latest_json())
+
+    first = await snapshot_with(FakeNvml(gpus))
+    assert first.gpus_gone == [] and diagnose_snapshot(first).found == []
+    after = await snapshot_with(FakeNvml([gpus[0], gpus[2]]))  # GPU-b fell off the bus
+    assert [g.uuid for g in after.gpus_gone] == ["GPU-b"] and after.gpus_gone[0].index == 1
+    [fault] = diagnose_snapshot(after).found
+    assert (fault.kind, fault.subject, fault.cause) == (d.GPU_FAULT, "local/GPU-b", "hardware")
+    shown = {e.figure: e.value for e in fault.evidence}
+    assert shown["GPUs listed"] == "2 of the 3 the node had", shown
+    assert shown["not listed: GPU 1"] == "NVIDIA H200 GPU-b", shown
+    assert fault.moves == ["failover", "escalate"]
+    replaced = await snapshot_with(FakeNvml([gpus[0], FakeGpu(uuid="GPU-new"), gpus[2]]))
+    assert replaced.gpus_gone == [] and diagnose_snapshot(replaced).found == []
+    lost = FakeNvml([gpus[0], FakeGpu(uuid="GPU-new", lost=True), gpus[2]])
+    [fault] = diagnose_snapshot(await snapshot_with(lost)).found
+    assert (fault.subject, fault.cause) == ("local/gpu1", "hardware"), fault.evidence
+    assert "GPU is lost" in fault.evidence[0].value
+
+
 def test_an_engine_that_counts_no_tokens_cannot_tell_if_it_is_wedged():
     """trtllm-serve before 1.3 counts no tokens: requests in, never 'wedged', and never
     silent: 'cannot tell: needs a generated-token counter'. Triton counts none either; it is

@@ -31,6 +31,7 @@ from console.agent.auth import secret_env_names
 from console.agent.drill_staleness import TrtStaleness
 from console.agent.drills import DrillRunner
 from console.agent.engine_jobs import EngineJobs
+from console.agent.gpu_inventory import GpuInventory
 from console.agent.jobtypes import Active, JobContext, JobKind, JobRefused, StepFailed, Work
 from console.agent.node import NodeAgent
 from console.agent.statelock import StateLock
@@ -77,6 +78,7 @@ class JobRunner:
         settings = agent.fleet.agent
         root = Path(settings.state_dir).expanduser() / agent.node
         lock = StateLock.take(root)
+        agent.inventory = GpuInventory(root / "gpus.json")
         try:
             return cls(
                 agent,

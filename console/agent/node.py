@@ -22,6 +22,7 @@ from console import __version__
 from console.agent import discovery
 from console.agent.engines import EngineTracker
 from console.agent.gpu import GpuSampler
+from console.agent.gpu_inventory import GpuInventory
 from console.agent.host import HostSampler
 from console.agent.watched import Watched
 from console.core.config import Fleet
@@ -62,6 +63,9 @@ class NodeAgent:
         self._updated = asyncio.Event()  # set when a new snapshot lands, then replaced
         self.jobs_view: Callable[[], list[Job]] | None = None  # the job runner's, if any
         self.trt_view: Callable[[], list[TrtEngine]] | None = None  # the drill runner's
+        # The GPUs the node had, kept in the state folder by the serving agent (JobRunner
+        # opens it); None: not kept (`agent --once`), and no GPU is said to be gone.
+        self.inventory: GpuInventory | None = None
 
     async def cycle(self) -> Snapshot:
         wall0, cpu0 = time.perf_counter(), time.process_time()
@@ -76,6 +80,9 @@ class NodeAgent:
         host_task = asyncio.ensure_future(self._disks.call())
         engines = await self.engines.probe_all(now)
         gpus, gpu_status, nvml_ms = await gpus_task
+        gone = []
+        if self.inventory is not None and gpu_status == "ok":  # a list NVML gave just now
+            gone = self.inventory.check(gpus, now)
         host, host_problem, _ = await host_task
         if host_problem is not None:
             host = host.model_copy(update={"error": host_problem})
@@ -95,6 +102,7 @@ class NodeAgent:
             driver_version=self.gpu.driver_version,
             cuda_driver_version=self.gpu.cuda_driver_version,
             gpus=gpus,
+            gpus_gone=gone,
             engines=engines,
             jobs=self.jobs_view() if self.jobs_view is not None else [],
             trt_engines=self.trt_view() if self.trt_view is not None else [],

@@ -493,6 +493,9 @@ def _gpu_faults(node: _Node) -> list[Diagnosis]:
             kinds.append("memory")
             state = "failed" if remap.get("failure") else "pending"
             evidence.append(Evidence("row remapping", state, at, node.age))
+        if lost := [e for e in gpu.errors if "GPU is lost" in e]:  # NVML_ERROR_GPU_IS_LOST
+            kinds.insert(0, "hardware")  # off the bus: before anything read from it earlier
+            evidence.insert(0, Evidence("NVML", lost[0], at, node.age))
         if not evidence:
             continue
         out.append(
@@ -502,6 +505,23 @@ def _gpu_faults(node: _Node) -> list[Diagnosis]:
                 node.name,
                 evidence,
                 cause=kinds[0],
+            )
+        )
+    had = len(node.snap.gpus) + len(node.snap.gpus_gone)
+    for gone in node.snap.gpus_gone:
+        index = "?" if gone.index is None else gone.index
+        at = f"NVML on {node.name}"
+        evidence = [
+            Evidence("GPUs listed", f"{len(node.snap.gpus)} of the {had} the node had", at,
+                     node.age),
+            Evidence(f"not listed: GPU {index}", f"{gone.name or 'a GPU'} {gone.uuid}", at,
+                     _since(gone.last_seen)),
+        ]  # fmt: skip
+        out.append(
+            Diagnosis(
+                # By UUID: NVML numbers the GPUs it lists anew, so its old index may be
+                # another GPU's now.
+                d.GPU_FAULT, f"{node.name}/{gone.uuid}", node.name, evidence, cause="hardware"
             )
         )
     return out

@@ -188,7 +188,8 @@ GPU_FAULT = DiagnosisDef(
     "GPU fault",
     "critical",
     "gpu",
-    "an XID the driver reported (classified), uncorrected ECC errors, or failed row remapping",
+    "an XID the driver reported (classified), uncorrected ECC errors, failed row remapping, "
+    "a GPU NVML says is lost, or fewer GPUs listed than the node had",
     "none: a fault the driver reported stays until the GPU is reset or replaced",
     ("failover", "escalate"),
 )

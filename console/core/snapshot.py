@@ -67,6 +67,13 @@ class XidEvent(_Struct, kw_only=True):
     xid: int
 
 
+class GoneGpu(_Struct, kw_only=True):
+    uuid: str
+    index: int | None = None
+    name: str | None = None
+    last_seen: float | None = None
+
+
 class Gpu(_Struct, kw_only=True):
     index: int
     uuid: str | None = None
@@ -194,6 +201,7 @@ class Snapshot(_Struct, kw_only=True):
     driver_version: str | None = None
     cuda_driver_version: str | None = None
     gpus: list[Gpu] = msgspec.field(default_factory=list)
+    gpus_gone: list[GoneGpu] = msgspec.field(default_factory=list)
     engines: list[Engine] = msgspec.field(default_factory=list)
     jobs: list[Job] = msgspec.field(default_factory=list)
     trt_engines: list[TrtEngine] = msgspec.field(default_factory=list)

@@ -58,6 +58,15 @@ class XidEvent(_Wire):
     xid: int
 
 
+class GoneGpu(_Wire):
+    """A GPU the node had that NVML no longer lists (console/agent/gpu_inventory.py)."""
+
+    uuid: str
+    index: int | None = None  # its index then
+    name: str | None = None
+    last_seen: float | None = None  # Unix time NVML last listed it
+
+
 class Gpu(_Wire):
     index: int
     uuid: str | None = None
@@ -399,6 +408,11 @@ class Snapshot(_Wire):
     driver_version: str | None = None
     cuda_driver_version: str | None = None
     gpus: list[Gpu] = Field(default_factory=list)
+    gpus_gone: list[GoneGpu] = Field(
+        default_factory=list,
+        description="GPUs this node had (listed by NVML to this agent or an earlier one, kept "
+        "in its state folder) that NVML no longer lists: fewer GPUs than the node had",
+    )
     engines: list[Engine] = Field(default_factory=list)
     jobs: list[Job] = Field(default_factory=list)
     trt_engines: list[TrtEngine] = Field(default_factory=list)
