@@ -655,6 +655,39 @@ def test_a_diagnosis_back_after_it_was_resolved_is_a_new_one_not_the_old_move_fa
     assert (again.state, again.detail, again.since) == ("active", "", t + 200)
 
 
+def test_a_moved_diagnosis_stays_verifying_while_its_restart_job_runs():
+    """Restarted through its agent: while the job is under way the finder passes over the
+    engine (expected work), which is no proof the wedge went: verifying until the job
+    ended and the engine generates again, then resolved."""
+    fleet = parse_fleet(NODE_FLEET)
+    diagnoser = Diagnoser(fleet)
+
+    def look(stalled: float, restarting: bool, at: float) -> list[Diagnosis]:
+        model = WireModelStats(name="tiny", requests_running=1.0, generation_stalled_s=stalled)
+        engine = Engine(id="vllm-8000", kind="vllm", state="ready", models=[model])
+        job = Job(id="j1", kind="engine.restart", state="running" if restarting else
+                  "succeeded", params={"engine": "vllm-8000"})  # fmt: skip
+        wire = Snapshot(
+            node=NodeInfo(name="local", agent_version="t", time=time.time()), host=Host(),
+            gpu_status="ok", engines=[engine], jobs=[job],
+        )  # fmt: skip
+        snap = decode_snapshot(wire.model_dump_json())
+        states = {"local": NodeState("local", "agent", snapshot=snap, last_ok=time.monotonic())}
+        return diagnoser.update(build(fleet, states, 1.0), states, None, at)
+
+    t = 1_000_000.0
+    [wedged] = look(30.0, False, t)
+    diagnoser.moved(wedged.key, "restart", t + 1)
+    [during] = look(30.0, True, t + 20)
+    assert (during.state, during.detail) == (
+        "verifying",
+        "verifying restart (19 s): its job is under way",
+    )
+    assert [(x.state, x.detail) for x in look(0.0, False, t + 60)] == [
+        ("resolved", "resolved 59 s after restart")
+    ]
+
+
 def test_expected_work_raises_no_diagnosis():
     """A stalled engine with a job under way on it (a restart's stop, say) is expected
     work; a loading one is a cold start."""

@@ -96,11 +96,19 @@ class Diagnoser:
                     else f"still there {took:.0f} s after {move.move}: {_holds(x)}"
                 )
             out.append(x)
+        busy = _busy_engines(states)
         for key, move in list(self.moves.items()):
             if key in current:
                 continue
-            gone = move.gone_at = move.gone_at or now
             last = self.last.get(key)
+            if last is not None and last.engine and (last.node, last.engine) in busy:
+                # The move's job (a restart) is under way on its engine, which the finder
+                # passes over meanwhile: not gone, not yet resolved.
+                last.state = "verifying"
+                last.detail = f"verifying {move.move} ({now - move.at:.0f} s): its job is under way"
+                out.append(last)
+                continue
+            gone = move.gone_at = move.gone_at or now
             if last is None or now - gone > RESOLVED_SHOWN_S:
                 del self.moves[key]
                 self.first_seen.pop(key, None)
@@ -112,6 +120,16 @@ class Diagnoser:
             out.append(last)
         self.last = {x.key: x for x in out}
         return sorted(out, key=_order)
+
+
+def _busy_engines(states: dict[str, NodeState]) -> set[tuple[str | None, str]]:
+    """(node, engine) of every engine with a job under way."""
+    out: set[tuple[str | None, str]] = set()
+    for name, state in states.items():
+        if state.snapshot is not None:
+            jobs = state.snapshot.jobs
+            out |= {(name, e) for j in jobs if j.state in _OPEN and (e := _job_engine(j))}
+    return out
 
 
 def _order(x: Diagnosis) -> tuple[int, int, str]:
@@ -521,7 +539,11 @@ def _gpu_faults(node: _Node) -> list[Diagnosis]:
             Diagnosis(
                 # By UUID: NVML numbers the GPUs it lists anew, so its old index may be
                 # another GPU's now.
-                d.GPU_FAULT, f"{node.name}/{gone.uuid}", node.name, evidence, cause="hardware"
+                d.GPU_FAULT,
+                f"{node.name}/{gone.uuid}",
+                node.name,
+                evidence,
+                cause="hardware",
             )
         )
     return out
