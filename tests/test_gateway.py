@@ -19,6 +19,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
@@ -86,6 +87,23 @@ class Gateway:
             return job if job["state"] in ("succeeded", "failed", "cancelled") else None
 
         return wait_until(ended, timeout, interval=0.2, what=f"failover {job_id}")
+
+
+def plan_drawn(app: Any) -> bool:
+    """The failover plan is on top, mounted, its table drawn (it is drawn as it mounts)."""
+    from console.tui.screens.failover import FailoverScreen
+
+    screen = app.screen
+    return (
+        isinstance(screen, FailoverScreen)
+        and screen.is_mounted
+        and bool(shown(screen.query_one("#plan-table")).strip())
+    )
+
+
+def job_ended(screen: Any) -> bool:
+    """The failover screen's job has ended, as the gateway said at its last read."""
+    return bool(screen.job) and screen.job.get("state") not in (None, "queued", "running")
 
 
 def shown(widget: object) -> str:
@@ -555,6 +573,7 @@ async def test_a_console_with_the_gateways_viewer_token_disables_failover_up_fro
     from console.tui.app import EngineroomApp
     from console.tui.screens.failover import FailoverScreen
     from console.tui.screens.models import ModelsScreen
+    from tests.tui_support import until
 
     gw = gateway_factory()
     monkeypatch.setenv("ENGINEROOM_ADMIN_TOKEN", GATEWAY_VIEWER)
@@ -562,21 +581,17 @@ async def test_a_console_with_the_gateways_viewer_token_disables_failover_up_fro
     notes: list[str] = []
     app.notify = lambda message, **kw: notes.append(str(message))  # type: ignore[method-assign]
     async with app.run_test(size=(140, 45)) as pilot:
-        for _ in range(100):
-            if app.gateway_role is not None:
-                break
-            await pilot.pause(0.1)
+        await until(pilot, lambda: app.gateway_role is not None, 30, "the gateway's whoami")
         assert app.gateway_role == "viewer", app.gateway_error
         assert app.gateway_snapshot is not None  # a viewer reads everything
         await pilot.press("m")
-        for _ in range(50):
-            if isinstance(app.screen, ModelsScreen):
-                break
-            await pilot.pause(0.1)
+        await until(pilot, lambda: isinstance(app.screen, ModelsScreen), 10, "Models")
         assert isinstance(app.screen, ModelsScreen)
         assert app.screen.check_action("fail_over", ()) is None  # shown, disabled
         app.fail_over("tiny")
-        await pilot.pause(0.2)
+        await until(
+            pilot, lambda: any("is a viewer token" in n for n in notes), 10, "the refusal said"
+        )
         assert not isinstance(app.screen, FailoverScreen)
         assert any("ENGINEROOM_ADMIN_TOKEN) is a viewer token" in n for n in notes), notes
     assert GATEWAY_VIEWER not in " ".join(notes)
@@ -590,48 +605,39 @@ async def test_the_console_fails_over_after_the_model_name_is_typed(gateway_fact
     from console.core.config import load_fleet
     from console.tui.app import EngineroomApp
     from console.tui.screens.failover import FailoverScreen
+    from console.tui.screens.models import ModelsScreen
+    from tests.tui_support import until
 
     gw = gateway_factory()
     os.environ["ENGINEROOM_ADMIN_TOKEN"] = ADMIN
     app = EngineroomApp(load_fleet(gw.fleet))
     async with app.run_test(size=(140, 45)) as pilot:
-        for _ in range(50):
-            if app.gateway_snapshot is not None:
-                break
-            await pilot.pause(0.1)
+        await until(pilot, lambda: app.gateway_snapshot is not None, 30, "the gateway's snapshot")
         assert app.gateway_snapshot is not None, app.gateway_error
-        for _ in range(50):
-            if app.gateway_role is not None:
-                break
-            await pilot.pause(0.1)
+        await until(pilot, lambda: app.gateway_role is not None, 30, "the gateway's whoami")
         assert app.gateway_role == "admin"
         await pilot.press("m")
-        await pilot.pause(0.5)
+        await until(pilot, lambda: isinstance(app.screen, ModelsScreen), 10, "Models")
         app.fail_over("tiny")
-        await pilot.pause(0.5)
+        await until(pilot, lambda: plan_drawn(app), 10, "the failover plan drawn")
         screen = app.screen
         assert isinstance(screen, FailoverScreen)
         plan = shown(screen.query_one("#plan-table"))
         assert "tiny-trt" in plan and "tiny-vllm" in plan and re.search(r"engine +gateway", plan)
         assert screen.query_one("#target", Select).value == "tiny-vllm"
-        for _ in range(100):  # the preflight, shown before anyone confirms
-            if "preflight ok" in shown(screen.query_one("#preflight")):
-                break
-            await pilot.pause(0.1)
+        # The preflight, shown before anyone confirms: the gateway's plan answered.
+        await until(pilot, lambda: screen.plan is not None, 30, "the gateway's preflight")
         assert "canary TTFT" in shown(screen.query_one("#preflight"))
         screen.query_one("#mode", Select).value = "emergency"
         go = screen.query_one("#go", Button)
         screen.query_one("#confirm", Input).value = "tin"
-        await pilot.pause(0.2)
+        await pilot.pause()  # the field's Changed handled: nothing else to wait for
         assert go.disabled  # not the model's name yet
         screen.query_one("#confirm", Input).value = "tiny"
-        await pilot.pause(0.2)
+        await until(pilot, lambda: not go.disabled, 10, "Go enabled by the model's name")
         assert not go.disabled
         await pilot.click("#go")
-        for _ in range(100):
-            if screen.job and screen.job.get("state") == "succeeded":
-                break
-            await pilot.pause(0.1)
+        await until(pilot, lambda: job_ended(screen), 60, "the failover job's end")
         assert screen.job and screen.job["state"] == "succeeded", screen.job
         assert "SUCCEEDED" in shown(screen.query_one("#progress"))
     routes = gw.admin("GET", "/admin/routes").json()["tiny"]["deployments"]
@@ -646,6 +652,7 @@ async def test_the_console_drains_a_replica_and_restores_from_the_keyboard(gatew
     from console.core.config import load_fleet
     from console.tui.app import EngineroomApp
     from console.tui.screens.failover import FailoverScreen
+    from tests.tui_support import until
 
     gw = gateway_factory()
     both = {"tiny-trt": 100, "tiny-vllm": 100}
@@ -653,39 +660,37 @@ async def test_the_console_drains_a_replica_and_restores_from_the_keyboard(gatew
     os.environ["ENGINEROOM_ADMIN_TOKEN"] = ADMIN
     app = EngineroomApp(load_fleet(gw.fleet))
 
-    async def until(predicate, what: str, tries: int = 300):
-        for _ in range(tries):
-            if result := predicate():
-                return result
-            await pilot.pause(0.1)
-        raise AssertionError(f"{what}: not within {tries / 10:g} s")
-
     async with app.run_test(size=(120, 40)) as pilot:
-        await until(lambda: app.gateway_role == "admin", "the gateway's role")
-        await until(lambda: app.gateway_snapshot is not None, "the gateway's snapshot")
+        await until(pilot, lambda: app.gateway_role == "admin", 30, "the gateway's role")
+        await until(pilot, lambda: app.gateway_snapshot is not None, 30, "the gateway's snapshot")
         app.fail_over("tiny")
         screen = await until(
-            lambda: app.screen if isinstance(app.screen, FailoverScreen) else None, "the plan"
+            pilot,
+            lambda: app.screen if isinstance(app.screen, FailoverScreen) else None,
+            30,
+            "the plan",
         )
-        await until(lambda: screen.plan is not None, "the gateway's plan")
+        await until(pilot, lambda: screen.plan is not None, 30, "the gateway's plan")
         # The healthiest preselected (console.collect.failover_targets), and the plan says why.
         target = screen.query_one("#target", Select).value
         assert target == screen.first_choice
         # No agent answers for this fleet's node: the engines' states are unknown, and so
         # the reason says (never "ready" on what was not read).
         await until(
+            pilot,
             lambda: (
                 f"preselected {target}: unknown, SLO unknown, KV ?, queue ?"
                 in shown(screen.query_one("#preflight"))
             ),
+            30,
             "the reason for the preselection",
         )
         assert app.focused is screen.query_one("#target", Select)  # the first field to fill
         await pilot.press("shift+tab")  # the move, then choose "drain one"
         assert app.focused is screen.query_one("#move", Select)
         await pilot.press("enter", "down", "enter")
-        await until(lambda: screen.ask()["drain"] is not None, "drain chosen")
-        await until(lambda: (screen.plan or {}).get("op") == "drain", "the drain's plan", tries=400)
+        await until(pilot, lambda: screen.ask()["drain"] is not None, 30, "drain chosen")
+        await until(pilot, lambda: (screen.plan or {}).get("op") == "drain", 40, "the drain's plan")
         drained = screen.ask()["drain"]
         assert screen.plan["sources"] == [drained]
         other = "tiny-vllm" if drained == "tiny-trt" else "tiny-trt"
@@ -696,32 +701,40 @@ async def test_the_console_drains_a_replica_and_restores_from_the_keyboard(gatew
         assert "100→0" in table and "100→200" in table, table
         confirm.focus()
         await pilot.press(*"tiny", "enter")
-        await until(lambda: screen.job and screen.job.get("state") == "succeeded", "the drain")
+        await until(
+            pilot, lambda: screen.job and screen.job.get("state") == "succeeded", 30, "the drain"
+        )
         assert screen.job["kind"] == "drain.planned"
         drain_id = screen.job["id"]
         await pilot.press("escape")
 
         app.fail_over("tiny")
         screen = await until(
+            pilot,
             lambda: (
                 app.screen
                 if isinstance(app.screen, FailoverScreen) and app.screen is not screen
                 else None
             ),
+            30,
             "the plan again",
         )
-        await until(lambda: screen.plan is not None, "the gateway's plan again")
+        await until(pilot, lambda: screen.plan is not None, 30, "the gateway's plan again")
         screen.query_one("#move", Select).value = "restore"
         await until(
-            lambda: screen.ask()["restore_before"] == drain_id, "the drain listed", tries=100
+            pilot, lambda: screen.ask()["restore_before"] == drain_id, 10, "the drain listed"
         )
-        await until(lambda: (screen.plan or {}).get("op") == "restore", "the restore's plan")
+        await until(
+            pilot, lambda: (screen.plan or {}).get("op") == "restore", 30, "the restore's plan"
+        )
         assert screen.plan["weights_after"] == both
         assert f"restore the weights from before job {drain_id}" in (
             shown(screen.query_one("#confirm-what"))
         )
         screen.query_one("#confirm", Input).focus()
         await pilot.press(*"tiny", "enter")
-        await until(lambda: screen.job and screen.job.get("state") == "succeeded", "the restore")
+        await until(
+            pilot, lambda: screen.job and screen.job.get("state") == "succeeded", 30, "the restore"
+        )
     routes = gw.admin("GET", "/admin/routes").json()["tiny"]["deployments"]
     assert {d["id"]: d["weight"] for d in routes} == both
