@@ -1,6 +1,9 @@
 """The diagnoses (issue 30) on real engines: a wedged vLLM (its EngineCore stopped, its API
-server still answering), a start that fails on real vLLM, thresholds refused with their
-line, and an engine that does not count tokens, which cannot tell instead of guessing."""
+server still answering) restarted through its agent, a Triton whose model blocks, a vLLM
+killed again and again (a crash loop), a start that fails on real vLLM, KV-cache pressure;
+GPU faults and a throttled GPU through the agent's NVML sampler on the FakeNvml TEST
+DOUBLE; thresholds refused with their line, and engines that cannot tell instead of
+guessing."""
 
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ import time
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 
 from console.agent.gpu import GpuSampler
@@ -34,9 +38,9 @@ from console.core.wire import Engine, Host, Job, NodeInfo, Snapshot
 from console.core.wire import Latency as WireLatency
 from console.core.wire import ModelStats as WireModelStats
 from console.core.wire import Percentiles as WirePercentiles
+from plugins.vllm import read_metrics
 from tests.conftest import OPERATOR, ROOT, Agent, agent_env, run_cli
 from tests.engines.servers import (
-    VllmServer,
     free_port,
     free_ports,
     launch_vllm,
@@ -50,7 +54,6 @@ from tests.engines.servers import (
 from tests.engines.triton_repo import write_repo
 from tests.nvml_double import FakeGpu, FakeNvml
 from tests.test_agent_real_engines import by_deployment, fleet_text
-from tests.test_dataplane_router import hold_streams
 from tests.test_gateway import ADMIN, start_gateway
 
 OPERATOR_TOKEN = OPERATOR.split(":", 1)[1]
@@ -82,92 +85,137 @@ def agent_over(
 
 
 @pytest.mark.engines
-def test_a_wedged_vllm_is_named_with_its_evidence_and_verified_once_it_generates_again(
-    agent_factory, vllm_server: VllmServer, monkeypatch
+def test_a_wedged_vllm_restarted_through_its_agent_is_resolved_once_it_generates(
+    agent_factory, tiny_model_dir: Path, tmp_path: Path, monkeypatch
 ):
-    agent = agent_over(agent_factory, fleet_text(vllm=vllm_server), monkeypatch)
-    # The deployment's engine: the agent also finds the session's other engines (Triton)
-    # among the node's processes.
-    engine = wait_until(
-        lambda: next(
-            (
-                e
-                for e in agent.snapshot()["engines"]
-                if e["state"] == "ready" and "tiny-vllm" in e["deployment_ids"]
-            ),
-            None,
-        ),
-        60,
-        what="vLLM ready in the snapshot",
-    )
-    fleet = load_fleet(agent.fleet)
-    diagnoser = Diagnoser(fleet)
-    rest = look(agent.fleet, diagnoser)
-    assert rest == [], [(x.headline(), x.evidence) for x in rest]  # at rest: nothing
-
-    # Streams, one after another, until the test ends: the core is stopped at a moment
-    # the engine's own /metrics counts one running (tests.test_dataplane_router does too).
+    """The move through the real path: a vLLM the agent started from a profile, its
+    EngineCore stopped (SIGSTOP) under a stream, named wedged; `engineroom vllm restart`
+    through the agent. While the job runs the diagnosis stays verifying; once the new
+    engine generates for the next streams, resolved after restart."""
+    port = free_port()
+    text = f"""
+[fleet]
+name = "diag"
+[agent]
+state_dir = "{tmp_path / "state"}"
+scrape_interval_s = 1
+[[nodes]]
+name = "local"
+agent = "http://127.0.0.1:9410"
+[profiles.tiny]
+engine = "vllm"
+node = "local"
+model = "{tiny_model_dir}"
+served_model_name = "tiny"
+port = {port}
+command = ["{vllm_python()}", "-m", "vllm.entrypoints.openai.api_server"]
+args = {{ host = "127.0.0.1", max_model_len = 256, dtype = "bfloat16", optimization_level = 0 }}
+env = {{ VLLM_CPU_KVCACHE_SPACE = "1" }}
+ready_timeout_s = 240
+stop_grace_s = 5
+[[models]]
+name = "tiny"
+  [[models.deployments]]
+  id = "tiny-vllm"
+  node = "local"
+  engine = "vllm"
+  endpoint = "http://127.0.0.1:{port}"
+  profile = "tiny"
+"""
+    agent = agent_over(agent_factory, text, monkeypatch)
+    env = agent_env(**{NODE_TOKEN: OPERATOR_TOKEN})
+    fleet = str(agent.fleet)
+    started = run_cli(
+        "vllm", "start", "--fleet", fleet, "--node", "local", "--profile", "tiny", "--wait",
+        env=env, timeout=300,
+    )  # fmt: skip
+    assert started.returncode == 0, started.stdout + started.stderr
+    engine = f"vllm-{port}"
+    base = f"http://127.0.0.1:{port}"
+    diagnoser = Diagnoser(load_fleet(agent.fleet))
     done = threading.Event()
 
-    def streams() -> None:
+    def streams() -> None:  # one after another; those cut by the restart fail, and go on
         while not done.is_set():
-            send_traffic_vllm(vllm_server.base_url, 1, True, max_tokens=64, timeout=300)
+            with contextlib.suppress(httpx.HTTPError):
+                send_traffic_vllm(base, 1, True, max_tokens=200, timeout=120)
 
     sender = threading.Thread(target=streams, daemon=True)
     sender.start()
-    core = hold_streams(vllm_server)
+    core: psutil.Process | None = None
     try:
+        [core] = [
+            p for p in psutil.Process(by_deployment(agent)["tiny-vllm"]["pid"]).children(True)
+            if "EngineCore" in " ".join(p.cmdline()) + p.name()
+        ]  # fmt: skip
+        for _ in range(50):  # stopped at a moment a stream runs on it
+            core.suspend()
+            if (by_metrics(base) or 0) >= 1:
+                break
+            core.resume()
+            wait_until(lambda: (by_metrics(base) or 0) >= 1, 120, what="a stream running")
         stopped = time.monotonic()
-
-        def wedged() -> Diagnosis | None:
-            return next(
+        found = wait_until(
+            lambda: next(
                 (x for x in look(agent.fleet, diagnoser) if x.kind is d.ENGINE_WEDGED), None
-            )
-
-        try:
-            found = wait_until(wedged, 60, interval=0.5, what="engine wedged diagnosed")
-        except TimeoutError:
-            seen = [(e["state"], e["models"]) for e in agent.snapshot()["engines"]]
-            view, *_ = asyncio.run(poll_once(load_fleet(agent.fleet)))
-            rows = [(r.name, r.status, r.error) for r in view.nodes]
-            raise AssertionError(f"not diagnosed; the agent saw {seen}; {rows}") from None
-        took = time.monotonic() - stopped
-        assert found.subject == f"local/{engine['id']}", found
-        assert found.moves[0] == "failover" and found.engine == engine["id"]
+            ),
+            60,
+            interval=0.5,
+            what="engine wedged diagnosed",
+        )
+        print(f"wedged: diagnosed {time.monotonic() - stopped:.1f} s after the core stopped")
+        assert found.subject == f"local/{engine}" and found.engine == engine
+        assert found.moves == ["failover", "restart"]
         shown = {e.figure: e.value for e in found.evidence}
         assert float(shown["requests running"]) >= 1, shown
         assert shown["health"].startswith("ready"), shown  # its API server still answers
-        assert all(e.at == f"engine {engine['id']} on local" for e in found.evidence)
-        print(f"wedged: diagnosed {took:.1f} s after the engine core stopped")
-
+        assert all(e.at == f"engine {engine} on local" for e in found.evidence)
         # The same through the command line, as an on-call engineer runs it over SSH.
-        out = run_cli(
-            "diagnose", "--fleet", str(agent.fleet), "--json",
-            env=agent_env(**{NODE_TOKEN: OPERATOR_TOKEN}),
-        )  # fmt: skip
+        out = run_cli("diagnose", "--fleet", fleet, "--json", env=env)
         assert out.returncode == 1, out.stderr
-        names = [x["name"] for x in json.loads(out.stdout)["diagnoses"]]
-        assert "engine_wedged" in names, out.stdout
+        assert "engine_wedged" in [x["name"] for x in json.loads(out.stdout)["diagnoses"]]
+        restart = run_cli(
+            "vllm", "restart", "--fleet", fleet, "--node", "local", "--engine", engine,
+            "--json", env=env,
+        )  # fmt: skip
+        assert restart.returncode == 0, restart.stdout + restart.stderr
+        job = json.loads(restart.stdout)["id"]
         diagnoser.moved(found.key, "restart")
-        assert wedged() is not None and wedged().state == "verifying"  # type: ignore[union-attr]
-    finally:
-        core.resume()
-        done.set()  # the last stream ends; the engine idles, which is no wedge
-    resolved = wait_until(
-        lambda: next(
-            (
-                x
-                for x in look(agent.fleet, diagnoser)
-                if x.key == found.key and x.state == "resolved"
+        states: list[str] = []
+
+        def ended() -> bool:
+            states.extend(x.state for x in look(agent.fleet, diagnoser) if x.key == found.key)
+            return agent.get(f"/v1/jobs/{job}").json()["state"] not in ("queued", "running")
+
+        wait_until(ended, 300, interval=1.0, what="the restart job ended")
+        assert agent.get(f"/v1/jobs/{job}").json()["state"] == "succeeded"
+        assert states and set(states) == {"verifying"}, states  # never resolved meanwhile
+        resolved = wait_until(
+            lambda: next(
+                (x for x in look(agent.fleet, diagnoser)
+                 if x.key == found.key and x.state == "resolved"),
+                None,
             ),
-            None,
-        ),
-        60,
-        interval=0.5,
-        what="the wedged diagnosis resolved once tokens flow again",
-    )
-    assert resolved.detail.startswith("resolved ") and resolved.detail.endswith("after restart")
-    sender.join(300)
+            120,
+            interval=0.5,
+            what="resolved once the restarted engine generates",
+        )  # fmt: skip
+        assert resolved.detail.endswith("after restart"), resolved.detail
+        assert by_deployment(agent)["tiny-vllm"]["exits"] == []  # the restart was asked for
+    finally:
+        done.set()
+        if core is not None:
+            with contextlib.suppress(psutil.Error):
+                core.resume()
+        run_cli("vllm", "stop", "--fleet", fleet, "--node", "local", "--engine", engine,
+                "--wait", env=env, timeout=120)  # fmt: skip
+        sender.join(150)
+
+
+def by_metrics(base: str) -> float | None:
+    """Requests running, from vLLM's own /metrics."""
+    text = httpx.get(base + "/metrics", timeout=10).text
+    return next(m for m in read_metrics(text, ["tiny"]) if m.name == "tiny").requests_running
 
 
 @pytest.mark.engines
