@@ -34,7 +34,7 @@ from console.core import diagnosis as d
 from console.core.config import ConfigError, load_fleet, parse_fleet
 from console.core.snapshot import Latency, Percentiles, decode_snapshot
 from console.core.snapshot import ModelStats as SnapModelStats
-from console.core.wire import Engine, Host, Job, NodeInfo, Snapshot
+from console.core.wire import Engine, GoneGpu, Host, Job, NodeInfo, Snapshot
 from console.core.wire import Latency as WireLatency
 from console.core.wire import ModelStats as WireModelStats
 from console.core.wire import Percentiles as WirePercentiles
@@ -878,6 +878,34 @@ def test_an_agents_hostile_text_reaches_the_terminal_and_markdown_only_through_t
     table = render_markdown(view, found).splitlines()
     row = next(line for line in table if "start failed" in line)
     assert "\x1b" not in row and row.count(" | ") == 4, row  # five cells, no more
+
+
+def test_an_agents_hostile_numbers_and_names_in_exits_and_gone_gpus_break_nothing():
+    """Exit times and a gone GPU come from the agents too: times no clock can give cost
+    their reading (never the look), and a gone GPU's name and UUID reach the text only
+    through the sanitizer."""
+    now = time.time()
+    engine = Engine(id="vllm-8000", kind="vllm", state="down", pid=77,
+                    deployment_ids=["tiny-vllm"], exits=[-1e308, 1e308, now - 5])  # fmt: skip
+    gone = GoneGpu(uuid="GPU-\x1b]0;owned\x07x", index=3, name="H200\x1b[2J", last_seen=1e308)
+    wire = Snapshot(
+        node=NodeInfo(name="local", agent_version="t", time=now), host=Host(),
+        gpu_status="ok", engines=[engine], gpus_gone=[gone],
+    )  # fmt: skip
+    fleet_text = NODE_FLEET + (
+        '[[models]]\nname = "tiny"\n[[models.deployments]]\nid = "tiny-vllm"\n'
+        'node = "local"\nengine = "vllm"\nendpoint = "http://127.0.0.1:8000"\n'
+    )
+    fleet = parse_fleet(fleet_text)
+    snap = decode_snapshot(wire.model_dump_json())
+    states = {"local": NodeState("local", "agent", snapshot=snap, last_ok=time.monotonic())}
+    view = build(fleet, states, 1.0)
+    found = Diagnosed(*diagnose_once(fleet, view, states))
+    crash = next(x for x in found.found if x.kind is d.CRASH_LOOP)
+    assert crash.cause == "exited, not back" and crash.evidence[0].value.startswith("1 (")
+    assert any(x.kind is d.GPU_FAULT for x in found.found)
+    text = render_text(view, found, None) + render_markdown(view, found)
+    assert "\x1b" not in text and "\x07" not in text and "crash loop" in text
 
 
 @pytest.mark.engines

@@ -16,6 +16,7 @@ the diagnoses now; after a move (`Diagnoser.moved`) a diagnosis says `verifying`
 from __future__ import annotations
 
 import bisect
+import math
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -35,6 +36,9 @@ RESOLVED_SHOWN_S = 300.0  # how long a resolved diagnosis stays listed
 # A replica slower than its siblings by less than this is noise, whatever the ratio (a
 # 12 ms TTFT beside 5 ms ones is no incident).
 IMBALANCE_FLOOR_S = 0.05
+EXITS_SANE_S = (
+    7 * 86400.0
+)  # an exit older than this in a snapshot is no reading (the agent keeps an hour)
 _OPEN = ("queued", "running")
 _STARTS = ("vllm.start", "engine.restart")
 
@@ -296,11 +300,13 @@ def _crash_loop(fleet: Fleet, node: _Node, engine: Engine, now: float) -> list[D
     """Exits of the engine's process that no one asked for (the agent's watch: a stop or
     restart job's are not among them): one it is not back from, or crash_loop_exits within
     crash_loop_window_s (an outside supervisor starting it again each time)."""
-    if not engine.exits:
+    # Times an agent sent: only those that can be (a hostile one's 1e308 is none).
+    exits = [t for t in engine.exits if math.isfinite(t) and now - EXITS_SANE_S <= t <= now + 60]
+    if not exits:
         return []
     model = _deployment_model(fleet, engine)
     window = d.limit(fleet, model, "crash_loop_window_s")
-    recent = [t for t in engine.exits if t >= now - window]
+    recent = [t for t in exits if t >= now - window]
     # Down with its process known: the process that exited unasked is the one it had (an
     # engine the agent stopped has none), however long ago. Only a declared deployment's:
     # an engine the fleet does not serve from may come and go (someone's trial vLLM).
@@ -309,8 +315,8 @@ def _crash_loop(fleet: Fleet, node: _Node, engine: Engine, now: float) -> list[D
     if not (down or looping):
         return []
     at = node.at(engine)
-    shown = recent or engine.exits[-1:]
-    ago = ", ".join(duration_from_seconds(now - t) for t in reversed(shown[-5:]))
+    shown = recent or exits[-1:]
+    ago = ", ".join(duration_from_seconds(max(0.0, now - t)) for t in reversed(shown[-5:]))
     evidence = [
         Evidence(
             f"exits no one asked for in {duration_from_seconds(window)}",
