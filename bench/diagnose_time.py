@@ -10,8 +10,16 @@
 - start failed: a vllm.start whose model has no architecture; the clock runs from the
   moment the job reads failed on the agent to the first look that names `start_failed`.
   Target: two scrape intervals (the class holds for no time).
+- KV pressure: a second vLLM with 12 KV blocks of 32 tokens; six clients stream 200-token
+  answers at once. The clock runs from the clients' start (the cache fills within it) to
+  the first look naming `kv_pressure` on that engine. Target: two scrape intervals plus
+  the window's second reading (preemptions are a rate): 3 x 2 s = 6 s.
+- Triton stall: a real Triton whose one model instance takes 30 s a request (the Python-
+  backend TEST DOUBLE of the ensemble); the clock runs from a second request queuing
+  behind the first to the first look naming `triton_stall`. Target: two scrape intervals
+  plus triton_stall_after_s (20 s): 24 s.
 
-KV pressure and a saturated API server are not measured here yet (docs/diagnoses.md).
+A saturated API server is not measured here yet (docs/diagnoses.md).
 """
 
 from __future__ import annotations
@@ -39,6 +47,7 @@ from console.collect.diagnoses import Diagnoser  # noqa: E402
 from console.core import diagnosis as d  # noqa: E402
 from console.core.config import load_fleet  # noqa: E402
 from tests.engines import servers  # noqa: E402
+from tests.engines.triton_repo import write_repo  # noqa: E402
 
 SCRAPE_S = 2.0
 LOOK_S = 0.25
@@ -63,6 +72,20 @@ name = "tiny"
   node = "local"
   engine = "vllm"
   endpoint = "http://127.0.0.1:{vllm_port}"
+  [[models.deployments]]
+  id = "tiny-kv"
+  node = "local"
+  engine = "vllm"
+  endpoint = "http://127.0.0.1:{kv_port}"
+  weight = 0
+  [[models.deployments]]
+  id = "tiny-trt"
+  node = "local"
+  engine = "triton"
+  endpoint = "http://127.0.0.1:{triton_port}"
+  metrics_endpoint = "http://127.0.0.1:{triton_metrics}"
+  engine_model = "ensemble"
+  weight = 0
 [profiles.broken]
 engine = "vllm"
 node = "local"
@@ -74,17 +97,72 @@ ready_timeout_s = 240
 """
 
 
-def first_look_with(fleet_path: Path, name: str, deadline_s: float) -> float | None:
-    """Monotonic time of the first look whose diagnoses include class `name`."""
+def first_look_with(
+    fleet_path: Path, name: str, deadline_s: float, engine: str | None = None
+) -> float | None:
+    """Monotonic time of the first look whose diagnoses include class `name` (on
+    `engine`, where given)."""
     fleet = load_fleet(fleet_path)
     diagnoser = Diagnoser(fleet)
     end = time.monotonic() + deadline_s
     while time.monotonic() < end:
         view, states, gateway, _ = asyncio.run(poll_once(fleet))
-        if any(x.kind.name == name for x in diagnoser.update(view, states, gateway.snapshot)):
+        found = diagnoser.update(view, states, gateway.snapshot)
+        if any(x.kind.name == name and engine in (None, x.engine) for x in found):
             return time.monotonic()
         time.sleep(LOOK_S)
     return None
+
+
+def kv_round(fleet_path: Path, kv: servers.VllmServer) -> float | None:
+    done = threading.Event()
+
+    def client() -> None:
+        while not done.is_set():
+            servers.send_traffic_vllm(kv.base_url, 1, True, max_tokens=200, timeout=300)
+
+    clients = [threading.Thread(target=client, daemon=True) for _ in range(6)]
+    started = time.monotonic()
+    for thread in clients:
+        thread.start()
+    try:
+        seen = first_look_with(fleet_path, d.KV_PRESSURE.name, 120, f"vllm-{kv.port}")
+        return None if seen is None else seen - started
+    finally:
+        done.set()
+        for thread in clients:
+            thread.join(300)
+        servers.wait_until(
+            lambda: not any(x.kind is d.KV_PRESSURE for x in look(fleet_path)),
+            120,
+            interval=LOOK_S,
+            what="the KV pressure cleared",
+        )
+
+
+def triton_round(fleet_path: Path, triton: servers.TritonServer) -> float | None:
+    def ask() -> None:  # 30 tokens at one a second: 30 s in the model's one instance
+        servers.send_traffic_triton(triton.base_url, "ensemble", 1, False, 30, timeout=120)
+
+    first = threading.Thread(target=ask, daemon=True)
+    first.start()
+    servers.wait_until(  # the first one is in the model: Triton queues nothing yet
+        lambda: "nv_inference_pending_request_count" in httpx.get(triton.metrics_url).text,
+        30,
+        what="Triton's metrics",
+    )
+    # Triton shows no sign that a request reached the model's instance (it counts one at
+    # its end): a second for the first to get there, so the second is the one queued.
+    time.sleep(1.0)
+    second = threading.Thread(target=ask, daemon=True)
+    queued = time.monotonic()
+    second.start()
+    try:
+        seen = first_look_with(fleet_path, d.TRITON_STALL.name, 60)
+        return None if seen is None else seen - queued
+    finally:
+        first.join(120)
+        second.join(120)
 
 
 def running(base_url: str) -> float:
@@ -168,13 +246,20 @@ def main() -> int:
         broken.mkdir()
         (broken / "config.json").write_text("{}")
         vllm = servers.start_vllm(model, work / "vllm", extra_args=("-O0",))
+        kv = servers.start_vllm(
+            model, work / "vllm-kv",
+            extra_args=("-O0", "--block-size", "32", "--num-gpu-blocks-override", "12"),
+        )  # fmt: skip
+        repo = write_repo(work / "triton-repo", "ensemble", token_delay_ms=1000, instances=1)
+        triton = servers.start_triton(repo, work / "triton")
         agent_port = servers.free_port()
         fleet = work / "fleet.toml"
         fleet.write_text(
             FLEET.format(
                 state=work / "state", scrape=SCRAPE_S, agent_port=agent_port,
                 vllm_port=vllm.port, broken=broken, broken_port=servers.free_port(),
-                python=servers.vllm_python(),
+                python=servers.vllm_python(), kv_port=kv.port, triton_port=triton.http_port,
+                triton_metrics=triton.metrics_port,
             )
         )  # fmt: skip
         env = {**os.environ, "ENGINEROOM_OPERATOR_TOKEN": f"bench:{TOKEN}",
@@ -193,10 +278,14 @@ def main() -> int:
             )
             wedged = [wedge_round(fleet, vllm) for _ in range(args.rounds)]
             failed = [start_failed_round(fleet, agent_url) for _ in range(2)]
+            pressed = [kv_round(fleet, kv) for _ in range(3)]
+            stalled = [triton_round(fleet, triton) for _ in range(2)]
         finally:
             agent.send_signal(signal.SIGTERM)
             agent.wait(30)
             servers.stop(vllm.process)
+            servers.stop(kv.process)
+            servers.stop(triton)
 
     def figures(values: list[float | None]) -> str:
         got = [v for v in values if v is not None]
@@ -204,15 +293,19 @@ def main() -> int:
         if not got:
             return f"never diagnosed in {len(values)} rounds"
         each = " ".join(f"{v:.1f}" for v in got)
-        tail = f", {missed} rounds not diagnosed within 60 s" if missed else ""
+        tail = f", {missed} rounds not diagnosed in time" if missed else ""
         return f"median {statistics.median(got):.1f} s, max {max(got):.1f} s ({each}){tail}"
 
     target = 2 * SCRAPE_S + d.DEFAULTS["wedged_after_s"]
+    stall = 2 * SCRAPE_S + d.DEFAULTS["triton_stall_after_s"]
+    kv_target, two_scrapes = 3 * SCRAPE_S, 2 * SCRAPE_S
     print(
-        f"time from fault to diagnosis, real vLLM {vllm.version}, agent scrape {SCRAPE_S:g} s, "
-        f"console look every {LOOK_S:g} s\n"
+        f"time from fault to diagnosis, real vLLM {vllm.version}, real Triton "
+        f"{triton.version}, agent scrape {SCRAPE_S:g} s, console look every {LOOK_S:g} s\n"
         f"  engine wedged (EngineCore stopped)   {figures(wedged)}   target <= {target:g} s\n"
-        f"  start failed (from the job failing)  {figures(failed)}   target <= {2 * SCRAPE_S:g} s"
+        f"  start failed (from the job failing)  {figures(failed)}   target <= {two_scrapes:g} s\n"
+        f"  KV pressure (from the clients' start) {figures(pressed)}   target <= {kv_target:g} s\n"
+        f"  Triton stall (from a request queued) {figures(stalled)}   target <= {stall:g} s"
     )
     return 0
 
