@@ -50,7 +50,9 @@ from tests.test_gateway import (
     GATEWAY_VIEWER,
     Gateway,
     Load,
+    job_ended,
     nice_group,
+    plan_drawn,
     shown,
     start_gateway,
 )
@@ -445,38 +447,32 @@ async def test_the_failover_plan_and_progress_screens_name_haproxy(stack_factory
     from console.core.config import load_fleet
     from console.tui.app import EngineroomApp
     from console.tui.screens.failover import FailoverScreen
+    from tests.tui_support import until
 
     hap = stack_factory()
     os.environ["ENGINEROOM_ADMIN_TOKEN"] = ADMIN
 
     app = EngineroomApp(load_fleet(hap.gateway.fleet))
     async with app.run_test(size=(150, 50)) as pilot:
-        for _ in range(100):
-            if app.gateway_snapshot is not None:
-                break
-            await pilot.pause(0.1)
+        await until(pilot, lambda: app.gateway_snapshot is not None, 30, "the gateway's snapshot")
         app.fail_over("tiny")
-        await pilot.pause(0.5)
+        await until(pilot, lambda: plan_drawn(app), 10, "the failover plan drawn")
         screen = app.screen
         assert isinstance(screen, FailoverScreen)
         plan = shown(screen.query_one("#plan-table"))
         assert "data plane edge (haproxy)" in plan, plan
-        for _ in range(200):
-            if "preflight ok" in shown(screen.query_one("#preflight")):
-                break
-            await pilot.pause(0.1)
+        # The gateway's plan answered (ok or not: what it says is asserted next).
+        await until(pilot, lambda: screen.plan is not None, 60, "the preflight")
         preflight = shown(screen.query_one("#preflight"))
         assert "data plane: HAProxy 'edge' via its admin socket" in preflight, preflight
         assert "verification figures: HAProxy's show stat" in preflight, preflight
         screen.query_one("#mode", Select).value = "emergency"
         screen.query_one("#confirm", Input).value = "tiny"
-        await pilot.pause(0.2)
+        go = screen.query_one("#go", Button)
+        await until(pilot, lambda: not go.disabled, 10, "Go enabled by the model's name")
         assert not screen.query_one("#go", Button).disabled
         await pilot.click("#go")
-        for _ in range(200):
-            if screen.job and screen.job.get("state") == "succeeded":
-                break
-            await pilot.pause(0.1)
+        await until(pilot, lambda: job_ended(screen), 60, "the failover job's end")
         assert screen.job and screen.job["state"] == "succeeded", screen.job
         progress = shown(screen.query_one("#progress"))
         assert "SUCCEEDED" in progress and "data plane: HAProxy 'edge'" in progress, progress
