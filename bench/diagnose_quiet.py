@@ -204,7 +204,8 @@ def main() -> int:
             began = time.monotonic()
             for name in ("a", "b"):
                 job = agent.job({"kind": "vllm.start", "profile": name})
-                events.append(f"cold start {name}: {job['state']}")
+                why = f" ({job.get('error')})" if job.get("error") else ""
+                events.append(f"cold start {name}: {job['state']}{why}")
                 say(events[-1])
             load = Load(gw).start()
             end = began + minutes * 60
@@ -218,7 +219,8 @@ def main() -> int:
             say(events[-1])
             servers.wait_until(lambda: time.monotonic() >= at(0.6), 3600, interval=1, what="t2")
             job = agent.job({"kind": "engine.restart", "engine": agent.engine_of("a")})
-            events.append(f"restart of a (a cold start): {job['state']}")
+            why = f" ({job.get('error')})" if job.get("error") else ""
+            events.append(f"restart of a (a cold start): {job['state']}{why}")
             say(events[-1])
             servers.wait_until(lambda: time.monotonic() >= end, 3600, interval=1, what="end")
         finally:
