@@ -36,9 +36,8 @@ RESOLVED_SHOWN_S = 300.0  # how long a resolved diagnosis stays listed
 # A replica slower than its siblings by less than this is noise, whatever the ratio (a
 # 12 ms TTFT beside 5 ms ones is no incident).
 IMBALANCE_FLOOR_S = 0.05
-EXITS_SANE_S = (
-    7 * 86400.0
-)  # an exit older than this in a snapshot is no reading (the agent keeps an hour)
+# An exit older than this in a snapshot is no reading (the agent keeps an hour's).
+EXITS_SANE_S = 7 * 86400.0
 _OPEN = ("queued", "running")
 _STARTS = ("vllm.start", "engine.restart")
 
