@@ -1,10 +1,12 @@
 """The console's diagnoses (issue 30): the count in the header, `:diag`, one diagnosis
-whole, and the failover made from it, verified once the operator confirmed it.
+whole, and the moves made from it (fail over, quarantine, restart, start a standby, run
+the drill), each verified once its job started, never when its screen merely opened.
 
 The fleet is the recorded real agent of tests/test_tui_drills.py (on cpu-1, tiny-trt's
 TensorRT-LLM engine is stale after the node's driver and TensorRT-LLM changed, and
-tiny-vllm is ready); the failover goes to a real gateway on loopback. The finding itself
-is tested on real engines in tests/test_diagnoses.py.
+tiny-vllm is ready); the failovers and the quarantine go to a real gateway on loopback,
+the standby's start and the drill to a real agent. The finding itself is tested on real
+engines in tests/test_diagnoses.py.
 """
 
 from __future__ import annotations
@@ -13,10 +15,13 @@ import itertools
 import json
 import re
 import statistics
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from textual.binding import Binding
 from textual.widgets import Input, Select
 from textual.widgets.data_table import ColumnKey
 
@@ -27,6 +32,7 @@ from console.collect.recording_writer import RecordingWriter
 from console.collect.replay import ReplayCollector, fleet_of
 from console.collect.view import build
 from console.core.config import parse_fleet
+from console.core.diagnosis import BY_NAME
 from console.core.snapshot import Latency, ModelStats, Percentiles, decode_snapshot
 from console.core.units import duration_from_seconds
 from console.tui.app import EngineroomApp
@@ -34,6 +40,7 @@ from console.tui.diagnosing import BUDGET, FIRST_LOOK_WAIT_S, ConsoleDiagnoses
 from console.tui.replay import ReplayApp
 from console.tui.screens.diagnoses import DiagnosesScreen, DiagnosisScreen
 from console.tui.screens.failover import FailoverScreen
+from console.tui.screens.jobs import JobScreen, StartVllmScreen
 from console.tui.screens.models import ModelsScreen
 from console.tui.web import WebViewApp
 from console.tui.widgets.confirm import ConfirmScreen
@@ -41,11 +48,12 @@ from console.tui.widgets.header import FleetHeader
 from console.tui.widgets.safe_static import SafeStatic
 from console.tui.widgets.table import FleetTable
 from console.tui.widgets.top_diagnosis import STYLE, TopDiagnosis
+from tests.conftest import OPERATOR
 from tests.engines.servers import free_port, stop
 from tests.test_hardening_clients import ADMIN, start_gateway
 from tests.test_tui_drills import DRILL_FLEET, DRILLS
 from tests.test_tui_operator_actions import PLAYBOOK_FLEET
-from tests.tui_support import H200, keys, recorded_app, until
+from tests.tui_support import H200, ROOT, keys, recorded_app, until
 
 SIZE = (120, 36)
 STALE = ("stale_trt_engine", "tiny/tiny-trt")
@@ -488,3 +496,338 @@ async def test_a_replay_judges_its_diagnoses_at_the_replayed_time(tmp_path: Path
         app.jump_to("+0:05")
         await until(pilot, lambda: app.diagnoses.now() == t0 + 5, what="the look at +5 s")
         assert app.diagnoses.get(STALE).since == t0 + 5  # not first seen in its future
+
+
+# -- the moves made from a diagnosis, against a real agent and a real gateway ---------------
+
+# cpu-1 as the recorded agent saw it (the stale tiny-trt, the ready tiny-vllm), while its
+# jobs go to a real agent on loopback and its traffic to a real gateway. Two vLLM launch
+# profiles serve tiny; the one declared first is no deployment's: the standby's is chosen
+# by the diagnosis, not by the order. The profiles' command is this test's own python,
+# which has no vLLM: a start job is taken, then fails in seconds; so is a drill's (no
+# TensorRT-LLM here), at its preflight.
+ACTING_FLEET = """\
+[fleet]
+name = "recorded"
+refresh_s = 0.5
+
+[agent]
+state_dir = "{state}"
+scrape_interval_s = 0.5
+
+[gateway]
+url = "http://127.0.0.1:{gw_port}"
+token_env = "T_ADMIN"
+state_dir = "{gw_state}"
+health_interval_s = 0.5
+
+[[nodes]]
+name = "cpu-1"
+agent = "http://127.0.0.1:{agent_port}"
+token_env = "T_OPERATOR"
+
+[profiles.tiny-other]
+engine = "vllm"
+node = "cpu-1"
+model = "{model}"
+served_model_name = "tiny"
+port = {other}
+command = ["{python}", "-m", "vllm.entrypoints.openai.api_server"]
+
+[profiles.tiny-standby]
+engine = "vllm"
+node = "cpu-1"
+model = "{model}"
+served_model_name = "tiny"
+port = {vllm}
+command = ["{python}", "-m", "vllm.entrypoints.openai.api_server"]
+args = {{ host = "127.0.0.1", max_model_len = 256 }}
+
+[[models]]
+name = "tiny"
+
+  [[models.deployments]]
+  id = "tiny-trt"
+  node = "cpu-1"
+  engine = "triton"
+  endpoint = "http://127.0.0.1:{trt}"
+  engine_model = "ensemble"
+  weight = 100
+
+  [[models.deployments]]
+  id = "tiny-vllm"
+  node = "cpu-1"
+  engine = "vllm"
+  endpoint = "http://127.0.0.1:{vllm}"
+  weight = {vllm_weight}
+  profile = "tiny-standby"
+
+[drills.tiny-bf16]
+model = "tiny"
+deployment = "tiny-trt"
+checkpoint = "{model}"
+engine_cache = "{cache}"
+serve_port = {serve}
+"""
+BURST = ("error_burst", "tiny/tiny-vllm")
+
+
+def acting_fleet(tmp_path: Path, vllm_weight: int = 0, **ports: int) -> str:
+    model = tmp_path / "model"
+    model.mkdir(exist_ok=True)
+    (model / "config.json").write_text("{}")
+    given = {name: ports.get(name) or free_port() for name in
+             ("gw_port", "agent_port", "other", "vllm", "trt", "serve")}  # fmt: skip
+    return ACTING_FLEET.format(
+        state=tmp_path / "state", gw_state=tmp_path / "gw-state", cache=tmp_path / "cache",
+        model=model, python=sys.executable, vllm_weight=vllm_weight, **given,
+    )  # fmt: skip
+
+
+def bursting() -> dict:
+    """The recorded cpu-1 with half of tiny-vllm's requests failing: an error burst."""
+    snap = json.loads(DRILLS.read_text())
+    engine = next(e for e in snap["engines"] if e["id"] == "vllm-33469")
+    engine["models"][0]["error_rate"] = 0.5
+    return snap
+
+
+def console_on(text: str, snapshot: dict | None = None, app=EngineroomApp) -> EngineroomApp:
+    fleet = parse_fleet(text)
+    snap = decode_snapshot(json.dumps(snapshot) if snapshot else DRILLS.read_text())
+    return app(fleet, collector=ReplayCollector(fleet, {"cpu-1": snap}))
+
+
+class Acting:
+    """The console over the recorded cpu-1 (`console`), its real agent and its real
+    gateway started on the fleet's ports; an ENGINE DOUBLE where a deployment must be up
+    at the gateway (`double`)."""
+
+    def __init__(self, agent_factory, tmp_path: Path) -> None:
+        self.agent_factory, self.tmp = agent_factory, tmp_path
+        self.started: list[subprocess.Popen[bytes]] = []
+
+    def console(self, vllm_weight: int = 0, snapshot: dict | None = None, trt: int = 0):
+        agent_port, gw_port = free_port(), free_port()
+        text = acting_fleet(self.tmp, vllm_weight, agent_port=agent_port, gw_port=gw_port,
+                            trt=trt)  # fmt: skip
+        agent = self.agent_factory(text, node="cpu-1", port=agent_port)
+        self.started.append(start_gateway(agent.fleet, gw_port).process)
+        return console_on(text, snapshot)
+
+    def double(self, port: int) -> Path:
+        """A Triton-shaped ENGINE DOUBLE (tests/engine_double.py) on `port`; its log."""
+        log = self.tmp / "engine-double.log"
+        with log.open("wb") as out:
+            self.started.append(subprocess.Popen(
+                [sys.executable, str(ROOT / "tests" / "engine_double.py"), f"triton:{port}"],
+                stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            ))  # fmt: skip
+        return log
+
+
+@pytest.fixture
+def acting(agent_factory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("T_OPERATOR", OPERATOR.split(":", 1)[1])
+    monkeypatch.setenv("T_ADMIN", ADMIN)
+    made = Acting(agent_factory, tmp_path)
+    yield made
+    for process in made.started:
+        stop(process, grace=5)
+
+
+def keyed(screen: DiagnosisScreen) -> dict[str, bool]:
+    """The moves' keys the footer shows: {key: enabled}."""
+    moves = {b.key for b in DiagnosisScreen.BINDINGS if isinstance(b, Binding)}
+    return {key: b.enabled for key, b in screen.active_bindings.items() if key in moves}
+
+
+async def held(app: EngineroomApp, pilot, key: tuple[str, str]):
+    """The diagnosis `key` once it has held for its class's hold: every look raises it
+    from then on. (A class with a hold that the first look raised at once is not raised
+    by the looks after it until its hold has passed: console/collect/diagnoses.py.)"""
+
+    def found():
+        x = app.diagnoses.get(key)
+        return x if x is not None and app.diagnoses.now() - x.since >= x.kind.hold_s else None
+
+    hold = BY_NAME[key[0]].hold_s
+    return await until(pilot, found, timeout=hold + 20, what=f"{key} held for {hold:g} s")
+
+
+async def open_first(app: EngineroomApp, pilot, key: tuple[str, str]) -> DiagnosisScreen:
+    """`!`, then Enter on the first row once `key` is listed and the gateway was read."""
+    await until(pilot, lambda: app.gateway_role == "admin", what="the gateway's role")
+    await held(app, pilot, key)
+    await pilot.press("exclamation_mark")
+    await until(pilot, lambda: "/".join(key) in rows(app), what="its row")
+    await pilot.press("enter")
+    return await until(
+        pilot,
+        lambda: (
+            app.screen if isinstance(app.screen, DiagnosisScreen) and app.screen.diagnosis else None
+        ),
+        what="the diagnosis screen",
+    )
+
+
+def top(app: EngineroomApp, kind: type):
+    return app.screen if isinstance(app.screen, kind) else None
+
+
+async def test_s_opens_the_start_form_on_the_standby_and_the_start_the_agent_took_is_the_move(
+    acting,
+) -> None:
+    app = acting.console()
+    async with app.run_test(size=(160, 40)) as pilot:
+        screen = await open_first(app, pilot, STALE)
+        hint = "s: start standby tiny-vllm on cpu-1 (profile tiny-standby, the Start vLLM form)"
+        await until(pilot, lambda: hint in shown(screen), what="the standby's key")
+        # The stale engine's moves: standby, failover, drill; each one's key, no other.
+        assert keyed(screen) == {"s": True, "f": True, "D": True}
+
+        async def form() -> StartVllmScreen:
+            await pilot.press("s")
+            return await until(pilot, lambda: top(app, StartVllmScreen), what="the form")
+
+        # Opened and cancelled: nothing was done, nothing verified.
+        first = await form()
+        assert first.model == "tiny" and first.selected == ("cpu-1", "tiny-standby")
+        assert first.choices == [("cpu-1", "tiny-standby"), ("cpu-1", "tiny-other")]
+        await pilot.press("escape")
+        await until(pilot, lambda: app.screen is screen, what="back on the diagnosis")
+        assert app.diagnoses.get(STALE).state == "active"
+
+        # Started: the agent's preflight, its confirmation, then the job the agent took.
+        second = await form()
+        plan = await until(pilot, lambda: second.plan, what="the agent's plan")
+        assert plan["ok"] and plan["argv"][0] == sys.executable, plan
+        await pilot.press("ctrl+s")
+        asked = await until(pilot, lambda: top(app, ConfirmScreen), what="the confirmation")
+        assert asked.title_text == "Start tiny-standby on cpu-1?"
+        assert app.diagnoses.get(STALE).state == "active"  # asked, not started
+        await pilot.press("y")
+        job = await until(pilot, lambda: top(app, JobScreen), what="the start job")
+        assert job.node == "cpu-1"
+        took = await until(pilot, lambda: job.job, what="the agent's job")
+        assert (took.kind, took.params["profile"]) == ("vllm.start", "tiny-standby")
+        assert app.diagnoses.get(STALE).detail.startswith("verifying standby")
+        await pilot.press("escape")
+        await until(pilot, lambda: app.screen is screen, what="back on the diagnosis")
+        await until(pilot, lambda: "verifying standby" in shown(screen), what="verifying")
+
+
+async def test_D_runs_the_deployments_drill_once_confirmed(acting) -> None:
+    app = acting.console()
+    async with app.run_test(size=(160, 40)) as pilot:
+        screen = await open_first(app, pilot, STALE)
+        hint = "D: run drill tiny-bf16 on cpu-1 (asks first; its agent's job)"
+        await until(pilot, lambda: hint in shown(screen), what="the drill's key")
+        for answer in ("n", "y"):
+            await pilot.press("D")
+            asked = await until(pilot, lambda: top(app, ConfirmScreen), what="the confirmation")
+            assert asked.title_text == "Run drill tiny-bf16 on cpu-1?"
+            assert "rebuilds deployment tiny-trt (tiny) on node cpu-1" in asked.body
+            await pilot.press(answer)
+            if answer == "n":  # refused: nothing asked of the agent, nothing to verify
+                await until(pilot, lambda: app.screen is screen, what="back on the diagnosis")
+                assert app.diagnoses.get(STALE).state == "active"
+        job = await until(pilot, lambda: top(app, JobScreen), what="the drill's job")
+        took = await until(pilot, lambda: job.job, what="the agent's job")
+        assert (job.node, took.kind, took.params) == ("cpu-1", "drill.run", {"drill": "tiny-bf16"})
+        assert app.diagnoses.get(STALE).detail.startswith("verifying drill")
+
+
+async def test_w_quarantines_the_deployment_through_the_planned_drain_once_confirmed(
+    acting,
+) -> None:
+    """tiny-vllm carries tiny beside tiny-trt and half its requests fail: an error burst,
+    whose moves are fail over, quarantine, restart. `w` opens the plan draining it to
+    weight 0, planned (a verified shift) whatever the class's severity (`f` would drain it
+    at once): its weight to the others where one of them is up at the gateway, else onto
+    the healthiest of them (a drain "onto the others" with none up, the gateway refuses)."""
+    trt = free_port()
+    app = acting.console(vllm_weight=100, snapshot=bursting(), trt=trt)
+    async with app.run_test(size=(160, 40)) as pilot:
+        screen = await open_first(app, pilot, BURST)  # critical: the first row
+        assert screen.key == BURST
+        assert keyed(screen) == {"f": True, "w": True, "r": True}
+        # Nothing answers at tiny-trt yet: the gateway has it down.
+        hint = "w: the plan draining tiny-vllm to weight 0, onto tiny-trt, planned"
+        await until(pilot, lambda: hint in shown(screen), what="the quarantine onto tiny-trt")
+
+        async def plan() -> FailoverScreen:
+            await pilot.press("w")
+            found = await until(pilot, lambda: top(app, FailoverScreen), what="the plan")
+            await until(pilot, lambda: found.is_mounted and found.query("#onto"))
+            return found
+
+        # Opened and closed without confirming: nothing was done, nothing verified.
+        first = await plan()
+        assert (first.source, first.target, first.mode) == ("tiny-vllm", "tiny-trt", "planned")
+        await pilot.press("escape")
+        await until(pilot, lambda: app.screen is screen, what="back on the diagnosis")
+        assert app.diagnoses.get(BURST).state == "active"
+
+        log = acting.double(trt)  # tiny-trt answers: up at the gateway, with its weight
+        await until(pilot, lambda: "listening" in log.read_text(), what="the engine double")
+        hint = "w: the plan draining tiny-vllm to weight 0, onto the others, planned"
+        await until(pilot, lambda: hint in shown(screen), what="the quarantine onto the others")
+        second = await plan()
+        assert (second.source, second.target) == ("tiny-vllm", None)
+        assert second.query_one("#move", Select).value == "drain"
+        assert second.query_one("#target", Select).value == "tiny-vllm"
+        assert second.query_one("#onto", Select).value == "others"
+        assert second.query_one("#mode", Select).value == "planned"
+        assert second.query_one("#confirm", Input).value == "tiny"
+        said = str(second.query_one("#confirm-what", SafeStatic).render())
+        assert said.startswith("drain tiny-vllm onto the others: Enter to confirm (diagnosis "
+                               "error_burst on tiny/tiny-vllm"), said  # fmt: skip
+        await pilot.press("enter")  # the confirmation holds the focus, the name typed
+        job = await until(pilot, lambda: second.job, what="the gateway's job")
+        assert job["params"] == {"model": "tiny", "drain": "tiny-vllm", "mode": "planned",
+                                 "why": "from the console: diagnosis error_burst on "
+                                 "tiny/tiny-vllm"}  # fmt: skip
+        await pilot.press("escape")
+        await until(pilot, lambda: app.screen is screen, what="back on the diagnosis")
+        moved = await until(
+            pilot,
+            lambda: "verifying quarantine" in shown(screen) and app.diagnoses.get(BURST),
+            what="the diagnosis verifying the quarantine",
+        )
+        assert moved.state == "verifying"
+
+
+@pytest.mark.parametrize(
+    ("key", "press", "refused", "said"),
+    [
+        (STALE, "s", "starting vLLM", "read-only here: :start tiny, from a console that may act"),
+        (STALE, "D", "running a drill",
+         "read-only here: engineroom drill run tiny-bf16, from a console that may act"),
+        (BURST, "w", "quarantining a deployment", "read-only here: engineroom failover tiny "
+         "--drain tiny-vllm --plan, from a console that may act"),
+    ],
+    ids=["standby", "drill", "quarantine"],
+)  # fmt: skip
+async def test_a_read_only_view_refuses_the_standby_the_quarantine_and_the_drill(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    key: tuple[str, str],
+    press: str,
+    refused: str,
+    said: str,
+) -> None:
+    monkeypatch.setenv("T_OPERATOR", OPERATOR.split(":", 1)[1])
+    text = acting_fleet(tmp_path, vllm_weight=100)  # nothing answers: nothing is asked
+    app = console_on(text, bursting(), app=WebViewApp)
+    async with app.run_test(size=SIZE) as pilot:
+        await held(app, pilot, key)
+        screen = DiagnosisScreen(key)
+        app.push_screen(screen)
+        await until(pilot, lambda: screen.query("#diagnosis"), what="the diagnosis shown")
+        await until(pilot, lambda: said in shown(screen), what="the read-only line")
+        assert keyed(screen)[press] is False  # shown, disabled
+        await pilot.press(press)
+        await until(pilot, lambda: app.refused, what="a refusal")
+        assert app.refused == [refused]
+        assert app.screen is screen and app.diagnoses.get(key).state == "active"

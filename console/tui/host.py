@@ -83,7 +83,7 @@ class ConsoleHost(Protocol):
         self, node: str, call: Callable[[AgentActions], Awaitable[T]], title: str = "refused"
     ) -> T | None: ...
     def confirm(self, title: str, body: str, yes: str, then: Callable[[], object]) -> None: ...
-    def run_drill(self, name: str) -> None: ...
+    def run_drill(self, name: str, *, started: Callable[[], object] | None = None) -> None: ...
     def stop_engine(
         self,
         node: str,
@@ -102,7 +102,13 @@ class ConsoleHost(Protocol):
         reason: str | None = None,
     ) -> None: ...
     def start_vllm(
-        self, node: str | None = None, model: str | None = None, then_fail_over: bool = False
+        self,
+        node: str | None = None,
+        model: str | None = None,
+        then_fail_over: bool = False,
+        *,
+        profile: str | None = None,
+        started: Callable[[], object] | None = None,
     ) -> None: ...
 
 

@@ -28,6 +28,7 @@ ACTING = {
     "stop_engine": "stopping an engine",
     "restart_engine": "restarting an engine",
     "fail_over": "failing over",
+    "quarantine": "quarantining a deployment",
     "run_drill": "running a drill",
     "playbook": "the incident playbook",
     "next_step": "the incident playbook",
@@ -90,7 +91,7 @@ class RefusingApp(EngineroomApp):
     ) -> None:
         self.refuse(ACTING["fail_over"])
 
-    def run_drill(self, name: str) -> None:
+    def run_drill(self, name: str, *, started: Callable[[], object] | None = None) -> None:
         self.refuse(ACTING["run_drill"])
 
     def open_playbook(self, model: str) -> None:

@@ -122,8 +122,9 @@ class Workflows(App[int]):
 
     # -- the workflows -------------------------------------------------------------------
 
-    def run_drill(self, name: str) -> None:
-        """Run a rebuild drill on its node's agent, after a confirmation naming it."""
+    def run_drill(self, name: str, *, started: Callable[[], object] | None = None) -> None:
+        """Run a rebuild drill on its node's agent, after a confirmation naming it;
+        `started` runs once the agent took the job (a diagnosis verifies the move)."""
         drill = self.fleet.drills.get(name)
         found = self.fleet.deployment(drill.deployment) if drill else None
         if drill is None or found is None:
@@ -150,7 +151,7 @@ class Workflows(App[int]):
             f"Run drill {name} on {node}?",
             body,
             f"run drill {name}",
-            lambda: self.run_worker(self.act(node, lambda a: a.drill(name)), group="act"),
+            lambda: self.run_worker(self.act(node, lambda a: a.drill(name), started), group="act"),
         )
 
     def stop_engine(
@@ -229,10 +230,17 @@ class Workflows(App[int]):
             self.start_vllm(model=model, then_fail_over=True)
 
     def start_vllm(
-        self, node: str | None = None, model: str | None = None, then_fail_over: bool = False
+        self,
+        node: str | None = None,
+        model: str | None = None,
+        then_fail_over: bool = False,
+        *,
+        profile: str | None = None,
+        started: Callable[[], object] | None = None,
     ) -> None:
         """The Start vLLM form; with `then_fail_over`, once the start succeeds the failover
-        plan opens again with the new standby as its target."""
+        plan opens again with the new standby as its target. With `profile`, the form
+        opens on it (a diagnosis's standby); `started` runs once the agent took the job."""
         choices = [
             (p.node, name)
             for name, p in self.fleet.profiles.items()
@@ -254,16 +262,19 @@ class Workflows(App[int]):
             self.notify(str(self.action_blocked(blocked[0][0])), severity="warning")
             return
         choices = [c for c in choices if c not in blocked]
+        choices.sort(key=lambda c: c[1] != profile)  # the one asked for first: shown first
 
-        def started(result: tuple[str, str] | None) -> None:
+        def answered(result: tuple[str, str] | None) -> None:
             if result is not None:
+                if started is not None:
+                    started()
                 self.open_job(*result)
                 if then_fail_over and model is not None:
                     self.run_worker(self._continue_failover(*result, model), group="standby")
             elif then_fail_over and model is not None:  # cancelled: back to the plan
                 self.fail_over(model)
 
-        self.push_screen(StartVllmScreen(choices, model), started)
+        self.push_screen(StartVllmScreen(choices, model), answered)
 
     async def _continue_failover(self, node: str, job_id: str, model: str) -> None:
         """Follow a standby's start job; when it is ready, reopen the failover plan."""

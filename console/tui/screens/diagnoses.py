@@ -2,11 +2,15 @@
 first, and one diagnosis whole: its evidence (each figure, where it was measured, how
 old), what would rule it out, and its moves in order.
 
-Of the moves, failing over is made from here (`f`): the failover plan opens filled in
-for the diagnosis's model, draining its deployment, as the playbook opens it. Once the
-plan has started a failover job, the diagnosis is verified from then on (verifying,
-resolved, still there). The other moves are shown with the command that makes them. A
-read-only console (the web view, replay) shows all of it and refuses the move.
+The moves are made from here, each through the console's own plan, form or confirmation,
+filled in: `f` fails over (the failover plan for the diagnosis's model, draining its
+deployment, as the playbook opens it), `w` quarantines its deployment (the same plan,
+planned: weight 0 at the gateway), `r` restarts its engine, `s` starts a standby (the
+Start vLLM form on the profile of the model's standby deployment), `D` runs its
+deployment's rebuild drill. Once the job has started (not when a screen merely opened),
+the diagnosis is verified from then on (verifying, resolved, still there). Escalating is
+shown with the commands to run on the node. A read-only console (the web view, replay)
+shows all of it and refuses the moves.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from console.collect.failover_targets import rank
 from console.collect.gateway_client import GatewayClient
 from console.collect.view import FleetView
 from console.core import diagnosis as d
+from console.core.config import Model
 from console.tui import format as fmt
 from console.tui.columns import Fitted
 from console.tui.screens.base import ViewScreen
@@ -144,17 +149,25 @@ class DiagnosisScreen(ViewScreen):
     DiagnosisScreen #diagnosis-scroll { height: 1fr; }
     DiagnosisScreen #diagnosis { padding: 0 1; }
     """
+    # Each shows only where the move applies to this diagnosis (check_action); the action
+    # names are the read-only consoles' (console/tui/readonly.py), which refuse them.
     BINDINGS = [
+        # Short: at 80 columns the footer names three of them beside the app's keys.
         Binding("f", "fail_over", "fail over (plan)", id="fail_over"),
-        Binding("r", "restart", "restart the engine (confirm)", id="restart_engine"),
+        Binding("w", "quarantine", "quarantine (plan)", id="quarantine"),
+        Binding("r", "restart_engine", "restart (confirm)", id="restart_engine"),
+        Binding("s", "start_vllm", "standby (form)", id="start_vllm"),
+        Binding("D", "run_drill", "drill (confirm)", id="diagnosis_drill"),
     ]
+    KEYED = ("f:", "w:", "r:", "s:", "D:")  # a move's line that names this screen's key
 
     def __init__(self, key: tuple[str, str]) -> None:
         super().__init__()
         self.key = key
         self.where = f"Diagnosis {key[1]}"
         self.diagnosis: Diagnosis | None = None
-        self._plan: FailoverScreen | None = None  # the plan this screen opened
+        # The plan this screen opened, and the move it makes (failover, quarantine).
+        self._plan: tuple[FailoverScreen, d.Move] | None = None
 
     def compose_body(self) -> ComposeResult:
         with VerticalScroll(id="diagnosis-scroll"):
@@ -204,48 +217,89 @@ class DiagnosisScreen(ViewScreen):
             t.append(f"  {n}. {d.MOVE_TEXT[move]}\n")
             hint = self.hint(x, move)
             if hint:
-                key = hint.startswith(("f:", "r:"))
+                key = hint.startswith(self.KEYED)
                 t.append(f"     {hint}\n", style="cyan" if key else "dim")
         return t
 
     def hint(self, x: Diagnosis, move: d.Move) -> str:
         """Where the move is made: this screen's key, else the command that makes it."""
-        plan = self._failover(x) if move == "failover" else None
-        if plan is not None:
-            command = command_hint(x, move).strip().removeprefix("(").partition(";")[0]
+        command = command_hint(x, move).strip().removeprefix("(").removesuffix(")")
+        drains = {"failover": self._failover, "quarantine": self._quarantine}.get(move)
+        if drains is not None and (plan := drains(x)) is not None:
+            command = command.partition(";")[0]
             if self.console.read_only:
                 return f"read-only here: {command}, from a console that may act"
             if not GatewayClient.configured(self.console.fleet):
                 return f"needs the gateway: [gateway] in fleet.toml, its token set ({command})"
-            drain = f", draining {plan[1]}" if plan[1] else ""
-            return f"f: the failover plan for {plan[0]}{drain}"
+            model, source, target = plan
+            if move == "quarantine":
+                onto = target or "the others"
+                return f"w: the plan draining {source} to weight 0, onto {onto}, planned"
+            drain = f", draining {source}" if source else ""
+            return f"f: the failover plan for {model}{drain}"
         if move == "failover" and x.node and not x.model:  # a GPU: which model runs there
             return f":node {x.node} shows what runs on it; then f on Models for that model"
         if move == "restart" and (where := self._restartable(x)) is not None:
             if self.console.read_only:
                 return "read-only here: restart it from a console that may act"
             return f"r: restart {where[1]} on {where[0]} (asks first; its agent's job)"
+        if move == "standby" and (standby := self._standby(x)) is not None:
+            node, profile, deployment = standby
+            if self.console.read_only:
+                return f"read-only here: :start {x.model}, from a console that may act"
+            named = f" (profile {profile}, the Start vLLM form)"
+            if deployment:  # at 80 columns the line fits where the two names are one
+                form = " (the Start vLLM form)" if deployment == profile else named
+                return f"s: start standby {deployment} on {node}{form}"
+            return f"s: start {profile} on {node} (the Start vLLM form)"
         if move == "standby" and x.model:
             return f":start {x.model} (the Start vLLM form)"
+        if move == "drill" and (drill := self._drill(x)) is not None:
+            if self.console.read_only:
+                command = f"engineroom drill run {drill[0]}"
+                return f"read-only here: {command}, from a console that may act"
+            return f"D: run drill {drill[0]} on {drill[1]} (asks first; its agent's job)"
+        if move == "drill" and x.deployment:
+            return f"no drill rebuilds {x.deployment}: [drills.NAME] in fleet.toml (docs/drills.md)"
         if move == "drill":
             return ":drills, then R on its drill"
-        return command_hint(x, move).strip().removeprefix("(").removesuffix(")")
+        return command
 
-    def _failover(self, x: Diagnosis) -> tuple[str, str | None, str | None] | None:
+    # -- where each move applies (None: it does not) ---------------------------------------
+
+    def _model(self, x: Diagnosis | None) -> Model | None:
+        """The diagnosis's declared model."""
+        name = x.model if x is not None else None
+        return next((m for m in self.console.fleet.models if m.name == name), None)
+
+    def _failover(self, x: Diagnosis | None) -> tuple[str, str | None, str | None] | None:
         """(model, the deployment to drain, onto which) for the plan; None when this
         diagnosis names no declared model to fail over."""
-        model = next((m for m in self.console.fleet.models if m.name == x.model), None)
-        if model is None or "failover" not in x.moves:
+        model = self._model(x)
+        if x is None or model is None or "failover" not in x.moves:
             return None
-        ids = [dep.id for dep in model.deployments]
-        source = x.deployment if x.deployment in ids else None
-        if source is None:
+        if x.deployment not in [dep.id for dep in model.deployments]:
             return model.name, None, None
+        return self._drain(model, str(x.deployment))
+
+    def _quarantine(self, x: Diagnosis | None) -> tuple[str, str | None, str | None] | None:
+        """The plan that drains the diagnosis's deployment to weight 0: where quarantine
+        is one of its moves and it names a deployment of a declared model."""
+        model = self._model(x)
+        if x is None or model is None or "quarantine" not in x.moves:
+            return None
+        if x.deployment not in [dep.id for dep in model.deployments]:
+            return None
+        return self._drain(model, str(x.deployment))
+
+    def _drain(self, model: Model, source: str) -> tuple[str, str | None, str | None]:
+        """(model, source, onto which): onto the others in proportion where one of them
+        carries weight and is up (the gateway's rule for a drain), else onto the
+        healthiest of them, as the plan ranks them."""
         live = _weights(self.console.gateway_snapshot, model.name)
         others = [dep for dep in model.deployments if dep.id != source]
-        if any(_weight(live, dep.id, dep.weight) for dep in others):
+        if any(_weight(live, dep.id, dep.weight) and _up(live, dep.id) for dep in others):
             return model.name, source, None  # the others share its weight, in proportion
-        # The others carry nothing (standbys): onto the healthiest, as the plan ranks them.
         rows = self.console.view.models.get(model.name, []) if self.console.view else []
         best = rank(model, rows, live or None, [source])
         return model.name, source, best[0].id if best else None
@@ -256,51 +310,123 @@ class DiagnosisScreen(ViewScreen):
             return None
         return x.node, x.engine
 
-    def action_restart(self) -> None:
+    def _standby(self, x: Diagnosis | None) -> tuple[str, str, str | None] | None:
+        """(node, profile, deployment) the Start vLLM form opens on: the launch profile of
+        a standby deployment of the model (weight 0 in fleet.toml, its profile named), else
+        of another deployment of it, else the model's first vLLM profile (no deployment);
+        None where starting a standby is not a move or no vLLM profile serves the model."""
+        if x is None or "standby" not in x.moves or not x.model:
+            return None
+        profiles = {name: p for name, p in self.console.fleet.profiles.items()
+                    if p.engine == "vllm" and p.served_model_name == x.model}  # fmt: skip
+        if not profiles:
+            return None
+        model = self._model(x)
+        deployments = model.deployments if model is not None else []
+        named = [dep for dep in deployments if dep.profile in profiles and dep.id != x.deployment]
+        if named:
+            dep = min(named, key=lambda dep: dep.weight != 0)  # a standby (weight 0) first
+            profile = str(dep.profile)
+            return profiles[profile].node, profile, dep.id
+        name = next(iter(profiles))
+        return profiles[name].node, name, None
+
+    def _drill(self, x: Diagnosis | None) -> tuple[str, str] | None:
+        """(drill, node) where the rebuild drill is a move and fleet.toml declares one for
+        the diagnosis's deployment."""
+        if x is None or "drill" not in x.moves or not x.deployment:
+            return None
+        fleet = self.console.fleet
+        for name, drill in fleet.drills.items():
+            if drill.deployment == x.deployment and (found := fleet.deployment(x.deployment)):
+                return name, found[1].node
+        return None
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        applies = {
+            "fail_over": self._failover,
+            "quarantine": self._quarantine,
+            "restart_engine": self._restartable,
+            "start_vllm": self._standby,
+            "run_drill": self._drill,
+        }.get(action)
+        if applies is None:
+            return True
+        if applies(self.diagnosis) is None:
+            return False  # not this diagnosis's move: the move's line says where to look
+        return None if self.console.read_only else True
+
+    # -- making them -------------------------------------------------------------------------
+
+    def _moved(self, key: tuple[str, str], move: d.Move) -> None:
+        """The move's job started: the diagnosis is verified from now."""
+        self.console.diagnoses.moved(key, move)
+
+    def action_fail_over(self) -> None:
+        x = self.diagnosis
+        plan = self._failover(x)
+        if x is None or plan is None:
+            self.notify("no model to fail over for this diagnosis", severity="warning")
+            return
+        # A critical diagnosis (a wedged engine, a GPU off the bus) is an emergency: a
+        # verified shift in steps would keep sending part of the traffic into the fault.
+        mode = "emergency" if x.kind.severity == "critical" else "planned"
+        self._open_plan(x, plan, mode, "failover")
+
+    def action_quarantine(self) -> None:
+        x = self.diagnosis
+        plan = self._quarantine(x)
+        if x is None or plan is None:
+            self.notify("no deployment to quarantine for this diagnosis", severity="warning")
+            return
+        # Planned: the weight goes in verified steps, whatever the class's severity (an
+        # emergency takes it off at once: that is `f`).
+        self._open_plan(x, plan, "planned", "quarantine")
+
+    def _open_plan(
+        self, x: Diagnosis, plan: tuple[str, str | None, str | None], mode: str, move: d.Move
+    ) -> None:
+        model, source, target = plan
+        reason = f"diagnosis {x.kind.name} on {x.subject}"
+        self.console.fail_over(model, target, source=source, mode=mode, reason=reason)
+        top = self.app.screen_stack[-1]
+        # The plan, when the console opened one (a read-only one refuses and opens none).
+        self._plan = (top, move) if isinstance(top, FailoverScreen) else None
+
+    def on_screen_resume(self) -> None:
+        # Back from the plan: a job it started is the move; closed without one, nothing
+        # was done. (ViewScreen's own handler draws the screen after this.)
+        opened, self._plan = self._plan, None
+        if opened is not None and opened[0].job is not None:
+            self._moved(self.key, opened[1])
+
+    def action_restart_engine(self) -> None:
         x = self.diagnosis
         where = self._restartable(x)
         if x is None or where is None:
             self.notify("no engine to restart for this diagnosis", severity="warning")
             return
         key = x.key
-        self.console.stop_engine(
-            *where, restart=True, started=lambda: self.console.diagnoses.moved(key, "restart")
-        )
+        self.console.stop_engine(*where, restart=True, started=lambda: self._moved(key, "restart"))
 
-    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        if action == "restart":
-            if self._restartable(self.diagnosis) is None:
-                return False
-            return None if self.console.read_only else True
-        if action == "fail_over":
-            x = self.diagnosis
-            if x is None or self._failover(x) is None:
-                return False  # no model to fail over: the move's line says where to look
-            return None if self.console.read_only else True
-        return True
-
-    def action_fail_over(self) -> None:
+    def action_start_vllm(self) -> None:
         x = self.diagnosis
-        plan = self._failover(x) if x is not None else None
-        if x is None or plan is None:
-            self.notify("no model to fail over for this diagnosis", severity="warning")
+        standby = self._standby(x)
+        if x is None or standby is None:
+            self.notify("no vLLM launch profile for this diagnosis's model", severity="warning")
             return
-        model, source, target = plan
-        # A critical diagnosis (a wedged engine, a GPU off the bus) is an emergency: a
-        # verified shift in steps would keep sending part of the traffic into the fault.
-        mode = "emergency" if x.kind.severity == "critical" else "planned"
-        reason = f"diagnosis {x.kind.name} on {x.subject}"
-        self.console.fail_over(model, target, source=source, mode=mode, reason=reason)
-        top = self.app.screen_stack[-1]
-        # The plan, when the console opened one (a read-only one refuses and opens none).
-        self._plan = top if isinstance(top, FailoverScreen) else None
+        key = x.key
+        self.console.start_vllm(model=x.model, profile=standby[1],
+                                started=lambda: self._moved(key, "standby"))  # fmt: skip
 
-    def on_screen_resume(self) -> None:
-        # Back from the plan: a failover job it started is the move; closed without one,
-        # nothing was done. (ViewScreen's own handler draws the screen after this.)
-        plan, self._plan = self._plan, None
-        if plan is not None and plan.job is not None:
-            self.console.diagnoses.moved(self.key, "failover")
+    def action_run_drill(self) -> None:
+        x = self.diagnosis
+        drill = self._drill(x)
+        if x is None or drill is None:
+            self.notify("no drill declared for this diagnosis's deployment", severity="warning")
+            return
+        key = x.key
+        self.console.run_drill(drill[0], started=lambda: self._moved(key, "drill"))
 
 
 def _weights(snapshot: dict[str, Any] | None, model: str) -> dict[str, Any]:
@@ -312,3 +438,9 @@ def _weights(snapshot: dict[str, Any] | None, model: str) -> dict[str, Any]:
 def _weight(live: dict[str, Any], deployment: str, declared: int) -> Any:
     figures = live.get(deployment)
     return figures.get("weight", declared) if isinstance(figures, dict) else declared
+
+
+def _up(live: dict[str, Any], deployment: str) -> bool:
+    """Whether the gateway has `deployment` up; unknown (not read yet) counts as up."""
+    figures = live.get(deployment)
+    return figures.get("up", True) is not False if isinstance(figures, dict) else True
