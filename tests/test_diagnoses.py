@@ -703,6 +703,27 @@ def test_a_diagnosis_back_after_it_was_resolved_is_a_new_one_not_the_old_move_fa
     assert (again.state, again.detail, again.since) == ("active", "", t + 200)
 
 
+def test_a_held_class_raised_at_the_first_look_stays_raised_at_the_next():
+    """A replica imbalance already there when the console starts is raised at once (as
+    an alert active at start); the next look must not take it back until its 60 s hold
+    passed (the quarantine key's test waited 30 s on this)."""
+    fleet = parse_fleet(NODE_FLEET)
+    diagnoser = Diagnoser(fleet)
+    x = Diagnosis(d.REPLICA_IMBALANCE, "tiny/b", "local", [], model="tiny", deployment="b")
+    t = 1_000_000.0
+    for at in (t, t + 1, t + 2):
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(diagnoses, "find", lambda *a, **k: ([x], []))
+            view, states = build(fleet, {}, 1.0), {}
+            assert [y.key for y in diagnoser.update(view, states, None, at)] == [x.key], at
+    with pytest.MonkeyPatch.context() as patch:  # gone, then back: a new one, held again
+        patch.setattr(diagnoses, "find", lambda *a, **k: ([], []))
+        assert diagnoser.update(build(fleet, {}, 1.0), {}, None, t + 3) == []
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(diagnoses, "find", lambda *a, **k: ([x], []))
+        assert diagnoser.update(build(fleet, {}, 1.0), {}, None, t + 4) == []
+
+
 def test_a_moved_diagnosis_stays_verifying_while_its_restart_job_runs():
     """Restarted through its agent: while the job is under way the finder passes over the
     engine (expected work), which is no proof the wedge went: verifying until the job

@@ -88,7 +88,8 @@ class Diagnoser:
         out: list[Diagnosis] = []
         for key, x in current.items():
             x.since = self.first_seen.setdefault(key, now)
-            if not first_look and now - x.since < x.kind.hold_s and key not in self.moves:
+            shown = key in self.moves or key in self.last  # raised at an earlier look
+            if not first_look and not shown and now - x.since < x.kind.hold_s:
                 continue  # not held long enough yet
             if (move := self.moves.get(key)) is not None:
                 took = now - move.at
