@@ -32,7 +32,6 @@ from console.collect.recording_writer import RecordingWriter
 from console.collect.replay import ReplayCollector, fleet_of
 from console.collect.view import build
 from console.core.config import parse_fleet
-from console.core.diagnosis import BY_NAME
 from console.core.snapshot import Latency, ModelStats, Percentiles, decode_snapshot
 from console.core.units import duration_from_seconds
 from console.tui.app import EngineroomApp
@@ -643,16 +642,9 @@ def keyed(screen: DiagnosisScreen) -> dict[str, bool]:
 
 
 async def held(app: EngineroomApp, pilot, key: tuple[str, str]):
-    """The diagnosis `key` once it has held for its class's hold: every look raises it
-    from then on. (A class with a hold that the first look raised at once is not raised
-    by the looks after it until its hold has passed: console/collect/diagnoses.py.)"""
-
-    def found():
-        x = app.diagnoses.get(key)
-        return x if x is not None and app.diagnoses.now() - x.since >= x.kind.hold_s else None
-
-    hold = BY_NAME[key[0]].hold_s
-    return await until(pilot, found, timeout=hold + 20, what=f"{key} held for {hold:g} s")
+    """The diagnosis `key` once a look raised it (a class with a hold that the first look
+    raised at once stays raised at the looks after it)."""
+    return await until(pilot, lambda: app.diagnoses.get(key), timeout=30, what=f"{key} raised")
 
 
 async def open_first(app: EngineroomApp, pilot, key: tuple[str, str]) -> DiagnosisScreen:
