@@ -23,7 +23,7 @@ import psutil
 import pytest
 
 from console.agent.gpu import GpuSampler
-from console.collect import diagnoses
+from console.collect import diagnose_engines, diagnose_fleet, diagnoses
 from console.collect.check import Diagnosed, poll_once
 from console.collect.deployments import DeploymentRow
 from console.collect.diagnose_out import render_markdown, render_text
@@ -798,8 +798,8 @@ def test_replica_imbalance_names_the_slow_one_only_when_it_matters(slow, others,
         for i, p95 in enumerate(p95s)
     ]  # fmt: skip
     fleet = parse_fleet(NODE_FLEET)
-    node = diagnoses._Node("local", None, 1.0, set())  # type: ignore[arg-type]
-    found = diagnoses._imbalance(fleet, {"local": node}, "m", rows)
+    node = diagnose_engines.Node("local", None, 1.0, set())  # type: ignore[arg-type]
+    found = diagnose_fleet.imbalance(fleet, {"local": node}, "m", rows)
     assert [x.subject for x in found] == (["m/d0"] if named else [])
 
 

@@ -25,7 +25,7 @@ from textual.binding import Binding
 from textual.widgets import Input, Select
 from textual.widgets.data_table import ColumnKey
 
-from console.collect import diagnoses
+from console.collect import diagnose_engines, diagnose_fleet
 from console.collect.deployments import DeploymentRow
 from console.collect.recording import Recording
 from console.collect.recording_writer import RecordingWriter
@@ -456,8 +456,8 @@ def test_a_models_thousands_of_deployments_are_compared_in_one_pass() -> None:
                           version=None, state="ready", reason=None, weight=1, stats=s)
             for i, s in enumerate(stats)]  # fmt: skip
     fleet = parse_fleet('[fleet]\nname = "f"\n[[nodes]]\nname = "n"\nagent = "http://127.0.0.1:1"')
-    nodes = {"n": diagnoses._Node("n", None, 1.0, set())}  # type: ignore[arg-type]
-    found = diagnoses._imbalance(fleet, nodes, "m", rows)
+    nodes = {"n": diagnose_engines.Node("n", None, 1.0, set())}  # type: ignore[arg-type]
+    found = diagnose_fleet.imbalance(fleet, nodes, "m", rows)
     assert [x.subject for x in found] == ["m/d123"]
     others = [s.latency.ttft_s.p95 for i, s in enumerate(stats) if i != 123]
     median = {e.figure: e.value for e in found[0].evidence}["siblings' TTFT p95 median"]
