@@ -36,7 +36,16 @@ from tests.conftest import ROOT
 from tests.engines import servers
 from tests.engines.fixtures import VLLM_READY_TIMEOUT_S, VLLM_TEST_ARGS
 from tests.engines.servers import VllmServer, free_ports, log_tail, stop, wait_until
-from tests.test_gateway import ADMIN, Gateway, Load, nice_group, shown, start_gateway
+from tests.test_gateway import (
+    ADMIN,
+    Gateway,
+    Load,
+    job_ended,
+    nice_group,
+    plan_drawn,
+    shown,
+    start_gateway,
+)
 
 # The first test also waits for two vLLM servers to start: on a loaded 2-core machine that
 # alone has taken over 300 s (pyproject's default per-test deadline).
@@ -515,37 +524,31 @@ async def test_the_failover_plan_and_progress_screens_name_the_router(
     from console.core.config import load_fleet
     from console.tui.app import EngineroomApp
     from console.tui.screens.failover import FailoverScreen
+    from tests.tui_support import until
 
     gateway = await asyncio.to_thread(gateway_on, "a")  # it drives the router in a loop of its own
     monkeypatch.setenv("ENGINEROOM_ADMIN_TOKEN", ADMIN)
     app = EngineroomApp(load_fleet(gateway.fleet))
     async with app.run_test(size=(150, 50)) as pilot:
-        for _ in range(100):
-            if app.gateway_snapshot is not None:
-                break
-            await pilot.pause(0.1)
+        await until(pilot, lambda: app.gateway_snapshot is not None, 30, "the gateway's snapshot")
         app.fail_over("tiny")
-        await pilot.pause(0.5)
+        await until(pilot, lambda: plan_drawn(app), 10, "the failover plan drawn")
         screen = app.screen
         assert isinstance(screen, FailoverScreen)
         plan = shown(screen.query_one("#plan-table"))
         assert "data plane router (vllm-router)" in plan, plan
-        for _ in range(300):
-            if "preflight ok" in shown(screen.query_one("#preflight")):
-                break
-            await pilot.pause(0.1)
+        # The gateway's plan answered (ok or not: what it says is asserted next).
+        await until(pilot, lambda: screen.plan is not None, 60, "the preflight")
         preflight = shown(screen.query_one("#preflight"))
         assert "preflight ok" in preflight, preflight
         assert "verification figures: requests and failures from the vLLM router's" in preflight
         screen.query_one("#mode", Select).value = "emergency"
         screen.query_one("#confirm", Input).value = "tiny"
-        await pilot.pause(0.2)
+        go = screen.query_one("#go", Button)
+        await until(pilot, lambda: not go.disabled, 10, "Go enabled by the model's name")
         assert not screen.query_one("#go", Button).disabled
         await pilot.click("#go")
-        for _ in range(300):
-            if screen.job and screen.job.get("state") == "succeeded":
-                break
-            await pilot.pause(0.1)
+        await until(pilot, lambda: job_ended(screen), 60, "the failover job's end")
         assert screen.job and screen.job["state"] == "succeeded", screen.job
         progress = shown(screen.query_one("#progress"))
         assert "SUCCEEDED" in progress and "data plane: vLLM router at" in progress, progress
