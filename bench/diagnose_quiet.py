@@ -83,7 +83,10 @@ served_model_name = "tiny"
 port = {port}
 command = ["{python}", "-m", "vllm.entrypoints.openai.api_server"]
 args = {{ host = "127.0.0.1", optimization_level = 0 }}
-env = {{ VLLM_CPU_KVCACHE_SPACE = "1" }}  # 1 GiB, as the tests' vLLMs (the default took 12)
+# 1 GiB of KV cache, as the tests' vLLMs (the default took 12); each engine's compute on a
+# core of its own, as each has a GPU of its own in a fleet (two engines' OpenMP threads
+# on both cores starve each other: a first token 6 s late reads as a wedge).
+env = {{ VLLM_CPU_KVCACHE_SPACE = "1", VLLM_CPU_OMP_THREADS_BIND = "{core}" }}
 ready_timeout_s = 600
 """
 
@@ -166,8 +169,8 @@ def main() -> int:
         agent_port, gw_port = servers.free_port(), servers.free_port()
         a_port, b_port = servers.free_port(), servers.free_port()
         profiles = "".join(
-            PROFILE.format(name=n, model=model, port=p, python=servers.vllm_python())
-            for n, p in (("a", a_port), ("b", b_port))
+            PROFILE.format(name=n, model=model, port=p, python=servers.vllm_python(), core=c)
+            for n, p, c in (("a", a_port, 0), ("b", b_port, 1))
         )
         fleet = work / "fleet.toml"
         fleet.write_text(
