@@ -181,11 +181,18 @@ name = "tiny"
         assert restart.returncode == 0, restart.stdout + restart.stderr
         job = json.loads(restart.stdout)["id"]
         diagnoser.moved(found.key, "restart")
-        states: list[str] = []
+        states: list[str] = []  # the diagnosis's state at each look made while the job ran
+
+        def job_state() -> str:
+            return agent.get(f"/v1/jobs/{job}").json()["state"]
 
         def ended() -> bool:
-            states.extend(x.state for x in look(agent.fleet, diagnoser) if x.key == found.key)
-            return agent.get(f"/v1/jobs/{job}").json()["state"] not in ("queued", "running")
+            before = job_state()
+            seen = [x.state for x in look(agent.fleet, diagnoser) if x.key == found.key]
+            after = job_state()
+            if before == after == "running":  # the look fell wholly inside the job
+                states.extend(seen)
+            return after not in ("queued", "running")
 
         wait_until(ended, 300, interval=1.0, what="the restart job ended")
         assert agent.get(f"/v1/jobs/{job}").json()["state"] == "succeeded"

@@ -29,10 +29,9 @@ import shlex
 import time
 from pathlib import Path
 
-import asyncssh
-
 from console.collect.promcheck import gpu_index
 from console.collect.ssh_hostkeys import HostKeyPolicy
+from console.collect.sshlib import asyncssh
 from console.core.config import Fleet, Node
 from console.core.plugin import plugin_kinds
 from console.core.promtext import finite

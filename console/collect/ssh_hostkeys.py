@@ -21,7 +21,7 @@ import ipaddress
 import os
 from pathlib import Path
 
-import asyncssh
+from console.collect.sshlib import asyncssh
 
 
 def describe(key: asyncssh.SSHKey) -> str:
