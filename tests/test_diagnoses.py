@@ -109,8 +109,11 @@ model = "{tiny_model_dir}"
 served_model_name = "tiny"
 port = {port}
 command = ["{vllm_python()}", "-m", "vllm.entrypoints.openai.api_server"]
-args = {{ host = "127.0.0.1", max_model_len = 256, dtype = "bfloat16", optimization_level = 0 }}
-env = {{ VLLM_CPU_KVCACHE_SPACE = "1" }}
+# Long streams (the tiny model declares 512 positions; its rotary embedding serves longer
+# ones fine): one lasts seconds, so vLLM's running gauge, read at a scrape, shows it. With
+# 200-token streams of 0.4 s the gauge read 0 at most scrapes on a busy machine.
+args = {{ host = "127.0.0.1", max_model_len = 2048, dtype = "bfloat16", optimization_level = 0 }}
+env = {{ VLLM_CPU_KVCACHE_SPACE = "1", VLLM_ALLOW_LONG_MAX_MODEL_LEN = "1" }}
 ready_timeout_s = 240
 stop_grace_s = 5
 [[models]]
@@ -138,7 +141,7 @@ name = "tiny"
     def streams() -> None:  # one after another; those cut by the restart fail, and go on
         while not done.is_set():
             with contextlib.suppress(httpx.HTTPError):
-                send_traffic_vllm(base, 1, True, max_tokens=200, timeout=120)
+                send_traffic_vllm(base, 1, True, max_tokens=1500, timeout=300)
 
     sender = threading.Thread(target=streams, daemon=True)
     sender.start()
