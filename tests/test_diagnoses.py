@@ -669,7 +669,7 @@ diagnoses = { kv_pressure_usage = 0.5 }
   engine_model = "ensemble"
 """
     )
-    model = WireModelStats(name="ensemble", kv_cache_usage=0.6, preemption_rate=0.5)
+    model = WireModelStats(name="ensemble", kv_cache_usage=0.6, preemption_rate=0.3)
     engine = Engine(id="triton-8000", kind="triton", state="ready", models=[model],
                     deployment_ids=["tiny-trt"])  # fmt: skip
     wire = Snapshot(

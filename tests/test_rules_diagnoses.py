@@ -128,6 +128,15 @@ def kv(value: float, at: float = 0.8) -> tuple[str, dict[str, str], float, str]:
     return ("kv_pressure", labels, value, summary)
 
 
+def storm(value: float) -> tuple[str, dict[str, str], float, str]:
+    """A preemption storm on tiny's vLLM, at the fleet's kv_preemption_storm_rate."""
+    summary = (
+        f"a/vllm-8001: KV-cache pressure: tiny preempts {go_number(value)} requests a "
+        "second (kv_preemption_storm_rate 0.5)"
+    )
+    return ("kv_pressure", VLLM, value, summary)
+
+
 def burst(value: float, where: str) -> tuple[str, dict[str, str], float, str]:
     labels = {**TINY, "measured_at": where, "fleet_model": "tiny"}
     labels |= VLLM if where == "engine" else {"model": "tiny"}
@@ -231,11 +240,15 @@ CASES = {
         ],
     ),
     "KV at the model's 0.8 with preemptions: pressure": Case(
-        engines=[vllm(kv_cache_usage=0.8, preemption_rate=0.5), standby(), triton()],
+        engines=[vllm(kv_cache_usage=0.8, preemption_rate=0.3), standby(), triton()],
         fires=[kv(0.8)],
     ),
-    "KV under the model's 0.8 with preemptions: quiet": Case(
-        engines=[vllm(kv_cache_usage=0.75, preemption_rate=2.0), standby(), triton()],
+    "KV under the model's 0.8 with preemptions under a storm's rate: quiet": Case(
+        engines=[vllm(kv_cache_usage=0.75, preemption_rate=0.49), standby(), triton()],
+    ),
+    "a preemption storm with the KV gauge read at 0: pressure": Case(
+        engines=[vllm(kv_cache_usage=0.0, preemption_rate=0.5), standby(), triton()],
+        fires=[storm(0.5)],
     ),
     "KV full without preemptions, nothing waiting for capacity: quiet": Case(
         engines=[
@@ -510,9 +523,9 @@ MODEL_ERRORS = [("error_burst_rate = 0.2\n", "error_burst_rate = 0.3\n")]
     [
         (NO_FLEET_WEDGED, {"generation_stalled_s": 8.0}, wedged(8, after=6)),
         ([], {"generation_stalled_s": 8.0}, None),
-        ([], {"kv_cache_usage": 0.85, "preemption_rate": 1.0}, kv(0.85)),
-        (NO_MODEL_KV, {"kv_cache_usage": 0.85, "preemption_rate": 1.0}, None),
-        (FLEET_KV, {"kv_cache_usage": 0.85, "preemption_rate": 1.0}, kv(0.85, at=0.85)),
+        ([], {"kv_cache_usage": 0.85, "preemption_rate": 0.3}, kv(0.85)),
+        (NO_MODEL_KV, {"kv_cache_usage": 0.85, "preemption_rate": 0.3}, None),
+        (FLEET_KV, {"kv_cache_usage": 0.85, "preemption_rate": 0.3}, kv(0.85, at=0.85)),
         (MODEL_ERRORS, {"error_rate": 0.25}, None),
         ([], {"error_rate": 0.25}, burst(0.25, "engine")),
     ],
@@ -579,7 +592,7 @@ def test_a_hostile_model_name_with_its_own_threshold_breaks_no_rule_and_matches_
         series += [
             sample("engineroom_engine_state", {**at, "state": "ready"}, "1"),
             sample("engineroom_model_kv_cache_usage_ratio", {**at, "model": name}, "0.85"),
-            sample("engineroom_model_preemption_rate", {**at, "model": name}, "1"),
+            sample("engineroom_model_preemption_rate", {**at, "model": name}, "0.3"),
         ]
     labels = {"node": "a", "engine": "e1", "kind": "vllm", "model": HOSTILE}
     summary = (
@@ -600,7 +613,7 @@ def test_a_triton_deployment_reporting_its_engine_model_gets_its_models_threshol
     """tiny-trt's engine reports "ens.v1" (its engine_model), not "tiny": the finder maps
     it back to tiny and the rule matches the name, so tiny's own kv_pressure_usage (0.8)
     raises 0.85 in both; the fleet's default (0.9) would raise it in neither."""
-    case = Case(engines=[triton(kv_cache_usage=0.85, preemption_rate=1.0)])
+    case = Case(engines=[triton(kv_cache_usage=0.85, preemption_rate=0.3)])
     assert finder(FLEET, case)[0] == {"kv_pressure"}
     rules_file = tmp_path / "rules.yml"
     rules_file.write_text(render_rules(FLEET))

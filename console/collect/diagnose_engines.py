@@ -207,19 +207,22 @@ def triton_stall(
 def kv_pressure(
     fleet: Fleet, node: Node, engine: Engine, m: ModelStats, model: str, blind: list[CannotTell]
 ) -> list[Diagnosis]:
-    usage = m.kv_cache_usage
-    if usage is None or usage < d.limit(fleet, model, "kv_pressure_usage"):
+    usage, preempting = m.kv_cache_usage, m.preemption_rate
+    storm = preempting is not None and preempting >= d.limit(
+        fleet, model, "kv_preemption_storm_rate"
+    )
+    if not storm and (usage is None or usage < d.limit(fleet, model, "kv_pressure_usage")):
         return []
     capacity = (m.requests_waiting_by_reason or {}).get("capacity")
     subject = f"{node.name}/{engine.id}"
-    if m.preemption_rate is None and capacity is None:
+    if preempting is None and capacity is None:
         blind.append(CannotTell(d.KV_PRESSURE.name, subject, "preemptions or waiting by reason"))
         return []
-    if not ((m.preemption_rate or 0) > 0 or (capacity or 0) > 0):
+    if not ((preempting or 0) > 0 or (capacity or 0) > 0):
         return []
     at = node.at(engine)
     evidence = [
-        Evidence("KV cache", f"{usage:.0%}", at, node.age),
+        Evidence("KV cache", "?" if usage is None else f"{usage:.0%}", at, node.age),
         Evidence(
             "preemptions",
             num(m.preemption_rate and round(m.preemption_rate, 2), "/s"),

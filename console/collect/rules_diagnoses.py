@@ -15,6 +15,8 @@ the error burst, the gateway's:
 - kv_pressure: `engineroom_model_kv_cache_usage_ratio` at or over kv_pressure_usage with
   `engineroom_model_preemption_rate` > 0 or requests waiting for capacity
   (`engineroom_model_requests_waiting_by_reason{reason="capacity"}`), on a ready engine;
+  or `engineroom_model_preemption_rate` at or over kv_preemption_storm_rate (a second rule
+  of the same name: a storm whatever the KV gauge read);
 - error_burst: a deployment's failed / finished at or over error_burst_rate, the gateway's
   where it counted requests for it over its window, else its engine's (the error-rate
   alert's figure), on a ready deployment that fleet.toml gives traffic (weight not 0); an
@@ -148,6 +150,13 @@ def kv_pressure(fleet: Fleet) -> list[Rule]:
             f"{ENGINE}: {defn.title}: {{{{ $labels.model }}}} uses {{{{ $value }}}} of its KV "
             "cache with requests preempted or waiting for capacity "
             f"(kv_pressure_usage {num(usage)})"
+        )
+        out.append(_rule(defn, expr, summary, labels))
+    for selector, rate, labels in _by_model(fleet, "kv_preemption_storm_rate"):
+        expr = f"engineroom_model_preemption_rate{selector} >= {num(rate)} and {READY}"
+        summary = (
+            f"{ENGINE}: {defn.title}: {{{{ $labels.model }}}} preempts {{{{ $value }}}} "
+            f"requests a second (kv_preemption_storm_rate {num(rate)})"
         )
         out.append(_rule(defn, expr, summary, labels))
     return out

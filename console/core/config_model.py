@@ -187,6 +187,7 @@ class DiagnosisLimits(_Strict):
     crash_loop_exits: Annotated[int, Field(ge=2, le=32)] | None = None  # the agent keeps 32
     crash_loop_window_s: Annotated[float, Field(gt=0, le=3600)] | None = None  # and an hour
     kv_pressure_usage: Annotated[float, Field(gt=0, le=1)] | None = None
+    kv_preemption_storm_rate: Annotated[float, Field(gt=0, le=100_000)] | None = None
     saturated_gap_times: Annotated[float, Field(ge=1.5, le=1000)] | None = None
     saturated_cpu_pct: Annotated[float, Field(gt=0, le=100)] | None = None
     imbalance_times: Annotated[float, Field(ge=1.5, le=1000)] | None = None

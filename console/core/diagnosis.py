@@ -48,6 +48,11 @@ DEFAULTS: dict[str, float] = {
     "crash_loop_exits": 3.0,
     "crash_loop_window_s": 600.0,
     "kv_pressure_usage": 0.9,  # with preemptions, or requests waiting for capacity
+    # Preemptions a second over the window that are a storm whatever the KV gauge read: an
+    # engine preempts only when its KV cache has no block left, and vLLM's gauge is read at
+    # a scrape, which a busy API server answers between batches (it read 0 % on a vLLM
+    # preempting 3.8 requests a second).
+    "kv_preemption_storm_rate": 0.5,
     "saturated_gap_times": 3.0,  # the gateway's TTFT p95 over the engine's
     "saturated_cpu_pct": 90.0,  # the API server's process, of one core
     "imbalance_times": 2.0,  # a deployment's p95 over its siblings' median
@@ -119,7 +124,8 @@ KV_PRESSURE = DiagnosisDef(
     "KV-cache pressure",
     "warning",
     "engine",
-    "KV cache at or over kv_pressure_usage with requests preempted or waiting for capacity",
+    "KV cache at or over kv_pressure_usage with requests preempted or waiting for "
+    "capacity, or kv_preemption_storm_rate preemptions a second or more whatever it reads",
     "no preemption and nothing waiting for capacity over the window",
     ("standby", "failover"),
 )
