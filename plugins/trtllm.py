@@ -111,8 +111,12 @@ def prometheus_models(text: str, served: list[str]) -> list[ModelReading]:
             kv_cache_usage=kv.get(label),
         )
         if label in finished:
-            model.counters["requests"] = finished[label] + errors.get(label, 0.0)
-            model.counters["errors"] = errors.get(label, 0.0)
+            # trtllm-serve before 1.3 exports no error counter: its errors are unknown (the
+            # gateway's count shows them), never 0, and its requests are the successes.
+            failed = errors.get(label)
+            model.counters["requests"] = finished[label] + (failed or 0.0)
+            if failed is not None:
+                model.counters["errors"] = failed
         if label in prompt:
             model.counters["prompt_tokens"] = prompt[label]
         if label in generated:

@@ -6,12 +6,14 @@ metric names (their headers say so); the others were scraped from the real serve
 
 from __future__ import annotations
 
+import copy
 import math
 from pathlib import Path
 
 import pytest
 
 from console.core.promtext import MetricsGarbage, parse
+from console.core.window import ModelWindow
 from plugins.triton import read_models
 from plugins.trtllm import prometheus_models
 from plugins.vllm import read_metrics
@@ -116,6 +118,23 @@ def test_trtllm_serve_prometheus_families():
     assert model.counters["requests"] == 62
     assert model.counters["errors"] == 2
     assert model.histograms["ttft"].count == 60
+
+
+def test_trtllm_serve_before_1_3_has_no_error_counter_so_its_error_rate_is_unknown():
+    """trtllm-serve 1.2 exports successes but no `trtllm_request_error_total`: its errors
+    are unknown (no "errors" counter, so no error rate), never 0 errors."""
+    text = (FIXTURES / "trtllm-serve-1.3-style.prometheus.txt").read_text()
+    older = "\n".join(line for line in text.splitlines() if "trtllm_request_error" not in line)
+    [model] = prometheus_models(older, ["llama"])
+    assert model.counters["requests"] == 60  # the successes
+    assert "errors" not in model.counters
+    later = copy.deepcopy(model)
+    later.counters["requests"] += 10
+    window = ModelWindow(60)
+    window.add(0.0, model)
+    window.add(5.0, later)
+    stats = window.stats()
+    assert stats.request_rate == pytest.approx(2.0) and stats.error_rate is None
 
 
 def test_real_vllm_0_32_metrics_as_scraped():
