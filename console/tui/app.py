@@ -19,9 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from textual import events, on
-from textual.app import SystemCommand
+from textual.app import App, SystemCommand
 from textual.binding import Binding
 from textual.driver import Driver
+from textual.notifications import SeverityLevel
 from textual.screen import ModalScreen, Screen
 from textual.widgets import Input
 
@@ -34,6 +35,7 @@ from console.collect.recorder import Recorder, open_writer
 from console.collect.source import FleetSource
 from console.collect.view import FleetView, ViewBuilder
 from console.core.config import Fleet
+from console.core.safetext import for_terminal
 from console.core.units import ms_from_seconds
 from console.tui import format as fmt
 from console.tui.diagnosing import ConsoleDiagnoses
@@ -43,20 +45,18 @@ from console.tui.polling import Poll
 from console.tui.screens.base import ViewScreen
 from console.tui.screens.diagnoses import DiagnosesScreen, DiagnosisScreen
 from console.tui.screens.drills import DrillsScreen, PlaybookScreen
-from console.tui.screens.engine import EngineScreen
 from console.tui.screens.events import EventsScreen
 from console.tui.screens.failover import FailoverScreen
 from console.tui.screens.fleet import FleetScreen
 from console.tui.screens.gpus import GpusScreen
 from console.tui.screens.help import HelpScreen
 from console.tui.screens.jobs import JobScreen, JobsScreen, StartVllmScreen
-from console.tui.screens.model_detail import ModelDetailScreen
 from console.tui.screens.models import ModelsScreen
 from console.tui.screens.node import NodeScreen
 from console.tui.terminal_driver import DiffDriver
 from console.tui.widgets.command_line import CommandLine
 from console.tui.widgets.confirm import ConfirmScreen
-from console.tui.workflows import Workflows
+from console.tui.workflows import Workflows, delegate
 
 VIEWS = {
     "nodes": FleetScreen,
@@ -107,7 +107,7 @@ KEY_PLACES: list[tuple[str, type]] = [
 ]
 
 
-class EngineroomApp(Workflows):
+class EngineroomApp(App[int]):
     CSS_PATH = "app.tcss"
     TITLE = "engineroom"
     ENABLE_COMMAND_PALETTE = True
@@ -183,6 +183,7 @@ class EngineroomApp(Workflows):
         self.gateway_error: str | None = None
         self.gateway_role: str | None = None  # what our gateway token may do, once asked
         self.diagnoses = ConsoleDiagnoses(fleet, self.offline)  # updated once per view
+        self.workflows = Workflows(self)  # where screens go, what the operator does: below
 
     async def on_mount(self) -> None:
         if self.fleet.keys:
@@ -318,9 +319,28 @@ class EngineroomApp(Workflows):
         self.screen.refresh(repaint=True)
         self.refresh(repaint=True)
 
-    # navigation
-    def _open(self, screen: ViewScreen) -> None:
-        self.push_screen(screen)
+    def notify(self, message: str, *, title: str = "", severity: SeverityLevel = "information",
+               timeout: float | None = None, markup: bool = False) -> None:  # fmt: skip
+        """Every notification, the screens' and the workflows' too: its text is often an
+        agent's or a gateway's refusal, so it is made safe for the terminal and never read
+        as markup (`[@click=...]` in an error would be an action)."""
+        super().notify(for_terminal(message, lines=True), title=for_terminal(title),
+                       severity=severity, timeout=timeout, markup=markup)  # fmt: skip
+
+    # Where a screen goes and the moves (console/tui/workflows.py), as ConsoleHost names them
+    open_node = delegate(Workflows.open_node)
+    open_model = delegate(Workflows.open_model)
+    open_engine = delegate(Workflows.open_engine)
+    open_job = delegate(Workflows.open_job)
+    open_playbook = delegate(Workflows.open_playbook)
+    action_blocked = delegate(Workflows.action_blocked)
+    agent_client = delegate(Workflows.agent_client)
+    agent_call = delegate(Workflows.agent_call)
+    confirm = delegate(Workflows.confirm)
+    run_drill = delegate(Workflows.run_drill)
+    stop_engine = delegate(Workflows.stop_engine)
+    fail_over = delegate(Workflows.fail_over)
+    start_vllm = delegate(Workflows.start_vllm)
 
     def source_problem(self) -> str | None:
         """What the header says when the fleet's source is in trouble (Prometheus slow,
@@ -351,33 +371,6 @@ class EngineroomApp(Workflows):
     def replay_time(self) -> float | None:
         """The replayed time the diagnoses are judged at; None for the live fleet."""
         return None
-
-    def open_node(self, name: str) -> None:
-        if name not in self.collector.states:
-            self.notify(f"no node named {name!r}", severity="error")
-            return
-        self._open(NodeScreen(name))
-
-    def open_model(self, name: str) -> None:
-        if self.view is not None and name not in self.view.models:
-            self.notify(f"no model named {name!r}", severity="error")
-            return
-        self._open(ModelDetailScreen(name))
-
-    def open_engine(self, node: str, engine_id: str) -> None:
-        state = self.collector.states.get(node)
-        if state is None:
-            self.notify(f"no node named {node!r}", severity="error")
-            return
-        snapshot = state.snapshot
-        if snapshot is not None and all(e.id != engine_id for e in snapshot.engines):
-            ids = " ".join(e.id for e in snapshot.engines) or "none"
-            self.notify(f"no engine {engine_id!r} on {node}; its engines: {ids}", severity="error")
-            return
-        self._open(EngineScreen(node, engine_id))
-
-    def open_playbook(self, model: str) -> None:
-        self._open(PlaybookScreen(model))
 
     # the workflows (console/tui/workflows.py) ask the agents; these learn what they may do
     async def _learn_roles(self) -> None:

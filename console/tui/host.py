@@ -2,8 +2,8 @@
 
 Screens see this narrow protocol, never EngineroomApp: the app imports the screens, the
 screens import only this, so the app can change without its screens going round in a
-circle through it (issue 29). EngineroomApp (console/tui/app.py, with the workflows it
-mixes in) is checked against it by mypy.
+circle through it (issue 29). EngineroomApp (console/tui/app.py, which holds the workflows
+and opens this door to them) is checked against it by mypy.
 """
 
 from __future__ import annotations

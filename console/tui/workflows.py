@@ -1,59 +1,100 @@
-"""What the console does to the fleet: run a drill, fail a model over, start vLLM (and
+"""What the console does: open the screen the operator names (a node, a model, an engine,
+a job, a playbook), and act on the fleet: run a drill, fail a model over, start vLLM (and
 the standby hand-off back to the failover plan), stop or restart an engine.
 
 Every workflow names its target and asks first; the agent or the gateway decides. The
 agent call every one of them makes is written once (`agent_call`: call, say what failed;
-`act`: and open the job). The app mixes this in, so screens ask `self.console`.
+`act`: and open the job). EngineroomApp holds one Workflows and hands screens its moves
+through ConsoleHost (console/tui/host.py); the workflows see the app only as a Console.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from collections.abc import Awaitable, Callable, Coroutine
+from functools import wraps
+from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
 
-from textual.app import App
 from textual.notifications import SeverityLevel
+from textual.screen import Screen
 
 from console.collect.actions import ActionError, AgentActions
 from console.collect.source import FleetSource
+from console.collect.view import FleetView
 from console.core.config import Fleet
-from console.core.safetext import for_terminal
 from console.core.snapshot import Job
+from console.tui.screens.drills import PlaybookScreen
+from console.tui.screens.engine import EngineScreen
 from console.tui.screens.failover import FailoverScreen
 from console.tui.screens.jobs import JobScreen, StartVllmScreen
+from console.tui.screens.model_detail import ModelDetailScreen
+from console.tui.screens.node import NodeScreen
 from console.tui.widgets.confirm import ConfirmScreen
 
 T = TypeVar("T")
+R = TypeVar("R")
+P = ParamSpec("P")
 
 
-class Workflows(App[int]):
-    """The console's actions, mixed into EngineroomApp (which sets these attributes)."""
+class Console(Protocol):
+    """What the workflows use of the console that holds them (EngineroomApp)."""
 
     fleet: Fleet
     read_only: bool
     collector: FleetSource
+    view: FleetView | None  # the last view built
     roles: dict[str, str]  # node -> the role its token has on the agent
     gateway_role: str | None  # the role our token has on the gateway, once it said
+    workflows: Workflows  # the one it holds
 
-    def notify(
-        self,
-        message: str,
-        *,
-        title: str = "",
-        severity: SeverityLevel = "information",
-        timeout: float | None = None,
-        markup: bool = False,
-    ) -> None:
-        """Every notification, the screens' too: its text is often an agent's or a
-        gateway's refusal, so it is made safe for the terminal and never read as markup
-        (`[@click=...]` in an error would be an action)."""
-        super().notify(
-            for_terminal(message, lines=True),
-            title=for_terminal(title),
-            severity=severity,
-            timeout=timeout,
-            markup=markup,
-        )
+    def notify(self, message: str, *, title: str = ..., severity: SeverityLevel = ...,
+               timeout: float | None = ...) -> None: ...  # fmt: skip
+    def push_screen(
+        self, screen: Screen[R], callback: Callable[[R | None], None] | None = None, /
+    ) -> object: ...
+    def run_worker(self, work: Coroutine[Any, Any, None], *, group: str) -> object: ...
+
+
+class Workflows:
+    """Where a screen goes and what the operator does, held by EngineroomApp (which opens
+    each to screens through `delegate`): every move asks first, and says what it refused or
+    what failed through the console's notify."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+
+    # -- where a screen goes -------------------------------------------------------------
+
+    def open_node(self, name: str) -> None:
+        if name not in self.console.collector.states:
+            self.console.notify(f"no node named {name!r}", severity="error")
+            return
+        self.console.push_screen(NodeScreen(name))
+
+    def open_model(self, name: str) -> None:
+        if self.console.view is not None and name not in self.console.view.models:
+            self.console.notify(f"no model named {name!r}", severity="error")
+            return
+        self.console.push_screen(ModelDetailScreen(name))
+
+    def open_engine(self, node: str, engine_id: str) -> None:
+        state = self.console.collector.states.get(node)
+        if state is None:
+            self.console.notify(f"no node named {node!r}", severity="error")
+            return
+        snapshot = state.snapshot
+        if snapshot is not None and all(e.id != engine_id for e in snapshot.engines):
+            ids = " ".join(e.id for e in snapshot.engines) or "none"
+            self.console.notify(
+                f"no engine {engine_id!r} on {node}; its engines: {ids}", severity="error"
+            )
+            return
+        self.console.push_screen(EngineScreen(node, engine_id))
+
+    def open_job(self, node: str, job_id: str) -> None:
+        self.console.push_screen(JobScreen(node, job_id))
+
+    def open_playbook(self, model: str) -> None:
+        self.console.push_screen(PlaybookScreen(model))
 
     # -- the one shape of an agent call ------------------------------------------------
 
@@ -61,7 +102,7 @@ class Workflows(App[int]):
         """A client for `node`'s agent, the caller closes it: the one place the console
         makes one (agent_call's, and the screens' reads of jobs, logs and plans). Raises
         ConfigError or MissingSecret when `node` has no agent or its token is not set."""
-        return AgentActions(self.fleet, node)
+        return AgentActions(self.console.fleet, node)
 
     async def agent_call(
         self, node: str, call: Callable[[AgentActions], Awaitable[T]], title: str = "refused"
@@ -71,7 +112,7 @@ class Workflows(App[int]):
         try:
             return await call(actions)
         except ActionError as exc:
-            self.notify(str(exc), title=title, severity="error", timeout=15)
+            self.console.notify(str(exc), title=title, severity="error", timeout=15)
             return None
         finally:
             await actions.close()
@@ -96,17 +137,14 @@ class Workflows(App[int]):
             if ok:
                 then()
 
-        self.push_screen(ConfirmScreen(title, body, yes), answered)
-
-    def open_job(self, node: str, job_id: str) -> None:
-        self.push_screen(JobScreen(node, job_id))
+        self.console.push_screen(ConfirmScreen(title, body, yes), answered)
 
     def action_blocked(self, node: str) -> str | None:
         """Why nothing may be started or stopped on `node` from here; None if it may."""
-        if self.read_only:
+        if self.console.read_only:
             return "read-only console: starting and stopping engines is disabled"
-        declared = next((n for n in self.fleet.nodes if n.name == node), None)
-        state = self.collector.states.get(node)
+        declared = next((n for n in self.console.fleet.nodes if n.name == node), None)
+        state = self.console.collector.states.get(node)
         if declared is None and state is not None:  # found in Prometheus' series
             return f"{node} is read from Prometheus: actions need its agent in fleet.toml"
         if declared is None:
@@ -116,7 +154,7 @@ class Workflows(App[int]):
             return f"{node} is read {how}: starting and stopping engines needs its agent"
         if state is not None and state.no_token:
             return f"no token for {node} ({state.error})"
-        if self.roles.get(node) == "viewer":
+        if self.console.roles.get(node) == "viewer":
             return f"the token for {node} is a viewer token: actions need an operator token"
         return None
 
@@ -125,15 +163,15 @@ class Workflows(App[int]):
     def run_drill(self, name: str, *, started: Callable[[], object] | None = None) -> None:
         """Run a rebuild drill on its node's agent, after a confirmation naming it;
         `started` runs once the agent took the job (a diagnosis verifies the move)."""
-        drill = self.fleet.drills.get(name)
-        found = self.fleet.deployment(drill.deployment) if drill else None
+        drill = self.console.fleet.drills.get(name)
+        found = self.console.fleet.deployment(drill.deployment) if drill else None
         if drill is None or found is None:
-            self.notify(f"no drill named {name!r}", severity="error")
+            self.console.notify(f"no drill named {name!r}", severity="error")
             return
         node = found[1].node
         reason = self.action_blocked(node)
         if reason:
-            self.notify(reason, severity="warning")
+            self.console.notify(reason, severity="warning")
             return
         body = (
             f"Drill {name} rebuilds deployment {drill.deployment} ({drill.model}) on node "
@@ -151,7 +189,9 @@ class Workflows(App[int]):
             f"Run drill {name} on {node}?",
             body,
             f"run drill {name}",
-            lambda: self.run_worker(self.act(node, lambda a: a.drill(name), started), group="act"),
+            lambda: self.console.run_worker(
+                self.act(node, lambda a: a.drill(name), started), group="act"
+            ),
         )
 
     def stop_engine(
@@ -166,7 +206,7 @@ class Workflows(App[int]):
         the job (a diagnosis verifies the move from then)."""
         reason = self.action_blocked(node)
         if reason:
-            self.notify(reason, severity="warning")
+            self.console.notify(reason, severity="warning")
             return
         verb = "Restart" if restart else "Stop"
         body = (
@@ -178,7 +218,7 @@ class Workflows(App[int]):
             f"{verb} {engine_id} on {node}?",
             body,
             f"{verb.lower()} {engine_id}",
-            lambda: self.run_worker(
+            lambda: self.console.run_worker(
                 self.act(node, lambda a: a.stop(engine_id, restart), started), group="act"
             ),
         )
@@ -199,28 +239,28 @@ class Workflows(App[int]):
         chose the move), the plan comes filled in with `mode` and the audit records why."""
         from console.collect.gateway_client import GatewayClient
 
-        if self.read_only:
-            self.notify("read-only console: failovers are disabled", severity="warning")
+        if self.console.read_only:
+            self.console.notify("read-only console: failovers are disabled", severity="warning")
             return
-        if not GatewayClient.configured(self.fleet):
-            self.notify(
+        if not GatewayClient.configured(self.console.fleet):
+            self.console.notify(
                 "no gateway: declare [gateway] in fleet.toml and set its token variable",
                 severity="warning",
             )
             return
-        if self.gateway_role == "viewer" and self.fleet.gateway is not None:
-            self.notify(
-                f"the gateway token ({self.fleet.gateway.token_env}) is a viewer token: "
+        if self.console.gateway_role == "viewer" and self.console.fleet.gateway is not None:
+            self.console.notify(
+                f"the gateway token ({self.console.fleet.gateway.token_env}) is a viewer token: "
                 "failovers need the gateway's admin token",
                 severity="warning",
             )
             return
-        if model not in {m.name for m in self.fleet.models}:
-            self.notify(
+        if model not in {m.name for m in self.console.fleet.models}:
+            self.console.notify(
                 f"{model} is not a declared model: nothing to fail over", severity="warning"
             )
             return
-        self.push_screen(
+        self.console.push_screen(
             FailoverScreen(model, target=target, source=source, mode=mode, reason=reason),
             lambda why: self._after_plan(model, why),
         )
@@ -243,7 +283,7 @@ class Workflows(App[int]):
         opens on it (a diagnosis's standby); `started` runs once the agent took the job."""
         choices = [
             (p.node, name)
-            for name, p in self.fleet.profiles.items()
+            for name, p in self.console.fleet.profiles.items()
             if p.engine == "vllm"
             and (node is None or p.node == node)
             and (model is None or p.served_model_name == model)
@@ -253,13 +293,13 @@ class Workflows(App[int]):
             where = " ".join(
                 x for x in (f"for {model}" if model else "", f"on {node}" if node else "") if x
             )
-            self.notify(
+            self.console.notify(
                 f"no vLLM launch profile {where}: declare [profiles.NAME] in fleet.toml",
                 severity="warning",
             )
             return
         if len(blocked) == len(choices):
-            self.notify(str(self.action_blocked(blocked[0][0])), severity="warning")
+            self.console.notify(str(self.action_blocked(blocked[0][0])), severity="warning")
             return
         choices = [c for c in choices if c not in blocked]
         choices.sort(key=lambda c: c[1] != profile)  # the one asked for first: shown first
@@ -270,11 +310,13 @@ class Workflows(App[int]):
                     started()
                 self.open_job(*result)
                 if then_fail_over and model is not None:
-                    self.run_worker(self._continue_failover(*result, model), group="standby")
+                    self.console.run_worker(
+                        self._continue_failover(*result, model), group="standby"
+                    )
             elif then_fail_over and model is not None:  # cancelled: back to the plan
                 self.fail_over(model)
 
-        self.push_screen(StartVllmScreen(choices, model), answered)
+        self.console.push_screen(StartVllmScreen(choices, model), answered)
 
     async def _continue_failover(self, node: str, job_id: str, model: str) -> None:
         """Follow a standby's start job; when it is ready, reopen the failover plan."""
@@ -284,13 +326,13 @@ class Workflows(App[int]):
         if job is None:
             return
         if job.state != "succeeded":
-            self.notify(
+            self.console.notify(
                 f"the standby did not start ({job.state}): the failover waits; {job.error or ''}",
                 severity="error",
                 timeout=20,
             )
             return
-        declared = next(m for m in self.fleet.models if m.name == model)
+        declared = next(m for m in self.console.fleet.models if m.name == model)
         profile = job.params.get("profile")
         endpoint = str(job.result.get("endpoint") or "")
         target = next(
@@ -298,14 +340,26 @@ class Workflows(App[int]):
             None,
         )
         if target is None:
-            self.notify(
+            self.console.notify(
                 f"the standby is ready, but no deployment of {model} names profile {profile} "
                 "(deployment.profile in fleet.toml): the gateway cannot route to it",
                 severity="warning",
                 timeout=20,
             )
             return
-        self.notify(f"standby {target} is ready: continuing the failover", timeout=10)
-        self.push_screen(
+        self.console.notify(f"standby {target} is ready: continuing the failover", timeout=10)
+        self.console.push_screen(
             FailoverScreen(model, target=target), lambda why: self._after_plan(model, why)
         )
+
+
+def delegate(move: Callable[Concatenate[Workflows, P], R]) -> Callable[Concatenate[Console, P], R]:
+    """`move` as a method of the console that holds the workflows, with its signature and
+    docstring: one line in the app for each one ConsoleHost names for screens (a subclass
+    may still override one: the web view and replay refuse the acting moves)."""
+
+    @wraps(move)
+    def through(console: Console, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        return move(console.workflows, *args, **kwargs)
+
+    return through
