@@ -1,7 +1,7 @@
 """Numbers from outside text in the agent's parsers (issue 27, the siblings of defect 2):
 an engine's metrics and statistics, a process's command line, the agent's stream
-framing. Each bad number costs its own reading, never the engine, the agent or the
-stream.
+framing, and the gateway's snapshot as the console reads it. Each bad number costs its
+own reading, never the engine, the agent or the stream.
 
 The engines' own parsers are fed what a broken or hostile engine could send (a real
 vLLM or Triton cannot be made to send it); the agent test runs a real agent and a real
@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from console.collect.gateway_view import GatewayPercentiles
+from console.collect.gateway_view import parse as parse_gateway
 from console.collect.linestream import StreamError, open_stream
 from console.core.promtext import finite, parse
 from console.core.window import ModelWindow
@@ -198,3 +200,38 @@ async def test_a_chunk_size_that_is_not_hex_digits_is_bad_framing(size):
     assert str(error) == "bad chunked framing from the agent"
     lines, error = await _stream_of(b"6;ext=1\r\nhello\n\r\n")
     assert lines == [b"hello"] and isinstance(error, TimeoutError)
+
+
+def test_a_gateway_figure_that_is_not_a_number_is_unknown_never_zero():
+    """The gateway's snapshot is outside input to the console: a string, a bool, NaN, a
+    negative number or a missing key reads as unknown (None), never as 0, and costs only
+    that figure; an entry that is not an object is no deployment."""
+    odd = {"p50": "0.1", "p95": float("nan"), "p99": -1.0, "count": True}
+    view = parse_gateway({
+        "models": {
+            "m": {
+                "bad": {"weight": "max", "up": "yes", "inflight": 2.5, "requests": -3,
+                        "failures": None, "error_rate": float("inf"), "ttft_s": odd,
+                        "itl_s": [0.1], "e2e_s": "fast"},
+                "bare": {},
+                "good": {"weight": 0, "up": False, "requests": 40, "failures": 10,
+                         "error_rate": 0.25, "ttft_s": {"p95": 0.64, "count": 40}},
+                "not-an-object": 7,
+            },
+            "not-a-model": ["x"],
+        }
+    })  # fmt: skip
+    assert view is not None and view.routes("not-a-model") is None
+    assert set(view.routes("m") or {}) == {"bad", "bare", "good"}
+    for name in ("bad", "bare"):
+        dep = view.at("m", name)
+        assert dep is not None
+        assert (dep.weight, dep.up, dep.inflight, dep.requests, dep.failures) == (None,) * 5
+        assert dep.error_rate is None and dep.error_ratio is None and not dep.down
+        assert dep.ttft_s == dep.itl_s == dep.e2e_s == GatewayPercentiles()
+    good = view.at("m", "good")
+    assert good is not None and good.down and good.weight == 0 and good.ttft_p95 == 0.64
+    assert (good.requests, good.failures, good.error_ratio) == (40, 10, 0.25)
+    assert view.weights("m") == {"good": 0}  # an unknown weight is left out, not 0
+    assert view.at("m", "") is None and view.at("other", "good") is None
+    assert parse_gateway(None) is None and parse_gateway({}) is not None
