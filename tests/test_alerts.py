@@ -8,6 +8,7 @@ import pytest
 
 from console.collect.alerts import Alert, AlertTracker, EventLog
 from console.collect.collector import NodeState
+from console.collect.gateway_view import GatewayDeployment, parse
 from console.collect.view import build
 from console.core import alertrules, slo
 from console.core.config import parse_fleet
@@ -131,6 +132,12 @@ def test_a_mean_or_an_unknown_p95_is_unknown_never_ok():
     assert slo.judge(bounds, stats(Percentiles(p95=0.2))).level == "ok"
 
 
+def at_gateway(figures: dict) -> GatewayDeployment | None:
+    """One deployment's figures as the gateway's snapshot carries them, parsed."""
+    view = parse({"models": {"m": {"d": figures}}})
+    return view.at("m", "d") if view is not None else None
+
+
 def test_what_clients_feel_at_the_gateway_decides_and_the_engine_only_without_it():
     """A deployment ok at the engine (300 ms) and at 640 ms through the gateway against a
     500 ms SLO is over it (#13); a gateway with no request in its window leaves the
@@ -138,15 +145,16 @@ def test_what_clients_feel_at_the_gateway_decides_and_the_engine_only_without_it
     bounds = slo.limits(SLO_FLEET, MODEL)
     engine = stats(Percentiles(p95=0.3))
     gateway = {"ttft_s": {"p95": 0.64, "count": 40}, "requests": 40, "error_rate": 0.0}
-    judged = slo.judge(bounds, engine, gateway)
+    judged = slo.judge(bounds, engine, at_gateway(gateway))
     assert judged.level == "warning" and judged.ok is False
     ttft = judged.of("ttft")
     assert (ttft.value, ttft.measured_at, round(ttft.times or 0, 2)) == (0.64, "gateway", 1.28)
     idle = {"ttft_s": {"p95": None, "count": 0}, "requests": 0, "error_rate": None}
-    assert slo.judge(bounds, engine, idle).of("ttft").measured_at == "engine"
+    assert slo.judge(bounds, engine, at_gateway(idle)).of("ttft").measured_at == "engine"
     # What the gateway sends is outside text: a string, a bool, a NaN are no figures.
     for odd in ("0.9", True, float("nan"), -1.0):
-        assert slo.judge(bounds, engine, {"ttft_s": {"p95": odd}}).of("ttft").value == 0.3
+        odd_figures = at_gateway({"ttft_s": {"p95": odd}})
+        assert slo.judge(bounds, engine, odd_figures).of("ttft").value == 0.3
 
 
 @pytest.mark.parametrize(

@@ -345,13 +345,13 @@ def test_models_rows_work_out_their_filter_fields_only_when_a_filter_asks(
     from console.tui.screens import models
 
     asked: list[object] = []
-    measure = models.gateway_ttft_p95
+    measure = models.ttft_gap_s
 
-    def counted(gw: dict[str, Any] | None) -> float | None:
+    def counted(engine: Any, gw: Any) -> float | None:
         asked.append(gw)
-        return measure(gw)
+        return measure(engine, gw)
 
-    monkeypatch.setattr(models, "gateway_ttft_p95", counted)
+    monkeypatch.setattr(models, "ttft_gap_s", counted)
     deployment = DeploymentRow(
         model="m",
         id="d1",

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from console.collect.failover_targets import preselected, rank
+from console.collect.gateway_view import parse
 from console.core.config import parse_fleet
 from console.core.snapshot import Latency, ModelStats, Percentiles
 
@@ -88,7 +89,8 @@ def test_what_clients_feel_at_the_gateway_ranks_before_the_engines_own_figures()
     }
     rows = [Row("a1", "ready", stats(0, 0.2, 0.3), True), Row("b1", "ready", stats(0, 0.2, 0.3),
                                                                 True)]  # fmt: skip
-    ranked = rank(MODEL, rows, gateway)
+    view = parse({"models": {MODEL.name: gateway}})
+    ranked = rank(MODEL, rows, view.routes(MODEL.name) if view else None)
     assert ranked[0].id == "b1" and "TTFT p95 1200 ms (gateway)" in ranked[0].why
     a1 = next(c for c in ranked if c.id == "a1")
     assert not a1.ready and a1.why.startswith("engine ready, down at the gateway")

@@ -16,6 +16,7 @@ import time
 from typing import Any
 
 from console.collect import view as fleet_view
+from console.collect.gateway_view import parse
 from console.collect.operator_actions import gateway_job
 from console.collect.playbook import Check, plan
 from console.collect.replay import ReplayCollector
@@ -32,7 +33,7 @@ def playbook(fleet: Fleet, gateway: dict | None = None, model: str = "tiny"):
     recorded = decode_snapshot(DRILLS.read_text())
     collector = ReplayCollector(fleet, {"h200": None, "cpu-1": recorded, "gone": None})
     view = fleet_view.build(fleet, collector.states, fleet.fleet.refresh_s)
-    return plan(fleet, model, view, collector.states, gateway)
+    return plan(fleet, model, view, collector.states, parse(gateway))
 
 
 def test_a_stale_trt_engine_with_a_ready_standby_says_where_the_traffic_is_not_known():
@@ -215,7 +216,7 @@ class Incident:
         view = fleet_view.build(self.fleet, collector.states, 1.0)
         gateway = {"models": {"llama8b": {d: {"weight": w} for d, w in self.weights.items()}}}
         jobs = [j for raw in self.failovers.values() if (j := gateway_job(raw)) is not None]
-        return plan(self.fleet, "llama8b", view, collector.states, gateway, jobs)
+        return plan(self.fleet, "llama8b", view, collector.states, parse(gateway), jobs)
 
     def agent_job(self, job_id: str, kind: str, state: str, **params: str) -> None:
         self.agent_jobs[job_id] = _job(job_id, kind, state, self.tick(), **params)

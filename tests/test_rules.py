@@ -23,6 +23,7 @@ import pytest
 
 from console.agent.exposition import render as render_metrics
 from console.collect.collector import NodeState
+from console.collect.gateway_view import parse
 from console.collect.rules import render as render_rules
 from console.collect.rules_diagnoses import alert_name
 from console.collect.view import build
@@ -709,7 +710,7 @@ def test_where_the_gateway_measured_a_deployment_its_p95_decides(
     now = time.monotonic()
     console_snap = decode_snapshot(snap.model_dump_json())
     states = {"a": NodeState("a", "agent", snapshot=console_snap, last_ok=now)}
-    view = build(FLEET, states, 1.0, now=now, gateway=gateway)
+    view = build(FLEET, states, 1.0, now=now, gateway=parse(gateway))
     slo = [a.message for a in view.alerts if a.title == "SLO TTFT p95"]
     row = next(r for r in view.models["tiny"] if r.id == "tiny-vllm")
     judged = row.verdict.of("ttft")

@@ -25,6 +25,7 @@ import pytest
 from console.agent.exposition import render as render_metrics
 from console.collect.collector import NodeState
 from console.collect.diagnoses import diagnose_once
+from console.collect.gateway_view import parse
 from console.collect.rules import render as render_rules
 from console.collect.view import build
 from console.core import diagnosis as d
@@ -368,7 +369,7 @@ def finder(fleet: Fleet, case: Case) -> tuple[set[str], set[str]]:
     now = time.monotonic()
     snap = decode_snapshot(snapshot(case).model_dump_json())
     states = {"a": NodeState("a", "agent", snapshot=snap, last_ok=now)}
-    gateway = admin_snapshot(case)
+    gateway = parse(admin_snapshot(case))
     view = build(fleet, states, 1.0, now=now, gateway=gateway)
     found, blind = diagnose_once(fleet, view, states, gateway)
     return {x.kind.name for x in found}, {b.name for b in blind}

@@ -20,7 +20,8 @@ from typing import Any, TextIO
 
 from console.collect.collector import NodeState
 from console.collect.diagnoses import CannotTell, Diagnosis, diagnose_once
-from console.collect.measured import ENGINE, GATEWAY, gap_text, gateway_measure, ttft_gap_s
+from console.collect.gateway_view import GatewayDeployment, GatewayView, parse
+from console.collect.measured import ENGINE, GATEWAY, gap_text, ttft_gap_s
 from console.collect.promsource import fleet_source
 from console.collect.source import SourceHealth
 from console.collect.view import DeploymentRow, FleetView, build
@@ -28,7 +29,7 @@ from console.core import diagnosis as d
 from console.core.config import Fleet
 from console.core.safetext import for_terminal
 from console.core.slo import Verdict, times_text
-from console.core.snapshot import Percentiles, percentiles_from, plain
+from console.core.snapshot import Percentiles, plain
 from console.core.units import duration_from_seconds
 
 EXIT = {"healthy": 0, "degraded": 1, "unreachable": 2}
@@ -60,10 +61,11 @@ def _without(d: Any, *keys: str) -> dict[str, Any]:
 
 @dataclass
 class GatewayReading:
-    """The gateway's admin snapshot, or why there is none (None, None: no gateway)."""
+    """The gateway's admin snapshot (parsed: console.collect.gateway_view), or why there is
+    none (None, None: no gateway)."""
 
     url: str | None = None
-    snapshot: dict[str, Any] | None = None
+    snapshot: GatewayView | None = None
     error: str | None = None
 
 
@@ -77,7 +79,7 @@ async def read_gateway(fleet: Fleet, timeout_s: float) -> GatewayReading:
         return GatewayReading(url, error=f"no token ({fleet.gateway.token_env} is not set)")
     client = GatewayClient(fleet, timeout=timeout_s)
     try:
-        return GatewayReading(url, snapshot=await client.snapshot())
+        return GatewayReading(url, snapshot=parse(await client.snapshot()))
     except GatewayError as exc:
         return GatewayReading(url, error=str(exc))
     finally:
@@ -258,7 +260,8 @@ def render(
         for model, rows in view.models.items():
             lines.append(model)
             for r in rows:
-                lines.append(_deployment_line(r, gateway_measure(snapshot, model, r.id)))
+                at = snapshot.at(model, r.id) if snapshot is not None else None
+                lines.append(_deployment_line(r, at))
     if gateway is not None and gateway.error:
         lines += ["", f"gateway {gateway.url}: {gateway.error} (no TTFT95 at the gateway)"]
     if diagnoses is not None and (diagnoses.found or diagnoses.cannot_tell):
@@ -277,7 +280,7 @@ def render(
     return "\n".join(map(for_terminal, lines))
 
 
-def _deployment_line(r: DeploymentRow, gw: dict[str, Any] | None) -> str:
+def _deployment_line(r: DeploymentRow, gw: GatewayDeployment | None) -> str:
     lat = r.stats.latency if r.stats else None
     slo = "-" if r.standby else slo_text(r.verdict)  # a standby takes no traffic to judge
     engine = for_terminal(f"{r.engine} {r.version or '?'}")  # cut after, never inside a sequence
@@ -286,10 +289,10 @@ def _deployment_line(r: DeploymentRow, gw: dict[str, Any] | None) -> str:
     state = "standby" if r.standby else r.state
     if gw is None:
         at_gateway = "-"
-    elif not gw.get("up", True):
+    elif gw.down:
         at_gateway = "standby" if r.standby else "down"
     else:
-        at_gateway = _p95(percentiles_from(gw.get("ttft_s") or {}))
+        at_gateway = duration_from_seconds(gw.ttft_p95)
     gap = ttft_gap_s(lat.ttft_s if lat else None, gw)
     gap_shown = gap_text(gap, lat.ttft_s.p95 if lat else None, duration_from_seconds)
     return (
@@ -299,15 +302,15 @@ def _deployment_line(r: DeploymentRow, gw: dict[str, Any] | None) -> str:
     )
 
 
-def _gateway_latency(gw: dict[str, Any] | None) -> dict[str, Any] | None:
+def _gateway_latency(gw: GatewayDeployment | None) -> dict[str, Any] | None:
     if gw is None:
         return None
-    ttft = gw.get("ttft_s") or {}
+    ttft = gw.ttft_s
     return {
         "measured_at": GATEWAY,
-        "up": gw.get("up"),
-        "weight": gw.get("weight"),
-        "ttft_s": {k: ttft.get(k) for k in ("p50", "p95", "p99", "count")},
+        "up": gw.up,
+        "weight": gw.weight,
+        "ttft_s": {"p50": ttft.p50, "p95": ttft.p95, "p99": ttft.p99, "count": ttft.count},
     }
 
 
@@ -343,7 +346,7 @@ def to_dict(
         )
     models = []
     for name, rows in view.models.items():
-        measures = {r.id: gateway_measure(snapshot, name, r.id) for r in rows}
+        measures = {r.id: snapshot.at(name, r.id) if snapshot is not None else None for r in rows}
         models.append(
             {
                 "name": name,

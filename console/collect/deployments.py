@@ -10,10 +10,9 @@ verdict.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
 
 from console.collect.collector import NodeState, NodeStatus
-from console.collect.measured import gateway_measure
+from console.collect.gateway_view import GatewayDeployment, GatewayView
 from console.core.config import Deployment, Model
 from console.core.slo import UNKNOWN, Verdict, Word, judge
 from console.core.snapshot import Engine, ModelStats, Snapshot, TrtEngine
@@ -37,7 +36,7 @@ class DeploymentRow:
     verdict: Verdict = UNKNOWN  # the SLO's (console/core/slo.py)
     trt: TrtEngine | None = None  # a TensorRT-LLM engine's provenance: current, stale, unknown
     # The gateway's figures it was judged on (kept while the verdict holds), if any.
-    gateway: dict[str, Any] | None = None
+    gateway: GatewayDeployment | None = None
 
     @property
     def standby(self) -> bool:
@@ -82,10 +81,10 @@ def deployment_row(
     bounds: tuple[float | None, ...],
     now: float,
     status: NodeStatus | None = None,
-    gateway: dict[str, Any] | None = None,
+    gateway: GatewayView | None = None,
 ) -> DeploymentRow:
     """`bounds`: the model's SLO limits (console.core.slo.limits); `gateway`: the gateway's
-    admin snapshot, whose figures for this deployment judge it where it has them."""
+    view, whose figures for this deployment judge it where it has them."""
     if status is None:
         status = state.status(refresh_s, now) if state else "unknown"
     snap = state.snapshot if state and status in ("up", "stale") else None
@@ -100,7 +99,7 @@ def deployment_row(
         engine_state, reason = "unknown", f"node {dep.node}: no token ({state.error})"
     else:
         engine_state, reason = "unknown", f"node {dep.node} is {status}"
-    measure = gateway_measure(gateway, model.name, dep.id)
+    measure = gateway.at(model.name, dep.id) if gateway is not None else None
     return DeploymentRow(
         model=model.name,
         id=dep.id,
@@ -138,14 +137,14 @@ def undeclared_row(
 
 
 def rejudged(
-    row: DeploymentRow, bounds: tuple[float | None, ...], gateway: dict[str, Any] | None
+    row: DeploymentRow, bounds: tuple[float | None, ...], gateway: GatewayView | None
 ) -> DeploymentRow:
     """The row judged on a new gateway snapshot: itself when neither the gateway's
     figures for it nor its verdict changed, else a new row (screens keep what they made
     of a row while it is the same object)."""
     if not row.id:
         return row
-    measure = gateway_measure(gateway, row.model, row.id)
+    measure = gateway.at(row.model, row.id) if gateway is not None else None
     if measure == row.gateway:
         return row
     verdict = judge(bounds, row.stats, measure)

@@ -5,11 +5,10 @@ replica imbalance, stale TensorRT-LLM engine."""
 from __future__ import annotations
 
 import bisect
-from typing import Any
 
 from console.collect.deployments import DeploymentRow
 from console.collect.diagnose_engines import Node, model_of, num, since
-from console.collect.measured import gateway_p95
+from console.collect.gateway_view import GatewayDeployment
 from console.core import diagnosis as d
 from console.core.config import Fleet
 from console.core.diagnosis import CannotTell, Diagnosis, Evidence
@@ -140,11 +139,11 @@ def saturated(
     node: Node,
     model: str,
     row: DeploymentRow,
-    measure: dict[str, Any] | None,
+    at_gateway: GatewayDeployment | None,
     blind: list[CannotTell],
 ) -> list[Diagnosis]:
     engine_p95 = row.stats.latency.ttft_s.p95 if row.stats else None
-    client_p95 = gateway_p95(measure, "ttft_s")
+    client_p95 = at_gateway.ttft_p95 if at_gateway is not None else None
     times = d.limit(fleet, model, "saturated_gap_times")
     if engine_p95 is None or client_p95 is None or engine_p95 <= 0:
         return []
@@ -181,19 +180,19 @@ def saturated(
 
 
 def error_burst(
-    fleet: Fleet, node: Node, model: str, row: DeploymentRow, measure: dict[str, Any] | None
+    fleet: Fleet, node: Node, model: str, row: DeploymentRow, at_gateway: GatewayDeployment | None
 ) -> list[Diagnosis]:
     limit = d.limit(fleet, model, "error_burst_rate")
     rate, at, age = None, "gateway", None
-    if measure is not None and isinstance(measure.get("error_rate"), (int, float)):
-        rate = float(measure["error_rate"])
+    if at_gateway is not None and at_gateway.error_rate is not None:
+        rate = at_gateway.error_rate
     elif row.stats is not None and row.stats.error_rate is not None:
         rate, at, age = row.stats.error_rate, f"engine {row.engine_id} on {node.name}", node.age
     if rate is None or rate < limit:
         return []
     evidence = [Evidence("failed / finished", f"{rate:.1%} (limit {limit:.1%})", at, age)]
-    if measure is not None:
-        failures, requests = measure.get("failures"), measure.get("requests")
+    if at_gateway is not None:
+        failures, requests = at_gateway.failures, at_gateway.requests
         evidence.append(Evidence("requests", f"{failures} failed of {requests}", "gateway", None))
     return [
         Diagnosis(

@@ -12,10 +12,11 @@ import asyncio
 import json
 import sys
 import time
-from typing import Any, TextIO
+from typing import TextIO
 
 from console.collect.check import EXIT, Diagnosed, poll_once, status_of
 from console.collect.diagnoses import CannotTell, Diagnoser, Diagnosis
+from console.collect.gateway_view import GatewayView
 from console.collect.source import NodeState, SourceHealth
 from console.collect.view import FleetView
 from console.core import diagnosis as d
@@ -101,7 +102,7 @@ def _once(
     diagnoser: Diagnoser,
     view: FleetView,
     states: dict[str, NodeState],
-    gateway: dict[str, Any] | None,
+    gateway: GatewayView | None,
 ) -> tuple[list[Diagnosis], list[CannotTell]]:
     return diagnoser.update(view, states, gateway), diagnoser.cannot_tell
 

@@ -17,11 +17,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
 
 from console.collect import diagnose_engines as engines
 from console.collect import diagnose_fleet as parts
-from console.collect.measured import gateway_measure
+from console.collect.gateway_view import GatewayView
 from console.collect.source import NodeState
 from console.collect.view import FleetView
 from console.core import diagnosis as d
@@ -58,7 +57,7 @@ class Diagnoser:
         self,
         view: FleetView,
         states: dict[str, NodeState],
-        gateway: dict[str, Any] | None = None,
+        gateway: GatewayView | None = None,
         now: float | None = None,
     ) -> list[Diagnosis]:
         now = time.time() if now is None else now
@@ -137,7 +136,7 @@ def diagnose_once(
     fleet: Fleet,
     view: FleetView,
     states: dict[str, NodeState],
-    gateway: dict[str, Any] | None = None,
+    gateway: GatewayView | None = None,
 ) -> tuple[list[Diagnosis], list[CannotTell]]:
     """One look, as `engineroom diagnose` and `check` take it."""
     diagnoser = Diagnoser(fleet)
@@ -151,7 +150,7 @@ def find(
     fleet: Fleet,
     view: FleetView,
     states: dict[str, NodeState],
-    gateway: dict[str, Any] | None,
+    gateway: GatewayView | None,
     now: float,
 ) -> tuple[list[Diagnosis], list[CannotTell]]:
     found: list[Diagnosis] = []
@@ -187,9 +186,9 @@ def find(
             where = nodes.get(row.node)
             if where is None or (row.engine_id and row.engine_id in where.busy):
                 continue
-            measure = gateway_measure(gateway, model, row.id)
-            found += parts.saturated(fleet, where, model, row, measure, blind)
-            found += parts.error_burst(fleet, where, model, row, measure)
+            at_gateway = gateway.at(model, row.id) if gateway is not None else None
+            found += parts.saturated(fleet, where, model, row, at_gateway, blind)
+            found += parts.error_burst(fleet, where, model, row, at_gateway)
         found += parts.imbalance(fleet, nodes, model, live)
         for row in rows:
             if row.trt is not None and row.trt.state == "stale" and row.node in nodes:

@@ -15,8 +15,9 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
+from console.collect.gateway_view import GatewayDeployment
 from console.core.config import Model
 from console.core.snapshot import ModelStats
 from console.core.units import ms_from_seconds
@@ -58,23 +59,20 @@ class Candidate:
         return (0.0 if self.ready else 1.0, slo_rank, queued, kv, p95)
 
 
-def _ttft(stats: ModelStats | None, gateway: Mapping[str, Any] | None) -> tuple[float | None, str]:
+def _ttft(stats: ModelStats | None, gateway: GatewayDeployment | None) -> tuple[float | None, str]:
     """The TTFT p95 clients feel: the gateway's where it measured one, else the engine's
     own p95 (a mean is not a p95: unknown)."""
-    measured = (gateway or {}).get("ttft_s")
-    if isinstance(measured, dict):
-        p95 = measured.get("p95")
-        if isinstance(p95, int | float) and not isinstance(p95, bool):
-            return float(p95), "gateway"
+    if gateway is not None and gateway.ttft_p95 is not None:
+        return gateway.ttft_p95, "gateway"
     engine = None if stats is None else stats.latency.ttft_s
     if engine is not None and engine.source != "mean" and engine.p95 is not None:
         return engine.p95, "engine"
     return None, ""
 
 
-def candidate(row: Row, gateway: Mapping[str, Any] | None, slo_ms: float | None) -> Candidate:
+def candidate(row: Row, gateway: GatewayDeployment | None, slo_ms: float | None) -> Candidate:
     """One deployment, judged for taking traffic."""
-    down_at_gateway = gateway is not None and gateway.get("up") is False
+    down_at_gateway = gateway is not None and gateway.down
     ready = row.state == "ready" and not down_at_gateway
     stats = row.stats
     queue = None if stats is None else stats.requests_waiting
@@ -96,12 +94,12 @@ def candidate(row: Row, gateway: Mapping[str, Any] | None, slo_ms: float | None)
 def rank(
     model: Model,
     rows: Iterable[Row],
-    gateway: Mapping[str, Any] | None,
+    gateway: Mapping[str, GatewayDeployment] | None,
     exclude: Iterable[str] = (),
 ) -> list[Candidate]:
     """The model's declared deployments but `exclude`, healthiest first (declared order
-    among equals). `rows`: the view's rows of the model; `gateway`: the gateway snapshot's
-    entry for the model ({deployment: figures}), None when it was not read."""
+    among equals). `rows`: the view's rows of the model; `gateway`: the gateway's
+    deployments of the model (GatewayView.routes), None when it was not read."""
     by_id = {r.id: r for r in rows if r.id}
     skip = set(exclude)
     slo_ms = model.slo.ttft_p95_ms
@@ -110,8 +108,7 @@ def rank(
         if dep.id in skip:
             continue
         row = by_id.get(dep.id)
-        figures = (gateway or {}).get(dep.id)
-        figures = figures if isinstance(figures, dict) else None
+        figures = gateway.get(dep.id) if gateway is not None else None
         if row is None:
             found.append(Candidate(dep.id, False, None, None, None, None, "", "not read"))
         else:

@@ -14,33 +14,12 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from console.core.slo import number
+from console.collect.gateway_view import GatewayDeployment
 from console.core.snapshot import Percentiles
 
 Place = Literal["engine", "gateway"]
 ENGINE: Place = "engine"
 GATEWAY: Place = "gateway"
-
-
-def gateway_measure(snapshot: dict[str, Any] | None, model: str, deployment: str) -> dict | None:
-    """This deployment in the gateway's admin snapshot (weight, up, its TTFT), or None."""
-    if not snapshot or not deployment:
-        return None
-    found = (snapshot.get("models") or {}).get(model, {}).get(deployment)
-    return found if isinstance(found, dict) else None
-
-
-def gateway_p95(measure: dict[str, Any] | None, figure: str) -> float | None:
-    """The gateway's p95 of `figure` ("ttft_s", "itl_s", "e2e_s") for a deployment; None
-    where it has none (no request in its window) or what it sent is not a duration."""
-    if measure is None:
-        return None
-    found = measure.get(figure)
-    return number(found.get("p95")) if isinstance(found, dict) else None
-
-
-def gateway_ttft_p95(measure: dict[str, Any] | None) -> float | None:
-    return gateway_p95(measure, "ttft_s")
 
 
 # A gateway p95 under the engine's by no more than this share of the engine's is the two
@@ -69,10 +48,10 @@ def gap_text(gap: float | None, engine_p95: float | None, seconds: Any) -> str:
     return {"slower": "+" + seconds(gap), "same": "~0", "disagree": "?"}[reading]
 
 
-def ttft_gap_s(engine: Percentiles | None, measure: dict[str, Any] | None) -> float | None:
+def ttft_gap_s(engine: Percentiles | None, at_gateway: GatewayDeployment | None) -> float | None:
     """Gateway TTFT p95 minus the engine's, where both are percentiles (a windowed mean,
     Triton's only figure, is not compared with a p95)."""
-    gateway = gateway_ttft_p95(measure)
+    gateway = at_gateway.ttft_p95 if at_gateway is not None else None
     if engine is None or engine.p95 is None or gateway is None:
         return None
     return gateway - engine.p95

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from console.collect.collector import NodeState
+from console.collect.gateway_view import GatewayView
 from console.collect.view import DeploymentRow, FleetView
 from console.core.config import Deployment, Fleet
 from console.core.snapshot import Job
@@ -39,26 +39,12 @@ def drill_rebuilding(fleet: Fleet, deployment: str) -> str | None:
     return next((n for n, d in fleet.drills.items() if d.deployment == deployment), None)
 
 
-def live_weights(gateway_snapshot: dict[str, Any] | None, model: str) -> dict[str, int] | None:
-    """The weights the gateway's data plane has for `model` now; None when unknown (no
-    snapshot, or the gateway does not route the model)."""
-    deployments = ((gateway_snapshot or {}).get("models") or {}).get(model)
-    if not isinstance(deployments, dict):
-        return None
-    out = {}
-    for dep, info in deployments.items():
-        weight = info.get("weight") if isinstance(info, dict) else None
-        if isinstance(weight, int) and not isinstance(weight, bool):
-            out[str(dep)] = weight
-    return out
-
-
 def plan(
     fleet: Fleet,
     model_name: str,
     view: FleetView,
     states: Mapping[str, NodeState],
-    gateway_snapshot: dict[str, Any] | None,
+    gateway: GatewayView | None,
     gateway_jobs: Sequence[Job] = (),
     gateway_error: str | None = None,
 ) -> list[Check]:
@@ -91,7 +77,7 @@ def plan(
     stale = src_row is not None and src_row.trt is not None and src_row.trt.state == "stale"
     src_ready = src_row is not None and src_row.state == "ready"
     sb_ready = sb_row is not None and sb_row.state == "ready"
-    weights = live_weights(gateway_snapshot, model_name)
+    weights = gateway.weights(model_name) if gateway is not None else None
     w_src = None if weights is None else weights.get(source.id)
     carriers = [d for d, w in (weights or {}).items() if d != source.id and w > 0]
     moved = w_src == 0 and bool(carriers)  # off the source, and served elsewhere

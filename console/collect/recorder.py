@@ -23,6 +23,7 @@ from console.collect.alerts import Event, EventLog
 from console.collect.collector import Collector, NodeState
 from console.collect.diagnoses import Diagnoser
 from console.collect.gateway_client import GatewayClient, GatewayError
+from console.collect.gateway_view import GatewayView, parse
 from console.collect.operator_actions import AUDIT_EVERY_S, ActionTracker
 from console.collect.recording_writer import RecordingWriter
 from console.collect.view import ViewBuilder
@@ -57,7 +58,9 @@ class Recorder:
         self._newest_event: Event | None = None
         self._next_audit = 0.0
         self._diagnosed: dict[tuple[str, str], str] = {}  # each diagnosis's state written
-        self.last_gateway: dict[str, Any] | None = None  # its snapshot, for the diagnoses
+        # The gateway's last snapshot, parsed only when `engineroom record`'s diagnoses ask
+        # (the console, recording, has parsed its own).
+        self._gateway: tuple[dict[str, Any], GatewayView | None] | None = None
 
     def node_updated(self, state: NodeState) -> None:
         """The collector's on_update: the snapshot if it is new, else the status alone."""
@@ -136,8 +139,19 @@ class Recorder:
         self._diagnosed = seen
 
     def gateway(self, snap: dict[str, Any]) -> None:
-        self.last_gateway = snap
+        self._gateway = (snap, None)
         self.writer.gateway(snap)
+
+    @property
+    def last_gateway(self) -> GatewayView | None:
+        """The gateway's last snapshot, for the diagnoses; None before one came."""
+        if self._gateway is None:
+            return None
+        snap, view = self._gateway
+        if view is None:
+            view = parse(snap)
+            self._gateway = (snap, view)
+        return view
 
     async def from_gateway(self, client: GatewayClient, snap: dict[str, Any] | None) -> None:
         """What a console just read from the gateway, and its audit log every few

@@ -21,6 +21,7 @@ from console.collect.alerts import (
 )
 from console.collect.collector import STALE_AFTER, NodeState, NodeStatus
 from console.collect.deployments import DeploymentRow, deployment_row, rejudged, undeclared_row
+from console.collect.gateway_view import GatewayView
 from console.collect.history import History
 from console.collect.nodes import GpuCell, GpuNumbers, NodeRow, engine_summary
 from console.core import slo
@@ -166,7 +167,7 @@ class ViewBuilder:
         self.fleet = fleet
         self._models = {m.name: m for m in fleet.models}
         self._bounds: dict[str, tuple[float | None, ...]] = {}  # each model's SLO limits
-        self._gateway: dict | None = None  # the gateway snapshot the rows were judged on
+        self._gateway: GatewayView | None = None  # the gateway snapshot the rows were judged on
         self._tracker = AlertTracker() if hold else None
         self._looked: set[str] = set()  # nodes seen with a snapshot in an earlier build
         self._fresh: set[str] = set()  # ... and those first seen since the last build
@@ -208,7 +209,7 @@ class ViewBuilder:
         refresh_s: float,
         now: float | None = None,
         history: History | None = None,
-        gateway: dict | None = None,
+        gateway: GatewayView | None = None,
     ) -> FleetView:
         """The view as of `now`. Each node's status is worked out again (it moves with
         time), but the last view is patched where only some nodes changed: a refresh of a
@@ -563,7 +564,7 @@ def build(
     refresh_s: float,
     now: float | None = None,
     history: History | None = None,
-    gateway: dict | None = None,
+    gateway: GatewayView | None = None,
 ) -> FleetView:
     """One FleetView (for `engineroom check` and tests); the console keeps a ViewBuilder."""
     return ViewBuilder(fleet).build(states, refresh_s, now, history, gateway)

@@ -178,7 +178,7 @@ async def _plan(fleet: Fleet, ask: Ask, as_json: bool, out: TextIO) -> int:
 
     model = next(m for m in fleet.models if m.name == ask.model)
     view, _, gateway, _ = await poll_once(fleet)
-    snapshot = (gateway.snapshot or {}).get("models", {}).get(ask.model)
+    snapshot = gateway.snapshot.routes(ask.model) if gateway.snapshot is not None else None
     exclude = [d for d in (ask.drain,) if d is not None]
     ranked = rank(model, view.models.get(ask.model, []), snapshot, exclude)
     if ask.to is None and ask.drain is None and ask.restore_before is None:

@@ -6,7 +6,7 @@ failover plan; the Prometheus rules of `engineroom rules` are written from the s
 limits, multiples and order of figures (console/collect/rules.py).
 
 - What clients feel decides: the gateway's p95 where the gateway measured the deployment
-  (its admin snapshot, console.collect.measured), else the engine's own p95.
+  (its admin snapshot, console.collect.gateway_view), else the engine's own p95.
 - A mean never stands in for a p95: where an engine gives only a windowed mean
   (Triton's counters), that figure is unknown; the mean is kept beside it, to be shown
   as a mean.
@@ -19,8 +19,7 @@ limits, multiples and order of figures (console/collect/rules.py).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal, NamedTuple, Protocol
 
 from console.core import alertrules
 from console.core.alertrules import AlertDef
@@ -140,29 +139,20 @@ def limits(fleet: Fleet, model: Model | None) -> tuple[float | None, ...]:
     return tuple(defn.threshold(fleet, model) for defn in FIGURES.values())
 
 
-def number(value: Any) -> float | None:
-    """A figure from outside (the gateway's JSON): a finite number not under 0, else None."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    value = float(value)
-    return value if math.isfinite(value) and value >= 0 else None
+class ClientFigures(Protocol):
+    """A deployment as the gateway measured it (console.collect.gateway_view parses the
+    gateway's snapshot into these): each figure None where unknown."""
+
+    @property
+    def ttft_p95(self) -> float | None: ...
+    @property
+    def itl_p95(self) -> float | None: ...
+    @property
+    def e2e_p95(self) -> float | None: ...
+    @property
+    def error_ratio(self) -> float | None: ...  # None where it passed no request
 
 
-def _gateway_p95(gateway: Mapping[str, Any] | None, key: str) -> float | None:
-    if gateway is None:
-        return None
-    found = gateway.get(key)
-    return number(found.get("p95")) if isinstance(found, Mapping) else None
-
-
-def _gateway_errors(gateway: Mapping[str, Any] | None) -> float | None:
-    """The gateway's error ratio over its window; None when it passed no request."""
-    if gateway is None or not number(gateway.get("requests")):
-        return None
-    return number(gateway.get("error_rate"))
-
-
-_KEYS = ("ttft_s", "itl_s", "e2e_s")
 # (figure, its alert's severity, critical_times) in FIGURES' order. Every SLO alert
 # compares with ">" (asserted here): the loop below compares inline, since it runs for
 # every deployment row the view makes (20,000 at 10,000 nodes, the undeclared ones too).
@@ -175,7 +165,7 @@ _new_judged = tuple.__new__
 def judge(
     bounds: tuple[float | None, ...],
     stats: ModelStats | None,
-    gateway: Mapping[str, Any] | None = None,
+    gateway: ClientFigures | None = None,
 ) -> Verdict:
     """The verdict on one deployment: `bounds` from limits(), `stats` the engine's figures
     for the model, `gateway` the deployment in the gateway's admin snapshot (None: no
@@ -195,7 +185,11 @@ def judge(
         mean = None
         place: Place = "gateway"
         if i < 3:
-            value = _gateway_p95(gateway, _KEYS[i]) if gateway is not None else None
+            value = None
+            if gateway is not None:
+                value = (
+                    gateway.ttft_p95 if i == 0 else gateway.itl_p95 if i == 1 else gateway.e2e_p95
+                )
             if value is None:
                 place = "engine"
                 if lat is not None:
@@ -204,7 +198,7 @@ def judge(
                     if value is None:
                         mean = pct.mean
         else:
-            value = _gateway_errors(gateway) if gateway is not None else None
+            value = gateway.error_ratio if gateway is not None else None
             if value is None:
                 place = "engine"
                 value = stats.error_rate if stats is not None else None

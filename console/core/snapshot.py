@@ -234,14 +234,6 @@ def snapshot_from(data: Any) -> Snapshot:
         raise SnapshotError(f"not a snapshot: {e}") from None
 
 
-def percentiles_from(data: Any) -> Percentiles:
-    """From the gateway's JSON (its own TTFT/ITL percentiles take this shape)."""
-    try:
-        return msgspec.convert(data, Percentiles)
-    except msgspec.ValidationError as e:
-        raise SnapshotError(f"not percentiles: {e}") from None
-
-
 def job_from(data: Any) -> Job:
     try:
         return msgspec.convert(data, Job)

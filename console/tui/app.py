@@ -29,6 +29,7 @@ from textual.widgets import Input
 from console.collect import tune_gc
 from console.collect.alerts import EventLog
 from console.collect.collector import NodeState
+from console.collect.gateway_view import GatewaySnapshot, GatewayView
 from console.collect.operator_actions import ActionTracker, GatewayActions, event_of
 from console.collect.promsource import fleet_source
 from console.collect.recorder import Recorder, open_writer
@@ -111,6 +112,8 @@ class EngineroomApp(App[int]):
     CSS_PATH = "app.tcss"
     TITLE = "engineroom"
     ENABLE_COMMAND_PALETTE = True
+    gateway_snapshot = GatewaySnapshot()  # the gateway's JSON; set, it is parsed into:
+    gateway: GatewayView | None = None  # what the screens read (console.collect.gateway_view)
     BINDINGS = [
         Binding("colon", "command", "command", id="command"),
         Binding("slash", "filter", "filter", id="filter"),
@@ -179,7 +182,7 @@ class EngineroomApp(App[int]):
         self._follow_updates()
         self.tick_ms: deque[tuple[float, float]] = deque(maxlen=300)  # (build, draw)
         self.roles: dict[str, str] = {}  # node -> the role its token has on the agent
-        self.gateway_snapshot: dict | None = None  # the gateway's routes and measures
+        self.gateway_snapshot = None  # the gateway's routes and measures; `gateway` parsed
         self.gateway_error: str | None = None
         self.gateway_role: str | None = None  # what our gateway token may do, once asked
         self.diagnoses = ConsoleDiagnoses(fleet, self.offline)  # updated once per view
@@ -284,10 +287,10 @@ class EngineroomApp(App[int]):
             self.collector.states,
             self.refresh_s,
             history=self.collector.history,
-            gateway=self.gateway_snapshot,  # the SLO is judged on what clients feel
+            gateway=self.gateway,  # the SLO is judged on what clients feel
         )
         self.events.update(self.view.alerts)
-        self.diagnoses.update(self.view, self.collector.states, self.gateway_snapshot,
+        self.diagnoses.update(self.view, self.collector.states, self.gateway,
                               self.gateway_error, self.replay_time())  # fmt: skip
         if self.recorder is not None:
             self.recorder.alerts(self.events)

@@ -15,10 +15,10 @@ at 10,000 about every 15 s); a small fleet's is every view.
 from __future__ import annotations
 
 import time
-from typing import Any
 
 from console.collect.diagnoses import Diagnoser, Diagnosis
 from console.collect.gateway_client import GatewayClient
+from console.collect.gateway_view import GatewayView
 from console.collect.source import NodeState
 from console.collect.view import FleetView
 from console.core import diagnosis as d
@@ -47,7 +47,7 @@ class ConsoleDiagnoses:
         self,
         view: FleetView,
         states: dict[str, NodeState],
-        gateway: dict[str, Any] | None,
+        gateway: GatewayView | None,
         gateway_error: str | None,
         now: float | None = None,
     ) -> None:

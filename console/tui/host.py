@@ -9,12 +9,13 @@ and opens this door to them) is checked against it by mypy.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol, TypeVar, cast
+from typing import Protocol, TypeVar, cast
 
 from textual.message_pump import MessagePump
 
 from console.collect.actions import AgentActions
 from console.collect.alerts import EventLog
+from console.collect.gateway_view import GatewayView
 from console.collect.operator_actions import GatewayActions
 from console.collect.source import FleetSource
 from console.collect.view import FleetView, ViewBuilder
@@ -45,7 +46,7 @@ class ConsoleHost(Protocol):
     @property
     def diagnoses(self) -> ConsoleDiagnoses: ...  # the named problems, as of the last view
     @property
-    def gateway_snapshot(self) -> dict[str, Any] | None: ...  # the gateway's JSON
+    def gateway(self) -> GatewayView | None: ...  # its snapshot (console.collect.gateway_view)
     @property
     def gateway_error(self) -> str | None: ...
     @property

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
-from typing import Any
 
 from rich.text import Text
 from textual import on
@@ -30,6 +29,7 @@ from console.collect.diagnose_out import _move_hint as command_hint
 from console.collect.diagnoses import Diagnosis
 from console.collect.failover_targets import rank
 from console.collect.gateway_client import GatewayClient
+from console.collect.gateway_view import GatewayDeployment
 from console.collect.view import FleetView
 from console.core import diagnosis as d
 from console.core.config import Model
@@ -296,9 +296,10 @@ class DiagnosisScreen(ViewScreen):
         """(model, source, onto which): onto the others in proportion where one of them
         carries weight and is up (the gateway's rule for a drain), else onto the
         healthiest of them, as the plan ranks them."""
-        live = _weights(self.console.gateway_snapshot, model.name)
+        gateway = self.console.gateway
+        live = (gateway.routes(model.name) if gateway is not None else None) or {}
         others = [dep for dep in model.deployments if dep.id != source]
-        if any(_weight(live, dep.id, dep.weight) and _up(live, dep.id) for dep in others):
+        if any(_carries(live.get(dep.id), dep.weight) for dep in others):
             return model.name, source, None  # the others share its weight, in proportion
         rows = self.console.view.models.get(model.name, []) if self.console.view else []
         best = rank(model, rows, live or None, [source])
@@ -429,18 +430,10 @@ class DiagnosisScreen(ViewScreen):
         self.console.run_drill(drill[0], started=lambda: self._moved(key, "drill"))
 
 
-def _weights(snapshot: dict[str, Any] | None, model: str) -> dict[str, Any]:
-    """The gateway's live figures of `model`'s deployments ({id: {weight, ...}})."""
-    found = ((snapshot or {}).get("models") or {}).get(model)
-    return found if isinstance(found, dict) else {}
-
-
-def _weight(live: dict[str, Any], deployment: str, declared: int) -> Any:
-    figures = live.get(deployment)
-    return figures.get("weight", declared) if isinstance(figures, dict) else declared
-
-
-def _up(live: dict[str, Any], deployment: str) -> bool:
-    """Whether the gateway has `deployment` up; unknown (not read yet) counts as up."""
-    figures = live.get(deployment)
-    return figures.get("up", True) is not False if isinstance(figures, dict) else True
+def _carries(gw: GatewayDeployment | None, declared: int) -> bool:
+    """Whether a deployment carries weight and is up at the gateway: its live weight,
+    else the declared one; unknown (not read yet) counts as up."""
+    if gw is None:
+        return bool(declared)
+    weight = gw.weight if gw.weight is not None else declared
+    return bool(weight) and not gw.down

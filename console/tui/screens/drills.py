@@ -330,7 +330,7 @@ class PlaybookScreen(ViewScreen):
             self.model,
             view,
             console.collector.states,
-            console.gateway_snapshot,
+            console.gateway,
             console.gateway_actions.jobs,
             console.gateway_error,
         )

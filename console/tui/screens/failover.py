@@ -14,6 +14,7 @@ not stop it.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from rich.console import Group
@@ -28,9 +29,10 @@ from textual.widgets import Button, Input, Label, Select, Static
 
 from console.collect.failover_targets import Candidate, preselected, rank
 from console.collect.gateway_client import GatewayClient, GatewayError
+from console.collect.gateway_view import GatewayDeployment
 from console.collect.view import DeploymentRow
 from console.core.config import Model
-from console.core.snapshot import percentiles_from
+from console.core.snapshot import Percentiles
 from console.tui import format as fmt
 from console.tui.host import ConsoleHost, host_of
 from console.tui.polling import Poll
@@ -92,14 +94,14 @@ class FailoverScreen(ModalScreen[str | None]):
     def _model(self) -> Model:
         return next(m for m in self.console.fleet.models if m.name == self.model)
 
-    def _live(self) -> dict[str, Any]:
-        snap = self.console.gateway_snapshot or {}
-        result: dict[str, Any] = snap.get("models", {}).get(self.model, {})
-        return result
+    def _live(self) -> Mapping[str, GatewayDeployment]:
+        """The model's deployments at the gateway; empty before it answered."""
+        gateway = self.console.gateway
+        return (gateway.routes(self.model) if gateway is not None else None) or {}
 
     def _weights(self) -> dict[str, int]:
         live = self._live()
-        return {d.id: live.get(d.id, {}).get("weight", d.weight) for d in self._model().deployments}
+        return {d.id: _live_weight(live.get(d.id), d.weight) for d in self._model().deployments}
 
     def _rows(self) -> list[DeploymentRow]:
         view = self.console.view
@@ -309,14 +311,14 @@ class FailoverScreen(ModalScreen[str | None]):
         table.add_column("INFL", justify="right", no_wrap=True)
         for dep in self._model().deployments:
             row = rows.get(dep.id)
-            gw = live.get(dep.id, {})
+            gw = live.get(dep.id)
             stats = row.stats if row else None
             state = row.state if row else "unknown"
-            gw_state = "" if gw.get("up", True) else " (gw: down)"
+            gw_state = " (gw: down)" if gw is not None and gw.down else ""
             queue = stats.requests_waiting if stats else None
             kv = stats.kv_cache_usage if stats else None
             limit = slo.ttft_p95_ms
-            now = before.get(dep.id, gw.get("weight", dep.weight))
+            now = before.get(dep.id, _live_weight(gw, dep.weight))
             weight = Text(str(now))
             if dep.id in after:
                 changed = after[dep.id] != now
@@ -327,12 +329,12 @@ class FailoverScreen(ModalScreen[str | None]):
                 Text(state + gw_state, style="green" if state == "ready" else "yellow"),
                 fmt.latency(stats.latency.ttft_s if stats and stats.latency else None,
                             limit_ms=limit),
-                fmt.latency(percentiles_from(gw.get("ttft_s")) if gw.get("ttft_s") else None,
+                fmt.latency(Percentiles(p95=gw.ttft_p95) if gw is not None else None,
                             limit_ms=limit),
                 "?" if queue is None else f"{queue:g}",
                 "?" if kv is None else f"{kv:.0%}",
                 weight,
-                str(gw.get("inflight", "?")),
+                "?" if gw is None or gw.inflight is None else str(gw.inflight),
             )  # fmt: skip
         lines = Group(table, Text(self._data_plane(), style="dim"))
         if self.console.gateway_error:
@@ -524,3 +526,8 @@ def _what(ask: dict[str, str | None]) -> str:
     if ask["drain"]:
         return f"drain {ask['drain']} onto {ask['to'] or 'the others'}"
     return f"all of it to {ask['to'] or '?'}"
+
+
+def _live_weight(gw: GatewayDeployment | None, declared: int) -> int:
+    """The weight the gateway's data plane has, else the declared one (not read yet)."""
+    return gw.weight if gw is not None and gw.weight is not None else declared

@@ -27,13 +27,8 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.widgets import DataTable
 
-from console.collect.measured import (
-    gap_text,
-    gateway_measure,
-    gateway_p95,
-    gateway_ttft_p95,
-    ttft_gap_s,
-)
+from console.collect.gateway_view import GatewayDeployment, GatewayView
+from console.collect.measured import gap_text, ttft_gap_s
 from console.collect.view import DeploymentRow, FleetView
 from console.core.config import Fleet, Model, Slo
 from console.core.slo import Level
@@ -122,10 +117,10 @@ def deployment_row(
     model: Model,
     kv_warn: float,
     error_limit: float,
-    gw: dict[str, Any] | None = None,
+    gw: GatewayDeployment | None = None,
     shown: Fitted | None = None,
 ) -> Row:
-    """`gw`: this deployment in the gateway's snapshot (live weight, its own TTFT);
+    """`gw`: this deployment at the gateway (live weight, its own p95s);
     `shown`: the columns the terminal's width holds (all of them without)."""
     # Everything but the key is worked out when first asked for: a draw makes 2,000 of
     # these at 1,000 nodes, and formats only the ~40 on screen (and a filter the fields).
@@ -149,12 +144,12 @@ def deployment_row(
             fmt.engine_state(r.state, r.standby),
             fmt.verdict(r.verdict, r.standby),
             fmt.p95(lat.ttft_s.p95 if lat else None, slo.ttft_p95_ms),
-            _at_gateway(gw, "ttft_s", slo.ttft_p95_ms, r.standby),
+            _at_gateway(gw, gw.ttft_p95 if gw else None, slo.ttft_p95_ms, r.standby),
             _gap(gap, gw, slo.ttft_p95_ms),
             fmt.p95(lat.itl_s.p95 if lat else None, slo.itl_p95_ms),
-            _at_gateway(gw, "itl_s", slo.itl_p95_ms, r.standby),
+            _at_gateway(gw, gw.itl_p95 if gw else None, slo.itl_p95_ms, r.standby),
             fmt.p95(lat.e2e_s.p95 if lat else None, slo.e2e_p95_ms),
-            _at_gateway(gw, "e2e_s", slo.e2e_p95_ms, r.standby),
+            _at_gateway(gw, gw.e2e_p95 if gw else None, slo.e2e_p95_ms, r.standby),
             fmt.fit(f"{r.engine} {r.version or '?'}", COLUMNS[ENGINE][1] or 0),
             fmt.rate(s.request_rate if s else None),
             fmt.count(s.requests_waiting if s else None),
@@ -183,9 +178,9 @@ def deployment_row(
             "weight": r.weight,
             "rate": s.request_rate if s else None,
             "ttft_p95": lat.ttft_s.p95 if lat else None,
-            "gw_ttft_p95": gateway_ttft_p95(gw),
-            "gw_itl_p95": gateway_p95(gw, "itl_s"),
-            "gw_e2e_p95": gateway_p95(gw, "e2e_s"),
+            "gw_ttft_p95": gw.ttft_p95 if gw else None,
+            "gw_itl_p95": gw.itl_p95 if gw else None,
+            "gw_e2e_p95": gw.e2e_p95 if gw else None,
             "ttft_gap": gap,
             "itl_p95": lat.itl_s.p95 if lat else None,
             "e2e_p95": lat.e2e_s.p95 if lat else None,
@@ -209,31 +204,31 @@ def deployment_row(
     return Row(key, cells if pick is None else lambda: pick(cells()), fields, text)
 
 
-def _weight(declared: int | None, gw: dict[str, Any] | None) -> Text:
+def _weight(declared: int | None, gw: GatewayDeployment | None) -> Text:
     """The live weight when the gateway answers (bold when it differs from the file)."""
     if gw is None:
         return Text("-" if declared is None else fmt.number(declared))
-    live = gw.get("weight")
-    shown = fmt.number(live) if isinstance(live, int | float) else "?"
+    live = gw.weight
+    shown = fmt.number(live) if live is not None else "?"
     return Text(shown, style="bold cyan" if live != declared else "")
 
 
 def _at_gateway(
-    gw: dict[str, Any] | None, figure: str, slo_ms: float | None, standby: bool
+    gw: GatewayDeployment | None, p95: float | None, slo_ms: float | None, standby: bool
 ) -> Text:
     """A p95 the gateway measured (TTFT, ITL, e2e), as clients felt it."""
     if gw is None:
         return Text("-", style="dim")
-    if not gw.get("up", True):
+    if gw.down:
         # A stopped standby is not an outage: one word for one state, as STATE says.
         return Text("standby", style="dim") if standby else Text("down", style="bold red")
-    return fmt.p95(gateway_p95(gw, figure), slo_ms)
+    return fmt.p95(p95, slo_ms)
 
 
-def _gap(gap: float | None, gw: dict[str, Any] | None, slo_ms: float | None) -> Text:
+def _gap(gap: float | None, gw: GatewayDeployment | None, slo_ms: float | None) -> Text:
     """Gateway minus engine TTFT p95. Yellow when the gap is what breaks the SLO: the
     engine is within it and clients are not, so the time goes before the engine."""
-    at_gateway = gateway_ttft_p95(gw)
+    at_gateway = gw.ttft_p95 if gw else None
     if gap is None or at_gateway is None:
         return Text("-", style="dim")
     if gap < 0:
@@ -295,7 +290,7 @@ class _Drawn:
     row was made of (None for a model's own)."""
 
     serial: int
-    gateway: dict[str, Any] | None
+    gateway: GatewayView | None
     rows: list[Row]
     offsets: dict[str, int] = field(default_factory=dict)
     breaches: dict[str, list[int]] = field(default_factory=dict)  # [warning, critical]
@@ -324,7 +319,7 @@ class ModelsScreen(ViewScreen):
         # of a node whose snapshot did not change, so a draw makes rows only for those
         # that did (20,000 deployments at 10,000 nodes, on the key that opens Models).
         # With it, how far over its SLO the row is (0, 1 a warning, 2 critical).
-        self._made: dict[int, tuple[DeploymentRow, dict[str, Any] | None, Row, int]] = {}
+        self._made: dict[int, tuple[DeploymentRow, GatewayDeployment | None, Row, int]] = {}
         # Each model's own row, by its name and its worst verdict (500 models).
         self._heads: dict[tuple[str, Level], Row] = {}
         # The last draw unfiltered, which the next patches where nodes changed since
@@ -344,7 +339,7 @@ class ModelsScreen(ViewScreen):
         counts = found.counts()
         point(self.query_one(TopDiagnosis), self.query_one(FleetTable), found.found,
               counts[0] if counts else 0, models_key)  # fmt: skip
-        gateway = self.console.gateway_snapshot
+        gateway = self.console.gateway
         drawn = self._drawn
         if (
             drawn is not None
@@ -356,7 +351,7 @@ class ModelsScreen(ViewScreen):
             return
         self._draw_all(view, gateway)
 
-    def _row(self, r: DeploymentRow, name: str, gw: dict[str, Any] | None) -> Row:
+    def _row(self, r: DeploymentRow, name: str, gw: GatewayDeployment | None) -> Row:
         t = self.console.fleet.thresholds
         model = self.console.views.model(name)
         return deployment_row(r, model, t.kv_cache_warn, t.error_rate, gw, self.fitted)
@@ -378,7 +373,7 @@ class ModelsScreen(ViewScreen):
                     counts[was] -= 1
                 if (now := _over(r)) is not None:
                     counts[now] += 1
-                gw = gateway_measure(gateway, name, r.id) if gateway else None
+                gw = gateway.at(name, r.id) if gateway is not None else None
                 rows[at] = self._row(r, name, gw)
                 entries[at] = r
         for name in touched:
@@ -395,7 +390,7 @@ class ModelsScreen(ViewScreen):
             self._heads[(name, level)] = head
         return head
 
-    def _draw_all(self, view: FleetView, gateway: dict[str, Any] | None) -> None:
+    def _draw_all(self, view: FleetView, gateway: GatewayView | None) -> None:
         rows: list[Row] = []
         made, kept = {}, self._made
         heads: dict[tuple[str, Level], Row] = {}
@@ -404,7 +399,7 @@ class ModelsScreen(ViewScreen):
             shown = []
             counts = [0, 0]
             for r in deployments:
-                gw = gateway_measure(gateway, name, r.id) if gateway else None
+                gw = gateway.at(name, r.id) if gateway is not None else None
                 old = kept.get(id(r))
                 if old is None or old[0] is not r or old[1] is not gw:
                     over = _over(r)
