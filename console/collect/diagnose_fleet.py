@@ -18,6 +18,10 @@ from console.core.units import duration_from_seconds
 # A replica slower than its siblings by less than this is noise, whatever the ratio (a
 # 12 ms TTFT beside 5 ms ones is no incident).
 IMBALANCE_FLOOR_S = 0.05
+# A p95 over fewer samples than this in the window is no p95 to compare: with 3 requests
+# in a 10 s window, the p95 is the slowest of them, and a real vLLM beside one stopped in
+# bursts was named the slow one by a single late first token.
+IMBALANCE_MIN_SAMPLES = 20
 
 
 def gpu_faults(node: Node) -> list[Diagnosis]:
@@ -216,7 +220,9 @@ def imbalance(
         known = {}
         for r in rows:
             p = getattr(r.stats.latency, figure) if r.stats else None
-            if p is not None and p.p95 is not None and p.source == "histogram" and r.id:
+            if p is None or p.p95 is None or p.source != "histogram" or not r.id:
+                continue
+            if p.count is None or p.count >= IMBALANCE_MIN_SAMPLES:
                 known[r.id] = (r, p.p95)
         ordered = sorted(v for _, v in known.values())
         for rid, (row, p95) in known.items():
