@@ -135,7 +135,7 @@ def storm(value: float) -> tuple[str, dict[str, str], float, str]:
         f"a/vllm-8001: KV-cache pressure: tiny preempts {go_number(value)} requests a "
         "second (kv_preemption_storm_rate 0.5)"
     )
-    return ("kv_pressure", VLLM, value, summary)
+    return ("kv_pressure", {**VLLM, "signal": "preemption_storm"}, value, summary)
 
 
 def burst(value: float, where: str) -> tuple[str, dict[str, str], float, str]:

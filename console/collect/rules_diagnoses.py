@@ -16,7 +16,8 @@ the error burst, the gateway's:
   `engineroom_model_preemption_rate` > 0 or requests waiting for capacity
   (`engineroom_model_requests_waiting_by_reason{reason="capacity"}`), on a ready engine;
   or `engineroom_model_preemption_rate` at or over kv_preemption_storm_rate (a second rule
-  of the same name: a storm whatever the KV gauge read);
+  of the same name, labelled signal="preemption_storm": a storm whatever the KV gauge
+  read);
 - error_burst: a deployment's failed / finished at or over error_burst_rate, the gateway's
   where it counted requests for it over its window, else its engine's (the error-rate
   alert's figure), on a ready deployment that fleet.toml gives traffic (weight not 0); an
@@ -158,7 +159,8 @@ def kv_pressure(fleet: Fleet) -> list[Rule]:
             f"{ENGINE}: {defn.title}: {{{{ $labels.model }}}} preempts {{{{ $value }}}} "
             f"requests a second (kv_preemption_storm_rate {num(rate)})"
         )
-        out.append(_rule(defn, expr, summary, labels))
+        # A label of its own: promtool refuses two rules of one name and the same labels.
+        out.append(_rule(defn, expr, summary, {**labels, "signal": "preemption_storm"}))
     return out
 
 
