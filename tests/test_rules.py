@@ -44,78 +44,37 @@ from console.core.wire import (
 )
 from tests.conftest import run_cli
 from tests.prometheus_proc import promtool
+from tests.support.fleet import fleet_toml
+from tests.support.rules import (
+    NODE_A,
+    TINY_DEPLOYMENTS,
+    rules_written,
+    snapshot,
+    standby,
+    triton,
+    vllm,
+)
 
-FLEET_TEXT = """
-[fleet]
-name = "rules"
-refresh_s = 1.0
-[agent]
-window_s = 60
-[thresholds]
-gpu_temp_warn_c = 80
-gpu_temp_crit_c = 90
-kv_cache_warn = 0.95
-error_rate = 0.05
-[[nodes]]
-name = "a"
-agent = "http://127.0.0.1:1"
-[[models]]
-name = "tiny"
-slo = { ttft_p95_ms = 500, itl_p95_ms = 50, e2e_p95_ms = 2000, error_rate = 0.02 }
-  [[models.deployments]]
-  id = "tiny-vllm"
-  node = "a"
-  engine = "vllm"
-  endpoint = "http://127.0.0.1:8001"
-  [[models.deployments]]
-  id = "tiny-standby"
-  node = "a"
-  engine = "vllm"
-  endpoint = "http://127.0.0.1:8002"
-  weight = 0
-  [[models.deployments]]
-  id = "tiny-trt"
-  node = "a"
-  engine = "triton"
-  endpoint = "http://127.0.0.1:8000"
-  engine_model = "ens.v1"
-"""
+FLEET_TEXT = fleet_toml(
+    fleet={"name": "rules", "refresh_s": 1.0},
+    agent={"window_s": 60},
+    thresholds={
+        "gpu_temp_warn_c": 80,
+        "gpu_temp_crit_c": 90,
+        "kv_cache_warn": 0.95,
+        "error_rate": 0.05,
+    },
+    nodes=[NODE_A],
+    models=[
+        {
+            "name": "tiny",
+            "slo": {"ttft_p95_ms": 500, "itl_p95_ms": 50, "e2e_p95_ms": 2000, "error_rate": 0.02},
+            "deployments": TINY_DEPLOYMENTS,
+        }
+    ],
+)
 FLEET = parse_fleet(FLEET_TEXT)
 RULE_NAMES = [d.alert for d in alertrules.ALL if d.in_rules]
-
-
-def vllm(state: str = "ready", **stats: object) -> Engine:
-    return Engine(
-        id="vllm-8001",
-        kind="vllm",
-        endpoint="http://127.0.0.1:8001",
-        version="0.32.0",
-        state=state,  # type: ignore[arg-type]
-        deployment_ids=["tiny-vllm"],
-        models=[ModelStats(name="tiny", **stats)],  # type: ignore[arg-type]
-    )
-
-
-def standby(state: str = "down") -> Engine:
-    return Engine(
-        id="vllm-8002",
-        kind="vllm",
-        endpoint="http://127.0.0.1:8002",
-        state=state,  # type: ignore[arg-type]
-        deployment_ids=["tiny-standby"],
-    )
-
-
-def triton(state: str = "ready", **stats: object) -> Engine:
-    return Engine(
-        id="triton-8000",
-        kind="triton",
-        endpoint="http://127.0.0.1:8000",
-        version="2.51.0",
-        state=state,  # type: ignore[arg-type]
-        deployment_ids=["tiny-trt"],
-        models=[ModelStats(name="ens.v1", **stats)],  # type: ignore[arg-type]
-    )
 
 
 def latency(ttft_p95=None, itl_p95=None, itl_mean=None, e2e_p95=None) -> Latency:
@@ -255,17 +214,6 @@ CASES = {
 }
 
 
-def snapshot(case: Case) -> Snapshot:
-    return Snapshot(
-        node=NodeInfo(name="a", agent_version="0", time=0.0),
-        host=Host(),
-        gpu_status="ok",
-        gpus=case.gpus,
-        engines=case.engines,
-        trt_engines=case.trt,
-    )
-
-
 def console_alerts(snap: Snapshot) -> set[str]:
     """The console's alerts on this snapshot, by their rule's name."""
     now = time.monotonic()
@@ -327,11 +275,7 @@ def expected_alert(rule: dict[str, str], labels: dict[str, str], value: float) -
 @pytest.fixture(scope="module")
 def rules_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """`engineroom rules --fleet F --out FILE`, the real command."""
-    workdir = tmp_path_factory.mktemp("rules")
-    (workdir / "fleet.toml").write_text(FLEET_TEXT)
-    out = workdir / "rules.yml"
-    result = run_cli("rules", "--fleet", str(workdir / "fleet.toml"), "--out", str(out))
-    assert result.returncode == 0, result.stderr
+    out, result = rules_written(tmp_path_factory.mktemp("rules"), FLEET_TEXT)
     assert "rules)" in result.stderr  # how many it wrote
     return out
 

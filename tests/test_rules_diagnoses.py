@@ -31,47 +31,26 @@ from console.collect.view import build
 from console.core import diagnosis as d
 from console.core.config import Fleet, parse_fleet
 from console.core.snapshot import decode_snapshot
-from console.core.wire import Engine, Gpu, Host, ModelStats, NodeInfo, Snapshot, TrtEngine, XidEvent
-from tests.conftest import run_cli
+from console.core.wire import Engine, Gpu, ModelStats, TrtEngine, XidEvent
 from tests.prometheus_proc import promtool
+from tests.support.fleet import fleet_toml
+from tests.support.rules import NODE_A, TINY_DEPLOYMENTS, rules_written, snapshot
 from tests.test_rules import HOSTILE, go_number, standby, triton, vllm
 
-FLEET_TEXT = """
-[fleet]
-name = "diagnoses"
-[agent]
-window_s = 60
-[gateway]
-url = "http://127.0.0.1:9400"
-window_s = 60
-[diagnoses]
-wedged_after_s = 10
-[[nodes]]
-name = "a"
-agent = "http://127.0.0.1:1"
-[[models]]
-name = "tiny"
-  [models.diagnoses]
-  kv_pressure_usage = 0.8
-  error_burst_rate = 0.2
-  [[models.deployments]]
-  id = "tiny-vllm"
-  node = "a"
-  engine = "vllm"
-  endpoint = "http://127.0.0.1:8001"
-  [[models.deployments]]
-  id = "tiny-standby"
-  node = "a"
-  engine = "vllm"
-  endpoint = "http://127.0.0.1:8002"
-  weight = 0
-  [[models.deployments]]
-  id = "tiny-trt"
-  node = "a"
-  engine = "triton"
-  endpoint = "http://127.0.0.1:8000"
-  engine_model = "ens.v1"
-"""
+FLEET_TEXT = fleet_toml(
+    fleet={"name": "diagnoses"},
+    agent={"window_s": 60},
+    gateway={"url": "http://127.0.0.1:9400", "window_s": 60},
+    diagnoses={"wedged_after_s": 10},
+    nodes=[NODE_A],
+    models=[
+        {
+            "name": "tiny",
+            "diagnoses": {"kv_pressure_usage": 0.8, "error_burst_rate": 0.2},
+            "deployments": TINY_DEPLOYMENTS,
+        }
+    ],
+)
 FLEET = parse_fleet(FLEET_TEXT)
 # The rule of each class PromQL can tell, named after the class (alertrules' spelling).
 RULES = {
@@ -344,17 +323,6 @@ CASES = {
 }
 
 
-def snapshot(case: Case) -> Snapshot:
-    return Snapshot(
-        node=NodeInfo(name="a", agent_version="0", time=0.0),
-        host=Host(),
-        gpu_status="ok",
-        gpus=case.gpus,
-        engines=case.engines,
-        trt_engines=case.trt,
-    )
-
-
 def admin_snapshot(case: Case) -> dict:
     """The gateway's admin snapshot as the finder reads it (console/gateway/measure.py)."""
     measures = {
@@ -431,11 +399,7 @@ def promtool_test(
 @pytest.fixture(scope="module")
 def rules_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """`engineroom rules --fleet F --out FILE`, the real command."""
-    workdir = tmp_path_factory.mktemp("rules")
-    (workdir / "fleet.toml").write_text(FLEET_TEXT)
-    out = workdir / "rules.yml"
-    result = run_cli("rules", "--fleet", str(workdir / "fleet.toml"), "--out", str(out))
-    assert result.returncode == 0, result.stderr
+    out, _ = rules_written(tmp_path_factory.mktemp("rules"), FLEET_TEXT)
     return out
 
 

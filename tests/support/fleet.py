@@ -1,0 +1,80 @@
+"""fleet.toml for tests, written from dicts: one builder instead of a template per file.
+
+`fleet_toml(fleet={"name": "x"}, nodes=[{...}], models=[{...}])`: a dict is a table, a list
+of dicts an array of tables, and within them the same again (`[models.failover]`,
+`[[models.deployments]]`). Strings are escaped the way TOML wants them, so a path or a
+URL with a quote, a backslash or a control character in it reads back as written.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import PurePath
+from typing import Any
+
+_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
+
+
+def fleet_toml(**sections: Any) -> str:
+    """The document: each keyword a top-level table (a dict) or array of tables (a list of
+    dicts), in the order given. None leaves a section out."""
+    return _table([], {k: v for k, v in sections.items() if v is not None})
+
+
+def _key(name: str) -> str:
+    return name if _BARE_KEY.fullmatch(name) else _string(name)
+
+
+def _string(text: str) -> str:
+    # JSON's escapes are TOML's (\" \\ \n \t \uXXXX); DEL is the one control character JSON
+    # leaves raw and TOML refuses. Non-ASCII stays as it is: TOML is UTF-8.
+    return json.dumps(text, ensure_ascii=False).replace("\x7f", "\\u007f")
+
+
+def _is_tables(value: Any) -> bool:
+    return (
+        isinstance(value, Sequence)
+        and not isinstance(value, str)
+        and len(value) > 0
+        and all(isinstance(v, Mapping) for v in value)
+    )
+
+
+def _value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "nan"
+        if math.isinf(value):
+            return "inf" if value > 0 else "-inf"
+        return repr(value)
+    if isinstance(value, (str, PurePath)):
+        return _string(str(value))
+    if isinstance(value, Mapping):
+        return "{ " + ", ".join(f"{_key(k)} = {_value(v)}" for k, v in value.items()) + " }"
+    if isinstance(value, Sequence):
+        return "[" + ", ".join(_value(v) for v in value) + "]"
+    raise TypeError(f"no TOML for {type(value).__name__}: {value!r}")
+
+
+def _table(path: list[str], table: Mapping[str, Any]) -> str:
+    # Plain keys first: after a [header] every key belongs to that header's table.
+    lines = [
+        f"{_key(k)} = {_value(v)}"
+        for k, v in table.items()
+        if not isinstance(v, Mapping) and not _is_tables(v)
+    ]
+    parts = ["\n".join(lines)] if lines else []
+    for name, value in table.items():
+        here = [*path, _key(name)]
+        if isinstance(value, Mapping):
+            parts.append(f"[{'.'.join(here)}]\n" + _table(here, value))
+        elif _is_tables(value):
+            parts.extend(f"[[{'.'.join(here)}]]\n" + _table(here, item) for item in value)
+    return "\n\n".join(p.rstrip("\n") for p in parts) + "\n"
