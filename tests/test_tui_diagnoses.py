@@ -49,9 +49,9 @@ from console.tui.widgets.table import FleetTable
 from console.tui.widgets.top_diagnosis import STYLE, TopDiagnosis
 from tests.conftest import OPERATOR
 from tests.engines.servers import free_port, stop
+from tests.support.playbook import PLAYBOOK_FLEET, playbook_console
 from tests.test_hardening_clients import ADMIN, start_gateway
 from tests.test_tui_drills import DRILL_FLEET, DRILLS
-from tests.test_tui_operator_actions import PLAYBOOK_FLEET
 from tests.tui_support import H200, ROOT, keys, recorded_app, until
 
 SIZE = (120, 36)
@@ -240,19 +240,8 @@ async def test_a_read_only_view_shows_the_diagnosis_and_refuses_the_failover() -
 async def test_a_failover_from_a_diagnosis_verifies_it_once_confirmed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    gw_port = free_port()
-    text = PLAYBOOK_FLEET.format(
-        gw_port=gw_port, gw_state=tmp_path / "gw-state", other=free_port(), trt=free_port(),
-        vllm=free_port(),
-    )  # fmt: skip
-    path = tmp_path / "fleet.toml"
-    path.write_text(text)
-    gateway = start_gateway(path, gw_port)
     monkeypatch.setenv("T_ADMIN", ADMIN)
-    fleet = parse_fleet(text)
-    snapshots = {"h200": None, "cpu-1": decode_snapshot(DRILLS.read_text())}
-    app = EngineroomApp(fleet, collector=ReplayCollector(fleet, snapshots))
-    try:
+    with playbook_console(tmp_path) as (app, _):
         async with app.run_test(size=(160, 40)) as pilot:
             await until(pilot, lambda: app.gateway_role == "admin", what="the gateway's role")
             screen = await open_diagnosis(app, pilot, "!")  # the header's count's key
@@ -304,8 +293,6 @@ async def test_a_failover_from_a_diagnosis_verifies_it_once_confirmed(
             await pilot.press("escape")
             listed = await until(pilot, lambda: rows(app), what="the Diagnoses table")
             assert listed["stale_trt_engine/tiny/tiny-trt"][4].startswith("verifying failover")
-    finally:
-        stop(gateway.process, grace=5)
 
 
 async def test_r_restarts_a_wedged_engine_once_confirmed_and_a_refused_one_is_no_move() -> None:

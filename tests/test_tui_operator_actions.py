@@ -22,9 +22,7 @@ import httpx
 import pytest
 from textual.widgets import Button, Input, Select
 
-from console.collect.replay import ReplayCollector
 from console.core.config import parse_fleet
-from console.core.snapshot import decode_snapshot
 from console.tui.app import EngineroomApp
 from console.tui.screens.drills import PlaybookScreen
 from console.tui.screens.events import EventsScreen
@@ -34,8 +32,9 @@ from console.tui.widgets.safe_static import SafeStatic
 from console.tui.widgets.table import FleetTable
 from tests.conftest import OPERATOR
 from tests.engines.servers import free_port, stop
+from tests.support.playbook import playbook_console
 from tests.test_hardening_clients import ADMIN, start_gateway
-from tests.tui_support import ROOT, until
+from tests.tui_support import until
 
 SIZE = (160, 40)
 OPERATOR_TOKEN = OPERATOR.split(":", 1)[1]
@@ -200,85 +199,12 @@ async def test_a_vllm_start_and_a_failover_show_on_events_and_jobs(agent_and_gat
 
 # -- the playbook over the gateway's live weights ------------------------------------------
 
-DRILLS = ROOT / "tests" / "fixtures" / "snapshot-cpu-drills.json"
-
-# The nodes and the recorded agent of tests/tui_support.py: on cpu-1, tiny-trt's engine is
-# stale and tiny-vllm is ready. A vLLM deployment on h200 is declared first; the standby,
-# the one with a launch profile, is tiny-vllm.
-PLAYBOOK_FLEET = """\
-[fleet]
-name = "recorded"
-refresh_s = 0.5
-
-[gateway]
-url = "http://127.0.0.1:{gw_port}"
-token_env = "T_ADMIN"
-state_dir = "{gw_state}"
-
-[[nodes]]
-name = "h200"
-agent = "http://127.0.0.1:1"
-
-[[nodes]]
-name = "cpu-1"
-agent = "http://127.0.0.1:2"
-
-[profiles.tiny-standby]
-engine = "vllm"
-node = "cpu-1"
-model = "/models/tiny"
-served_model_name = "tiny"
-port = {vllm}
-
-[[models]]
-name = "tiny"
-
-  [[models.deployments]]
-  id = "tiny-vllm-h200"
-  node = "h200"
-  engine = "vllm"
-  endpoint = "http://127.0.0.1:{other}"
-  weight = 0
-
-  [[models.deployments]]
-  id = "tiny-trt"
-  node = "cpu-1"
-  engine = "triton"
-  endpoint = "http://127.0.0.1:{trt}"
-  engine_model = "ensemble"
-  weight = 100
-
-  [[models.deployments]]
-  id = "tiny-vllm"
-  node = "cpu-1"
-  engine = "vllm"
-  endpoint = "http://127.0.0.1:{vllm}"
-  weight = 0
-  profile = "tiny-standby"
-
-[drills.tiny-bf16]
-model = "tiny"
-deployment = "tiny-trt"
-checkpoint = "/models/tiny"
-"""
-
 
 async def test_the_gateways_live_weights_make_the_failover_step_done(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):
-    gw_port = free_port()
-    text = PLAYBOOK_FLEET.format(
-        gw_port=gw_port, gw_state=tmp_path / "gw-state", other=free_port(), trt=free_port(),
-        vllm=free_port(),
-    )  # fmt: skip
-    path = tmp_path / "fleet.toml"
-    path.write_text(text)
-    gateway = start_gateway(path, gw_port)
     monkeypatch.setenv("T_ADMIN", ADMIN)
-    fleet = parse_fleet(text)
-    recorded = {"h200": None, "cpu-1": decode_snapshot(DRILLS.read_text())}
-    app = EngineroomApp(fleet, collector=ReplayCollector(fleet, recorded))
-    try:
+    with playbook_console(tmp_path) as (app, gateway):
         async with app.run_test(size=SIZE) as pilot:
             await until(pilot, lambda: app.gateway_snapshot, what="the gateway read")
             app.open_playbook("tiny")
@@ -341,5 +267,3 @@ async def test_the_gateways_live_weights_make_the_failover_step_done(
             )
             assert done.detail == "tiny-vllm carries the traffic; tiny-trt has weight 0"
             assert (screen.checks[3].state, screen.checks[3].action) == ("next", "run_drill")
-    finally:
-        stop(gateway.process, grace=5)
