@@ -38,6 +38,7 @@ import yaml
 from console.agent.engines import engine_id as make_engine_id
 from tests.conftest import OPERATOR, ROOT, VIEWER, Agent
 from tests.engines.servers import free_ports, log_tail, stop, wait_until
+from tests.support.fleet import fleet_toml, model_dir, vllm_profile
 from tests.test_gateway import ADMIN, Gateway, start_gateway
 
 OPERATOR_TOKEN = OPERATOR.split(":", 1)[1]
@@ -104,47 +105,6 @@ def schemathesis_run(
     return answered
 
 
-AGENT_FLEET = """
-[fleet]
-name = "fuzz"
-[agent]
-state_dir = "{state}"
-scrape_interval_s = 0.5
-[[nodes]]
-name = "local"
-agent = "http://127.0.0.1:{agent_port}"
-[[nodes]]
-name = "elsewhere"
-agent = "http://127.0.0.1:9"
-
-[profiles.tiny]
-engine = "vllm"
-node = "local"
-model = "{model}"
-served_model_name = "tiny"
-port = {port}
-command = ["{python}", "-m", "vllm.entrypoints.openai.api_server"]
-args = {{ host = "127.0.0.1", max_model_len = 256 }}
-overridable = ["port"]
-allowed_args = ["max_num_seqs"]
-stop_grace_s = 2
-
-[profiles.far]
-engine = "vllm"
-node = "elsewhere"
-model = "{model}"
-served_model_name = "far"
-port = {port}
-
-[[models]]
-name = "tiny"
-  [[models.deployments]]
-  id = "tiny-trt"
-  node = "local"
-  engine = "trtllm"
-  endpoint = "http://127.0.0.1:9"
-"""
-
 GATEWAY_FLEET = """\
 [fleet]
 name = "fuzz"
@@ -191,17 +151,27 @@ def bearer(token: str) -> dict[str, str]:
 
 @pytest.fixture
 def fuzzed_agent(agent_factory, tmp_path: Path) -> Agent:
-    model = tmp_path / "model"
-    model.mkdir()
-    (model / "config.json").write_text("{}")
+    model = model_dir(tmp_path)
     agent_port, port = free_ports(2)
-    text = AGENT_FLEET.format(
-        state=tmp_path / "state",
-        agent_port=agent_port,
-        model=model,
-        port=port,
-        python=sys.executable,  # no vLLM here: a started engine exits at once
-    )
+    tiny = vllm_profile(
+        "local", model, port,
+        sys.executable,  # no vLLM here: a started engine exits at once
+        overridable=["port"], allowed_args=["max_num_seqs"], stop_grace_s=2,
+    )  # fmt: skip
+    far = {"engine": "vllm", "node": "elsewhere", "model": model, "served_model_name": "far",
+           "port": port}  # fmt: skip
+    text = fleet_toml(
+        fleet={"name": "fuzz"},
+        agent={"state_dir": tmp_path / "state", "scrape_interval_s": 0.5},
+        nodes=[
+            {"name": "local", "agent": f"http://127.0.0.1:{agent_port}"},
+            {"name": "elsewhere", "agent": "http://127.0.0.1:9"},
+        ],
+        profiles={"tiny": tiny, "far": far},
+        models=[{"name": "tiny", "deployments": [
+            {"id": "tiny-trt", "node": "local", "engine": "trtllm", "endpoint": "http://127.0.0.1:9"}
+        ]}],
+    )  # fmt: skip
     return agent_factory(text, port=agent_port)
 
 

@@ -49,6 +49,7 @@ from console.tui.widgets.table import FleetTable
 from console.tui.widgets.top_diagnosis import STYLE, TopDiagnosis
 from tests.conftest import OPERATOR
 from tests.engines.servers import free_port, stop
+from tests.support import fleet as toml
 from tests.support.playbook import PLAYBOOK_FLEET, playbook_console
 from tests.test_hardening_clients import ADMIN, start_gateway
 from tests.test_tui_drills import DRILL_FLEET, DRILLS
@@ -492,81 +493,31 @@ async def test_a_replay_judges_its_diagnoses_at_the_replayed_time(tmp_path: Path
 # by the diagnosis, not by the order. The profiles' command is this test's own python,
 # which has no vLLM: a start job is taken, then fails in seconds; so is a drill's (no
 # TensorRT-LLM here), at its preflight.
-ACTING_FLEET = """\
-[fleet]
-name = "recorded"
-refresh_s = 0.5
-
-[agent]
-state_dir = "{state}"
-scrape_interval_s = 0.5
-
-[gateway]
-url = "http://127.0.0.1:{gw_port}"
-token_env = "T_ADMIN"
-state_dir = "{gw_state}"
-health_interval_s = 0.5
-
-[[nodes]]
-name = "cpu-1"
-agent = "http://127.0.0.1:{agent_port}"
-token_env = "T_OPERATOR"
-
-[profiles.tiny-other]
-engine = "vllm"
-node = "cpu-1"
-model = "{model}"
-served_model_name = "tiny"
-port = {other}
-command = ["{python}", "-m", "vllm.entrypoints.openai.api_server"]
-
-[profiles.tiny-standby]
-engine = "vllm"
-node = "cpu-1"
-model = "{model}"
-served_model_name = "tiny"
-port = {vllm}
-command = ["{python}", "-m", "vllm.entrypoints.openai.api_server"]
-args = {{ host = "127.0.0.1", max_model_len = 256 }}
-
-[[models]]
-name = "tiny"
-
-  [[models.deployments]]
-  id = "tiny-trt"
-  node = "cpu-1"
-  engine = "triton"
-  endpoint = "http://127.0.0.1:{trt}"
-  engine_model = "ensemble"
-  weight = 100
-
-  [[models.deployments]]
-  id = "tiny-vllm"
-  node = "cpu-1"
-  engine = "vllm"
-  endpoint = "http://127.0.0.1:{vllm}"
-  weight = {vllm_weight}
-  profile = "tiny-standby"
-
-[drills.tiny-bf16]
-model = "tiny"
-deployment = "tiny-trt"
-checkpoint = "{model}"
-engine_cache = "{cache}"
-serve_port = {serve}
-"""
 BURST = ("error_burst", "tiny/tiny-vllm")
 
 
 def acting_fleet(tmp_path: Path, vllm_weight: int = 0, **ports: int) -> str:
-    model = tmp_path / "model"
-    model.mkdir(exist_ok=True)
-    (model / "config.json").write_text("{}")
-    given = {name: ports.get(name) or free_port() for name in
-             ("gw_port", "agent_port", "other", "vllm", "trt", "serve")}  # fmt: skip
-    return ACTING_FLEET.format(
-        state=tmp_path / "state", gw_state=tmp_path / "gw-state", cache=tmp_path / "cache",
-        model=model, python=sys.executable, vllm_weight=vllm_weight, **given,
+    model = toml.model_dir(tmp_path)
+    port = {name: ports.get(name) or free_port() for name in
+            ("gw_port", "agent_port", "other", "vllm", "trt", "serve")}  # fmt: skip
+    python = sys.executable
+    return toml.fleet_toml(
+        fleet={"name": "recorded", "refresh_s": 0.5},
+        **toml.agent_and_gateway_tables(tmp_path / "state", port["gw_port"], tmp_path / "gw-state"),
+        nodes=[{"name": "cpu-1", "agent": f"http://127.0.0.1:{port['agent_port']}",
+                "token_env": "T_OPERATOR"}],
+        profiles={
+            "tiny-other": toml.vllm_profile("cpu-1", model, port["other"], python, args=None),
+            "tiny-standby": toml.vllm_profile("cpu-1", model, port["vllm"], python),
+        },
+        models=[{"name": "tiny", "deployments": [
+            toml.deployment("tiny-trt", "cpu-1", "triton", port["trt"], engine_model="ensemble",
+                            weight=100),
+            toml.deployment("tiny-vllm", "cpu-1", "vllm", port["vllm"], weight=vllm_weight,
+                            profile="tiny-standby"),
+        ]}],
+        drills={"tiny-bf16": {"model": "tiny", "deployment": "tiny-trt", "checkpoint": model,
+                              "engine_cache": tmp_path / "cache", "serve_port": port["serve"]}},
     )  # fmt: skip
 
 

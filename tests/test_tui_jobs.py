@@ -24,50 +24,27 @@ from console.tui.screens.node import NodeScreen
 from console.tui.widgets.confirm import ConfirmScreen
 from tests.conftest import OPERATOR, VIEWER
 from tests.engines.servers import free_port
+from tests.support.fleet import fleet_toml, model_dir, vllm_profile
 from tests.tui_support import until
 
 SIZE = (120, 40)
 
-AGENT_FLEET = """
-[fleet]
-name = "jobs"
-[agent]
-state_dir = "{state}"
-scrape_interval_s = 0.5
-[[nodes]]
-name = "local"
-agent = "http://127.0.0.1:{agent_port}"
-token_env = "{token_env}"
-
-[profiles.tiny]
-engine = "vllm"
-node = "local"
-model = "{model}"
-served_model_name = "tiny"
-port = {port}
-command = ["{python}", "-m", "vllm.entrypoints.openai.api_server"]
-args = {{ host = "127.0.0.1", max_model_len = 256 }}
-overridable = ["port"]
-"""
-
 
 @pytest.fixture
 def setup(agent_factory, tmp_path: Path):
-    model = tmp_path / "model"
-    model.mkdir()
-    (model / "config.json").write_text("{}")
+    model = model_dir(tmp_path)
     agent_port, port = free_port(), free_port()
 
     def make(token_env: str) -> str:
-        text = AGENT_FLEET.format(
-            state=tmp_path / "state",
-            agent_port=agent_port,
-            token_env=token_env,
-            model=model,
-            port=port,
-            python=sys.executable,
+        node = {"name": "local", "agent": f"http://127.0.0.1:{agent_port}", "token_env": token_env}
+        return fleet_toml(
+            fleet={"name": "jobs"},
+            agent={"state_dir": tmp_path / "state", "scrape_interval_s": 0.5},
+            nodes=[node],
+            profiles={
+                "tiny": vllm_profile("local", model, port, sys.executable, overridable=["port"])
+            },
         )
-        return text
 
     agent_factory(make("UNUSED"), port=agent_port)
     os.environ["T_OPERATOR"] = OPERATOR.split(":", 1)[1]

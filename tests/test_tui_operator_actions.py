@@ -32,61 +32,19 @@ from console.tui.widgets.safe_static import SafeStatic
 from console.tui.widgets.table import FleetTable
 from tests.conftest import OPERATOR
 from tests.engines.servers import free_port, stop
+from tests.support.fleet import (
+    agent_and_gateway_tables,
+    deployment,
+    fleet_toml,
+    model_dir,
+    vllm_profile,
+)
 from tests.support.playbook import playbook_console
 from tests.test_hardening_clients import ADMIN, start_gateway
 from tests.tui_support import until
 
 SIZE = (160, 40)
 OPERATOR_TOKEN = OPERATOR.split(":", 1)[1]
-
-FLEET = """\
-[fleet]
-name = "actions"
-refresh_s = 0.5
-
-[agent]
-state_dir = "{state}"
-scrape_interval_s = 0.5
-
-[gateway]
-url = "http://127.0.0.1:{gw_port}"
-token_env = "T_ADMIN"
-state_dir = "{gw_state}"
-health_interval_s = 0.5
-
-[[nodes]]
-name = "local"
-agent = "http://127.0.0.1:{agent_port}"
-token_env = "T_OPERATOR"
-
-[profiles.tiny]
-engine = "vllm"
-node = "local"
-model = "{model}"
-served_model_name = "tiny"
-port = {port}
-command = ["{python}", "-m", "vllm.entrypoints.openai.api_server"]
-args = {{ host = "127.0.0.1", max_model_len = 256 }}
-
-[[models]]
-name = "tiny"
-
-  [[models.deployments]]
-  id = "tiny-trt"
-  node = "local"
-  engine = "triton"
-  endpoint = "http://127.0.0.1:{dead}"
-  engine_model = "ensemble"
-  weight = 100
-
-  [[models.deployments]]
-  id = "tiny-vllm"
-  node = "local"
-  engine = "vllm"
-  endpoint = "http://127.0.0.1:{port}"
-  weight = 0
-  profile = "tiny"
-"""
 
 
 def rows(app: EngineroomApp) -> dict[str, list[str]]:
@@ -98,14 +56,18 @@ def rows(app: EngineroomApp) -> dict[str, list[str]]:
 
 @pytest.fixture
 def agent_and_gateway(agent_factory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    model = tmp_path / "model"
-    model.mkdir()
-    (model / "config.json").write_text("{}")
-    agent_port, gw_port = free_port(), free_port()
-    text = FLEET.format(
-        state=tmp_path / "state", gw_state=tmp_path / "gw-state", gw_port=gw_port,
-        agent_port=agent_port, model=model, port=free_port(), python=sys.executable,
-        dead=free_port(),
+    agent_port, gw_port, port = free_port(), free_port(), free_port()
+    text = fleet_toml(
+        fleet={"name": "actions", "refresh_s": 0.5},
+        **agent_and_gateway_tables(tmp_path / "state", gw_port, tmp_path / "gw-state"),
+        nodes=[{"name": "local", "agent": f"http://127.0.0.1:{agent_port}",
+                "token_env": "T_OPERATOR"}],
+        profiles={"tiny": vllm_profile("local", model_dir(tmp_path), port, sys.executable)},
+        models=[{"name": "tiny", "deployments": [
+            deployment("tiny-trt", "local", "triton", free_port(), engine_model="ensemble",
+                       weight=100),
+            deployment("tiny-vllm", "local", "vllm", port, weight=0, profile="tiny"),
+        ]}],
     )  # fmt: skip
     agent = agent_factory(text, port=agent_port)
     gateway = start_gateway(agent.fleet, gw_port)

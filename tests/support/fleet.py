@@ -12,7 +12,7 @@ import json
 import math
 import re
 from collections.abc import Mapping, Sequence
-from pathlib import PurePath
+from pathlib import Path, PurePath
 from typing import Any
 
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
@@ -78,3 +78,62 @@ def _table(path: list[str], table: Mapping[str, Any]) -> str:
         elif _is_tables(value):
             parts.extend(f"[[{'.'.join(here)}]]\n" + _table(here, item) for item in value)
     return "\n\n".join(p.rstrip("\n") for p in parts) + "\n"
+
+
+# The pieces several fleets share.
+
+VLLM_SERVER = ["-m", "vllm.entrypoints.openai.api_server"]
+SMALL_VLLM_ARGS = {"host": "127.0.0.1", "max_model_len": 256}
+
+
+def vllm_profile(
+    node: str,
+    model: str | PurePath,
+    port: int | str,
+    python: str | PurePath,
+    served: str = "tiny",
+    args: Mapping[str, Any] | None = SMALL_VLLM_ARGS,
+    **more: Any,
+) -> dict[str, Any]:
+    """[profiles.X]: `python -m vllm.entrypoints.openai.api_server` serving `model` as
+    `served` on `port` of `node`, with `args` (none: no args) and `more` keys after them."""
+    profile = {
+        "engine": "vllm",
+        "node": node,
+        "model": model,
+        "served_model_name": served,
+        "port": port,
+        "command": [str(python), *VLLM_SERVER],
+    }
+    if args is not None:
+        profile["args"] = dict(args)
+    return {**profile, **more}
+
+
+def deployment(id: str, node: str, engine: str, port: int | str, **more: Any) -> dict[str, Any]:
+    """[[models.deployments]]: `engine` on 127.0.0.1:`port` of `node`, and `more` keys."""
+    endpoint = f"http://127.0.0.1:{port}"
+    return {"id": id, "node": node, "engine": engine, "endpoint": endpoint, **more}
+
+
+def model_dir(parent: Path) -> Path:
+    """`parent`/model: a model directory as far as the agent's checks go (a config.json,
+    no weights), for profiles whose engine never loads it."""
+    model = parent / "model"
+    model.mkdir(exist_ok=True)
+    (model / "config.json").write_text("{}")
+    return model
+
+
+def agent_and_gateway_tables(state: PurePath, gw_port: int, gw_state: PurePath) -> dict[str, Any]:
+    """[agent] and [gateway] of a fleet whose node's agent and gateway run for real: the
+    gateway's admin token in T_ADMIN."""
+    return {
+        "agent": {"state_dir": state, "scrape_interval_s": 0.5},
+        "gateway": {
+            "url": f"http://127.0.0.1:{gw_port}",
+            "token_env": "T_ADMIN",
+            "state_dir": gw_state,
+            "health_interval_s": 0.5,
+        },
+    }
