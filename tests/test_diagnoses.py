@@ -1,6 +1,7 @@
 """The diagnoses (issue 30) on real engines: a wedged vLLM (its EngineCore stopped, its API
 server still answering) restarted through its agent, a Triton whose model blocks, a vLLM
-killed again and again (a crash loop), a start that fails on real vLLM, KV-cache pressure;
+killed again and again (a crash loop), a start that fails on real vLLM, KV-cache pressure,
+two real vLLMs behind the real gateway with one stopped in bursts (a replica imbalance);
 GPU faults and a throttled GPU through the agent's NVML sampler on the FakeNvml TEST
 DOUBLE; thresholds refused with their line, and engines that cannot tell instead of
 guessing."""
