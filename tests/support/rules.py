@@ -33,19 +33,26 @@ TINY_DEPLOYMENTS = [
 ]
 
 
-def vllm(state: str = "ready", **stats: object) -> Engine:
+def _serving(kind: str, port: int, version: str, deployment: str, model: str, state: str,
+             stats: dict[str, object]) -> Engine:  # fmt: skip
     return Engine(
-        id="vllm-8001",
-        kind="vllm",
-        endpoint="http://127.0.0.1:8001",
-        version="0.32.0",
+        id=f"{kind}-{port}",
+        kind=kind,  # type: ignore[arg-type]
+        endpoint=f"http://127.0.0.1:{port}",
+        version=version,
         state=state,  # type: ignore[arg-type]
-        deployment_ids=["tiny-vllm"],
-        models=[ModelStats(name="tiny", **stats)],  # type: ignore[arg-type]
+        deployment_ids=[deployment],
+        models=[ModelStats(name=model, **stats)],  # type: ignore[arg-type]
     )
 
 
+def vllm(state: str = "ready", **stats: object) -> Engine:
+    """tiny-vllm's engine, with `stats` for model tiny."""
+    return _serving("vllm", 8001, "0.32.0", "tiny-vllm", "tiny", state, stats)
+
+
 def standby(state: str = "down") -> Engine:
+    """tiny-standby's engine: down, nothing known of it."""
     return Engine(
         id="vllm-8002",
         kind="vllm",
@@ -56,15 +63,8 @@ def standby(state: str = "down") -> Engine:
 
 
 def triton(state: str = "ready", **stats: object) -> Engine:
-    return Engine(
-        id="triton-8000",
-        kind="triton",
-        endpoint="http://127.0.0.1:8000",
-        version="2.51.0",
-        state=state,  # type: ignore[arg-type]
-        deployment_ids=["tiny-trt"],
-        models=[ModelStats(name="ens.v1", **stats)],  # type: ignore[arg-type]
-    )
+    """tiny-trt's engine, with `stats` for its ensemble ens.v1."""
+    return _serving("triton", 8000, "2.51.0", "tiny-trt", "ens.v1", state, stats)
 
 
 class NodeCase(Protocol):
