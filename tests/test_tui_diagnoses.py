@@ -50,7 +50,7 @@ from console.tui.widgets.top_diagnosis import STYLE, TopDiagnosis
 from tests.conftest import OPERATOR
 from tests.engines.servers import free_port, stop
 from tests.support import fleet as toml
-from tests.support.playbook import PLAYBOOK_FLEET, playbook_console
+from tests.support.playbook import playbook_console, playbook_fleet
 from tests.test_hardening_clients import ADMIN, start_gateway
 from tests.test_tui_drills import DRILL_FLEET, DRILLS
 from tests.tui_support import H200, ROOT, keys, recorded_app, until
@@ -407,8 +407,7 @@ def test_the_first_look_waits_for_every_node_and_the_gateway_but_not_for_ever(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("T_ADMIN", ADMIN)
-    text = PLAYBOOK_FLEET.format(gw_port=free_port(), gw_state="/nonexistent", other=1, trt=2,
-                                 vllm=3)  # fmt: skip
+    text = playbook_fleet(free_port(), "/nonexistent", other=1, trt=2, vllm=3)
     fleet, view, states = recorded_view(text)
     found = ConsoleDiagnoses(fleet, offline=False)
     assert found.gateway_expected

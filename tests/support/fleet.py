@@ -90,21 +90,23 @@ def vllm_profile(
     node: str,
     model: str | PurePath,
     port: int | str,
-    python: str | PurePath,
+    python: str | PurePath | None,
     served: str = "tiny",
     args: Mapping[str, Any] | None = SMALL_VLLM_ARGS,
     **more: Any,
 ) -> dict[str, Any]:
-    """[profiles.X]: `python -m vllm.entrypoints.openai.api_server` serving `model` as
-    `served` on `port` of `node`, with `args` (none: no args) and `more` keys after them."""
-    profile = {
+    """[profiles.X]: `python -m vllm.entrypoints.openai.api_server` (no python: the
+    agent's own command) serving `model` as `served` on `port` of `node`, with `args`
+    (none: no args) and `more` keys after them."""
+    profile: dict[str, Any] = {
         "engine": "vllm",
         "node": node,
         "model": model,
         "served_model_name": served,
         "port": port,
-        "command": [str(python), *VLLM_SERVER],
     }
+    if python is not None:
+        profile["command"] = [str(python), *VLLM_SERVER]
     if args is not None:
         profile["args"] = dict(args)
     return {**profile, **more}
