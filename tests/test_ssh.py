@@ -25,10 +25,6 @@ from console.collect.collector import Collector
 from console.collect.ssh import SshError, SshReader
 from console.core.config import parse_fleet
 from console.tui.app import EngineroomApp
-from console.tui.screens.events import EventsScreen
-from console.tui.screens.fleet import FleetScreen
-from console.tui.screens.gpus import GpusScreen
-from console.tui.screens.models import ModelsScreen
 from console.tui.screens.node import NodeScreen
 from tests.conftest import agent_env, run_cli
 from tests.engines.servers import free_port
@@ -40,6 +36,7 @@ from tests.sshd import (
     start_sshd,
     stop_sshd,
 )
+from tests.support.hung import hung_host, switch_screens
 from tests.tui_support import until
 
 
@@ -212,35 +209,21 @@ async def test_ssh_nodes_show_as_ssh_and_cannot_start_engines(sshd, tmp_path):
 
 
 async def test_the_console_answers_keys_while_an_ssh_host_hangs(sshd, tmp_path):
-    accepted: list[asyncio.StreamWriter] = []
-
-    def hang(r: asyncio.StreamReader, w: asyncio.StreamWriter):
-        accepted.append(w)
-        return asyncio.sleep(3600)
-
-    server = await asyncio.start_server(hang, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    text = fleet_text(node(sshd, "hung", sshd.known_hosts(tmp_path / "kh"), port=port), timeout=12)
-    app = EngineroomApp(parse_fleet(text))
-    async with app.run_test(size=(120, 36)) as pilot:
-        # The first read has reached the hung host and now waits on it, for up to 12 s.
-        await until(pilot, lambda: accepted, 10, "the read's connection")
-        for key, screen in (
-            ("m", ModelsScreen),
-            ("g", GpusScreen),
-            ("v", EventsScreen),
-            ("n", FleetScreen),
-        ):
-            await pilot.press(key)
-            await until(pilot, lambda s=screen: isinstance(app.screen, s), 10, f"{key} answered")
-        # Every key was answered while the read still waited: a console that waited on it
-        # would switch screens only after its 12 s timeout (state, not a clock).
-        assert app.collector.states["hung"].error is None, "the keys waited for the SSH read"
-        error = await until(
-            pilot, lambda: app.collector.states["hung"].error, 30, "the read's timeout"
-        )
-        assert "no connect (no SSH banner?) within 12 s" in error
-    server.close()
+    async with hung_host() as host:
+        kh = sshd.known_hosts(tmp_path / "kh")
+        text = fleet_text(node(sshd, "hung", kh, port=host.port), timeout=12)
+        app = EngineroomApp(parse_fleet(text))
+        async with app.run_test(size=(120, 36)) as pilot:
+            # The first read has reached the hung host and now waits on it, for up to 12 s.
+            await until(pilot, lambda: host.accepted, 10, "the read's connection")
+            await switch_screens(pilot, app)
+            # Every key was answered while the read still waited: a console that waited on it
+            # would switch screens only after its 12 s timeout (state, not a clock).
+            assert app.collector.states["hung"].error is None, "the keys waited for the SSH read"
+            error = await until(
+                pilot, lambda: app.collector.states["hung"].error, 30, "the read's timeout"
+            )
+            assert "no connect (no SSH banner?) within 12 s" in error
 
 
 def test_check_watch_prints_a_fresh_table_every_interval_without_a_tui(sshd, tmp_path):

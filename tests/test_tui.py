@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 
 from console.collect.collector import Collector
@@ -17,6 +16,8 @@ from console.tui.screens.models import ModelsScreen
 from console.tui.screens.node import NodeScreen
 from console.tui.widgets.header import FleetHeader
 from console.tui.widgets.table import FleetTable
+from tests.support.fleet import fleet_toml
+from tests.support.hung import hung_host, switch_screens
 from tests.tui_support import FLEET, keys, recorded_app, until
 
 SIZE = (100, 30)
@@ -164,45 +165,27 @@ async def test_prod_is_red_and_read_only_by_default():
 
 async def test_the_ui_answers_keys_while_a_node_hangs(tmp_path):
     # A real agent URL that accepts connections and never answers.
-    accepted: list[asyncio.StreamWriter] = []
-
-    def hang(r: asyncio.StreamReader, w: asyncio.StreamWriter):
-        accepted.append(w)
-        return asyncio.sleep(3600)
-
-    server = await asyncio.start_server(hang, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    os.environ["T_HUNG"] = "token-0123456789"
-    fleet = parse_fleet(f"""
-[fleet]
-name = "hung"
-refresh_s = 2.0
-[[nodes]]
-name = "hung"
-agent = "http://127.0.0.1:{port}"
-token_env = "T_HUNG"
-""")
-    # The poll's timeout is long enough that a UI answering keys is never in a race with it.
-    app = EngineroomApp(fleet, collector=Collector(fleet, on_update=None, timeout_s=12))
-    async with app.run_test(size=SIZE) as pilot:
-        # The first poll has reached the hung node and now waits on it, for up to 12 s.
-        await until(pilot, lambda: accepted, timeout=10, what="the poll's connection")
-        for key, screen in (
-            ("m", ModelsScreen),
-            ("g", GpusScreen),
-            ("v", EventsScreen),
-            ("n", FleetScreen),
-        ):
-            await pilot.press(key)
-            await until(pilot, lambda s=screen: isinstance(app.screen, s), 10, f"{key} answered")
-        # Every key was answered while that poll still waited: a UI that waited on the
-        # poll would have switched screens only after its 12 s timeout (state, not a clock).
-        assert app.collector.states["hung"].error is None, "the keys waited for the poll"
-        error = await until(
-            pilot, lambda: app.collector.states["hung"].error, timeout=30, what="the poll's timeout"
-        )
-        assert error == "no answer within 12 s"
-    server.close()
+    async with hung_host() as host:
+        os.environ["T_HUNG"] = "token-0123456789"
+        agent = f"http://127.0.0.1:{host.port}"
+        node = {"name": "hung", "agent": agent, "token_env": "T_HUNG"}
+        fleet = parse_fleet(fleet_toml(fleet={"name": "hung", "refresh_s": 2.0}, nodes=[node]))
+        # The poll's timeout is long enough that a UI answering keys is never in a race with it.
+        app = EngineroomApp(fleet, collector=Collector(fleet, on_update=None, timeout_s=12))
+        async with app.run_test(size=SIZE) as pilot:
+            # The first poll has reached the hung node and now waits on it, for up to 12 s.
+            await until(pilot, lambda: host.accepted, timeout=10, what="the poll's connection")
+            await switch_screens(pilot, app)
+            # Every key was answered while that poll still waited: a UI that waited on the
+            # poll would have switched screens only after its 12 s timeout (state, not a clock).
+            assert app.collector.states["hung"].error is None, "the keys waited for the poll"
+            error = await until(
+                pilot,
+                lambda: app.collector.states["hung"].error,
+                timeout=30,
+                what="the poll's timeout",
+            )
+            assert error == "no answer within 12 s"
 
 
 async def test_a_filter_that_empties_the_table_says_why():
