@@ -47,11 +47,13 @@ from tests.engines import servers
 from tests.engines.fixtures import VLLM_READY_TIMEOUT_S, VLLM_TEST_ARGS
 from tests.engines.servers import VllmServer, free_port, log_tail, stop, wait_until
 from tests.support.dataplanes import fail_over_on_the_screens, two_vllm_fleet
+from tests.support.haproxy import runtime
 from tests.test_gateway import (
     ADMIN,
     GATEWAY_VIEWER,
     Gateway,
     Load,
+    kill_under_load,
     nice_group,
     start_gateway,
 )
@@ -92,18 +94,6 @@ def vllm_b(
         yield server
     finally:
         stop(server)
-
-
-def runtime(sock: Path, command: str) -> str:
-    """One command on HAProxy's admin socket, as an operator would send it."""
-    with socket.socket(socket.AF_UNIX) as s:
-        s.settimeout(5)
-        s.connect(str(sock))
-        s.sendall(command.encode() + b"\n")
-        data = b""
-        while chunk := s.recv(65536):
-            data += chunk
-    return data.decode()
 
 
 @dataclass
@@ -558,28 +548,14 @@ def test_a_model_on_an_unknown_data_plane_is_refused_with_its_line(tmp_path: Pat
 # Last: it kills "b", the module's second vLLM.
 def test_killing_the_active_engine_behind_haproxy_fails_over_by_itself(stack_factory, vllm_b):
     hap = stack_factory(auto=True, weights=(0, 100))
-    load = Load(hap.front).start()
-    try:
-        wait_until(lambda: load.ok >= 50, 120, what="traffic on b")
-        killed = time.monotonic()
-        os.killpg(vllm_b.process.pid, signal.SIGKILL)
-        # Only the streams in flight on b may fail (one per client at most); the 1 % is
-        # judged over enough requests for that to mean something: wait on the count.
-        wait_until(
-            lambda: (
-                time.monotonic() > killed + 4
-                and load.ok + len(load.failed) >= max(400, 100 * len(load.failed))
-            ),
-            180,
-            what="enough requests after the kill",
-        )
-    finally:
-        load.finish()
-    total = load.ok + len(load.failed)
-    late = [f for f in load.failed if f[0] > killed + 2]
-    print(f"\nkill behind HAProxy: {len(load.failed)} failed of {total} ({load.failed[:2]})")
-    assert late == [], late[:3]
-    assert len(load.failed) <= 0.01 * total, (len(load.failed), total, load.failed[:3])
+    kill_under_load(
+        hap.front,
+        lambda: os.killpg(vllm_b.process.pid, signal.SIGKILL),
+        "behind HAProxy",
+        warm_s=120,
+        warm_what="traffic on b",
+        after_s=180,
+    )
     assert hap.live_weights() == {"a": 100, "b": 0} == hap.file_weights()
     (job,) = [j for j in hap.gateway.admin("GET", "/admin/jobs").json() if j["who"] == "auto"]
     # The dead deployment drained: its weight to the healthy one (no other had any).

@@ -41,6 +41,7 @@ from tests.test_gateway import (
     ADMIN,
     Gateway,
     Load,
+    kill_under_load,
     nice_group,
     start_gateway,
 )
@@ -494,28 +495,15 @@ def test_killing_the_active_engine_behind_the_router_fails_over_by_itself(
     gateway = gateway_on("b", auto=True)
     # 8 clients: every stream running on b when it dies fails (nothing can save those),
     # and the 1 % below is over all requests, so fewer streams in flight, fewer to offset.
-    load = Load(pair.router.url, clients=8).start()
-    try:
-        wait_until(lambda: load.ok >= 50, 120, what="traffic on b")
-        killed = time.monotonic()
-        os.killpg(pair.b.process.pid, signal.SIGKILL)
-        # Only the streams in flight on b may fail; the 1 % is judged over enough
-        # requests for that to mean something: wait on the count, not the clock.
-        wait_until(
-            lambda: (
-                time.monotonic() > killed + 4
-                and load.ok + len(load.failed) >= max(400, 100 * len(load.failed))
-            ),
-            400,
-            what="enough requests after the kill",
-        )
-    finally:
-        load.finish()
-    total = load.ok + len(load.failed)
-    late = [f for f in load.failed if f[0] > killed + 2]
-    print(f"\nkill behind the router: {len(load.failed)} failed of {total} ({load.failed[:2]})")
-    assert late == [], late[:3]
-    assert len(load.failed) <= 0.01 * total, (len(load.failed), total, load.failed[:3])
+    kill_under_load(
+        pair.router.url,
+        lambda: os.killpg(pair.b.process.pid, signal.SIGKILL),
+        "behind the router",
+        clients=8,
+        warm_s=120,
+        warm_what="traffic on b",
+        after_s=400,
+    )
     assert pair.router.listed() == [pair.a.base_url]
     (job,) = [j for j in gateway.admin("GET", "/admin/jobs").json() if j["who"] == "auto"]
     # The dead deployment drained: its weight to the healthy one.

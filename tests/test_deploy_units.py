@@ -60,6 +60,7 @@ from tests.deploy_host import (
     why_no_sandbox,
 )
 from tests.engines.servers import free_port, free_ports, log_tail, stop, wait_until
+from tests.support.haproxy import runtime
 from tests.test_agent_hardening import ENGINE_DOUBLE
 
 pytestmark = pytest.mark.skipif(why_no_sandbox() is not None, reason=str(why_no_sandbox()))
@@ -293,17 +294,6 @@ def doc_value(doc: Path, key: str) -> str:
     found = re.search(rf'^{key} = "([^"]+)"', doc.read_text(), re.MULTILINE)
     assert found, f"{doc}: no {key} in its fleet.toml example"
     return found.group(1)
-
-
-def runtime(sock: Path, command: str) -> str:
-    with socket.socket(socket.AF_UNIX) as s:
-        s.settimeout(5)
-        s.connect(str(sock))
-        s.sendall(command.encode() + b"\n")
-        data = b""
-        while chunk := s.recv(65536):
-            data += chunk
-    return data.decode()
 
 
 @pytest.mark.skipif(shutil.which("haproxy") is None, reason="no haproxy: make haproxy")

@@ -16,7 +16,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -239,6 +239,42 @@ class Load:
             thread.join(60)
 
 
+def kill_under_load(
+    url: str,
+    kill: Callable[[], None],
+    where: str,
+    *,
+    clients: int = 16,
+    warm_s: float,
+    warm_what: str,
+    after_s: float,
+) -> None:
+    """Streaming clients on `url`, 50 requests served, then `kill()` the active engine:
+    only the streams in flight on it may fail (at most one per client), none later, and
+    no more than 1 % of all. The 1 % is judged over enough requests for that to mean
+    something, however slow the machine: the wait is on the count, not a clock."""
+    load = Load(url, clients=clients).start()
+    try:
+        wait_until(lambda: load.ok >= 50, warm_s, what=warm_what)
+        killed = time.monotonic()
+        kill()
+        wait_until(
+            lambda: (
+                time.monotonic() > killed + 4
+                and load.ok + len(load.failed) >= max(400, 100 * len(load.failed))
+            ),
+            after_s,
+            what="enough requests after the kill",
+        )
+    finally:
+        load.finish()
+    total = load.ok + len(load.failed)
+    late = [f for f in load.failed if f[0] > killed + 2]
+    print(f"\nkill {where}: {len(load.failed)} failed of {total} ({load.failed[:2]})")
+    assert late == [], late[:3]
+    assert len(load.failed) <= 0.01 * total, (len(load.failed), total, load.failed[:3])
+
+
 def test_the_openai_client_works_through_the_gateway_on_triton_and_vllm(gateway_factory):
     gw = gateway_factory()
     client = openai.OpenAI(base_url=gw.url + "/v1", api_key="unused", max_retries=0)
@@ -431,29 +467,14 @@ def test_killing_the_active_engine_under_load_fails_over_by_itself(
 ):
     doomed = engine_launcher.triton()
     gw = gateway_factory(auto=True, triton=doomed)
-    load = Load(gw.url).start()
-    try:
-        wait_until(lambda: load.ok >= 50, 60, what="traffic on both engines")
-        killed = time.monotonic()
-        os.killpg(doomed.process.pid, signal.SIGKILL)
-        # Only the streams in flight on the killed engine may fail (at most one per client);
-        # the 1 % is judged over enough requests for that to mean something, however slow
-        # the machine: wait on the count, not a clock.
-        wait_until(
-            lambda: (
-                time.monotonic() > killed + 4
-                and load.ok + len(load.failed) >= max(400, 100 * len(load.failed))
-            ),
-            120,
-            what="enough requests after the kill",
-        )
-    finally:
-        load.finish()
-    total = load.ok + len(load.failed)
-    late = [f for f in load.failed if f[0] > killed + 2]
-    print(f"\nkill under load: {len(load.failed)} failed of {total} ({load.failed[:2]})")
-    assert late == [], late[:3]
-    assert len(load.failed) <= 0.01 * total, (len(load.failed), total, load.failed[:3])
+    kill_under_load(
+        gw.url,
+        lambda: os.killpg(doomed.process.pid, signal.SIGKILL),
+        "under load",
+        warm_s=60,
+        warm_what="traffic on both engines",
+        after_s=120,
+    )
     routes = gw.admin("GET", "/admin/routes").json()["tiny"]
     weights = {d["id"]: d["weight"] for d in routes["deployments"]}
     assert weights == {"tiny-trt": 0, "tiny-vllm": 100}

@@ -18,7 +18,6 @@ import grp
 import os
 import pwd
 import shutil
-import socket
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -33,6 +32,7 @@ from console.gateway.dp_haproxy import HAProxyPlane
 from console.gateway.haproxy_config import render, split_line
 from console.gateway.routes import GatewayStore
 from tests.engines.servers import free_port, log_tail, stop, wait_until
+from tests.support.haproxy import runtime
 
 pytestmark = pytest.mark.skipif(shutil.which("haproxy") is None, reason="no haproxy")
 
@@ -93,17 +93,6 @@ def haproxy_check(cfg: Path) -> subprocess.CompletedProcess[str]:
                           timeout=30)  # fmt: skip
 
 
-def show(sock: Path | str, command: str) -> str:
-    with socket.socket(socket.AF_UNIX) as s:
-        s.settimeout(5)
-        s.connect(str(sock))
-        s.sendall(command.encode() + b"\n")
-        data = b""
-        while chunk := s.recv(65536):
-            data += chunk
-    return data.decode()
-
-
 class HAProxy:
     """One HAProxy on a configuration file, restartable (a new pid, as after a reload)."""
 
@@ -124,7 +113,7 @@ class HAProxy:
             if process.poll() is not None:
                 raise RuntimeError(f"haproxy exited: {log_tail(self.log)}")
             try:
-                return f"Pid: {process.pid}" in show(self.sock, "show info")
+                return f"Pid: {process.pid}" in runtime(self.sock, "show info")
             except OSError:
                 return False
 
@@ -137,7 +126,7 @@ class HAProxy:
             self.process = None
 
     def weight(self, backend: str, server: str) -> int:
-        text = show(self.sock, f"show stat {backend} 4 -1")
+        text = runtime(self.sock, f"show stat {backend} 4 -1")
         rows = csv.DictReader(text.lstrip("# ").splitlines())
         return next(int(r["weight"]) for r in rows if r["svname"] == server)
 
