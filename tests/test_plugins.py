@@ -12,6 +12,7 @@ from pathlib import Path
 from console.core.config import parse_fleet
 from console.core.plugin import BUILTIN, load_from, plugin_kinds
 from console.core.wire import COLD_START_PHASES
+from tests.test_agent_api import FLEET as AGENT_FLEET  # a local agent's fleet
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -123,18 +124,6 @@ def test_each_engine_says_what_it_can_do():
         unknown = [phase for phase, _ in plugin.ready_phases if phase not in COLD_START_PHASES]
         assert unknown == [], f"{kind}'s ready_phases name phases the wire does not carry"
         assert plugin.ready_phases or not plugin.can_launch, f"{kind} starts without phases"
-
-
-AGENT_FLEET = """\
-[fleet]
-name = "t"
-[agent]
-scrape_interval_s = 0.5
-disk_paths = ["/tmp"]
-[[nodes]]
-name = "local"
-agent = "http://127.0.0.1:9410"
-"""
 
 
 def test_an_agent_with_a_broken_plugin_serves_and_says_which(agent_factory, tmp_path):
