@@ -12,15 +12,14 @@ when one of them is hostile.
 from __future__ import annotations
 
 import json
-import threading
 import time
 import unicodedata
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import urlsplit
 
 from console.core import drillreport, wire
+from tests.support.loopback_http import LoopbackHttp, QuietHandler
 
 PAYLOADS = {
     "osc-title": "\x1b]0;PWNED-TITLE\x07",
@@ -81,14 +80,14 @@ def raw_in(data: bytes) -> list[bytes]:
 Route = Callable[[str, str, bytes], tuple[int, bytes, str] | None]
 
 
-class Answers:
+class Answers(LoopbackHttp):
     """A real HTTP server on a free loopback port; `route(method, path, body)` answers
     (status, body, content type), None: 404."""
 
     def __init__(self, route: Route) -> None:
         owner = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(QuietHandler):
             def _answer(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else b""
@@ -102,23 +101,8 @@ class Answers:
 
             do_GET = do_POST = do_DELETE = _answer
 
-            def log_message(self, *args: Any) -> None:  # quiet
-                pass
-
         self.route = route
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-
-    def __enter__(self) -> Answers:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-        self._thread.join(5)
+        super().__init__(Handler)
 
 
 def _json(value: Any, status: int = 200) -> tuple[int, bytes, str]:

@@ -11,13 +11,12 @@ scrape's number), so a counter can run backwards from one scrape to the next.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+
+from tests.support.loopback_http import LoopbackHttp, QuietHandler
 
 
-class Exporter:
+class Exporter(LoopbackHttp):
     """Serves `page(scrape_number)` at /metrics on a free loopback port until closed."""
 
     def __init__(self, page: Callable[[int], str]) -> None:
@@ -25,7 +24,7 @@ class Exporter:
         self.scrapes = 0
         exporter = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(QuietHandler):
             def do_GET(self) -> None:
                 exporter.scrapes += 1
                 body = exporter.page(exporter.scrapes).encode()
@@ -35,22 +34,7 @@ class Exporter:
                 self.end_headers()
                 self.wfile.write(body)
 
-            def log_message(self, *args: Any) -> None:  # quiet
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.port = self.server.server_address[1]
-        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-
-    def __enter__(self) -> Exporter:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-        self._thread.join(5)
+        super().__init__(Handler)
 
     def job(self, name: str, **extra: object) -> dict[str, object]:
         """A scrape config for Prometheus."""

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
@@ -25,13 +24,14 @@ from console.core.config import parse_fleet
 from console.core.snapshot import decode_snapshot, plain
 from console.tui.app import EngineroomApp
 from console.tui.screens.jobs import JobScreen
+from tests.support.loopback_http import LoopbackHttp, QuietHandler
 from tests.test_tui_snapshots import RECORDED_GATEWAY
 from tests.tui_support import FLEET, ROOT, recorded_app, until
 
 DRILLS = ROOT / "tests" / "fixtures" / "snapshot-cpu-drills.json"
 
 
-class SlowServer:
+class SlowServer(LoopbackHttp):
     """Test double: answers `answers[path]` (JSON, or text for a str) after `delay_s`."""
 
     def __init__(self, delay_s: float, answers: dict[str, Any]) -> None:
@@ -40,7 +40,7 @@ class SlowServer:
         lock = threading.Lock()
         outer = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(QuietHandler):
             def do_GET(self) -> None:
                 path = self.path.partition("?")[0]
                 with lock:
@@ -60,22 +60,7 @@ class SlowServer:
                 except (BrokenPipeError, ConnectionResetError):
                     pass  # the console closed, or gave up on this call
 
-            def log_message(self, *args: Any) -> None:  # no access log on the test's stderr
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_port}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-
-    def __enter__(self) -> SlowServer:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join(timeout=10)
+        super().__init__(Handler)
 
 
 async def test_a_gateway_slower_than_the_refresh_is_shown_once_it_answers(
