@@ -113,6 +113,7 @@ bench: $(VENV)/.test-deps engines router sshd nginx prometheus haproxy
 	$(BIN)/python -m bench.rollout_plan
 	$(BIN)/python -m bench.incident_drill
 	$(BIN)/python -m bench.diagnose_quiet
+	$(BIN)/python -m bench.demo_at_rest
 	$(BIN)/python -m bench.drill_overhead
 	$(BIN)/python -m bench.ssh_refresh
 	$(BIN)/python -m bench.gateway_overhead

@@ -46,7 +46,10 @@ MODELS = {
             "llama-3.1-70b-instruct",
             "llama70b",
             {"ttft_p95_ms": 1500, "itl_p95_ms": 80, "error_rate": 0.01},
-            vllm=Traffic(2.5, 2000, 350, 64, 160_000, 0.35, 0.028),
+            # Two H200s hold about 320k tokens of a 70B model's KV cache beside its weights;
+            # a batch of 128 leaves the replicas headroom over the swing of their routed
+            # traffic (with 64, the busiest replica queued at a swing's peak, at rest).
+            vllm=Traffic(2.5, 2000, 350, 128, 320_000, 0.35, 0.028),
         ),
         ModelInfo(
             "mistral-7b-instruct-v0.3",
