@@ -139,11 +139,23 @@ name = "tiny"
     base = f"http://127.0.0.1:{port}"
     diagnoser = Diagnoser(load_fleet(agent.fleet))
     done = threading.Event()
+    flowing = threading.Event()  # a stream is under way: its tokens are arriving
+    body = {"model": "tiny", "prompt": "hello", "max_tokens": 1500, "temperature": 0,
+            "ignore_eos": True, "stream": True}  # fmt: skip
 
     def streams() -> None:  # one after another; those cut by the restart fail, and go on
         while not done.is_set():
-            with contextlib.suppress(httpx.HTTPError):
-                send_traffic_vllm(base, 1, True, max_tokens=1500, timeout=300)
+            try:
+                with (
+                    httpx.Client(timeout=300) as client,
+                    client.stream("POST", base + "/v1/completions", json=body) as answer,
+                ):
+                    for n, _ in enumerate(answer.iter_lines()):
+                        if n == 10:
+                            flowing.set()
+            except httpx.HTTPError:
+                done.wait(0.2)  # the engine restarting: try again
+            flowing.clear()
 
     sender = threading.Thread(target=streams, daemon=True)
     sender.start()
@@ -153,12 +165,18 @@ name = "tiny"
             p for p in psutil.Process(by_deployment(agent)["tiny-vllm"]["pid"]).children(True)
             if "EngineCore" in " ".join(p.cmdline()) + p.name()
         ]  # fmt: skip
-        for _ in range(50):  # stopped at a moment a stream runs on it
+        # Stopped while a stream's tokens are arriving, as its client sees them. vLLM's own
+        # running gauge is no guide while the core runs: a busy API server answers /metrics
+        # between requests, when it reads 0 (CI: "a stream running: not met within 120 s").
+        # Once the core is stopped the API server is idle, and its gauge says the stream.
+        for _ in range(50):
+            wait_until(flowing.is_set, 120, what="a stream under way")
             core.suspend()
             if (by_metrics(base) or 0) >= 1:
                 break
             core.resume()
-            wait_until(lambda: (by_metrics(base) or 0) >= 1, 120, what="a stream running")
+        else:
+            raise AssertionError("vLLM never counted a stream running with its core stopped")
         stopped = time.monotonic()
         found = wait_until(
             lambda: next(
