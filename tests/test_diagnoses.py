@@ -67,6 +67,33 @@ def look(fleet_path: Path, diagnoser: Diagnoser) -> list[Diagnosis]:
     return diagnoser.update(view, states, gateway.snapshot)
 
 
+def until_resolved(
+    fleet_path: Path,
+    diagnoser: Diagnoser,
+    key: tuple[str, str],
+    timeout: float,
+    interval: float = 0.5,
+    what: str = "resolved",
+) -> Diagnosis:
+    """Look until the diagnosis `key` reads resolved; that diagnosis."""
+    return wait_until(
+        lambda: next(
+            (x for x in look(fleet_path, diagnoser) if x.key == key and x.state == "resolved"),
+            None,
+        ),
+        timeout, interval=interval, what=what,
+    )  # fmt: skip
+
+
+def engine_core(pid: int) -> psutil.Process:
+    """The EngineCore process under vLLM's API server `pid`."""
+    [core] = [
+        p for p in psutil.Process(pid).children(True)
+        if "EngineCore" in " ".join(p.cmdline()) + p.name()
+    ]  # fmt: skip
+    return core
+
+
 NODE_TOKEN = "T_NODE"  # the console's token for the node: an operator's, so it may act
 
 
@@ -161,10 +188,7 @@ name = "tiny"
     sender.start()
     core: psutil.Process | None = None
     try:
-        [core] = [
-            p for p in psutil.Process(by_deployment(agent)["tiny-vllm"]["pid"]).children(True)
-            if "EngineCore" in " ".join(p.cmdline()) + p.name()
-        ]  # fmt: skip
+        core = engine_core(by_deployment(agent)["tiny-vllm"]["pid"])
         # Stopped while a stream's tokens are arriving, as its client sees them. vLLM's own
         # running gauge is no guide while the core runs: a busy API server answers /metrics
         # between requests, when it reads 0 (CI: "a stream running: not met within 120 s").
@@ -220,16 +244,13 @@ name = "tiny"
         wait_until(ended, 300, interval=1.0, what="the restart job ended")
         assert agent.get(f"/v1/jobs/{job}").json()["state"] == "succeeded"
         assert states and set(states) == {"verifying"}, states  # never resolved meanwhile
-        resolved = wait_until(
-            lambda: next(
-                (x for x in look(agent.fleet, diagnoser)
-                 if x.key == found.key and x.state == "resolved"),
-                None,
-            ),
+        resolved = until_resolved(
+            agent.fleet,
+            diagnoser,
+            found.key,
             120,
-            interval=0.5,
             what="resolved once the restarted engine generates",
-        )  # fmt: skip
+        )
         assert resolved.detail.endswith("after restart"), resolved.detail
         assert by_deployment(agent)["tiny-vllm"]["exits"] == []  # the restart was asked for
     finally:
@@ -297,16 +318,13 @@ def test_a_triton_model_that_blocks_is_a_triton_stall_resolved_once_it_answers(
     assert "triton_stall" in [x["name"] for x in json.loads(out.stdout)["diagnoses"]]
     diagnoser.moved(found.key, "failover")
     # The first request finishes at 20 s; the second runs and nothing is queued.
-    resolved = wait_until(
-        lambda: next(
-            (x for x in look(agent.fleet, diagnoser)
-             if x.key == found.key and x.state == "resolved"),
-            None,
-        ),
+    resolved = until_resolved(
+        agent.fleet,
+        diagnoser,
+        found.key,
         60,
-        interval=0.5,
         what="the Triton stall resolved once a request finished",
-    )  # fmt: skip
+    )
     assert resolved.detail.endswith("after failover"), resolved.detail
 
 
@@ -379,16 +397,14 @@ name = "tiny"
         process, _, _ = launch_vllm(tiny_model_dir, tmp_path / "vllm", port=port)
         running.append(process)
         wait_until(lambda: engine()["pid"] == process.pid, 60, what="the last start found")
-        resolved = wait_until(
-            lambda: next(
-                (x for x in look(agent.fleet, diagnoser)
-                 if x.key == crash.key and x.state == "resolved"),
-                None,
-            ),
+        resolved = until_resolved(
+            agent.fleet,
+            diagnoser,
+            crash.key,
             90,
             interval=1.0,
             what="the crash loop resolved once its exits left the window",
-        )  # fmt: skip
+        )
         assert resolved.detail.endswith("after failover"), resolved.detail
         assert process.poll() is None  # the same process throughout: nothing counted it
     finally:
@@ -1070,10 +1086,7 @@ failover = {{ steps = [100], verify_s = 1, warmup_requests = 1, drain_timeout_s 
         senders = [threading.Thread(target=client, daemon=True) for _ in range(3)]
         for thread in senders:
             thread.start()
-        [core] = [
-            p for p in psutil.Process(slow.process.pid).children(True)
-            if "EngineCore" in " ".join(p.cmdline()) + p.name()
-        ]  # fmt: skip
+        core = engine_core(slow.process.pid)
 
         def bursts() -> None:  # the fault: 0.3 s stopped in every 0.6 s
             while not done.is_set():
@@ -1109,16 +1122,13 @@ failover = {{ steps = [100], verify_s = 1, warmup_requests = 1, drain_timeout_s 
         diagnoser.moved(found.key, "quarantine")
         job = gateway.wait_job(quarantine.json()["id"], timeout=180)
         assert job["state"] == "succeeded", job
-        resolved = wait_until(
-            lambda: next(
-                (x for x in look(agent.fleet, diagnoser)
-                 if x.key == found.key and x.state == "resolved"),
-                None,
-            ),
+        resolved = until_resolved(
+            agent.fleet,
+            diagnoser,
+            found.key,
             60,
-            interval=0.5,
             what="resolved once quarantined",
-        )  # fmt: skip
+        )
         assert resolved.detail.endswith("after quarantine"), resolved.detail
         assert [t for t in failed if t >= moved_at] == [], failed  # no client failed after it
     finally:
