@@ -39,6 +39,8 @@ def placed() -> dict[tuple[str, str], str]:
     specs = layout.plan(NODES)
     ecc_node, ecc_gpu = layout.ecc_gpu_of(NODES)
     out = {("gpu_fault", f"{node_name(ecc_node, 2)}/gpu{ecc_gpu}"): "the ECC GPU"}
+    # console/sim/demo_drills.py builds the first Triton deployment's engine for an older driver
+    stale = next(s for s in specs if s.kind == "triton")
     for spec in specs:
         where = spec.deployment_id
         if spec.traffic.ttft_breach:
@@ -46,7 +48,7 @@ def placed() -> dict[tuple[str, str], str]:
         if spec.traffic.queue_surge:  # a flood: its queue, and its KV cache nearly full
             out[("replica_imbalance", where)] = "the llama-70b queue surge"
             out[("kv_pressure", where)] = "the llama-70b queue surge"
-        if spec.kind == "triton" and spec.node == 0:  # built for the older driver
+        if spec is stale:
             out[("stale_trt_engine", where)] = "the engine built for an older driver"
     return out
 
