@@ -2,7 +2,10 @@
 convert_checkpoint.py, quantize.py, trtllm-build or trtllm-serve is one that release's own
 argument parser has. TensorRT-LLM cannot run here, so the parsers' flag names were read
 from its published source and recorded (tests/fixtures/trtllm-1.2-flags.json, with the
-file and commit of each)."""
+file and commit of each). Releases after 1.3.0rc20 have no engine backend: what their
+trtllm-serve takes, and the tools they no longer have, are recorded the same way
+(tests/fixtures/trtllm-main-flags.json); a drill against one either runs only what it
+has, or is refused when it is planned (console.core.trtllm_releases)."""
 
 from __future__ import annotations
 
@@ -16,12 +19,21 @@ import pytest
 
 from console.agent.drill_plan import PRECISIONS, templates
 from console.core.config import Drill
+from console.core.trtllm_releases import (
+    ENGINE_BACKEND_LAST,
+    GONE_WITH_ENGINE_BACKEND,
+    drill_release_problems,
+)
 
-RECORDED = json.loads((Path(__file__).parent / "fixtures" / "trtllm-1.2-flags.json").read_text())
+FIXTURES = Path(__file__).parent / "fixtures"
+RECORDED = json.loads((FIXTURES / "trtllm-1.2-flags.json").read_text())
+AFTER_ENGINE = json.loads((FIXTURES / "trtllm-main-flags.json").read_text())
+# A version each record stands for: 1.3.0rc21 is any release after 1.3.0rc20.
+RECORDS = {"1.2.0": RECORDED, "1.3.0rc21": AFTER_ENGINE}
 
 
-def known_flags(tool: str) -> set[str]:
-    entry = RECORDED["tools"][tool]
+def known_flags(tool: str, record: dict = RECORDED) -> set[str]:
+    entry = record["tools"][tool]
     return set(entry["flags"]) | set(entry.get("plugin_flags", []))
 
 
@@ -42,14 +54,26 @@ def tool_of(argv: list[str]) -> tuple[str, int] | None:
     return None
 
 
-def unknown_flags(argv: list[str]) -> list[str]:
-    """The --flags in `argv` that its tool does not have in the recorded release."""
+def unknown_flags(argv: list[str], record: dict = RECORDED) -> list[str]:
+    """What `argv` runs that the recorded release lacks: its tool, a --flag, or a value
+    outside a flag's recorded choices."""
     found = tool_of(argv)
     if found is None:
         return []
     tool, start = found
-    flags = [p[2:].split("=", 1)[0] for p in argv[start:] if p.startswith("--")]
-    return [f"{tool}: --{flag}" for flag in flags if flag not in known_flags(tool)]
+    if tool in record.get("removed", {}) or tool not in record["tools"]:
+        return [f"{tool}: not in TensorRT-LLM {record['release']}"]
+    choices = record["tools"][tool].get("choices", {})
+    bad = []
+    for i, part in enumerate(argv[start:], start):
+        if not part.startswith("--"):
+            continue
+        flag = part[2:].split("=", 1)[0]
+        if flag not in known_flags(tool, record):
+            bad.append(f"{tool}: --{flag}")
+        elif flag in choices and i + 1 < len(argv) and argv[i + 1] not in choices[flag]:
+            bad.append(f"{tool}: --{flag} {argv[i + 1]}")
+    return bad
 
 
 CASES = [
@@ -75,6 +99,58 @@ def test_every_template_flag_exists_in_tensorrt_llm_1_2(pipeline, precision):
     # Every step but the version probe runs one of the recorded tools: none goes unchecked.
     assert {name for name, argv in run.items() if tool_of(argv) is None} == {"preflight"}
     assert [bad for argv in run.values() for bad in unknown_flags(argv)] == []
+
+
+RELEASE_CASES = [(p, q, version) for p, q in CASES for version in RECORDS]
+
+
+@pytest.mark.parametrize(
+    ("pipeline", "precision", "version"),
+    RELEASE_CASES,
+    ids=[f"{p}-{q}-{v}" for p, q, v in RELEASE_CASES],
+)
+def test_a_drill_runs_only_what_its_release_has_or_is_refused_when_planned(
+    pipeline, precision, version
+):
+    drill = Drill.model_validate(
+        {
+            "model": "llama",
+            "deployment": "llama-trt",
+            "checkpoint": "/models/llama",
+            "pipeline": pipeline,
+            "precision": precision,
+            "pins": {"tensorrt_llm": version},
+        }
+    )
+    run = [t.argv for t in templates(drill).values() if t.argv is not None]
+    lacking = [bad for argv in run for bad in unknown_flags(argv, RECORDS[version])]
+    refused = drill_release_problems(drill, version)
+    if not refused:  # fleet.toml lets it be planned: the release has all it runs
+        assert lacking == []
+    else:  # refused, and only for what the record says the release lacks
+        assert lacking != [], refused
+
+
+def test_a_flag_or_tool_a_release_without_the_engine_backend_lacks_is_caught():
+    serve = ["trtllm-serve", "{served_dir}", "--backend", "tensorrt", "--max_input_len", "8"]
+    assert unknown_flags(serve, AFTER_ENGINE) == [
+        "trtllm-serve: --backend tensorrt",
+        "trtllm-serve: --max_input_len",
+    ]
+    assert unknown_flags(["trtllm-serve", "m", "--backend", "pytorch"], AFTER_ENGINE) == []
+    assert unknown_flags(["trtllm-build", "--checkpoint_dir", "x"], AFTER_ENGINE) == [
+        f"trtllm-build: not in TensorRT-LLM {AFTER_ENGINE['release']}"
+    ]
+
+
+def test_the_record_after_the_engine_backend_names_its_sources():
+    assert AFTER_ENGINE["repo"] == "NVIDIA/TensorRT-LLM"
+    assert AFTER_ENGINE["boundary"]["engine_backend_last"] == ENGINE_BACKEND_LAST
+    for tool, entry in AFTER_ENGINE["tools"].items():
+        assert len(entry["commit"]) == 40 and entry["file"], tool
+        assert entry["flags"] == sorted(set(entry["flags"])), f"{tool}: sorted, no repeats"
+    # The tools the refusals name are the ones the record says were removed.
+    assert {TOOLS[t] for t in GONE_WITH_ENGINE_BACKEND} == set(AFTER_ENGINE["removed"])
 
 
 def test_a_flag_the_release_lacks_is_caught():

@@ -16,9 +16,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from console.core.config import Drill, DrillStep
-from console.core.drill_templates import PLACEHOLDERS, fill, template_problems
+from console.core.drill_templates import PLACEHOLDERS, PRECISIONS, fill, template_problems
 
-__all__ = ["PLACEHOLDERS", "PlannedStep", "Template", "plan", "template_problems", "values"]
+__all__ = [
+    "PLACEHOLDERS",
+    "PRECISIONS",
+    "PlannedStep",
+    "Template",
+    "plan",
+    "template_problems",
+    "values",
+]
 
 # What the preflight runs on the node when the drill does not say: the versions of the
 # TensorRT-LLM stack in the python that serves it. Driver, GPU and compute capability
@@ -54,17 +62,6 @@ if os.path.lexists(link):
 os.symlink(target, link)
 os.execvp(sys.argv[3], sys.argv[3:])
 """
-
-# precision -> (dtype, quantize.py --qformat, --kv_cache_dtype)
-PRECISIONS: dict[str, tuple[str, str | None, str | None]] = {
-    "fp16": ("float16", None, None),
-    "bf16": ("bfloat16", None, None),
-    "fp8": ("bfloat16", "fp8", "fp8"),
-    "int8-sq": ("bfloat16", "int8_sq", "int8"),
-    "int4-awq": ("bfloat16", "int4_awq", None),
-    "w4a8-awq": ("bfloat16", "w4a8_awq", None),
-    "nvfp4": ("bfloat16", "nvfp4", "fp8"),
-}
 
 
 @dataclass(frozen=True)

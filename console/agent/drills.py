@@ -43,6 +43,7 @@ from console.agent.jobtypes import Active, JobContext, JobHost, JobRefused, Step
 from console.agent.preflight import port_check
 from console.agent.store import JobRecord
 from console.core.config import Deployment, Drill, Model
+from console.core.trtllm_releases import drill_release_problems
 from console.core.wire import DrillResult, DrillRun, Job, JobStep
 
 log = logging.getLogger(__name__)
@@ -198,6 +199,10 @@ class DrillRunner:
         ctx.gate("pins", not mismatches, "; ".join(mismatches) or matched)
         if mismatches:
             raise StepFailed("preflight: " + "; ".join(mismatches))
+        # fleet.toml refuses this where the drill pins the release; here, where it does not.
+        cannot = drill_release_problems(drill, str(facts.get("tensorrt_llm")))
+        if cannot:
+            raise StepFailed(f"preflight: drill {run.name}: " + "; ".join(w for _, w in cannot))
         problems = []
         port = port_check(drill.serve_port)
         if not port.ok:

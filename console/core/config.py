@@ -43,6 +43,7 @@ from console.core.config_model import (
 from console.core.drill_templates import template_problems
 from console.core.tomlpos import Path as KeyPath
 from console.core.tomlpos import format_path, key_lines, line_of
+from console.core.trtllm_releases import drill_release_problems
 
 __all__ = [
     "DEFAULT_ADMIN_ENV",
@@ -293,4 +294,8 @@ def _check_drill(fleet: Fleet, name: str, drill: Drill, plugins: dict[str, Any])
         problems.append(
             f"{fleet.where((*here, 'steps', step))}: {format_path((*here, 'steps', step))}: {what}"
         )
+    if drill.pins.tensorrt_llm is not None:  # the release it is planned against
+        for key, what in drill_release_problems(drill, drill.pins.tensorrt_llm):
+            path = (*here, *key)
+            problems.append(f"{fleet.where(path)}: {format_path(path)}: {what}")
     return problems

@@ -5,7 +5,8 @@ Templates are argv lists whose elements may hold `{placeholders}`; each element 
 on its own and never passed through a shell, so a value with spaces or quotes stays one
 argument. An unknown placeholder is a fleet.toml error, found at load time (config.py);
 a literal brace is written twice ({{ and }}). The shipped templates are TensorRT-LLM's
-(console.agent.drill_plan).
+(console.agent.drill_plan); the precisions they know are here, so fleet.toml's check can
+tell which tools a drill runs (console.core.trtllm_releases).
 """
 
 from __future__ import annotations
@@ -32,6 +33,19 @@ PLACEHOLDERS = (
     "family",
     "precision",
 )
+
+
+# precision -> (dtype, quantize.py --qformat, --kv_cache_dtype); a --qformat of None: the
+# checkpoint is not quantized (no quantize.py step)
+PRECISIONS: dict[str, tuple[str, str | None, str | None]] = {
+    "fp16": ("float16", None, None),
+    "bf16": ("bfloat16", None, None),
+    "fp8": ("bfloat16", "fp8", "fp8"),
+    "int8-sq": ("bfloat16", "int8_sq", "int8"),
+    "int4-awq": ("bfloat16", "int4_awq", None),
+    "w4a8-awq": ("bfloat16", "w4a8_awq", None),
+    "nvfp4": ("bfloat16", "nvfp4", "fp8"),
+}
 
 
 class _Strict(dict[str, str]):

@@ -31,6 +31,7 @@ from console.core.rollout_plan import (
     Wave,
     fleet_digest,
 )
+from console.core.trtllm_releases import drill_release_problems
 
 MAX_LISTED_NAMES = 10  # an unknown name's error lists this many of the known ones
 
@@ -272,10 +273,17 @@ def _cannot_act(fleet: Fleet, index: _Index, ask: Ask, model: Model, dep: Deploy
                 f"{subject} ({dep.engine}): profile {ask.profile!r} launches {profile.engine} "
                 f"on node {profile.node}"
             )
-    if ask.operation == "drill" and index.drill(dep.id) is None:
-        drills = index.drills.get(dep.id, [])
-        found = f"drills {drills} rebuild it" if drills else "no drill rebuilds it"
-        return f"{subject} ({dep.engine}): {found} in the fleet file; a rollout wants one"
+    if ask.operation == "drill":
+        name = index.drill(dep.id)
+        if name is None:
+            drills = index.drills.get(dep.id, [])
+            found = f"drills {drills} rebuild it" if drills else "no drill rebuilds it"
+            return f"{subject} ({dep.engine}): {found} in the fleet file; a rollout wants one"
+        drill = fleet.drills[name]  # run on the release the what-if asks about, else its pin
+        release = ask.what_if.get("tensorrt_llm") or drill.pins.tensorrt_llm
+        cannot = drill_release_problems(drill, release) if release else []
+        if cannot:
+            return f"{subject} ({dep.engine}): drill {name}: " + "; ".join(w for _, w in cannot)
     return None
 
 
