@@ -6,6 +6,11 @@ TensorRT-LLM deployment's manifest with the node as it is now (NVML, and the dri
 version probe, re-run every PROBE_EVERY_S): "current", "stale" with the reasons, or
 "unknown". `what_if` answers the same for a hypothetical node (a driver upgrade, another
 GPU), with the time its last drill took.
+
+Each deployment runs one of TensorRT-LLM's two backends (`backend_of`): the engine
+backend serves an engine trtllm-build compiled, so a change makes it rebuild; the PyTorch
+backend loads the checkpoint with no build, so a change makes it re-validate (against
+the baseline, its warm-up and compile caches cold).
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import logging
 import subprocess
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from console.agent import manifest
 from console.agent.auth import child_env
@@ -25,6 +30,7 @@ from console.agent.drill_plan import plan, values
 from console.agent.jobtypes import JobHost
 from console.agent.processes import capped_output
 from console.core.config import Deployment, Drill, Model
+from console.core.trtllm_releases import ENGINE_BACKEND_LAST, has_engine_backend
 from console.core.wire import TrtEngine
 
 log = logging.getLogger(__name__)
@@ -33,6 +39,8 @@ PROBE_TIMEOUT_S = 120.0
 PROBE_MAX_BYTES = 1 << 20  # a version probe prints one JSON line
 PROBE_EVERY_S = 600.0  # the staleness check re-runs a drill's version probe this often
 REFRESH_S = 10.0  # and compares manifests with the node this often
+
+Backend = Literal["engine", "pytorch"]
 
 
 class TrtStaleness:
@@ -65,6 +73,17 @@ class TrtStaleness:
 
     def drill_for(self, deployment: str) -> tuple[str, Drill] | None:
         return next(((n, d) for n, d in self.drills().items() if d.deployment == deployment), None)
+
+    def backend_of(self, deployment: str, built: dict[str, Any] | None) -> Backend | None:
+        """The backend a deployment runs, "engine" or "pytorch": the pipeline its manifest
+        was built by, else its drill's; None when neither says."""
+        pipeline = (built or {}).get("pipeline")
+        if pipeline == "engine":
+            return "engine"
+        if pipeline == "pytorch":
+            return "pytorch"
+        drill = self.drill_for(deployment)
+        return drill[1].pipeline if drill is not None else None
 
     async def facts(self, probed: dict[str, Any]) -> tuple[dict[str, str | None], dict[str, str]]:
         """The node's facts: NVML where it answers, else what the probe printed."""
@@ -167,11 +186,13 @@ class TrtStaleness:
             deployment=dep.id, model=model.name, engine_dir=dep.engine_dir, state="unknown"
         )
         entry.last_drill = self._last_drill(dep.id)
+        entry.backend = self.backend_of(dep.id, None)
         if dep.engine_dir is None:
             entry.reasons = ["unknown provenance: the deployment has no engine_dir in fleet.toml"]
             return entry
         engine_dir = Path(dep.engine_dir).expanduser()
         found = await asyncio.to_thread(manifest.read_manifest, engine_dir)
+        entry.backend = self.backend_of(dep.id, found)
         if found is None:
             entry.reasons = [f"unknown provenance: no engineroom manifest in {engine_dir}"]
             return entry
@@ -192,7 +213,7 @@ class TrtStaleness:
             "compute_capability": gpu.get("compute_capability"),
         }
         entry.reasons = manifest.stale_reasons(found, facts)
-        entry.unchecked = manifest.unknown_facts(facts)
+        entry.unchecked = manifest.unknown_facts(facts, entry.backend)
         entry.note = note
         if entry.reasons:
             entry.state = "stale"
@@ -241,9 +262,11 @@ class TrtStaleness:
 
     async def what_if(self, change: dict[str, Any]) -> list[dict[str, Any]]:
         """Each TensorRT-LLM deployment against a hypothetical node (driver, cuda,
-        tensorrt, tensorrt_llm, gpu, compute_capability): still serves, serves from the
-        cache, or needs a rebuild, with the time its last drill took; "unknown" where a
-        fact the change leaves alone could not be read."""
+        tensorrt, tensorrt_llm, gpu, compute_capability), with its backend and the time
+        its last drill took: still serves ("serves"); on the engine backend, serves from
+        the cache ("cache") or needs a rebuild ("rebuild"); on the PyTorch backend, needs
+        no build but a validation against the baseline, caches cold ("re-validate");
+        "unknown" where a fact the change leaves alone could not be read."""
         unknown = sorted(set(change) - set(manifest.FACTS))
         if unknown:
             raise ValueError(f"unknown keys {unknown} (known: {', '.join(manifest.FACTS)})")
@@ -263,6 +286,7 @@ class TrtStaleness:
                 if dep.engine_dir
                 else None
             )
+            backend = row["backend"] = self.backend_of(dep.id, found)
             estimate = self._last_success(dep.id)
             row["estimated_rebuild_s"] = estimate
             if found is None:  # nothing says how it was built: no verdict, not a rebuild
@@ -284,13 +308,22 @@ class TrtStaleness:
             reasons = manifest.stale_reasons(found, facts)
             row["why"] = reasons
             row["stale_now"] = bool(now_reasons)
-            unchecked = manifest.unknown_facts(facts)
+            unchecked = manifest.unknown_facts(facts, backend)
             if not reasons and unchecked:
                 row["verdict"] = "unknown"
                 row["why"] = [f"could not check {', '.join(unchecked)}"]
             elif not reasons:
                 row["verdict"] = "serves"
+            elif backend == "pytorch":  # no engine to build: the new stack is validated
+                row["verdict"] = "re-validate"
             else:
+                release = change.get("tensorrt_llm")
+                if release is not None and has_engine_backend(release) is False:
+                    row["why"] = [
+                        *reasons,
+                        f"TensorRT-LLM {release} has no engine backend (removed after "
+                        f'{ENGINE_BACKEND_LAST}): its drill must move to pipeline = "pytorch"',
+                    ]
                 inputs = manifest.manifest_inputs(found)
                 inputs.update({k: facts.get(k) for k in manifest.FACTS})
                 if facts.get("weights_sha256"):

@@ -245,7 +245,7 @@ def stale_reasons(manifest: dict[str, Any], facts: dict[str, str | None]) -> lis
     built["gpu"] = manifest.get("gpu", {}).get("name")
     built["compute_capability"] = manifest.get("gpu", {}).get("compute_capability")
     reasons = []
-    for key in FACTS:
+    for key in facts_of(manifest.get("pipeline")):
         was, now = built.get(key), facts.get(key)
         if was is not None and now is not None and str(was) != str(now):
             reasons.append(f"{FACT_NAMES[key]} {was} → {now}")
@@ -255,8 +255,16 @@ def stale_reasons(manifest: dict[str, Any], facts: dict[str, str | None]) -> lis
     return reasons
 
 
-def unknown_facts(facts: dict[str, str | None]) -> list[str]:
-    return [FACT_NAMES.get(k, k) for k in (*FACTS, "weights_sha256") if facts.get(k) is None]
+def unknown_facts(facts: dict[str, str | None], pipeline: str | None = None) -> list[str]:
+    keys = (*facts_of(pipeline), "weights_sha256")
+    return [FACT_NAMES.get(k, k) for k in keys if facts.get(k) is None]
+
+
+def facts_of(pipeline: str | None) -> tuple[str, ...]:
+    """The facts of FACTS an engine built by `pipeline` is tied to. The PyTorch backend
+    runs no TensorRT engine, and TensorRT-LLM releases without the engine backend do not
+    install TensorRT at all: its version is no fact of a PyTorch-backend deployment."""
+    return tuple(k for k in FACTS if k != "tensorrt") if pipeline == "pytorch" else FACTS
 
 
 # -- the cache ------------------------------------------------------------------------

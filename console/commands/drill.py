@@ -30,6 +30,14 @@ if TYPE_CHECKING:  # the rest is imported where it is used: `engineroom --help` 
     from console.core.snapshot import Job  # httpx and the wire models
 
 WHAT_IF_FLAGS = ("driver", "cuda", "tensorrt", "tensorrt-llm", "gpu", "compute-capability")
+# The what-if's verdicts (console.agent.drill_staleness.what_if), as the table says them.
+VERDICTS = {
+    "serves": "still serves",
+    "cache": "serves from cache",
+    "rebuild": "REBUILD",  # the engine backend: a new engine, by its drill
+    "re-validate": "RE-VALIDATE",  # the PyTorch backend: no build; validated, caches cold
+    "unknown": "unknown",
+}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -240,32 +248,32 @@ def what_if(
     else:
         shown = ", ".join(f"{k} {v}" for k, v in change.items())
         print(f"If the nodes had {shown}:", file=out)
-        print(f"{'NODE':<12} {'DEPLOYMENT':<20} {'VERDICT':<22} {'LAST DRILL':>10}  WHY", file=out)
+        print(
+            f"{'NODE':<12} {'DEPLOYMENT':<20} {'BACKEND':<8} {'VERDICT':<18} "
+            f"{'LAST DRILL':>10}  WHY",
+            file=out,
+        )
         for row in rows:
-            verdict = {
-                "serves": "still serves",
-                "cache": "serves from cache",
-                "rebuild": "REBUILD",
-                "unknown": "unknown",
-            }[row["verdict"]]
+            verdict = VERDICTS.get(row["verdict"], str(row["verdict"]))
             est = row.get("estimated_rebuild_s")
             say(
-                f"{row['node']:<12} {row['deployment']:<20} {verdict:<22} "
-                f"{'no drill' if est is None else f'{est:.0f} s':>10}  "
+                f"{row['node']:<12} {row['deployment']:<20} {row.get('backend') or '?':<8} "
+                f"{verdict:<18} {'no drill' if est is None else f'{est:.0f} s':>10}  "
                 f"{'; '.join(row.get('why') or []) or '-'}",
                 out,
             )
         if not rows:
             print("(no TensorRT-LLM deployments on any agent)", file=out)
-        total = sum(r.get("estimated_rebuild_s") or 0 for r in rows if r["verdict"] == "rebuild")
-        rebuilds = [r for r in rows if r["verdict"] == "rebuild"]
-        if rebuilds:
-            never = sum(1 for r in rebuilds if r.get("estimated_rebuild_s") is None)
-            print(
-                f"{len(rebuilds)} rebuild(s), about {total:.0f} s of drills"
-                + (f" plus {never} never drilled" if never else ""),
-                file=out,
-            )
+        for verdict, what in (("rebuild", "rebuild(s)"), ("re-validate", "re-validation(s)")):
+            drills = [r for r in rows if r["verdict"] == verdict]
+            if drills:
+                total = sum(r.get("estimated_rebuild_s") or 0 for r in drills)
+                never = sum(1 for r in drills if r.get("estimated_rebuild_s") is None)
+                print(
+                    f"{len(drills)} {what}, about {total:.0f} s of drills"
+                    + (f" plus {never} never drilled" if never else ""),
+                    file=out,
+                )
         unknown = sum(1 for r in rows if r["verdict"] == "unknown")
         if unknown:  # neither a rebuild nor safe: said apart, never counted as either
             print(f"{unknown} unknown: see WHY", file=out)

@@ -33,9 +33,10 @@ if TYPE_CHECKING:
     from console.core.config import Fleet
     from console.core.rollout_plan import Plan
 
-# The what-if's verdicts for an engine that the change leaves unfit: a rebuild, or an
-# engine already built for it in the cache (a swap). "unknown" is neither: said, not planned.
-STALE_VERDICTS = ("rebuild", "cache")
+# The what-if's verdicts for an engine that the change leaves unfit: a rebuild, an engine
+# already built for it in the cache (a swap), or, on TensorRT-LLM's PyTorch backend, no
+# build but a validation against the baseline. "unknown" is none: said, not planned.
+STALE_VERDICTS = ("rebuild", "cache", "re-validate")
 
 
 def _at_least_one(value: str) -> int:

@@ -187,6 +187,7 @@ class TrtEngine(_Struct, kw_only=True):
     built: float | None = None
     built_with: dict[str, Any] = msgspec.field(default_factory=dict)
     last_drill: dict[str, Any] | None = None
+    backend: Literal["engine", "pytorch"] | None = None
 
 
 # A gpu_status saying the source has not read the GPUs yet (Prometheus' first read shows

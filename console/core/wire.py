@@ -385,8 +385,9 @@ class DrillResult(_Wire):
 
 class TrtEngine(_Wire):
     """A TensorRT-LLM deployment's engine against the node as it is now
-    (console.agent.drills): "current", "stale" (rebuild required, with the reasons, such
-    as "driver 575.57 → 580.159") or "unknown" (no manifest: unknown provenance)."""
+    (console.agent.drills): "current", "stale" (rebuild required, or on the PyTorch
+    backend re-validation, with the reasons, such as "driver 575.57 → 580.159") or
+    "unknown" (no manifest: unknown provenance)."""
 
     deployment: str
     model: str
@@ -399,6 +400,9 @@ class TrtEngine(_Wire):
     built: float | None = None
     built_with: dict[str, Any] = Field(default_factory=dict)
     last_drill: dict[str, Any] | None = None  # {job_id, state, ended, time_to_rebuild_s}
+    # The TensorRT-LLM backend it runs: "engine" (a stale one needs a rebuild) or "pytorch"
+    # (no build: a stale one needs re-validating); from its manifest, else its drill.
+    backend: Literal["engine", "pytorch"] | None = None
 
 
 class Snapshot(_Wire):
