@@ -118,7 +118,8 @@ def shown(widget: object) -> str:
     return console.export_text()
 
 
-def start_gateway(workdir: Path, text: str, port: int) -> Gateway:
+def start_gateway(workdir: Path, text: str, port: int, healthy: bool = True) -> Gateway:
+    """A real gateway process on `port`; `healthy`: wait until tiny's deployments are up."""
     fleet = workdir / "fleet.toml"
     if not fleet.exists():
         fleet.write_text(text)
@@ -139,6 +140,8 @@ def start_gateway(workdir: Path, text: str, port: int) -> Gateway:
         return False
 
     wait_until(up, 30, what="gateway")
+    if not healthy:
+        return gateway
     # The first health round: both deployments checked.
     wait_until(
         lambda: all(

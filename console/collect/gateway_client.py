@@ -19,7 +19,15 @@ from pydantic import BaseModel, ValidationError
 
 from console.collect import apiclient
 from console.core.config import ConfigError, Fleet, MissingSecret
-from console.core.gateway_wire import FailoverJob, FailoverRequest, Plan, problems
+from console.core.gateway_wire import (
+    FailoverJob,
+    FailoverRequest,
+    Plan,
+    RolloutRecord,
+    RolloutRequest,
+    RolloutSteer,
+    problems,
+)
 
 
 class GatewayError(Exception):
@@ -169,6 +177,26 @@ class GatewayClient:
         """The gateway's failover jobs, newest first (its last 50), running and ended:
         each a FailoverJob's fields. The console's Jobs screen lists them."""
         return [self._as(FailoverJob, 200, row) for row in await self._list("/admin/jobs")]
+
+    # -- rollouts (docs/rollouts.md) ------------------------------------------------------
+
+    async def rollout_start(self, plan: dict[str, Any], who: str, why: str) -> dict[str, Any]:
+        """Run `plan` (a plan document) in the gateway: the rollout it started."""
+        body = RolloutRequest(plan=plan, who=who, why=why)
+        return self._as(RolloutRecord, *await self._call("POST", "/admin/rollouts", body))
+
+    async def rollouts(self) -> list[dict[str, Any]]:
+        """The gateway's rollouts, newest first, open and ended."""
+        return [self._as(RolloutRecord, 200, r) for r in await self._list("/admin/rollouts")]
+
+    async def rollout(self, rollout_id: str) -> dict[str, Any]:
+        return self._as(RolloutRecord, *await self._call("GET", f"/admin/rollouts/{rollout_id}"))
+
+    async def rollout_steer(self, rollout_id: str, verb: str, who: str, why: str) -> dict[str, Any]:
+        """`verb`: pause, resume or abort."""
+        body = RolloutSteer(who=who, why=why)
+        path = f"/admin/rollouts/{rollout_id}/{verb}"
+        return self._as(RolloutRecord, *await self._call("POST", path, body))
 
     async def _list(self, path: str) -> list[dict[str, Any]]:
         """A JSON list of objects; GatewayError for anything else."""

@@ -1,6 +1,6 @@
 """`engineroom rollout plan ... | check PLAN`: plan a fleet rollout (issue 31) as waves,
-and hold a plan file to the fleet as it is now. Running a plan is not built yet
-(docs/rollouts.md).
+and hold a plan file to the fleet as it is now. `run`, `list`, `show`, `pause`, `resume`
+and `abort` run and steer one in the gateway (console.commands.rollout_run).
 
 The planner is console.core.rollout; `--what-if` asks the agents what `drill what-if` asks
 them (console.commands.drill.what_if_rows) and selects every deployment they say goes
@@ -26,6 +26,7 @@ from console.commands.base import (
     fleet_of,
 )
 from console.commands.drill import WHAT_IF_FLAGS
+from console.commands.rollout_run import add_verbs, run_verb
 from console.core.rollout_plan import DEFAULT_TOLERANCE
 from console.core.safetext import clean, say
 
@@ -91,6 +92,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     plan.add_argument("--json", action="store_true", help="print the plan as JSON")
     check = verbs.add_parser("check", help="does a plan file still fit the fleet file")
     check.add_argument("plan", metavar="PLAN")
+    add_verbs(verbs)
     for action in verbs.choices.values():
         fleet_arg(action)
 
@@ -98,6 +100,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.verb == "check":
         return check_plan_file(fleet_of(args), args.plan)
+    if args.verb != "plan":
+        return run_verb(fleet_of(args), args)
     change = {
         key: getattr(args, key)
         for key in (f.replace("-", "_") for f in WHAT_IF_FLAGS)
@@ -283,7 +287,7 @@ def check_plan_file(fleet: Fleet, path: str, out: TextIO | None = None) -> int:
 
 COMMAND = Command(
     "rollout",
-    "plan a rollout in waves (restart, another profile, the drill); check a plan file",
+    "plan a rollout in waves (restart, another profile, the drill), check it, run and steer it",
     add_arguments,
     run,
 )

@@ -48,6 +48,26 @@ class WeightsUpdate(_Body):
     why: StrictStr = ""
 
 
+MAX_WHY = 500  # characters of a who or a why kept in a rollout's record and audit
+
+
+class RolloutRequest(_Body):
+    """POST /admin/rollouts: run `plan`, a rollout plan document (docs/rollouts.md) as
+    `engineroom rollout plan --json` writes it; `who` and `why` go into its record and the
+    audit."""
+
+    plan: dict[str, Any]
+    who: Annotated[StrictStr, Field(max_length=MAX_WHY)] = ""
+    why: Annotated[StrictStr, Field(max_length=MAX_WHY)] = ""
+
+
+class RolloutSteer(_Body):
+    """POST /admin/rollouts/{id}/pause, /resume or /abort: who asks, and why."""
+
+    who: Annotated[StrictStr, Field(max_length=MAX_WHY)] = ""
+    why: Annotated[StrictStr, Field(max_length=MAX_WHY)] = ""
+
+
 class FailoverRequest(_Body):
     """POST /admin/failover: one move of `model`'s weights, as a job (docs/gateway.md):
 
@@ -146,6 +166,33 @@ class FailoverJob(_Answer):
     before: dict[str, int] | None = None
     after: dict[str, int] | None = None
     error: str | None = None
+
+
+class RolloutStep(_Answer):
+    """One deployment's turn in a rollout (console.gateway.rollout_steps)."""
+
+    model: str
+    deployment: str
+    node: str
+    operation: str
+    wave: int
+    state: str  # pending | running | done | halted | interrupted | aborted
+    phase: str | None = None  # the phase under way: baseline, drain, stop, operation, ...
+    details: dict[str, str] = Field(default_factory=dict)  # each phase done, in one line
+
+
+class RolloutRecord(_Answer):
+    """A rollout, open or ended (GET /admin/rollouts/{id}, POST /admin/rollouts)."""
+
+    id: str
+    who: str
+    status: str  # running | paused | halted | interrupted | succeeded | aborted
+    operation: str
+    current: int  # the step under way (or next), an index of `steps`
+    steps: list[RolloutStep]
+    events: list[dict[str, Any]] = Field(default_factory=list)
+    error: str | None = None
+    weights_seen: dict[str, Any] | None = None  # after an interruption, read back
 
 
 def problems(exc: ValidationError) -> str:

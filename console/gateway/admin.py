@@ -23,6 +23,8 @@ from console.core.gateway_wire import (
     DeploymentRoute,
     FailoverRequest,
     ModelRoutes,
+    RolloutRequest,
+    RolloutSteer,
     WeightsUpdate,
     problems,
 )
@@ -79,6 +81,13 @@ class Admin:
         app.router.add_get("/admin/jobs", guard(self.list_jobs))
         app.router.add_get("/admin/jobs/{id}", guard(self.get_job))
         app.router.add_delete("/admin/jobs/{id}", guard(self.cancel_job, acting=True))
+        app.router.add_post("/admin/rollouts", guard(self.post_rollout, acting=True))
+        app.router.add_get("/admin/rollouts", guard(self.list_rollouts))
+        app.router.add_get("/admin/rollouts/{id}", guard(self.get_rollout))
+        for verb in ("pause", "resume", "abort"):
+            app.router.add_post(
+                f"/admin/rollouts/{{id}}/{verb}", guard(self.steer_rollout, acting=True)
+            )
         app.router.add_get("/admin/snapshot", guard(self.snapshot))
         app.router.add_get("/admin/audit", guard(self.audit))
         app.router.add_get("/metrics", guard(self.metrics))
@@ -209,6 +218,30 @@ class Admin:
 
     async def cancel_job(self, request: web.Request) -> web.Response:
         return web.json_response(await self.gw.failovers.cancel(request.match_info["id"]))
+
+    # -- rollouts (docs/rollouts.md) ------------------------------------------------------
+
+    async def post_rollout(self, request: web.Request) -> web.Response:
+        ask = await _body(request, RolloutRequest)
+        return web.json_response(self.gw.rollouts.start(ask.plan, ask.who, ask.why), status=202)
+
+    async def list_rollouts(self, request: web.Request) -> web.Response:
+        return web.json_response(self.gw.rollouts.records())
+
+    async def get_rollout(self, request: web.Request) -> web.Response:
+        record = self.gw.rollouts.get(request.match_info["id"])
+        if record is None:
+            return refuse(404, f"no rollout {request.match_info['id']!r}")
+        return web.json_response(record)
+
+    async def steer_rollout(self, request: web.Request) -> web.Response:
+        ask = await _body(request, RolloutSteer)
+        rollouts, rollout_id = self.gw.rollouts, request.match_info["id"]
+        verb = request.path.rsplit("/", 1)[1]
+        if verb == "abort":
+            return web.json_response(await rollouts.abort(rollout_id, ask.who, ask.why))
+        steer = rollouts.pause if verb == "pause" else rollouts.resume
+        return web.json_response(steer(rollout_id, ask.who, ask.why))
 
     # -- measures ------------------------------------------------------------------------
 

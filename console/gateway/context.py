@@ -13,6 +13,7 @@ from typing import Protocol
 from console.core.config import GatewaySection
 from console.gateway.failover import Failovers
 from console.gateway.relay import Relay
+from console.gateway.rollouts import Rollouts
 from console.gateway.routetable import RouteTable
 from console.gateway.sink import Sink
 
@@ -32,6 +33,7 @@ class GatewayContext(Protocol):
     viewer_token: bytes | None  # reads the admin API and /metrics, acts on nothing
     table: RouteTable
     failovers: Failovers
+    rollouts: Rollouts
     relay: Relay
     front_doors: set[OpenDoor]  # FrontDoor's connections, for shutdown
     open_connections: Callable[[], int]  # client connections open, all servers'

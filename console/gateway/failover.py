@@ -41,6 +41,7 @@ log = logging.getLogger(__name__)
 
 WEIGHTS_DEADLINE_S = 10.0  # reading a data plane's weights to plan a move
 HISTORY = 50  # the jobs a fail-back looks back over (and the admin API lists)
+ROLLOUT = "rollout"  # the store's kind for a rollout's record (console.gateway.rollouts)
 
 
 class Failovers:
@@ -91,6 +92,8 @@ class Failovers:
 
     def settle_interrupted(self) -> None:
         for record in self.table.store.interrupted():
+            if record.kind == ROLLOUT:  # a rollout's is console.gateway.rollouts's to settle
+                continue
             stored = dict(record.result or {})
             stored["error"] = (
                 "the gateway stopped during this failover; the routes are as its last "
@@ -116,7 +119,8 @@ class Failovers:
         }
 
     def jobs(self) -> list[dict[str, Any]]:
-        return [j for r in self.table.store.jobs(HISTORY) if (j := self.job(r.id)) is not None]
+        records = [r for r in self.table.store.jobs(HISTORY) if r.kind != ROLLOUT]
+        return [j for r in records if (j := self.job(r.id)) is not None]
 
     def history(self, model: str) -> list[Past]:
         """The model's jobs, newest first, with the weights each found and left."""
@@ -157,9 +161,11 @@ class Failovers:
         to: str | None = None,
         drain: str | None = None,
         restore_before: str | None = None,
+        restore_to: Past | None = None,
     ) -> tuple[DataPlane, Move]:
         """The move asked for, from the data plane's weights now; FailoverRefused (with its
-        status) for one that cannot be made."""
+        status) for one that cannot be made. `restore_to`: back to the weights it found (a
+        rollout's step, console.gateway.rollouts)."""
         if model not in self.table.models:
             raise FailoverRefused(404, f"no model {model!r}")
         known = [u.id for u in self.table.upstreams[model]]
@@ -176,6 +182,8 @@ class Failovers:
             why = str(exc) or f"no answer within {WEIGHTS_DEADLINE_S:g} s"
             raise FailoverRefused(503, f"data plane {plane.name}: {why}") from None
         before = {d: before.get(d, 0) for d in known}
+        if restore_to is not None:
+            return plane, weightplan.restore(model, before, restore_to)
         if restore_before is not None:
             past = next((p for p in self.history(model) if p.id == restore_before), None)
             if past is None:
@@ -200,6 +208,7 @@ class Failovers:
         to: str | None = None,
         drain: str | None = None,
         restore_before: str | None = None,
+        restore_to: Past | None = None,
     ) -> dict[str, Any]:
         """Plan the move and start its job; FailoverRefused when it cannot start."""
         if mode not in ("planned", "emergency"):
@@ -207,14 +216,15 @@ class Failovers:
         self._not_busy(model)
         self._planning.add(model)  # a second ask waits for no weights read: it is refused
         try:
-            _, move = await self._move(model, to, drain, restore_before)
+            _, move = await self._move(model, to, drain, restore_before, restore_to)
         finally:
             self._planning.discard(model)
         self._not_busy(model)
         params = {
             "model": model,
             **{k: v for k, v in (("to", to), ("drain", drain),
-                                 ("restore_before", restore_before)) if v is not None},
+                                 ("restore_before", restore_before),
+                                 ("restore_to", restore_to and restore_to.id)) if v is not None},
             "mode": mode,
             "why": why,
         }  # fmt: skip

@@ -51,6 +51,7 @@ from console.gateway.failover import Failovers
 from console.gateway.fallback import build_app
 from console.gateway.frontdoor import SHUTDOWN_GRACE_S, FrontDoor
 from console.gateway.relay import Relay
+from console.gateway.rollouts import Rollouts
 from console.gateway.routes import GatewayStore
 from console.gateway.routetable import RouteTable
 from console.gateway.upstream import Upstream, health_loop
@@ -80,6 +81,7 @@ class Gateway:
         self.store = GatewayStore(root / "gateway.sqlite")
         self.table = RouteTable(fleet, self.store)
         self.failovers = Failovers(self.table)
+        self.rollouts = Rollouts(self.table, self.failovers)
         self.relay = Relay(self.table, self.settings, self.failovers.maybe_auto)
         self.answer = self.relay.answer  # FrontDoor's way in to the data path
         self.http: aiohttp.ClientSession | None = None  # health checks and failovers
@@ -109,7 +111,9 @@ class Gateway:
         )
         self.failovers.http = self.http
         self.failovers.settle_interrupted()
+        self.rollouts.settle_interrupted()
         self._tasks.append(asyncio.create_task(self.failovers.warm(), name="dataplanes"))
+        self._tasks.append(asyncio.create_task(self.rollouts.read_weights(), name="rollouts"))
         self._tasks.append(
             asyncio.create_task(
                 health_loop(
@@ -127,6 +131,7 @@ class Gateway:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.rollouts.close()
         await self.failovers.close()
         for up in self.table.all_upstreams():
             up.pool.close()

@@ -1,0 +1,287 @@
+"""Rollouts (issue 31, docs/rollouts.md): a rollout plan run in the gateway, step by step,
+each deployment drained through its model's data plane, acted on through its agent,
+verified against its own baseline and given its weight back (console.gateway.rollout_steps).
+
+The gateway holds the data planes and a SQLite record, and it outlives the console that
+started a rollout. One rollout is open at a time. The steps run one after another in the
+plan's order, wave by wave: a model's failover jobs are one at a time, so a wave's
+deployments take their turns, never more out at once than the plan allows.
+
+States (`status`): running; paused (at a step's end, asked for); halted (a step failed or
+breached: the deployment stays as that step left it); interrupted (the gateway stopped
+while it ran; at the restart each model's weights are read back from its data plane);
+succeeded; aborted. Paused, halted and interrupted rollouts resume (the step under way
+from the phase it was in) or abort. Every step's end, pause, resume, halt and abort is in
+the record's events and the gateway's audit log with who and why.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from console.core.rollout import check_plan
+from console.core.rollout_plan import PlanError, parse_plan, to_data
+from console.core.sqlitestore import JobState
+from console.gateway.agentcalls import AgentCalls, AgentError
+from console.gateway.dataplane import DataPlaneError
+from console.gateway.failover import ROLLOUT, Failovers
+from console.gateway.rollout_steps import Halt, StepRun
+from console.gateway.routetable import RouteTable
+from console.gateway.weightplan import FailoverRefused
+
+log = logging.getLogger(__name__)
+
+HISTORY = 20  # rollouts the admin API lists
+MAX_EVENTS = 200  # a record's events kept (the audit log keeps them all)
+OPEN = ("running", "paused", "halted", "interrupted")
+
+
+class Rollouts:
+    """The rollouts of one gateway; `failovers.http` must be set before one starts."""
+
+    def __init__(self, table: RouteTable, failovers: Failovers) -> None:
+        self.table = table
+        self.failovers = failovers
+        self.live: dict[str, dict[str, Any]] = {}  # open rollouts, by id
+        self.tasks: dict[str, asyncio.Task[None]] = {}
+
+    def http(self) -> aiohttp.ClientSession:
+        assert self.failovers.http is not None, "the gateway has not started"
+        return self.failovers.http
+
+    # -- the record ----------------------------------------------------------------------
+
+    def save(self, record: dict[str, Any]) -> None:
+        record["updated"] = time.time()
+        ends: dict[str, JobState] = {"succeeded": "succeeded", "aborted": "cancelled"}
+        final = ends.get(record["status"])
+        keep = {k: v for k, v in record.items() if k not in ("id", "kind", "who", "params")}
+        self.table.store.update_job(record["id"], final or "running", json.loads(json.dumps(keep)))
+        if final:
+            self.live.pop(record["id"], None)
+
+    def _event(self, record: dict[str, Any], who: str, what: str, why: str = "") -> None:
+        record["events"] = [*record["events"], {"time": time.time(), "who": who, "what": what,
+                                                "why": why}][-MAX_EVENTS:]  # fmt: skip
+        self.table.store.audit(who, f"rollout {what}", {"id": record["id"], "why": why})
+
+    def get(self, rollout_id: str) -> dict[str, Any] | None:
+        if rollout_id in self.live:
+            return self.live[rollout_id]
+        stored = self.table.store.job(rollout_id)
+        if stored is None or stored.kind != ROLLOUT:
+            return None
+        return {"id": stored.id, "kind": stored.kind, "who": stored.who, "created": stored.created,
+                "params": stored.params, **(stored.result or {})}  # fmt: skip
+
+    def records(self) -> list[dict[str, Any]]:
+        records = self.table.store.jobs(HISTORY, kinds=(ROLLOUT,))
+        return [r for s in records if (r := self.get(s.id)) is not None]
+
+    # -- after a restart -----------------------------------------------------------------
+
+    def settle_interrupted(self) -> None:
+        """At the gateway's start: open rollouts come back; one that was running is
+        interrupted at its step and phase (nothing runs until it is resumed)."""
+        for stored in self.table.store.interrupted():
+            if stored.kind != ROLLOUT:
+                continue
+            record = {"id": stored.id, "kind": stored.kind, "who": stored.who,
+                      "created": stored.created, "params": stored.params,
+                      **(stored.result or {})}  # fmt: skip
+            self.live[stored.id] = record
+            if record.get("status") == "running":
+                record["status"] = "interrupted"
+                current = record["steps"][record["current"]] if record["steps"] else None
+                at = ""
+                if current is not None and current["state"] == "running":
+                    current["state"] = "interrupted"
+                    at = f" at step {record['current'] + 1} ({current['deployment']}), " \
+                         f"phase {current['phase']}"  # fmt: skip
+                record["error"] = f"the gateway stopped during this rollout{at}"
+                self._event(record, "gateway", "interrupted", record["error"])
+                self.save(record)
+
+    async def read_weights(self) -> None:
+        """Each interrupted rollout's models' weights, read back from their data planes
+        (what a resume starts from), into the record's `weights_seen`."""
+        for record in list(self.live.values()):
+            if record.get("status") != "interrupted":
+                continue
+            seen: dict[str, Any] = {}
+            for model in sorted({s["model"] for s in record["steps"]}):
+                try:
+                    plane = await self.failovers.plane(model)
+                    async with asyncio.timeout(10):
+                        seen[model] = await plane.weights(model)
+                except (DataPlaneError, TimeoutError) as exc:
+                    seen[model] = f"unknown: {exc or 'no answer within 10 s'}"
+            record["weights_seen"] = seen
+            self.save(record)
+
+    # -- starting and steering -----------------------------------------------------------
+
+    def start(self, document: dict[str, Any], who: str, why: str) -> dict[str, Any]:
+        """Check the plan against the gateway's fleet and start it; FailoverRefused (with
+        its status) when it cannot start, saying what and where."""
+        if self.live:
+            busy = next(iter(self.live.values()))
+            raise FailoverRefused(
+                409, f"rollout {busy['id']} is {busy['status']}: resume or abort it first"
+            )
+        try:
+            plan = parse_plan(json.dumps(document), Path("plan"))
+        except PlanError as exc:
+            raise FailoverRefused(422, str(exc)) from None
+        fleet = self.table.fleet
+        problems = check_plan(plan, fleet)
+        problems += self._cannot_reach(sorted({s.node for w in plan.waves for s in w.steps}))
+        if problems:
+            raise FailoverRefused(422, "\n".join(problems))
+        who = who or "admin"
+        record_id = self.table.store.create_job(ROLLOUT, who, {"plan": to_data(plan),
+                                                               "why": why}).id  # fmt: skip
+        steps = [
+            {**s.model_dump(exclude_none=True), "wave": n, "state": "pending", "phase": None,
+             "done": [], "details": {}, "agent_jobs": {}, "failover_jobs": [],
+             "weights_before": None, "baseline": None, "started": None, "ended": None}
+            for n, wave in enumerate(plan.waves, 1) for s in wave.steps
+        ]  # fmt: skip
+        record: dict[str, Any] = {
+            "id": record_id, "kind": ROLLOUT, "who": who, "created": time.time(),
+            "params": {"plan": to_data(plan), "why": why}, "status": "running",
+            "operation": plan.operation, "current": 0, "steps": steps, "events": [],
+            "error": None,
+        }  # fmt: skip
+        self.live[record_id] = record
+        self._event(record, who, "started", why)
+        self.save(record)
+        self._launch(record)
+        return record
+
+    def _cannot_reach(self, nodes: list[str]) -> list[str]:
+        problems = []
+        for node in nodes:
+            try:
+                AgentCalls(self.http(), self.table.fleet, node)
+            except AgentError as exc:
+                problems.append(str(exc))
+        return problems
+
+    def _open(self, rollout_id: str) -> dict[str, Any]:
+        record = self.live.get(rollout_id)
+        if record is None:
+            ended = self.get(rollout_id)
+            if ended is None:
+                raise FailoverRefused(404, f"no rollout {rollout_id!r}")
+            raise FailoverRefused(409, f"rollout {rollout_id} has ended ({ended.get('status')})")
+        return record
+
+    def pause(self, rollout_id: str, who: str, why: str) -> dict[str, Any]:
+        record = self._open(rollout_id)
+        if record["status"] != "running":
+            raise FailoverRefused(409, f"rollout {rollout_id} is {record['status']}, not running")
+        record["pause_asked"] = True
+        self._event(record, who or "admin", "pause asked", why)
+        self.save(record)
+        return record
+
+    def resume(self, rollout_id: str, who: str, why: str) -> dict[str, Any]:
+        record = self._open(rollout_id)
+        if record["status"] == "running":
+            if not record.pop("pause_asked", False):
+                raise FailoverRefused(409, f"rollout {rollout_id} is running already")
+        elif rollout_id in self.tasks:  # a pause at its step's end, not reached yet
+            raise FailoverRefused(409, f"rollout {rollout_id} is still ending its step; wait")
+        else:
+            record["status"], record["error"] = "running", None
+            self._launch(record)
+        self._event(record, who or "admin", "resumed", why)
+        self.save(record)
+        return record
+
+    async def abort(self, rollout_id: str, who: str, why: str) -> dict[str, Any]:
+        """Stop it now. A step under way stops where it is (its failover job cancelled,
+        the routes as they are; an agent's job goes on on the agent); the record says which
+        deployment was mid-step and the model's weights as its data plane has them."""
+        record = self._open(rollout_id)
+        task = self.tasks.pop(rollout_id, None)
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        note = ""
+        if record["current"] < len(record["steps"]):
+            step = record["steps"][record["current"]]
+            if step["state"] in ("running", "interrupted", "halted"):
+                step["state"] = "aborted"
+                weights: Any
+                try:
+                    plane = await self.failovers.plane(step["model"])
+                    async with asyncio.timeout(10):
+                        weights = await plane.weights(step["model"])
+                except (DataPlaneError, TimeoutError) as exc:
+                    weights = f"unknown ({exc or 'no answer within 10 s'})"
+                note = (f"; {step['deployment']} was in phase {step['phase']}; "
+                        f"{step['model']}'s weights now: {weights}")  # fmt: skip
+        record["status"] = "aborted"
+        record["error"] = f"aborted by {who or 'admin'}: {why or 'no reason given'}{note}"
+        self._event(record, who or "admin", "aborted", why)
+        self.save(record)
+        return record
+
+    async def close(self) -> None:
+        for task in self.tasks.values():
+            task.cancel()
+        await asyncio.gather(*self.tasks.values(), return_exceptions=True)
+
+    # -- running -------------------------------------------------------------------------
+
+    def _launch(self, record: dict[str, Any]) -> None:
+        self.tasks[record["id"]] = asyncio.create_task(self._run(record))
+
+    async def _run(self, record: dict[str, Any]) -> None:
+        try:
+            while record["current"] < len(record["steps"]):
+                if record.pop("pause_asked", False):
+                    record["status"] = "paused"
+                    self._event(record, "gateway", "paused", f"before step {record['current'] + 1}")
+                    self.save(record)
+                    return
+                index = record["current"]
+                step = record["steps"][index]
+                await StepRun(self, record, index).run()
+                self._event(record, "gateway", f"step {index + 1} done",
+                            f"{step['operation']} {step['deployment']}")  # fmt: skip
+                record["current"] = index + 1
+                self.save(record)
+            record["status"] = "succeeded"
+            self._event(record, "gateway", "succeeded")
+            self.save(record)
+        except Halt as exc:
+            self._halt(record, str(exc))
+        except asyncio.CancelledError:
+            raise  # an abort, or the gateway closing (the record stays open: interrupted)
+        except Exception as exc:
+            log.exception("rollout %s", record["id"])
+            self._halt(record, f"internal error: {exc!r}"[:300])
+        finally:
+            if self.tasks.get(record["id"]) is asyncio.current_task():
+                self.tasks.pop(record["id"], None)
+
+    def _halt(self, record: dict[str, Any], why: str) -> None:
+        step = record["steps"][record["current"]]
+        step["state"] = "halted"
+        record["status"] = "halted"
+        record["error"] = f"step {record['current'] + 1} ({step['deployment']}): {why}"
+        record.pop("pause_asked", None)
+        self._event(record, "gateway", "halted", record["error"])
+        self.save(record)
