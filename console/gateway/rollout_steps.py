@@ -197,17 +197,20 @@ class StepRun:
 
     def _drain_to(self, weights: dict[str, int]) -> str | None:
         """None: its weight goes to the others that carry traffic, in proportion. Where
-        none does (a model whose standby the rollout started), all of it to a ready one."""
+        none that is up does (a model whose standby the rollout started), all of it to a
+        ready one. Halt where no other is ready: the model's last ready deployment stays."""
         others = [u for u in self.rollouts.table.upstreams[self.model] if u.id != self.dep]
-        if any(weights.get(u.id, 0) > 0 for u in others):
-            return None
-        ready = [u.id for u in others if u.up]
+        ready = [u for u in others if u.up]
         if not ready:
+            seen = "; ".join(f"{u.id}: {u.reason or 'down'}" for u in others) or "it has none"
             raise Halt(
-                f"drain: no other deployment of {self.model} is ready to take its traffic; "
-                f"{self.dep} keeps it"
+                f"drain: no other deployment of {self.model} is ready to take its traffic "
+                f"({seen}); {self.dep} keeps it: a model's last ready deployment stays in "
+                "rotation"
             )
-        return ready[0]
+        if any(weights.get(u.id, 0) > 0 for u in ready):
+            return None
+        return ready[0].id
 
     async def _stop(self) -> str:
         agent = self._agent()

@@ -1,0 +1,139 @@
+"""What a rollout run refuses, through a real gateway process and the real command line,
+with no engine behind it (the deployments' endpoints and the agent's URL are closed ports):
+each refusal says what and where, and no rollout starts. A rollout whose first step cannot
+drain halts with why, and is aborted with who and why."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import agent_env, run_cli
+from tests.engines.servers import free_port, stop, wait_until
+from tests.test_gateway import ADMIN, GATEWAY_VIEWER, Gateway, start_gateway
+
+TOKEN_ENV = "T_ROLL_AGENT"
+
+
+def fleet_text(gw_port: int, state: Path) -> str:
+    closed = [free_port() for _ in range(3)]
+    return f"""
+[fleet]
+name = "roll"
+[gateway]
+url = "http://127.0.0.1:{gw_port}"
+state_dir = "{state}"
+health_interval_s = 0.5
+[[nodes]]
+name = "local"
+agent = "http://127.0.0.1:{closed[0]}"
+token_env = "{TOKEN_ENV}"
+[[models]]
+name = "tiny"
+failover = {{ steps = [100], verify_s = 0.2, warmup_requests = 1, drain_timeout_s = 5 }}
+  [[models.deployments]]
+  id = "tiny-a"
+  node = "local"
+  engine = "vllm"
+  endpoint = "http://127.0.0.1:{closed[1]}"
+  [[models.deployments]]
+  id = "tiny-b"
+  node = "local"
+  engine = "vllm"
+  endpoint = "http://127.0.0.1:{closed[2]}"
+"""
+
+
+def post(gateway: Gateway, body: object, token: str = ADMIN):
+    import httpx
+
+    return httpx.post(gateway.url + "/admin/rollouts", json=body, timeout=30,
+                      headers={"Authorization": f"Bearer {token}"})  # fmt: skip
+
+
+def test_a_rollout_that_cannot_run_is_refused_and_one_that_cannot_drain_halts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    port = free_port()
+    (tmp_path / "fleet.toml").write_text(fleet_text(port, tmp_path / "gw"))
+    fleet = str(tmp_path / "fleet.toml")
+    env = agent_env(ENGINEROOM_ADMIN_TOKEN=ADMIN)
+    made = run_cli("rollout", "plan", "--restart", "--model", "tiny", "--json", "--fleet", fleet,
+                   env=env)  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    plan = json.loads(made.stdout)
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
+    gateway = start_gateway(tmp_path, "", port, healthy=False)
+    try:
+        # The agent's token is not in the gateway's environment: it could not act.
+        refused = post(gateway, {"plan": plan, "who": "alice", "why": "fix"})
+        assert refused.status_code == 422, refused.text
+        assert TOKEN_ENV in refused.json()["error"] and "local" in refused.json()["error"]
+        # Not a plan; a plan edited out of shape; the wrong body: each said, with where.
+        refused = post(gateway, {"plan": {**plan, "version": 2}})
+        assert refused.status_code == 422 and "version 2" in refused.json()["error"]
+        edited = json.loads(json.dumps(plan))
+        edited["waves"][1]["steps"][0]["deployment"] = "tiny-z"
+        refused = post(gateway, {"plan": edited})
+        assert refused.status_code == 422, refused.text
+        assert (
+            "waves[1].steps[0]: deployment 'tiny-z' is not in the fleet file"
+            in (refused.json()["error"])
+        )
+        refused = post(gateway, {"plan": plan, "who": 7})
+        assert refused.status_code == 422 and "who" in refused.json()["error"]
+        # A viewer token reads rollouts and starts none.
+        assert post(gateway, {"plan": plan}, GATEWAY_VIEWER).status_code == 403
+        assert gateway.admin("GET", "/admin/rollouts").json() == []  # nothing started
+        # The command line holds the plan file to the fleet before it asks the gateway.
+        bad = tmp_path / "bad.json"
+        bad.write_text(json.dumps(edited))
+        out = run_cli("rollout", "run", str(bad), "--fleet", fleet, env=env)
+        assert out.returncode == 1 and "nothing started" in out.stderr, out.stderr
+        assert "tiny-z" in out.stderr
+        out = run_cli("rollout", "show", "../routes", "--fleet", fleet, env=env)
+        assert out.returncode == 2 and "is not a rollout id" in out.stderr, out.stderr
+        out = run_cli("rollout", "abort", "0123456789ab", "--fleet", fleet, env=env)
+        assert out.returncode == 1 and "no rollout '0123456789ab'" in out.stderr, out.stderr
+    finally:
+        stop(gateway.process, grace=5)
+
+    # With the token: it starts, and its first step cannot drain (nothing answers).
+    monkeypatch.setenv(TOKEN_ENV, "agent-token-0123456789")
+    gateway = start_gateway(tmp_path, "", port, healthy=False)
+    try:
+        good = tmp_path / "plan.json"
+        good.write_text(json.dumps(plan))
+        run = run_cli("rollout", "run", str(good), "--why", "drill night", "--wait",
+                      "--fleet", fleet, env=env, timeout=120)  # fmt: skip
+        assert run.returncode == 1, run.stdout + run.stderr
+        rollout_id = run.stdout.split()[1]
+        record = gateway.admin("GET", f"/admin/rollouts/{rollout_id}").json()
+        assert record["status"] == "halted", record
+        assert record["steps"][0]["state"] == "halted" and record["steps"][1]["state"] == "pending"
+        assert record["error"].startswith("step 1 (tiny-a): drain: no other deployment of tiny "
+                                          "is ready"), record["error"]  # fmt: skip
+        assert "last ready deployment stays in rotation" in record["error"]
+        assert "halted" in run.stdout and record["error"] in " ".join(run.stdout.split())
+        again = post(gateway, {"plan": plan})
+        assert again.status_code == 409 and rollout_id in again.json()["error"]
+        assert gateway.admin("POST", f"/admin/rollouts/{rollout_id}/pause",
+                             json={}).status_code == 409  # fmt: skip
+        out = run_cli("rollout", "abort", rollout_id, "--why", "engines are gone",
+                      "--fleet", fleet, env=env)  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        record = gateway.admin("GET", f"/admin/rollouts/{rollout_id}").json()
+        assert record["status"] == "aborted" and "engines are gone" in record["error"]
+        assert record["steps"][0]["state"] == "aborted"
+        audit = gateway.admin("GET", "/admin/audit").json()
+        assert [r["params"]["why"] for r in audit if r["action"] == "rollout aborted"] == [
+            "engines are gone"
+        ]
+        ended = gateway.admin("POST", f"/admin/rollouts/{rollout_id}/resume", json={})
+        assert ended.status_code == 409 and "has ended (aborted)" in ended.json()["error"]
+        wait_until(lambda: gateway.admin("GET", "/admin/rollouts").json()[0]["status"]
+                   == "aborted", 5, what="listed aborted")  # fmt: skip
+    finally:
+        stop(gateway.process, grace=5)
