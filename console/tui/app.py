@@ -54,6 +54,7 @@ from console.tui.screens.help import HelpScreen
 from console.tui.screens.jobs import JobScreen, JobsScreen, StartVllmScreen
 from console.tui.screens.models import ModelsScreen
 from console.tui.screens.node import NodeScreen
+from console.tui.screens.rollouts import RolloutsScreen
 from console.tui.terminal_driver import DiffDriver
 from console.tui.widgets.command_line import CommandLine
 from console.tui.widgets.confirm import ConfirmScreen
@@ -68,6 +69,7 @@ VIEWS = {
     "jobs": JobsScreen,
     "drills": DrillsScreen,
     "diag": DiagnosesScreen,
+    "rollouts": RolloutsScreen,
 }
 
 
@@ -85,6 +87,7 @@ COLON_COMMANDS: list[tuple[str, str]] = [
     ("drills", "rebuild drills and their reports"),
     ("events", "alerts raised and cleared, and operator actions"),
     ("diag", "diagnoses: the named problems, their evidence and the moves to make"),
+    ("rollouts", "the gateway's rollouts: waves, steps, figures; pause, resume, abort"),
     ("model NAME", "TTFT and ITL p95 over time for one model"),
     ("node NAME", "one node: GPUs with history, engines, host, versions"),
     ("engine NODE/ID", "one engine: versions, state, configuration"),
@@ -102,6 +105,7 @@ KEY_PLACES: list[tuple[str, type]] = [
     ("in a playbook", PlaybookScreen),
     ("on a diagnosis", DiagnosisScreen),
     ("on a job", JobScreen),
+    ("on Rollouts", RolloutsScreen),
     ("in the Start vLLM form", StartVllmScreen),
     ("in the failover plan", FailoverScreen),
     ("in a confirmation", ConfirmScreen),
@@ -126,6 +130,7 @@ class EngineroomApp(App[int]):
         Binding("v", "goto('events')", "events", id="events"),
         Binding("j", "goto('jobs')", "jobs", id="jobs"),
         Binding("d", "goto('drills')", "drills", id="drills"),
+        Binding("o", "goto('rollouts')", "rollouts", id="rollouts"),
         # The header's "diag N": one key from any screen to what is wrong.
         Binding("exclamation_mark", "goto('diag')", "diagnoses", id="diag"),
         Binding("q", "quit", "quit", id="quit"),
@@ -343,6 +348,7 @@ class EngineroomApp(App[int]):
     run_drill = delegate(Workflows.run_drill)
     stop_engine = delegate(Workflows.stop_engine)
     fail_over = delegate(Workflows.fail_over)
+    steer_rollout = delegate(Workflows.steer_rollout)
     start_vllm = delegate(Workflows.start_vllm)
 
     def source_problem(self) -> str | None:
@@ -545,6 +551,7 @@ class EngineroomApp(App[int]):
             ("events", "Events: alerts raised and cleared"),
             ("jobs", "Jobs: starts, stops and restarts on every agent"),
             ("diag", "Diagnoses: named problems, their evidence and moves"),
+            ("rollouts", "Rollouts: the gateway's, waves and steps; pause, resume, abort"),
         ):
             yield SystemCommand(f"View {name}", what, lambda n=name: self.action_goto(n))
         # The palette reads its titles as markup; node and model names are outside text.

@@ -102,6 +102,9 @@ class ConsoleHost(Protocol):
         mode: str = "planned",
         reason: str | None = None,
     ) -> None: ...
+    def steer_rollout(
+        self, rollout_id: str, verb: str, label: str, *, done: Callable[[], object] | None = None
+    ) -> None: ...
     def start_vllm(
         self,
         node: str | None = None,

@@ -1,10 +1,11 @@
 """The consoles that may not act, and how they say so: the web view and replay.
 
 Every key, command and workflow that would change the fleet (start, stop, restart, fail
-over, drill, the playbook, cancel a job) answers with a notification naming what was
-refused, before any client is made: nothing is silent, and nothing reaches an agent or
-the gateway. (A console started `--read-only`, or holding a viewer token, disables the
-same actions up front through `action_blocked`, console/tui/workflows.py.)
+over, drill, the playbook, cancel a job, pause, resume or abort a rollout) answers with a
+notification naming what was refused, before any client is made: nothing is silent, and
+nothing reaches an agent or the gateway. (A console started `--read-only`, or holding a
+viewer token, disables the same actions up front through `action_blocked`,
+console/tui/workflows.py.)
 """
 
 from __future__ import annotations
@@ -33,6 +34,9 @@ ACTING = {
     "playbook": "the incident playbook",
     "next_step": "the incident playbook",
     "cancel_job": "cancelling a job",
+    "pause_rollout": "pausing a rollout",
+    "resume_rollout": "resuming a rollout",
+    "abort_rollout": "aborting a rollout",
 }
 
 
@@ -93,6 +97,11 @@ class RefusingApp(EngineroomApp):
 
     def run_drill(self, name: str, *, started: Callable[[], object] | None = None) -> None:
         self.refuse(ACTING["run_drill"])
+
+    def steer_rollout(
+        self, rollout_id: str, verb: str, label: str, *, done: Callable[[], object] | None = None
+    ) -> None:
+        self.refuse(ACTING[f"{verb}_rollout"])
 
     def open_playbook(self, model: str) -> None:
         self.refuse(ACTING["playbook"])

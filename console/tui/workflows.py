@@ -10,6 +10,7 @@ through ConsoleHost (console/tui/host.py); the workflows see the app only as a C
 
 from __future__ import annotations
 
+import getpass
 from collections.abc import Awaitable, Callable, Coroutine
 from functools import wraps
 from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
@@ -21,6 +22,7 @@ from console.collect.actions import ActionError, AgentActions
 from console.collect.source import FleetSource
 from console.collect.view import FleetView
 from console.core.config import Fleet
+from console.core.gateway_wire import MAX_WHY
 from console.core.snapshot import Job
 from console.tui.screens.drills import PlaybookScreen
 from console.tui.screens.engine import EngineScreen
@@ -31,6 +33,7 @@ from console.tui.screens.node import NodeScreen
 from console.tui.widgets.confirm import ConfirmScreen
 
 T = TypeVar("T")
+STEER_WHY = "from the console's Rollouts screen"  # what the gateway's audit says was why
 R = TypeVar("R")
 P = ParamSpec("P")
 
@@ -265,6 +268,63 @@ class Workflows:
             lambda why: self._after_plan(model, why),
         )
 
+    def steer_rollout(
+        self, rollout_id: str, verb: str, label: str, *, done: Callable[[], object] | None = None
+    ) -> None:
+        """Pause, resume or abort rollout `rollout_id` in the gateway, once confirmed by a
+        question naming it (`label`: its operation and the step under way); `done` runs
+        after the gateway answered. The audit records the console's user and why."""
+        from console.collect.gateway_client import GatewayClient
+
+        gateway = self.console.fleet.gateway
+        if self.console.read_only:
+            self.console.notify("read-only console: steering rollouts is disabled",
+                                severity="warning")  # fmt: skip
+            return
+        if gateway is None or not GatewayClient.configured(self.console.fleet):
+            self.console.notify("no gateway: declare [gateway] in fleet.toml and set its token "
+                                "variable", severity="warning")  # fmt: skip
+            return
+        if self.console.gateway_role == "viewer":
+            self.console.notify(
+                f"the gateway token ({gateway.token_env}) is a viewer token: {verb} needs the "
+                "gateway's admin token",
+                severity="warning",
+            )
+            return
+        body = {
+            "pause": "It pauses at the end of the step under way; nothing else changes.",
+            "resume": "It goes on from the step and phase it stopped at.",
+            "abort": "It stops now. A step under way stops where it is (its failover job "
+            "cancelled, the routes as they are; an agent's job goes on on the agent): "
+            "every deployment stays as it is. An aborted rollout cannot be resumed.",
+        }[verb]
+        self.confirm(
+            f"{verb.capitalize()} rollout {rollout_id} ({label})?",
+            f"{body}\n\nRecorded in the gateway's audit as {console_user()}: {STEER_WHY}.",
+            f"{verb} rollout {rollout_id}",
+            lambda: self.console.run_worker(
+                self._steer(rollout_id, verb, done), group="rollout-steer"
+            ),
+        )
+
+    async def _steer(self, rollout_id: str, verb: str, done: Callable[[], object] | None) -> None:
+        from console.collect.gateway_client import GatewayClient, GatewayError
+
+        client = GatewayClient(self.console.fleet, timeout=20)
+        try:
+            record = await client.rollout_steer(rollout_id, verb, console_user(), STEER_WHY)
+        except GatewayError as exc:
+            self.console.notify(str(exc), title=f"rollout {verb} refused", severity="error",
+                                timeout=15)  # fmt: skip
+            return
+        finally:
+            await client.close()
+            if done is not None:
+                done()
+        asked = "asked (at the end of the step under way)" if verb == "pause" else "done"
+        self.console.notify(f"rollout {rollout_id}: {verb} {asked}; now {record['status']}")
+
     def _after_plan(self, model: str, why: str | None) -> None:
         if why == "standby":  # start a standby, then come back to the plan (issue 5)
             self.start_vllm(model=model, then_fail_over=True)
@@ -351,6 +411,14 @@ class Workflows:
         self.console.push_screen(
             FailoverScreen(model, target=target), lambda why: self._after_plan(model, why)
         )
+
+
+def console_user() -> str:
+    """Who the gateway's audit names for a move made here: the console's user."""
+    try:
+        return getpass.getuser()[:MAX_WHY] or "console"
+    except (KeyError, OSError):
+        return "console"
 
 
 def delegate(move: Callable[Concatenate[Workflows, P], R]) -> Callable[Concatenate[Console, P], R]:

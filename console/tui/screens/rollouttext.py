@@ -1,0 +1,285 @@
+"""A rollout as the Rollouts screen writes it (console/tui/screens/rollouts.py): where it
+is, why it stopped, its waves, each deployment's state and figures, its events.
+
+Everything here is the gateway's record (console.core.gateway_wire.RolloutRecord): names,
+whys and details are outside text, and the screen shows this Text through SafeStatic (the
+TUI's one sanitizer). A figure the record does not have is "?", never 0; the figures are
+p95s over the step's verification windows (console.gateway.verify), and say where they
+were read from.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from rich.text import Text
+
+from console.tui import format as fmt
+
+OPEN = ("running", "paused", "halted", "interrupted")
+STATUS_STYLE = {
+    "running": "bold cyan",
+    "paused": "bold yellow",
+    "halted": "bold white on red",
+    "interrupted": "bold black on yellow",
+    "succeeded": "bold green",
+    "aborted": "bold yellow",
+}
+STEP_STYLE = {
+    "pending": "dim",
+    "running": "bold cyan",
+    "done": "green",
+    "halted": "bold red",
+    "interrupted": "bold yellow",
+    "aborted": "yellow",
+}
+MAX_ROWS = 24  # steps listed around the one under way; the rest are counted
+MAX_WAVE_NAMES = 6  # a wave with more steps is counted by state
+MAX_WAVES = 12
+MAX_EVENTS = 8
+MAX_OTHERS = 5
+
+
+def chosen(records: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The rollout the screen is about: the newest open one, else the newest."""
+    return next((r for r in records if r.get("status") in OPEN), records[0] if records else None)
+
+
+def at_step(record: dict[str, Any]) -> dict[str, Any] | None:
+    """The step under way (or next); None when every step is done."""
+    steps = record.get("steps") or []
+    current = int(record.get("current") or 0)
+    return steps[current] if current < len(steps) else None
+
+
+def label(record: dict[str, Any]) -> str:
+    """The rollout as a confirmation names it: `restart, step 2 of 4: tiny-b`."""
+    steps = record.get("steps") or []
+    step = at_step(record)
+    where = (
+        f"step {int(record.get('current') or 0) + 1} of {len(steps)}: {step['deployment']}"
+        if step is not None
+        else f"all {len(steps)} steps done"
+    )
+    return f"{record.get('operation')}, {where}"
+
+
+def steer_refusal(record: dict[str, Any], verb: str) -> str | None:
+    """Why `verb` (pause, resume, abort) makes no sense for this rollout now; None if it
+    may be asked (the gateway still decides)."""
+    status, rid = record.get("status"), record.get("id")
+    asked = bool(record.get("pause_asked"))
+    if verb == "pause" and (status != "running" or asked):
+        return f"rollout {rid} is {status}{' (a pause is asked)' if asked else ''}: no pause"
+    if verb == "resume" and status not in ("paused", "halted", "interrupted") and not asked:
+        return f"rollout {rid} is {status}: nothing to resume"
+    if verb == "abort" and status not in OPEN:
+        return f"rollout {rid} has ended ({status}): nothing to abort"
+    return None
+
+
+def figure(step: dict[str, Any], key: str) -> str:
+    """`baseline→verified` for one p95 (ttft_p95_s, itl_p95_s); unknown is "?"."""
+    before = (step.get("baseline") or {}).get(key)
+    after = (step.get("verified") or {}).get(key)
+    return f"{fmt.seconds(before)}→{fmt.seconds(after)}"
+
+
+def _ago(when: float | None) -> str:
+    if not when:
+        return "?"
+    clock = time.strftime("%H:%M:%S", time.localtime(when))
+    return f"{clock} ({fmt.seconds(max(0.0, time.time() - when))} ago)"
+
+
+def _weights(weights: Any) -> str:
+    if isinstance(weights, dict):
+        return " ".join(f"{d}={w}" for d, w in weights.items()) or "none"
+    return str(weights)
+
+
+def head(record: dict[str, Any]) -> Text:
+    """Who started what, where it is, and why it stopped."""
+    status = str(record.get("status"))
+    steps = record.get("steps") or []
+    t = Text()
+    t.append(f"rollout {record.get('id')} ", style="bold")
+    t.append(f" {status.upper()} ", style=STATUS_STYLE.get(status, "bold"))
+    if record.get("pause_asked"):
+        t.append(" pause asked (at this step's end)", style="yellow")
+    t.append(f"  {record.get('operation')} of {len(steps)} deployment(s)  by {record.get('who')}")
+    t.append(f"\nstarted {_ago(record.get('created'))}", style="dim")
+    t.append(f"  updated {_ago(record.get('updated'))}", style="dim")
+    why = (record.get("params") or {}).get("why")
+    if why:
+        t.append(f"\nwhy: {why}")
+    step = at_step(record)
+    if step is None:
+        t.append(f"\nall {len(steps)} steps done", style="green")
+    else:
+        n = int(record.get("current") or 0) + 1
+        phase = step.get("phase") or ("not started" if step.get("state") == "pending" else "-")
+        t.append("\nstep ", style="bold")
+        t.append(f"{n} of {len(steps)}, wave {step.get('wave')}: ", style="bold")
+        t.append(f"{step.get('deployment')}", style="bold")
+        t.append(f" ({step.get('model')} on {step.get('node')})  {step.get('state')}, phase ")
+        t.append(str(phase), style="bold")
+    if record.get("error"):
+        word = {"halted": "HALTED", "interrupted": "INTERRUPTED", "aborted": "ABORTED"}
+        t.append(f"\n{word.get(status, 'error')}: ", style="bold red")
+        t.append(str(record["error"]), style="red")
+    if step is not None and step.get("breach"):
+        t.append("\nbreach: ", style="bold red")
+        t.append(str(step["breach"]))
+    for model, weights in (record.get("weights_seen") or {}).items():
+        t.append(f"\n{model}: weights read back from its data plane: ", style="bold")
+        t.append(_weights(weights))
+    return t
+
+
+def waves(record: dict[str, Any]) -> Text:
+    """One line per wave: its deployments and their states (counted in a big wave)."""
+    by_wave: dict[int, list[dict[str, Any]]] = {}
+    for step in record.get("steps") or []:
+        by_wave.setdefault(int(step.get("wave") or 0), []).append(step)
+    t = Text("waves", style="bold")
+    for n, (wave, steps) in enumerate(sorted(by_wave.items())):
+        if n == MAX_WAVES:
+            t.append(f"\n  ... {len(by_wave) - MAX_WAVES} more waves", style="dim")
+            break
+        canary = " canary" if any(s.get("canary") for s in steps) else ""
+        t.append(f"\n  {wave:>3}{canary}: ")
+        if len(steps) > MAX_WAVE_NAMES:
+            counts: dict[str, int] = {}
+            for s in steps:
+                counts[str(s.get("state"))] = counts.get(str(s.get("state")), 0) + 1
+            for state, count in counts.items():
+                t.append(f"{count} {state}  ", style=STEP_STYLE.get(state, ""))
+            continue
+        for s in steps:
+            t.append(f"{s.get('deployment')} ")
+            t.append(f"{s.get('state')}  ", style=STEP_STYLE.get(str(s.get("state")), ""))
+    return t
+
+
+# Widths with the one space after each; DEPLOYMENT takes what is left at 80 columns.
+COLUMNS = (("#", 4), ("DEPLOYMENT", 16), ("NODE", 10), ("STATE", 12), ("PHASE", 10),
+           ("TTFT p95", 13), ("ITL p95", 12))  # fmt: skip
+
+
+def steps_table(record: dict[str, Any]) -> Text:
+    """Each deployment's state and phase, its TTFT and ITL p95 before its turn (the
+    baseline) → what its verification read after; the step under way marked ▶."""
+    steps = record.get("steps") or []
+    current = int(record.get("current") or 0)
+    first = max(0, min(current - MAX_ROWS // 2, len(steps) - MAX_ROWS))
+    shown = steps[first : first + MAX_ROWS]
+    t = Text()
+    for name, width in COLUMNS:
+        t.append(f"{name:<{width}}", style="bold")
+    t.append("\n" + " " * sum(w for _, w in COLUMNS[:5]) + "baseline→verified", style="dim")
+    if first:
+        t.append(f"\n  ... {first} steps before", style="dim")
+    for i, step in enumerate(shown, first):
+        state = str(step.get("state"))
+        mark = "▶" if i == current and state != "done" else " "
+        cells = (
+            f"{mark}{i + 1}", str(step.get("deployment")), str(step.get("node")), state,
+            str(step.get("phase") or ""), figure(step, "ttft_p95_s"), figure(step, "itl_p95_s"),
+        )  # fmt: skip
+        t.append("\n")
+        for (name, width), cell in zip(COLUMNS, cells, strict=True):
+            style = STEP_STYLE.get(state, "") if name in ("STATE", "#") else ""
+            fitted = fmt.fit(cell, width, style)
+            t.append_text(fitted)
+            t.append(" " * max(0, width - fitted.cell_len))
+    after = len(steps) - first - len(shown)
+    if after > 0:
+        t.append(f"\n  ... {after} steps after", style="dim")
+    return t
+
+
+def details(record: dict[str, Any]) -> Text:
+    """The step under way (or the last), phase by phase, and where its figures came from."""
+    steps = record.get("steps") or []
+    if not steps:
+        return Text()
+    current = min(int(record.get("current") or 0), len(steps) - 1)
+    step = steps[current]
+    t = Text(f"step {current + 1}: {step.get('deployment')}", style="bold")
+    for phase, line in (step.get("details") or {}).items():
+        t.append(f"\n  {phase:<10}", style="bold")
+        t.append(str(line))
+    if step.get("phase"):
+        t.append(f"\n  {step['phase']:<10}", style="bold")
+        t.append("under way" if step.get("state") == "running" else f"{step.get('state')} here")
+    for name in ("baseline", "verified", "served"):
+        source = (step.get(name) or {}).get("source")
+        if source:
+            t.append(f"\n  {name} figures from: {source}", style="dim")
+    return t
+
+
+def events(record: dict[str, Any]) -> Text:
+    """The last events, oldest first: when, who, what, why."""
+    t = Text("events", style="bold")
+    found = record.get("events") or []
+    if not found:
+        t.append(": none recorded", style="dim")
+    for event in found[-MAX_EVENTS:]:
+        when = time.strftime("%H:%M:%S", time.localtime(event.get("time") or 0))
+        t.append(f"\n  {when} {event.get('who')} ")
+        t.append(str(event.get("what")), style="bold")
+        if event.get("why"):
+            t.append(f": {event['why']}")
+    return t
+
+
+def others(records: list[dict[str, Any]], shown: dict[str, Any]) -> Text:
+    """The gateway's other rollouts, newest first."""
+    rest = [r for r in records if r is not shown][:MAX_OTHERS]
+    t = Text()
+    if not rest:
+        return t
+    t.append("other rollouts", style="bold")
+    for r in rest:
+        steps = r.get("steps") or []
+        at = f"{min(int(r.get('current') or 0) + 1, len(steps))}/{len(steps)}"
+        when = time.strftime("%m-%d %H:%M", time.localtime(r.get("created") or 0))
+        t.append(f"\n  {r.get('id')} ")
+        t.append(f"{r.get('status')!s:<12}", style=STATUS_STYLE.get(str(r.get("status")), ""))
+        t.append(f"{r.get('operation')!s:<10} step {at:<7} {when} by {r.get('who')}")
+    return t
+
+
+def keys_line(record: dict[str, Any], refused: str | None) -> Text:
+    """What the operator may do with it now, or why nothing (read-only, a viewer token)."""
+    if refused:
+        return Text(refused, style="yellow")
+    can = [
+        (key, what)
+        for key, verb, what in (("p", "pause", "pause at this step's end"),
+                                ("r", "resume", "resume"), ("A", "abort", "abort now"))
+        if steer_refusal(record, verb) is None
+    ]  # fmt: skip
+    if not can:
+        return Text(f"it has ended ({record.get('status')}): nothing to steer", style="dim")
+    t = Text()
+    for key, what in can:
+        t.append(f" {key} ", style="reverse")
+        t.append(f" {what}   ")
+    return t
+
+
+def rollout_text(records: list[dict[str, Any]], refused: str | None = None) -> Text:
+    """The whole screen's text: the chosen rollout, then the others."""
+    record = chosen(records)
+    if record is None:
+        return Text(
+            "no rollout in the gateway: engineroom rollout plan ..., then rollout run PLAN",
+            style="dim",
+        )
+    parts = [head(record), keys_line(record, refused), waves(record), steps_table(record),
+             details(record), events(record), others(records, record)]  # fmt: skip
+    return Text("\n\n").join(p for p in parts if p.plain)
