@@ -1,16 +1,18 @@
 """One deployment's turn in a rollout (console.gateway.rollouts), phase by phase:
 
-  baseline   its TTFT and ITL p95 over a verification window while it still serves (the
-             model's `failover.verify_s`; canaries make up what traffic did not give), and
-             the model's weights as they are (what the restore goes back to);
+  baseline   the model's weights as they are (what the restore goes back to); its TTFT
+             and ITL p95 over a verification window while it still serves (the model's
+             `failover.verify_s`; canaries make up what traffic did not give); and the
+             TTFT p95 of MIN_SAMPLES canaries straight to it, CANARIES_AT_ONCE at a time;
   drain      a planned failover job drains it (its weight to the others, verified), then
              nothing in flight; one already at weight 0 is waited on until idle;
   stop       (a profile move) its engine stopped through its agent;
   operation  through its agent: engine.restart, vllm.start on the new profile, or the
              drill (drill.run); a standby's start is a vllm.start of its own profile;
   ready      its health check passes, then the model's warm-up requests answer;
-  verify     a window of canaries straight to it (nothing routes to it yet): TTFT p95
-             within the plan's tolerance of its baseline, and the model's SLO;
+  verify     the same canaries again (nothing routes to it yet): their TTFT p95 within
+             the plan's tolerance of the baseline's canaries (like with like: a window
+             under traffic and one of canaries alone do not compare), and the model's SLO;
   restore    a planned failover job back to the weights from before its turn, each shift
              verified against the SLO; the last window's TTFT and ITL p95, now under
              traffic, are held to the baseline too.
@@ -156,17 +158,20 @@ class StepRun:
             raise Halt(f"data plane {plane.name}: {exc or 'no answer within 10 s'}") from None
         return {u.id: weights.get(u.id, 0) for u in self.rollouts.table.upstreams[self.model]}
 
-    async def _window(self) -> dict[str, Any]:
-        plane = await self.rollouts.failovers.plane(self.model)
-        target = self._upstream()
+    def _canary(self, counted: bool) -> verify.Canary:
+        target, http = self._upstream(), self.rollouts.http()
         prompt = self.settings.failover.canary_prompt
-        http = self.rollouts.http()
 
         async def one() -> tuple[bool, float | None, str | None]:
-            return await targetcheck.canary(
-                http, target, prompt, through_measures=plane.counts_canaries
-            )
+            return await targetcheck.canary(http, target, prompt, through_measures=counted)
 
+        return one
+
+    async def _window(self) -> dict[str, Any]:
+        """What it serves over a verification window (canaries make up what traffic did not
+        give), as a failover's shift is verified."""
+        plane = await self.rollouts.failovers.plane(self.model)
+        one = self._canary(plane.counts_canaries)
         try:
             return await verify.window(
                 plane, self.model, self.dep, self.settings.failover.verify_s, one
@@ -174,12 +179,29 @@ class StepRun:
         except DataPlaneError as exc:
             raise Halt(f"data plane {plane.name}: {exc}") from None
 
+    async def _canaries(self) -> dict[str, Any]:
+        """MIN_SAMPLES canaries straight to it, CANARIES_AT_ONCE at a time: measured the
+        same way before its turn and after its operation, so the two compare."""
+        results = await verify.canaries(self._canary(False), verify.MIN_SAMPLES)
+        failures = sum(1 for ok, _, _ in results if not ok)
+        return {
+            "requests": len(results),
+            "failures": failures,
+            "failures_detail": next((e for ok, _, e in results if not ok), None),
+            "error_rate": failures / len(results),
+            "ttft_p95_s": verify.p95([t for ok, t, _ in results if ok and t is not None]),
+            "itl_p95_s": None,  # four-token canaries: no inter-token figure worth a p95
+            "source": f"{len(results)} canaries straight to it, "
+            f"{verify.CANARIES_AT_ONCE} at a time",
+        }
+
     async def _baseline(self) -> str:
         if self.step.get("weights_before") is None:
             self.step["weights_before"] = await self._weights()
-        figures = await self._window()
-        self.step["baseline"] = figures
-        return f"weights {self.step['weights_before']}; {verify.text(figures)}"
+        self.step["baseline"] = served = await self._window()
+        self.step["canary_baseline"] = canaries = await self._canaries()
+        return (f"weights {self.step['weights_before']}; serving: {verify.text(served)}; "
+                f"canaries: TTFT p95 {ms_from_seconds(canaries['ttft_p95_s'])}")  # fmt: skip
 
     async def _drain(self) -> str:
         weights = await self._weights()
@@ -253,14 +275,19 @@ class StepRun:
         return f"healthy; {warmups} warm-up requests answered"
 
     async def _verify(self) -> str:
-        figures = await self._window()
+        """Canaries as its baseline's were taken (no traffic reaches it yet), held to that
+        baseline and to the model's SLO."""
+        figures = await self._canaries()
         self.step["verified"] = figures
-        problem = regressed(self.step.get("baseline"), figures, self.ratio) or verify.breach(
+        before = self.step.get("canary_baseline")
+        problem = regressed(before, figures, self.ratio) or verify.breach(
             figures, self.settings.slo, self.rollouts.table.fleet.thresholds.error_rate
         )
         if problem is not None:
             await self._breach(f"canaries after its {self.step['operation']}: {problem}")
-        return f"{verify.text(figures)}; {compared(self.step.get('baseline'), figures)}"
+        return (f"{figures['requests']} canaries, errors {figures['error_rate']:.1%}, "
+                f"TTFT p95 {ms_from_seconds(figures['ttft_p95_s'])} "
+                f"(baseline {ms_from_seconds((before or {}).get('ttft_p95_s'))})")  # fmt: skip
 
     async def _restore(self) -> str:
         before = self.step["weights_before"]

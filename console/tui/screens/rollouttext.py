@@ -80,9 +80,15 @@ def steer_refusal(record: dict[str, Any], verb: str) -> str | None:
 
 
 def figure(step: dict[str, Any], key: str) -> str:
-    """`baseline→verified` for one p95 (ttft_p95_s, itl_p95_s); unknown is "?"."""
-    before = (step.get("baseline") or {}).get(key)
-    after = (step.get("verified") or {}).get(key)
+    """`baseline→after` for one p95, each pair as the rollout compared them: TTFT of the
+    canaries before its turn → after its operation; ITL serving before → serving again
+    after the restore. Unknown is "?"."""
+    if key == "ttft_p95_s":
+        before = (step.get("canary_baseline") or step.get("baseline") or {}).get(key)
+        after = (step.get("verified") or {}).get(key)
+    else:
+        before = (step.get("baseline") or {}).get(key)
+        after = (step.get("served") or {}).get(key)
     return f"{fmt.seconds(before)}→{fmt.seconds(after)}"
 
 
@@ -178,7 +184,7 @@ def steps_table(record: dict[str, Any]) -> Text:
     t = Text()
     for name, width in COLUMNS:
         t.append(f"{name:<{width}}", style="bold")
-    t.append("\n" + " " * sum(w for _, w in COLUMNS[:5]) + "baseline→verified", style="dim")
+    t.append("\n" + " " * sum(w for _, w in COLUMNS[:5]) + "before→after", style="dim")
     if first:
         t.append(f"\n  ... {first} steps before", style="dim")
     for i, step in enumerate(shown, first):
@@ -214,7 +220,7 @@ def details(record: dict[str, Any]) -> Text:
     if step.get("phase"):
         t.append(f"\n  {step['phase']:<10}", style="bold")
         t.append("under way" if step.get("state") == "running" else f"{step.get('state')} here")
-    for name in ("baseline", "verified", "served"):
+    for name in ("baseline", "canary_baseline", "verified", "served"):
         source = (step.get(name) or {}).get("source")
         if source:
             t.append(f"\n  {name} figures from: {source}", style="dim")

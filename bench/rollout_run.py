@@ -1,0 +1,179 @@
+"""A rolling restart on real engines (issue 31): two real vLLMs started by a real agent,
+behind the real gateway (the built-in data plane), under open-loop streaming clients.
+`engineroom rollout plan --restart --model tiny` then `engineroom rollout run --wait`,
+`--runs` times in a row.
+
+Reported: each rollout's wall time (and the median), the client requests that failed or
+were cut during the rollouts (target 0), the fewest deployments that were up with weight
+over 0 at any read of the gateway's routes every 0.2 s (target: never under 1), and the
+drain step of each drain job (weight 0 to nothing in flight, the failover job's own
+timing) on the built-in gateway. HAProxy and the vLLM router are not measured here.
+
+  python -m bench.rollout_run [--runs 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+from bench.diagnose_quiet import FLEET, PROFILE, ROOT, Agent, say
+from bench.incident_drill import ADMIN, TOKEN, Load
+from tests.engines import servers
+
+HEADERS = {"Authorization": f"Bearer {ADMIN}"}
+
+
+class ReadyWatch(threading.Thread):
+    """The fewest of tiny's deployments up with weight > 0 at any read of the routes."""
+
+    def __init__(self, gw: str) -> None:
+        super().__init__(daemon=True)
+        self.gw = gw
+        self.fewest: int | None = None
+        self.reads = 0
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.wait(0.2):
+            with contextlib.suppress(httpx.HTTPError, ValueError, KeyError):
+                routes = httpx.get(self.gw + "/admin/routes", headers=HEADERS, timeout=5).json()
+                ready = sum(1 for d in routes["tiny"]["deployments"] if d["up"] and d["weight"])
+                self.fewest = ready if self.fewest is None else min(self.fewest, ready)
+                self.reads += 1
+
+
+def cli(env: dict[str, str], *args: str, timeout: float = 1800) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "console.cli", *args], capture_output=True,
+                          text=True, env=env, cwd=ROOT, timeout=timeout)  # fmt: skip
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--runs", type=int, default=3)
+    runs = parser.parse_args().runs
+    walls: list[float] = []
+    drains: list[float] = []
+    statuses: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="bench-rollout-") as tmp:
+        work = Path(tmp)
+        model = servers.make_tiny_model(work / "model")
+        agent_port, gw_port = servers.free_port(), servers.free_port()
+        a_port, b_port = servers.free_port(), servers.free_port()
+        profiles = "".join(
+            PROFILE.format(name=n, model=model, port=p, python=servers.vllm_python(), core=c)
+            for n, p, c in (("a", a_port, 0), ("b", b_port, 1))
+        )
+        fleet = work / "fleet.toml"
+        fleet.write_text(
+            FLEET.format(
+                state=work / "state", gw_state=work / "gw-state", gw_port=gw_port,
+                agent_port=agent_port, a_port=a_port, b_port=b_port, profiles=profiles,
+            )
+        )  # fmt: skip
+        os.environ.update(BENCH_NODE_TOKEN=TOKEN, ENGINEROOM_ADMIN_TOKEN=ADMIN)
+        env = {**os.environ, "ENGINEROOM_OPERATOR_TOKEN": f"bench:{TOKEN}",
+               "ENGINEROOM_VIEWER_TOKEN": "bench-viewer",
+               "ENGINEROOM_GATEWAY_VIEWER_TOKEN": "bench-gw-viewer-0123456789"}  # fmt: skip
+        gw = f"http://127.0.0.1:{gw_port}"
+        agent = Agent(f"http://127.0.0.1:{agent_port}")
+        procs = []
+        for name, argv in (
+            ("agent", ["agent", "--fleet", str(fleet), "--node", "local", "--listen",
+                       f"127.0.0.1:{agent_port}"]),
+            ("gateway", ["gateway", "--fleet", str(fleet)]),
+        ):  # fmt: skip
+            with (work / f"{name}.log").open("wb") as log:
+                procs.append(
+                    subprocess.Popen([sys.executable, "-m", "console.cli", *argv], stdout=log,
+                                     stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+                )  # fmt: skip
+        load, watch = None, ReadyWatch(gw)
+        in_rollouts: list[tuple[float, float]] = []
+        try:
+            for url in (agent.url, gw):
+                servers.wait_until(
+                    lambda u=url: servers._http_get(u + "/healthz") is not None, 60, what=url
+                )
+            for name in ("a", "b"):
+                job = agent.job({"kind": "vllm.start", "profile": name})
+                say(f"cold start {name}: {job['state']}")
+            servers.wait_until(
+                lambda: all(d["up"] for d in httpx.get(gw + "/admin/routes", headers=HEADERS,
+                                                       timeout=5).json()["tiny"]["deployments"]),
+                60, what="both up at the gateway",
+            )  # fmt: skip
+            load = Load(gw).start()
+            watch.start()
+            plan = work / "plan.json"
+            made = cli(env, "rollout", "plan", "--restart", "--model", "tiny", "--out", str(plan),
+                       "--fleet", str(fleet))  # fmt: skip
+            assert made.returncode == 0, made.stderr
+            for n in range(runs):
+                began = time.monotonic()
+                run = cli(env, "rollout", "run", str(plan), "--wait", "--why", f"bench {n + 1}",
+                          "--fleet", str(fleet))  # fmt: skip
+                ended = time.monotonic()
+                in_rollouts.append((began, ended))
+                rollout_id = run.stdout.split()[1]
+                record = httpx.get(f"{gw}/admin/rollouts/{rollout_id}", headers=HEADERS,
+                                   timeout=10).json()  # fmt: skip
+                statuses.append(record["status"])
+                walls.append(ended - began)
+                for step in record["steps"]:
+                    for job_id in step["failover_jobs"]:
+                        job = httpx.get(f"{gw}/admin/jobs/{job_id}", headers=HEADERS,
+                                        timeout=10).json()  # fmt: skip
+                        if job["kind"].startswith("drain") and "drain_s" in (
+                            job.get("timings") or {}
+                        ):
+                            drains.append(job["timings"]["drain_s"])
+                say(f"rollout {n + 1}: {record['status']} in {ended - began:.1f} s"
+                    + (f" ({record['error']})" if record.get("error") else ""))  # fmt: skip
+        finally:
+            watch.stop.set()
+            if load is not None:
+                load.finish()
+            for name in ("a", "b"):  # the engines the agent started outlive it: stop them
+                with contextlib.suppress(Exception):
+                    agent.job({"kind": "engine.stop", "engine": agent.engine_of(name)}, 120)
+            for proc in procs:
+                proc.send_signal(signal.SIGTERM)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(60)
+    done = load.done if load else []
+    during = [x for x in done if any(b <= x[1] <= e for b, e in in_rollouts)]
+    failed = [x for x in during if x[2]]
+    drained = "none measured"
+    if drains:
+        drained = (f"median {statistics.median(drains) * 1000:.0f} ms, "
+                   f"max {max(drains) * 1000:.0f} ms over {len(drains)} drains")  # fmt: skip
+    print(
+        f"rolling restart of 2 real vLLMs (a real agent, the real gateway, its built-in data "
+        f"plane) under open-loop streaming load, {runs} rollout(s) in a row\n"
+        f"  states: {', '.join(statuses)}\n"
+        f"  wall time per rollout: {', '.join(f'{w:.1f}' for w in walls)} s; "
+        f"median {statistics.median(walls):.1f} s\n"
+        f"  client requests ending during the rollouts: {len(during)}, failed or cut "
+        f"{len(failed)} (target 0)"
+        + "".join(f"\n    {x[2]}" for x in failed[:5])
+        + f"\n  fewest deployments up with weight > 0 over {watch.reads} reads of the routes: "
+        f"{watch.fewest} (target >= 1)\n"
+        f"  drain step (weight 0 to nothing in flight, built-in gateway): {drained}"
+    )
+    return 0 if statuses and all(s == "succeeded" for s in statuses) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
