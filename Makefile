@@ -111,6 +111,7 @@ bench: $(VENV)/.test-deps engines router sshd nginx prometheus haproxy
 	$(BIN)/python -m bench.cold_start
 	$(BIN)/python -m bench.diagnose_time
 	$(BIN)/python -m bench.rollout_plan
+	$(BIN)/python -m bench.rollout_run
 	$(BIN)/python -m bench.incident_drill
 	$(BIN)/python -m bench.diagnose_quiet
 	$(BIN)/python -m bench.demo_at_rest
