@@ -93,7 +93,7 @@ def vllm_b(
     try:
         yield server
     finally:
-        stop(server)
+        servers.kill(server)
 
 
 @dataclass

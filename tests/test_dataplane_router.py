@@ -151,7 +151,7 @@ def pair(
         yield Pair(vllm_server, b, router, workdir)
     finally:
         router.stop()
-        stop(b)
+        servers.kill(b)
 
 
 def drive(plane: RouterPlane, work: Callable[[], Coroutine[Any, Any, T]]) -> T:

@@ -16,7 +16,8 @@ plugin starts building the model and booting vLLM right after collection, in the
 while other tests run. ENGINEROOM_PRESTART_VLLM=0 turns that off.
 
 The session servers are shared: a test must not stop them or crash them. Use
-`engine_launcher` for that.
+`engine_launcher` for that. Every server here is SIGKILLed at teardown (servers.kill): no
+test depends on its clean exit, and a SIGTERM waits for the requests still in flight.
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ class _VllmBoot:
     def stop(self) -> None:
         self._thread.join(timeout=VLLM_READY_TIMEOUT_S)
         if self.launched is not None:
-            servers.stop(self.launched[0])
+            servers.kill(self.launched[0])
 
 
 _boot: _VllmBoot | None = None
@@ -127,7 +128,7 @@ def vllm_server(
         )
         yield server
     finally:
-        servers.stop(process)
+        servers.kill(process)
 
 
 @pytest.fixture(scope="session")
@@ -147,7 +148,7 @@ def triton_server(
     try:
         yield server
     finally:
-        servers.stop(server)
+        servers.kill(server)
 
 
 class EngineLauncher:
@@ -206,7 +207,7 @@ class EngineLauncher:
 
     def stop_all(self) -> None:
         while self.running:
-            servers.stop(self.running.pop())
+            servers.kill(self.running.pop())
 
 
 @pytest.fixture

@@ -169,7 +169,8 @@ def _wait_ready(
 
 
 def stop(server: VllmServer | TritonServer | subprocess.Popen[bytes], grace: float = 15.0) -> int:
-    """SIGTERM the server's process group, SIGKILL what is left after `grace` s.
+    """SIGTERM the server's process group, SIGKILL what is left after `grace` s (0: SIGKILL
+    at once, as `kill` does).
 
     The process should lead its own group (`start_new_session=True`, as every server started
     here does); a process that does not is signalled alone.
@@ -181,20 +182,32 @@ def stop(server: VllmServer | TritonServer | subprocess.Popen[bytes], grace: flo
     """
     process = server if isinstance(server, subprocess.Popen) else server.process
     shm = shm_segments(process) | (set() if isinstance(server, subprocess.Popen) else server.shm)
-    deadline = time.monotonic() + grace
-    _signal_group(process, signal.SIGTERM)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        process.wait(timeout=grace)
-    with contextlib.suppress(TimeoutError):
-        remaining = max(deadline - time.monotonic(), 0.0)
-        wait_until(lambda: not _group_alive(process), remaining, what="process group exit")
+    if grace > 0:
+        deadline = time.monotonic() + grace
+        _signal_group(process, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=grace)
+        with contextlib.suppress(TimeoutError):
+            remaining = max(deadline - time.monotonic(), 0.0)
+            wait_until(lambda: not _group_alive(process), remaining, what="process group exit")
     _signal_group(process, signal.SIGKILL)
-    code = process.wait(timeout=grace)
+    reaped = grace or KILLED_EXIT_S
+    code = process.wait(timeout=reaped)
     with contextlib.suppress(TimeoutError):
-        wait_until(lambda: not _group_alive(process), grace, what="process group exit")
+        wait_until(lambda: not _group_alive(process), reaped, what="process group exit")
     for path in shm:
         path.unlink(missing_ok=True)
     return code
+
+
+KILLED_EXIT_S = 15.0  # after `kill`: a SIGKILLed group is gone within this on a busy machine
+
+
+def kill(server: VllmServer | TritonServer | subprocess.Popen[bytes]) -> int:
+    """SIGKILL the server's process group at once, and remove its /dev/shm segments as
+    `stop` does: for a teardown where nothing depends on a clean exit. On SIGTERM, Triton
+    and vLLM wait for the requests still in flight (a Triton stall test's: 7 s)."""
+    return stop(server, grace=0)
 
 
 def shm_segments(process: subprocess.Popen[bytes]) -> set[Path]:
