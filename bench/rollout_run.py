@@ -7,16 +7,20 @@ Reported: each rollout's wall time (and the median), the client requests that fa
 were cut during the rollouts (target 0), the fewest deployments that were up with weight
 over 0 at any read of the gateway's routes every 0.2 s (target: never under 1), and the
 drain step of each drain job (weight 0 to nothing in flight, the failover job's own
-timing) on the built-in gateway. HAProxy and the vLLM router are not measured here.
+timing), on the data plane asked for: the built-in gateway (the clients go through the
+gateway), or HAProxy (the clients go through HAProxy's front end; the gateway drives its
+runtime API and is out of the traffic's path). The vLLM router is not measured here.
 
-  python -m bench.rollout_run [--runs 3]
+  python -m bench.rollout_run [--runs 3] [--dataplane gateway|haproxy]
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import grp
 import os
+import pwd
 import signal
 import statistics
 import subprocess
@@ -33,6 +37,29 @@ from bench.incident_drill import ADMIN, TOKEN, Load
 from tests.engines import servers
 
 HEADERS = {"Authorization": f"Bearer {ADMIN}"}
+# HAProxy as the model's data plane: the gateway renders its configuration and drives its
+# runtime API on the admin socket (docs/haproxy.md); the stats socket is the bench user's.
+EDGE = """
+[[dataplanes]]
+name = "edge"
+kind = "haproxy"
+admin_socket = "{sock}"
+config = "{cfg}"
+listen = "127.0.0.1:{front}"
+socket_user = "{user}"
+socket_group = "{group}"
+"""
+
+
+def on_haproxy(text: str, work: Path, front: int) -> str:
+    """The fleet file with model tiny on HAProxy (data plane "edge")."""
+    edge = EDGE.format(sock=work / "admin.sock", cfg=work / "haproxy.cfg", front=front,
+                       user=pwd.getpwuid(os.getuid()).pw_name,
+                       group=grp.getgrgid(os.getgid()).gr_name)  # fmt: skip
+    text = text.replace(
+        '[[models]]\nname = "tiny"\n', '[[models]]\nname = "tiny"\ndataplane = "edge"\n'
+    )
+    return text.replace("[[models]]", edge + "\n[[models]]", 1)
 
 
 class ReadyWatch(threading.Thread):
@@ -62,7 +89,9 @@ def cli(env: dict[str, str], *args: str, timeout: float = 1800) -> subprocess.Co
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=3)
-    runs = parser.parse_args().runs
+    parser.add_argument("--dataplane", choices=("gateway", "haproxy"), default="gateway")
+    args = parser.parse_args()
+    runs, dataplane = args.runs, args.dataplane
     walls: list[float] = []
     drains: list[float] = []
     statuses: list[str] = []
@@ -76,12 +105,12 @@ def main() -> int:
             for n, p, c in (("a", a_port, 0), ("b", b_port, 1))
         )
         fleet = work / "fleet.toml"
-        fleet.write_text(
-            FLEET.format(
-                state=work / "state", gw_state=work / "gw-state", gw_port=gw_port,
-                agent_port=agent_port, a_port=a_port, b_port=b_port, profiles=profiles,
-            )
+        text = FLEET.format(
+            state=work / "state", gw_state=work / "gw-state", gw_port=gw_port,
+            agent_port=agent_port, a_port=a_port, b_port=b_port, profiles=profiles,
         )  # fmt: skip
+        front = servers.free_port()
+        fleet.write_text(on_haproxy(text, work, front) if dataplane == "haproxy" else text)
         os.environ.update(BENCH_NODE_TOKEN=TOKEN, ENGINEROOM_ADMIN_TOKEN=ADMIN)
         env = {**os.environ, "ENGINEROOM_OPERATOR_TOKEN": f"bench:{TOKEN}",
                "ENGINEROOM_VIEWER_TOKEN": "bench-viewer",
@@ -89,6 +118,14 @@ def main() -> int:
         gw = f"http://127.0.0.1:{gw_port}"
         agent = Agent(f"http://127.0.0.1:{agent_port}")
         procs = []
+        entry = gw  # where the clients go
+        if dataplane == "haproxy":
+            rendered = cli(env, "haproxy", "render", "--fleet", str(fleet), timeout=60)
+            assert rendered.returncode == 0, rendered.stderr
+            with (work / "haproxy.log").open("wb") as log:
+                procs.append(subprocess.Popen(["haproxy", "-db", "-f", str(work / "haproxy.cfg")],
+                                              stdout=log, stderr=subprocess.STDOUT))  # fmt: skip
+            entry = f"http://127.0.0.1:{front}"
         for name, argv in (
             ("agent", ["agent", "--fleet", str(fleet), "--node", "local", "--listen",
                        f"127.0.0.1:{agent_port}"]),
@@ -114,7 +151,7 @@ def main() -> int:
                                                        timeout=5).json()["tiny"]["deployments"]),
                 60, what="both up at the gateway",
             )  # fmt: skip
-            load = Load(gw).start()
+            load = Load(entry).start()
             watch.start()
             plan = work / "plan.json"
             made = cli(env, "rollout", "plan", "--restart", "--model", "tiny", "--out", str(plan),
@@ -159,9 +196,10 @@ def main() -> int:
     if drains:
         drained = (f"median {statistics.median(drains) * 1000:.0f} ms, "
                    f"max {max(drains) * 1000:.0f} ms over {len(drains)} drains")  # fmt: skip
+    plane = "HAProxy" if dataplane == "haproxy" else "the built-in gateway"
     print(
-        f"rolling restart of 2 real vLLMs (a real agent, the real gateway, its built-in data "
-        f"plane) under open-loop streaming load, {runs} rollout(s) in a row\n"
+        f"rolling restart of 2 real vLLMs (a real agent, the real gateway, data plane {plane}) "
+        f"under open-loop streaming load through it, {runs} rollout(s) in a row\n"
         f"  states: {', '.join(statuses)}\n"
         f"  wall time per rollout: {', '.join(f'{w:.1f}' for w in walls)} s; "
         f"median {statistics.median(walls):.1f} s\n"
@@ -170,7 +208,7 @@ def main() -> int:
         + "".join(f"\n    {x[2]}" for x in failed[:5])
         + f"\n  fewest deployments up with weight > 0 over {watch.reads} reads of the routes: "
         f"{watch.fewest} (target >= 1)\n"
-        f"  drain step (weight 0 to nothing in flight, built-in gateway): {drained}"
+        f"  drain step (weight 0 to nothing in flight, {plane}): {drained}"
     )
     return 0 if statuses and all(s == "succeeded" for s in statuses) else 1
 
