@@ -79,6 +79,11 @@ def steer_refusal(record: dict[str, Any], verb: str) -> str | None:
     return None
 
 
+# A step's figures, as the screen names them (the record's keys are not words).
+FIGURES = (("baseline", "baseline, serving"), ("canary_baseline", "baseline, canaries"),
+           ("verified", "after its operation"), ("served", "serving again"))  # fmt: skip
+
+
 def figure(step: dict[str, Any], key: str) -> str:
     """`baseline→after` for one p95, each pair as the rollout compared them: TTFT of the
     canaries before its turn → after its operation; ITL serving before → serving again
@@ -220,10 +225,10 @@ def details(record: dict[str, Any]) -> Text:
     if step.get("phase"):
         t.append(f"\n  {step['phase']:<10}", style="bold")
         t.append("under way" if step.get("state") == "running" else f"{step.get('state')} here")
-    for name in ("baseline", "canary_baseline", "verified", "served"):
+    for name, label in FIGURES:
         source = (step.get(name) or {}).get("source")
         if source:
-            t.append(f"\n  {name} figures from: {source}", style="dim")
+            t.append(f"\n  {label}: figures from {source}", style="dim")
     return t
 
 
