@@ -44,7 +44,7 @@ from console.gateway.haproxy_config import servers_in, with_weights
 from console.gateway.routes import GatewayStore
 from tests.conftest import ROOT, agent_env
 from tests.engines import servers
-from tests.engines.fixtures import VLLM_READY_TIMEOUT_S, VLLM_TEST_ARGS
+from tests.engines.fixtures import SECOND_VLLM_ENV, VLLM_READY_TIMEOUT_S, VLLM_TEST_ARGS
 from tests.engines.servers import VllmServer, free_port, log_tail, stop, wait_until
 from tests.support.dataplanes import fail_over_on_the_screens, two_vllm_fleet
 from tests.support.haproxy import runtime
@@ -87,6 +87,7 @@ def vllm_b(
     server = servers.start_vllm(
         tiny_model_dir,
         tmp_path_factory.mktemp("vllm-b"),
+        extra_env=SECOND_VLLM_ENV,
         extra_args=VLLM_TEST_ARGS,
         timeout=2 * VLLM_READY_TIMEOUT_S,
     )

@@ -34,7 +34,7 @@ from console.gateway.routes import GatewayStore
 from plugins.vllm import read_metrics
 from tests.conftest import ROOT
 from tests.engines import servers
-from tests.engines.fixtures import VLLM_READY_TIMEOUT_S, VLLM_TEST_ARGS
+from tests.engines.fixtures import SECOND_VLLM_ENV, VLLM_READY_TIMEOUT_S, VLLM_TEST_ARGS
 from tests.engines.servers import VllmServer, free_ports, log_tail, stop, wait_until
 from tests.support.dataplanes import fail_over_on_the_screens, two_vllm_fleet
 from tests.test_gateway import (
@@ -139,8 +139,8 @@ def pair(
 ) -> Iterator[Pair]:
     workdir = tmp_path_factory.mktemp("router")
     b = servers.start_vllm(
-        tiny_model_dir, workdir / "vllm-b", extra_args=VLLM_TEST_ARGS,
-        timeout=VLLM_READY_TIMEOUT_S,
+        tiny_model_dir, workdir / "vllm-b", extra_env=SECOND_VLLM_ENV,
+        extra_args=VLLM_TEST_ARGS, timeout=VLLM_READY_TIMEOUT_S,
     )  # fmt: skip
     for server in (vllm_server, b):
         nice_group(server.process.pid)  # the router and the clients keep their CPU

@@ -42,6 +42,7 @@ from console.core.wire import ModelStats as WireModelStats
 from console.core.wire import Percentiles as WirePercentiles
 from plugins.vllm import read_metrics
 from tests.conftest import OPERATOR, ROOT, Agent, agent_env, run_cli
+from tests.engines.fixtures import SECOND_VLLM_ENV, VLLM_TEST_ARGS
 from tests.engines.servers import (
     free_port,
     free_ports,
@@ -1039,7 +1040,9 @@ def test_a_replica_slowed_by_stop_bursts_is_an_imbalance_resolved_once_quarantin
     bursts): its TTFT and ITL p95 rise far over its sibling's. Named a replica imbalance on
     that deployment, quarantine first; quarantined through the gateway (a planned drain to
     weight 0), it reads resolved, and the clients never saw a failure."""
-    slow = start_vllm(tiny_model_dir, tmp_path / "slow", extra_args=("-O0",))
+    slow = start_vllm(
+        tiny_model_dir, tmp_path / "slow", extra_env=SECOND_VLLM_ENV, extra_args=VLLM_TEST_ARGS
+    )
     gw_port = free_port()
     text = f"""
 [fleet]

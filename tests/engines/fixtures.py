@@ -42,6 +42,18 @@ VLLM_READY_TIMEOUT_S = 180.0
 TRITON_READY_TIMEOUT_S = 60.0
 
 
+def _beside_the_session_vllm() -> dict[str, str]:
+    # vLLM's CPU worker binds itself to core 0 unless told (its "auto" binding keeps the
+    # last core for the rest), the session's too: a second one left to "auto" shares core 0
+    # with it, and under traffic each runs at half speed. Told the last core, each has one.
+    last = max(os.sched_getaffinity(0))
+    return {"VLLM_CPU_OMP_THREADS_BIND": str(last)} if last > 0 else {}
+
+
+# The env for a second vLLM that serves beside the session's `vllm_server`.
+SECOND_VLLM_ENV: dict[str, str] = _beside_the_session_vllm()
+
+
 class _VllmBoot:
     """Builds the tiny model and launches vLLM in a background thread; `result()` joins it."""
 
