@@ -91,28 +91,6 @@ class _VllmBoot:
 _boot: _VllmBoot | None = None
 
 
-HARNESS_DIR = Path(__file__).parent
-
-
-def pytest_collection_modifyitems(
-    session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
-) -> None:
-    # This directory comes first in the tree, so its vLLM test was the session's first and
-    # only waited for the boot (26 s on 2 cores, the other core idle). Its tests run just
-    # before the next test that needs the tiny model instead: the boot overlaps the tests
-    # that need no engine, and a broken engine still shows in the harness's tests first.
-    if os.environ.get("ENGINEROOM_PRESTART_VLLM", "1") == "0":
-        return
-    harness = [i for i in items if HARNESS_DIR in i.path.parents]
-    rest = [i for i in items if HARNESS_DIR not in i.path.parents]
-    engined = ("vllm_server", "tiny_model_dir")
-    at = next(
-        (n for n, i in enumerate(rest) if set(engined) & set(getattr(i, "fixturenames", ()))),
-        len(rest),
-    )
-    items[:] = rest[:at] + harness + rest[at:]
-
-
 def pytest_collection_finish(session: pytest.Session) -> None:
     global _boot
     config = session.config
