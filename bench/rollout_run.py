@@ -37,6 +37,12 @@ from bench.incident_drill import ADMIN, TOKEN, Load
 from tests.engines import servers
 
 HEADERS = {"Authorization": f"Bearer {ADMIN}"}
+# Each vLLM on a core of its own and at nice 19, as tests/test_rollout_run.py runs them:
+# with the OpenMP binding alone (bench.diagnose_quiet's profile), a restart beside the other
+# vLLM serving streams did not finish loading in 600 s here, and the rollout halted.
+PINNED = PROFILE.replace(
+    'command = ["{python}"', 'command = ["taskset", "-c", "{core}", "nice", "-n", "19", "{python}"'
+)
 # HAProxy as the model's data plane: the gateway renders its configuration and drives its
 # runtime API on the admin socket (docs/haproxy.md); the stats socket is the bench user's.
 EDGE = """
@@ -101,7 +107,7 @@ def main() -> int:
         agent_port, gw_port = servers.free_port(), servers.free_port()
         a_port, b_port = servers.free_port(), servers.free_port()
         profiles = "".join(
-            PROFILE.format(name=n, model=model, port=p, python=servers.vllm_python(), core=c)
+            PINNED.format(name=n, model=model, port=p, python=servers.vllm_python(), core=c)
             for n, p, c in (("a", a_port, 0), ("b", b_port, 1))
         )
         fleet = work / "fleet.toml"
@@ -163,6 +169,9 @@ def main() -> int:
                           "--fleet", str(fleet))  # fmt: skip
                 ended = time.monotonic()
                 in_rollouts.append((began, ended))
+                if not run.stdout.startswith("rollout "):
+                    say(f"rollout {n + 1} did not start: {run.stderr.strip()}")
+                    break
                 rollout_id = run.stdout.split()[1]
                 record = httpx.get(f"{gw}/admin/rollouts/{rollout_id}", headers=HEADERS,
                                    timeout=10).json()  # fmt: skip
