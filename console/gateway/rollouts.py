@@ -28,7 +28,7 @@ from typing import Any
 import aiohttp
 
 from console.core.rollout import check_plan
-from console.core.rollout_plan import PlanError, parse_plan, to_data
+from console.core.rollout_plan import PlanError, join_problems, parse_plan, to_data
 from console.core.sqlitestore import JobState
 from console.gateway.agentcalls import AgentCalls, AgentError
 from console.gateway.dataplane import DataPlaneError
@@ -100,7 +100,8 @@ class Rollouts:
             self.live[stored.id] = record
             if record.get("status") == "running":
                 record["status"] = "interrupted"
-                current = record["steps"][record["current"]] if record["steps"] else None
+                index, steps = record["current"], record["steps"]
+                current = steps[index] if index < len(steps) else None  # none: all done
                 at = ""
                 if current is not None and current["state"] == "running":
                     current["state"] = "interrupted"
@@ -145,7 +146,7 @@ class Rollouts:
         problems = check_plan(plan, fleet)
         problems += self._cannot_reach(sorted({s.node for w in plan.waves for s in w.steps}))
         if problems:
-            raise FailoverRefused(422, "\n".join(problems))
+            raise FailoverRefused(422, join_problems(problems))  # six, then how many more
         who = who or "admin"
         record_id = self.table.store.create_job(ROLLOUT, who, {"plan": to_data(plan),
                                                                "why": why}).id  # fmt: skip
