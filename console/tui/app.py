@@ -130,9 +130,9 @@ class EngineroomApp(App[int]):
         Binding("v", "goto('events')", "events", id="events"),
         Binding("j", "goto('jobs')", "jobs", id="jobs"),
         Binding("d", "goto('drills')", "drills", id="drills"),
-        Binding("o", "goto('rollouts')", "rollouts", id="rollouts"),
         # The header's "diag N": one key from any screen to what is wrong.
         Binding("exclamation_mark", "goto('diag')", "diagnoses", id="diag"),
+        Binding("o", "goto('rollouts')", "rollouts", id="rollouts"),
         Binding("q", "quit", "quit", id="quit"),
         Binding("ctrl+l", "redraw", "redraw", id="redraw", show=False),
     ]
