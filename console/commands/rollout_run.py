@@ -181,13 +181,21 @@ def _table(records: list[dict[str, Any]], out: TextIO) -> None:
 
 
 def show(record: dict[str, Any], out: TextIO) -> None:
-    """A rollout as an operator reads it: where it is, each step and phase, why it stopped."""
+    """A rollout as an operator reads it: where it is, each model's capacity now, each step
+    and phase, why it stopped."""
+    from console.core.gateway_wire import ModelCapacity
+
     say(f"rollout {record['id']}: {record['status']}, {record['operation']}, by {record['who']}",
         out)  # fmt: skip
     if record.get("error"):
         say(f"  {record['error']}", out, lines=True)
     for model, weights in (record.get("weights_seen") or {}).items():
         say(f"  {model}: weights read back from its data plane: {weights}", out)
+    caps = record.get("capacity")
+    if caps is None:
+        say("  capacity: ? (the gateway's answer has none)", out)
+    for model, cap in (caps or {}).items():
+        say(f"  {model}: capacity {ModelCapacity.model_validate(cap or {}).words()}", out)
     say(f"  {'#':>3} {'WAVE':<4} {'DEPLOYMENT':<20} {'OPERATION':<13} {'STATE':<11} PHASE", out)
     for n, step in enumerate(record["steps"], 1):
         say(f"  {n:>3} {step['wave']:<4} {step['deployment']:<20} {step['operation']:<13} "

@@ -181,6 +181,35 @@ class RolloutStep(_Answer):
     details: dict[str, str] = Field(default_factory=dict)  # each phase done, in one line
 
 
+class ModelCapacity(_Answer):
+    """One model's capacity in a rollout, read from the gateway's route table when the
+    record is asked for (console.gateway.rollouts `capacity`): None is unknown, never 0."""
+
+    ready: int | None = None  # its deployments up and with weight now
+    deployments: int | None = None  # how many it has in the route table
+    keeps: int | None = None  # the fewest ready the plan leaves it (never none)
+    max_unavailable: int | None = None  # the plan's, per model
+    unknown: str | None = None  # why `ready` is None
+
+    @property
+    def below(self) -> bool:
+        """Fewer ready than the plan keeps (known on both sides)."""
+        return self.ready is not None and self.keeps is not None and self.ready < self.keeps
+
+    def words(self) -> str:
+        """`1 of 2 ready and in rotation, the plan keeps 1 (1 out at most)`; "?" unknown."""
+
+        def n(value: int | None) -> str:
+            return "?" if value is None else str(value)
+
+        most = f" ({self.max_unavailable} out at most)" if self.max_unavailable else ""
+        said = (f"{n(self.ready)} of {n(self.deployments)} ready and in rotation, "
+                f"the plan keeps {n(self.keeps)}{most}")  # fmt: skip
+        if self.below:
+            said += ": below it"
+        return said + (f" ({self.unknown or 'not known'})" if self.ready is None else "")
+
+
 class RolloutRecord(_Answer):
     """A rollout, open or ended (GET /admin/rollouts/{id}, POST /admin/rollouts)."""
 
@@ -193,6 +222,7 @@ class RolloutRecord(_Answer):
     events: list[dict[str, Any]] = Field(default_factory=list)
     error: str | None = None
     weights_seen: dict[str, Any] | None = None  # after an interruption, read back
+    capacity: dict[str, ModelCapacity] | None = None  # per model; None: the gateway did not say
 
 
 def problems(exc: ValidationError) -> str:

@@ -31,7 +31,7 @@ from console.core.rollout import check_plan
 from console.core.rollout_plan import PlanError, join_problems, parse_plan, to_data
 from console.core.sqlitestore import JobState
 from console.gateway.agentcalls import AgentCalls, AgentError
-from console.gateway.dataplane import DataPlaneError
+from console.gateway.dataplane import BUILTIN, DataPlaneError
 from console.gateway.failover import ROLLOUT, Failovers
 from console.gateway.rollout_steps import Halt, StepRun
 from console.gateway.routetable import RouteTable
@@ -74,6 +74,11 @@ class Rollouts:
         self.table.store.audit(who, f"rollout {what}", {"id": record["id"], "why": why})
 
     def get(self, rollout_id: str) -> dict[str, Any] | None:
+        """The rollout as the admin API answers it (`served`); None if there is none."""
+        record = self._record(rollout_id)
+        return None if record is None else self.served(record)
+
+    def _record(self, rollout_id: str) -> dict[str, Any] | None:
         if rollout_id in self.live:
             return self.live[rollout_id]
         stored = self.table.store.job(rollout_id)
@@ -85,6 +90,38 @@ class Rollouts:
     def records(self) -> list[dict[str, Any]]:
         records = self.table.store.jobs(HISTORY, kinds=(ROLLOUT,))
         return [r for s in records if (r := self.get(s.id)) is not None]
+
+    def served(self, record: dict[str, Any]) -> dict[str, Any]:
+        """The record with each of its models' capacity now, worked out at each read from
+        the route table (never stored: a record read back after a restart says now)."""
+        plan = (record.get("params") or {}).get("plan") or {}
+        models = sorted({str(s.get("model")) for s in record.get("steps") or []})
+        capacity = {m: self.capacity(m, plan.get("max_unavailable")) for m in models}
+        return {**record, "capacity": capacity}
+
+    def capacity(self, model: str, max_unavailable: Any) -> dict[str, Any]:
+        """`ready`: its deployments up and with weight in the route table now; `keeps`: the
+        fewest the plan leaves it (its carrying deployments less max_unavailable, never
+        none); `deployments`: how many it has. Unknown is None, with why, never 0."""
+        declared = self.table.models.get(model)
+        found = self.table.upstreams.get(model)
+        most_out = max_unavailable if isinstance(max_unavailable, int) else None
+        if declared is None or found is None:
+            return {"ready": None, "deployments": None, "keeps": None,
+                    "max_unavailable": most_out,
+                    "unknown": f"{model} is not in the gateway's fleet file now"}  # fmt: skip
+        carriers = sum(1 for d in declared.deployments if d.weight > 0)
+        keeps = None if most_out is None else max(min(1, carriers), carriers - most_out)
+        weights = self.table.weights.get(model, {})
+        rotating = [u for u in found if weights.get(u.id, 0) > 0]
+        unknown = None
+        if declared.dataplane != BUILTIN:  # its weights are that data plane's, not read here
+            unknown = f"its data plane {declared.dataplane} holds its weights"
+        elif unchecked := [u.id for u in rotating if u.checked is None]:
+            unknown = f"not health-checked yet: {', '.join(unchecked)}"
+        ready = None if unknown else sum(1 for u in rotating if u.up)
+        return {"ready": ready, "deployments": len(found), "keeps": keeps,
+                "max_unavailable": most_out, "unknown": unknown}  # fmt: skip
 
     # -- after a restart -----------------------------------------------------------------
 
@@ -166,7 +203,7 @@ class Rollouts:
         self._event(record, who, "started", why)
         self.save(record)
         self._launch(record)
-        return record
+        return self.served(record)
 
     def _cannot_reach(self, nodes: list[str]) -> list[str]:
         problems = []
@@ -180,7 +217,7 @@ class Rollouts:
     def _open(self, rollout_id: str) -> dict[str, Any]:
         record = self.live.get(rollout_id)
         if record is None:
-            ended = self.get(rollout_id)
+            ended = self._record(rollout_id)
             if ended is None:
                 raise FailoverRefused(404, f"no rollout {rollout_id!r}")
             raise FailoverRefused(409, f"rollout {rollout_id} has ended ({ended.get('status')})")
@@ -193,7 +230,7 @@ class Rollouts:
         record["pause_asked"] = True
         self._event(record, who or "admin", "pause asked", why)
         self.save(record)
-        return record
+        return self.served(record)
 
     def resume(self, rollout_id: str, who: str, why: str) -> dict[str, Any]:
         record = self._open(rollout_id)
@@ -207,7 +244,7 @@ class Rollouts:
             self._launch(record)
         self._event(record, who or "admin", "resumed", why)
         self.save(record)
-        return record
+        return self.served(record)
 
     async def abort(self, rollout_id: str, who: str, why: str) -> dict[str, Any]:
         """Stop it now. A step under way stops where it is (its failover job cancelled,
@@ -237,7 +274,7 @@ class Rollouts:
         record["error"] = f"aborted by {who or 'admin'}: {why or 'no reason given'}{note}"
         self._event(record, who or "admin", "aborted", why)
         self.save(record)
-        return record
+        return self.served(record)
 
     async def close(self) -> None:
         for task in self.tasks.values():
