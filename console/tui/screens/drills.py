@@ -40,11 +40,22 @@ from console.tui.widgets.table import FleetTable, Row, empty_row
 HISTORY_EVERY_S = 5.0
 
 
+BADGE_STYLE = "bold black on yellow"
+
+
+def stale_badge(trt: TrtEngine) -> str:
+    """What a stale TensorRT-LLM deployment needs, as its badge says it: on the PyTorch
+    backend there is no engine to build, so the new stack is validated against the
+    baseline (RE-VALIDATE, the what-if's `re-validate`); on the engine backend, or where
+    neither its manifest nor a drill says which it runs, REBUILD REQUIRED."""
+    return " RE-VALIDATE " if trt.backend == "pytorch" else " REBUILD REQUIRED "
+
+
 def trt_badge(trt: TrtEngine | None) -> Text:
     if trt is None:
         return Text("not checked", style="dim")
     if trt.state == "stale":
-        return Text(" REBUILD REQUIRED ", style="bold black on yellow")
+        return Text(stale_badge(trt), style=BADGE_STYLE)
     if trt.state == "current":
         return Text("current", style="green")
     if trt.build_key is not None:  # a manifest, but some facts could not be read

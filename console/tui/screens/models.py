@@ -35,6 +35,7 @@ from console.core.slo import Level
 from console.tui import format as fmt
 from console.tui.columns import Fitted
 from console.tui.screens.base import ViewScreen
+from console.tui.screens.drills import BADGE_STYLE, stale_badge
 from console.tui.widgets.table import FleetTable, Row
 from console.tui.widgets.top_diagnosis import TopDiagnosis, models_key, point
 
@@ -76,7 +77,7 @@ LEVEL_STYLE: dict[Level, str] = {
 }
 
 
-BADGE = " REBUILD REQUIRED"
+BADGE = " REBUILD REQUIRED"  # the longer of the two (drills.stale_badge), for the width
 
 
 def name_width(fleet: Fleet) -> int:
@@ -138,7 +139,7 @@ def deployment_row(
         if r.verdict.level in ("warning", "critical"):
             name.stylize(LEVEL_STYLE[r.verdict.level])
         if r.trt is not None and r.trt.state == "stale":
-            name.append(BADGE, style="bold black on yellow")
+            name.append(stale_badge(r.trt).rstrip(), style=BADGE_STYLE)
         return (
             fmt.cut(name, name_w),
             fmt.engine_state(r.state, r.standby),
@@ -167,7 +168,8 @@ def deployment_row(
 
     def fields() -> dict[str, Any]:  # made only when a filter asks
         state = "standby" if r.standby else r.state
-        rebuild = bool(r.trt and r.trt.state == "stale")
+        stale = bool(r.trt and r.trt.state == "stale")
+        revalidate = stale and r.trt is not None and r.trt.backend == "pytorch"
         gap = ttft_gap_s(lat.ttft_s if lat else None, gw)
         return {
             "model": r.model,
@@ -192,12 +194,13 @@ def deployment_row(
             "kv": s.kv_cache_usage if s else None,
             "errors": s.error_rate if s else None,
             "slo_ok": r.slo_ok,
-            "rebuild": rebuild,
+            "rebuild": stale and not revalidate,
+            "revalidate": revalidate,
         }
 
     def text() -> str:
         state = "standby" if r.standby else r.state
-        badge = " rebuild required" if r.trt and r.trt.state == "stale" else ""
+        badge = stale_badge(r.trt).rstrip().lower() if r.trt and r.trt.state == "stale" else ""
         return f"{r.model} {r.id} {r.engine} {r.node} {state}{badge}"
 
     key = f"d:{r.model}:{r.id or r.node + '/' + (r.engine_id or '')}"

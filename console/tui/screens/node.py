@@ -14,6 +14,7 @@ from console.core.snapshot import Snapshot
 from console.tui import format as fmt
 from console.tui.columns import Fitted
 from console.tui.screens.base import ViewScreen
+from console.tui.screens.drills import BADGE_STYLE, stale_badge
 from console.tui.widgets.safe_static import SafeStatic
 from console.tui.widgets.table import FleetTable, Row, empty_row
 
@@ -113,7 +114,7 @@ class NodeScreen(ViewScreen):
             for trt in snap.trt_engines:
                 t.append(f"\nTensorRT-LLM {trt.deployment}  ")
                 if trt.state == "stale":
-                    t.append(" REBUILD REQUIRED ", style="bold black on yellow")
+                    t.append(stale_badge(trt), style=BADGE_STYLE)
                     t.append(f" {'; '.join(trt.reasons)}", style="yellow")
                 elif trt.state == "current":
                     t.append(f"engine current (build {trt.build_key})", style="green")
