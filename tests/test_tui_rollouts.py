@@ -4,31 +4,43 @@ A real rollout cheaply: a restart of tiny's two deployments, whose endpoints and
 closed ports. The gateway runs it for real: step 1's baseline window sends its canaries to
 tiny-a (refused at once), then the drain finds no other deployment ready to take tiny-a's
 traffic (tiny-b's health check is refused too): the rollout halts at step 1, in its drain
-phase, with why. The console shows it; a viewer token's console shows the keys
-dimmed and asks nothing; the web view refuses the key; an admin's abort asks a
-confirmation naming the rollout, and the gateway then reads it aborted.
+phase, with why. The console shows it, with tiny's capacity below what the plan keeps and
+its p95s beside their baselines (none measured: "?"); a viewer token's console shows the
+keys dimmed and asks nothing; the web view refuses the key; an admin's resume asks a
+confirmation naming the rollout and records the why typed in it (seen as it is typed),
+and an abort left without a why records the console's fixed one; the gateway then reads
+it aborted.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
+import msgspec
 import pytest
+from textual.widgets import Input
 
+from console.collect.source import NodeState
+from console.collect.view import build
 from console.core.config import parse_fleet
+from console.core.gateway_wire import RolloutRecord
 from console.core.rollout import Ask, make_plan
 from console.core.rollout_plan import to_data
+from console.core.snapshot import Percentiles, decode_snapshot
+from console.tui import format as fmt
 from console.tui.app import EngineroomApp
 from console.tui.screens.rollouts import RolloutsScreen
+from console.tui.screens.rollouttext import rollout_text
 from console.tui.web import WebViewApp
-from console.tui.widgets.confirm import ConfirmScreen
+from console.tui.widgets.confirm import ConfirmScreen, WhyConfirmScreen
 from console.tui.widgets.safe_static import SafeStatic
 from console.tui.workflows import STEER_WHY
 from tests.engines.servers import free_port, stop, wait_until
 from tests.test_gateway import ADMIN, GATEWAY_VIEWER, Gateway, start_gateway
 from tests.test_replay import replay_app, write_incident
-from tests.tui_support import until
+from tests.tui_support import CPU, FLEET, keys, until
 
 SIZE = (120, 50)
 TOKEN_ENV = "ENGINEROOM_ADMIN_TOKEN"  # the gateway's default; tests/test_gateway sets it
@@ -89,6 +101,11 @@ def _halted(gateway: Gateway, rid: str) -> dict | None:
     return record if record["status"] == "halted" else None
 
 
+def _event(gateway: Gateway, rid: str, what: str) -> dict | None:
+    events = gateway.admin("GET", f"/admin/rollouts/{rid}").json()["events"]
+    return next((e for e in reversed(events) if e["what"] == what), None)
+
+
 def shown(app: EngineroomApp) -> str:
     return str(app.screen.query_one("#rollout", SafeStatic).render())
 
@@ -144,14 +161,40 @@ async def test_a_halted_rollout_is_shown_with_why_and_an_abort_names_it(
         assert "\x1b" not in screen
         # Nothing was measured: unknown, never 0.
         assert "▶1  tiny-a" in screen and "?→?" in screen, screen
+        assert "TTFT p95  baseline ?  now ? (not measured since its baseline)" in screen
+        assert "ITL p95   baseline ?  now ? (not measured since its baseline)" in screen
+        # Both of tiny's deployments checked and down: 0 is known, and below the floor.
+        await until(pilot, lambda: "tiny: 0 of 2 ready" in shown(app), what="tiny's capacity")
+        assert ("tiny: 0 of 2 ready and in rotation, the plan keeps 1 (1 out at most): below "
+                "it") in shown(app)  # fmt: skip
         await until(pilot, lambda: app.gateway_role == "admin", what="the gateway's role")
+
+        # A resume, its why typed in the confirmation (and seen as it is typed): it halts
+        # again at the same drain.
+        await pilot.press("r")
+        confirm = await until(
+            pilot, lambda: app.screen if isinstance(app.screen, WhyConfirmScreen) else None,
+            what="the resume's confirmation",
+        )  # fmt: skip
+        assert confirm.title_text == f"Resume rollout {rid} (restart, step 1 of 2: tiny-a)?"
+        typed = "tiny-b is back: try again"
+        await pilot.press(*keys(typed))
+        field = confirm.query_one("#why", Input)
+        await until(pilot, lambda: typed in field.render_line(0).text, what="the why on screen")
+        await pilot.press("enter")
+        resumed = await until(pilot, lambda: _event(gateway, rid, "resumed"), what="resumed")
+        assert resumed["why"] == typed, resumed
+        await until(pilot, lambda: _halted(gateway, rid), what="halted again")
+        await until(pilot, lambda: typed in shown(app) and "HALTED" in shown(app),
+                    what="the resume's why among the events, halted again")  # fmt: skip
+
         await pilot.press("A")
         confirm = await until(
             pilot, lambda: app.screen if isinstance(app.screen, ConfirmScreen) else None,
             what="the confirmation",
         )  # fmt: skip
         assert confirm.title_text == f"Abort rollout {rid} (restart, step 1 of 2: tiny-a)?"
-        await pilot.press("y")
+        await pilot.press("enter")  # no why typed: the console's own
         await until(pilot, lambda: "ABORTED" in shown(app), what="aborted on screen")
     after = await asyncio.to_thread(gateway.admin, "GET", f"/admin/rollouts/{rid}")
     assert after.json()["status"] == "aborted"
@@ -170,3 +213,56 @@ async def test_a_replay_shows_the_screen_and_refuses_its_keys(tmp_path: Path):
         await until(pilot, lambda: len(app.refused) == 3, what="the three refusals")
         assert app.refused == ["pausing a rollout", "resuming a rollout", "aborting a rollout"]
         assert isinstance(app.screen, RolloutsScreen)
+
+
+def _record(current: str, **figures: dict) -> dict:
+    """A rollout of tiny's two recorded deployments as the console reads it (through the
+    wire model), `current`'s turn under way in its operation, with `figures`."""
+    steps = [
+        {"model": "tiny", "deployment": dep, "node": "cpu-1", "operation": "restart",
+         "wave": n, "state": "running" if dep == current else "pending",
+         "phase": "operation" if dep == current else None,
+         **(figures if dep == current else {})}
+        for n, dep in enumerate(("tiny-vllm", "tiny-trt"), 1)
+    ]  # fmt: skip
+    record = {"id": "ab12", "who": "alice", "status": "running", "operation": "restart",
+              "current": 0 if current == "tiny-vllm" else 1, "steps": steps}  # fmt: skip
+    return RolloutRecord.model_validate(record).model_dump()
+
+
+def test_the_step_under_way_shows_its_latest_p95s_with_where_from_never_a_mean():
+    """Beside the baseline: the figure after its turn when the rollout measured one, else
+    the console's latest reading (the engine's histogram p95, named), else "?". Triton
+    here gives TTFT as a mean only: no p95, and the mean is not shown as one."""
+    snap = decode_snapshot(CPU.read_text())
+    triton = next(e for e in snap.engines if e.kind == "triton")
+    mean_only = Percentiles(mean=0.0777, count=8.0, source="mean")
+    latency = msgspec.structs.replace(triton.models[0].latency, ttft_s=mean_only)
+    triton.models[0] = msgspec.structs.replace(triton.models[0], latency=latency)
+    now = time.monotonic()
+    view = build(parse_fleet(FLEET), {"cpu-1": NodeState("cpu-1", "agent", snapshot=snap,
+                                                         last_ok=now)}, 1.0, now)  # fmt: skip
+    baseline = {"ttft_p95_s": 0.5, "itl_p95_s": 0.02, "source": "a window under traffic"}
+    canaries = {"ttft_p95_s": 0.04, "itl_p95_s": None, "source": "20 canaries straight to it"}
+
+    # vLLM: its histograms' p95s, with where from.
+    text = rollout_text([_record("tiny-vllm", baseline=baseline, canary_baseline=canaries)],
+                        view=view).plain  # fmt: skip
+    assert ("TTFT p95  baseline 40ms (baseline, canaries)  now 32ms (latest: its engine's "
+            "metrics, over 2.08s)") in text, text  # fmt: skip
+    assert "ITL p95   baseline 20ms (baseline, serving)  now 10ms (latest: its engine's" in text
+    # Without the console's view: unknown.
+    text = rollout_text([_record("tiny-vllm", baseline=baseline)]).plain
+    assert "TTFT p95  baseline 500ms (baseline, serving)  now ? (not measured since" in text
+
+    # Triton: a mean only, said so; never shown as the p95.
+    text = rollout_text([_record("tiny-trt", baseline=baseline)], view=view).plain
+    assert ("TTFT p95  baseline 500ms (baseline, serving)  now ? (its engine gives only a "
+            "mean, no p95)") in text, text  # fmt: skip
+    assert fmt.seconds(0.0777) not in text
+
+    # Measured after its operation: that figure, not the console's.
+    verified = {"ttft_p95_s": 0.045, "itl_p95_s": None, "source": "20 canaries"}
+    text = rollout_text([_record("tiny-vllm", baseline=baseline, canary_baseline=canaries,
+                                 verified=verified)], view=view).plain  # fmt: skip
+    assert "TTFT p95  baseline 40ms (baseline, canaries)  now 45ms (after its operation)" in text

@@ -30,10 +30,11 @@ from console.tui.screens.failover import FailoverScreen
 from console.tui.screens.jobs import JobScreen, StartVllmScreen
 from console.tui.screens.model_detail import ModelDetailScreen
 from console.tui.screens.node import NodeScreen
-from console.tui.widgets.confirm import ConfirmScreen
+from console.tui.widgets.confirm import ConfirmScreen, WhyConfirmScreen
 
 T = TypeVar("T")
-STEER_WHY = "from the console's Rollouts screen"  # what the gateway's audit says was why
+# The why the gateway's audit records when the operator types none in the confirmation.
+STEER_WHY = "from the console's Rollouts screen"
 R = TypeVar("R")
 P = ParamSpec("P")
 
@@ -273,7 +274,8 @@ class Workflows:
     ) -> None:
         """Pause, resume or abort rollout `rollout_id` in the gateway, once confirmed by a
         question naming it (`label`: its operation and the step under way); `done` runs
-        after the gateway answered. The audit records the console's user and why."""
+        after the gateway answered. The audit records the console's user and the why typed
+        in the confirmation (STEER_WHY when it is left empty)."""
         from console.collect.gateway_client import GatewayClient
 
         gateway = self.console.fleet.gateway
@@ -299,21 +301,30 @@ class Workflows:
             "cancelled, the routes as they are; an agent's job goes on on the agent): "
             "every deployment stays as it is. An aborted rollout cannot be resumed.",
         }[verb]
-        self.confirm(
+        ask = WhyConfirmScreen(
             f"{verb.capitalize()} rollout {rollout_id} ({label})?",
-            f"{body}\n\nRecorded in the gateway's audit as {console_user()}: {STEER_WHY}.",
+            f"{body}\n\nRecorded in the gateway's audit as {console_user()}, with the why "
+            "typed below.",
             f"{verb} rollout {rollout_id}",
-            lambda: self.console.run_worker(
-                self._steer(rollout_id, verb, done), group="rollout-steer"
-            ),
+            STEER_WHY,
+            MAX_WHY,
         )
 
-    async def _steer(self, rollout_id: str, verb: str, done: Callable[[], object] | None) -> None:
+        def answered(ok: bool | None) -> None:
+            if ok:
+                steer = self._steer(rollout_id, verb, ask.why, done)
+                self.console.run_worker(steer, group="rollout-steer")
+
+        self.console.push_screen(ask, answered)
+
+    async def _steer(
+        self, rollout_id: str, verb: str, why: str, done: Callable[[], object] | None
+    ) -> None:
         from console.collect.gateway_client import GatewayClient, GatewayError
 
         client = GatewayClient(self.console.fleet, timeout=20)
         try:
-            record = await client.rollout_steer(rollout_id, verb, console_user(), STEER_WHY)
+            record = await client.rollout_steer(rollout_id, verb, console_user(), why)
         except GatewayError as exc:
             self.console.notify(str(exc), title=f"rollout {verb} refused", severity="error",
                                 timeout=15)  # fmt: skip

@@ -5,17 +5,23 @@ Everything here is the gateway's record (console.core.gateway_wire.RolloutRecord
 whys and details are outside text, and the screen shows this Text through SafeStatic (the
 TUI's one sanitizer). A figure the record does not have is "?", never 0; the figures are
 p95s over the step's verification windows (console.gateway.verify), and say where they
-were read from.
+were read from. Beside the step under way's baseline goes the figure after its turn, else
+the latest the console read of it (its engine's metrics or the gateway's measures, a p95,
+never a mean), else "?". Each model's capacity is the gateway's, read with the record.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.text import Text
 
+from console.core.gateway_wire import ModelCapacity
 from console.tui import format as fmt
+
+if TYPE_CHECKING:
+    from console.collect.view import FleetView
 
 OPEN = ("running", "paused", "halted", "interrupted")
 STATUS_STYLE = {
@@ -39,6 +45,7 @@ MAX_WAVE_NAMES = 6  # a wave with more steps is counted by state
 MAX_WAVES = 12
 MAX_EVENTS = 8
 MAX_OTHERS = 5
+MAX_MODELS = 8  # models whose capacity is listed; those below what the plan keeps first
 
 
 def chosen(records: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -211,8 +218,9 @@ def steps_table(record: dict[str, Any]) -> Text:
     return t
 
 
-def details(record: dict[str, Any]) -> Text:
-    """The step under way (or the last), phase by phase, and where its figures came from."""
+def details(record: dict[str, Any], view: FleetView | None = None) -> Text:
+    """The step under way (or the last), phase by phase, its p95s beside its baseline
+    (`now_lines`), and where its figures came from."""
     steps = record.get("steps") or []
     if not steps:
         return Text()
@@ -225,10 +233,83 @@ def details(record: dict[str, Any]) -> Text:
     if step.get("phase"):
         t.append(f"\n  {step['phase']:<10}", style="bold")
         t.append("under way" if step.get("state") == "running" else f"{step.get('state')} here")
+    if step.get("state") not in ("done", "pending"):
+        t.append_text(now_lines(step, live_figures(view, step)))
     for name, label in FIGURES:
         source = (step.get(name) or {}).get("source")
         if source:
             t.append(f"\n  {label}: figures from {source}", style="dim")
+    return t
+
+
+def capacity(record: dict[str, Any]) -> Text:
+    """Each model's capacity now (the gateway's, read with the record): those below what
+    the plan keeps first, then the unknown ones. Unknown is "?" with why, never 0."""
+    t = Text("capacity", style="bold")
+    caps = record.get("capacity")
+    if caps is None:
+        return t.append(": ? (the gateway's answer has none)", style="yellow")
+    found = [(model, ModelCapacity.model_validate(cap or {})) for model, cap in caps.items()]
+    order = sorted(found, key=lambda mc: (not mc[1].below, mc[1].ready is not None))
+    for model, cap in order[:MAX_MODELS]:
+        style = "bold red" if cap.below else "yellow" if cap.ready is None else ""
+        t.append(f"\n  {model}: ", style="bold")
+        t.append(cap.words(), style=style)
+    if len(order) > MAX_MODELS:
+        t.append(f"\n  ... {len(order) - MAX_MODELS} more models", style="dim")
+    return t
+
+
+def live_figures(view: FleetView | None, step: dict[str, Any] | None) -> dict[str, Any]:
+    """The latest TTFT and ITL p95 the console read of the step's deployment, each with
+    where from: its engine's metrics (a histogram's p95; a mean is no p95), else the
+    gateway's measures; {} where the console has no row for it."""
+    if view is None or step is None:
+        return {}
+    rows = view.models.get(str(step.get("model")), [])
+    row = next((r for r in rows if r.id == step.get("deployment")), None)
+    if row is None:
+        return {}
+    lat = row.stats.latency if row.stats is not None else None
+    window = row.stats.window_s if row.stats is not None else None
+    over = f", over {fmt.seconds(window)}" if window else ""
+    found: dict[str, Any] = {}
+    for key, name in (("ttft_p95_s", "ttft_s"), ("itl_p95_s", "itl_s")):
+        engine = getattr(lat, name) if lat is not None else None
+        gateway = getattr(row.gateway, name) if row.gateway is not None else None
+        if engine is not None and engine.p95 is not None:
+            found[key] = (engine.p95, f"its engine's metrics{over}")
+        elif gateway is not None and gateway.p95 is not None:
+            found[key] = (gateway.p95, "the gateway's measures of its traffic")
+        elif engine is not None and engine.mean is not None:
+            found[key] = (None, "its engine gives only a mean, no p95")
+    return found
+
+
+# Each p95 beside its baseline: the baselines it is held to, and the figure after its turn.
+NOW = (("ttft_p95_s", "TTFT p95", ("canary_baseline", "baseline"), "verified"),
+       ("itl_p95_s", "ITL p95", ("baseline",), "served"))  # fmt: skip
+
+
+def now_lines(step: dict[str, Any], live: dict[str, Any]) -> Text:
+    """Each p95 beside its baseline: after its turn when measured, else the console's
+    latest reading of it (`live_figures`) with where from, else "?"."""
+    words = dict(FIGURES)
+    t = Text()
+    for key, name, bases, after_key in NOW:
+        base = next((b for b in bases if (step.get(b) or {}).get(key) is not None), None)
+        t.append(f"\n  {name:<10}", style="bold")
+        t.append(f"baseline {fmt.seconds((step.get(base) or {}).get(key) if base else None)}")
+        if base is not None:
+            t.append(f" ({words[base]})", style="dim")
+        after = (step.get(after_key) or {}).get(key)
+        if after is not None:
+            value, source = after, words[after_key]
+        else:
+            value, source = live.get(key, (None, "not measured since its baseline"))
+            source = f"latest: {source}" if value is not None else source
+        t.append(f"  now {fmt.seconds(value)}", style="bold")
+        t.append(f" ({source})", style="dim")
     return t
 
 
@@ -283,14 +364,18 @@ def keys_line(record: dict[str, Any], refused: str | None) -> Text:
     return t
 
 
-def rollout_text(records: list[dict[str, Any]], refused: str | None = None) -> Text:
-    """The whole screen's text: the chosen rollout, then the others."""
+def rollout_text(
+    records: list[dict[str, Any]], refused: str | None = None, view: FleetView | None = None
+) -> Text:
+    """The whole screen's text: the chosen rollout, then the others; `view`: the console's
+    last view, for the step under way's latest figures."""
     record = chosen(records)
     if record is None:
         return Text(
             "no rollout in the gateway: engineroom rollout plan ..., then rollout run PLAN",
             style="dim",
         )
-    parts = [head(record), keys_line(record, refused), waves(record), steps_table(record),
-             details(record), events(record), others(records, record)]  # fmt: skip
+    parts = [head(record), keys_line(record, refused), capacity(record), waves(record),
+             steps_table(record), details(record, view), events(record),
+             others(records, record)]  # fmt: skip
     return Text("\n\n").join(p for p in parts if p.plain)

@@ -1,4 +1,5 @@
-"""The yes/no question every action asks first, naming its target."""
+"""The yes/no question every action asks first, naming its target; WhyConfirmScreen also
+takes the why to record with the move."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
-from textual.widgets import Button, Label
+from textual.widgets import Button, Input, Label
 
 from console.tui.format import safe
 from console.tui.widgets.safe_static import SafeStatic
@@ -48,3 +49,48 @@ class ConfirmScreen(ModalScreen[bool]):
     @on(Button.Pressed)
     def _pressed(self, event: Button.Pressed) -> None:
         self.dismiss(event.button.id == "yes")
+
+
+class WhyConfirmScreen(ConfirmScreen):
+    """The question, with a field for the why the audit records: Enter (or the button)
+    answers yes, Esc cancels; y and n type into the field. Left empty, `why` is `default`
+    (the field's placeholder says so). Read `why` once it answered."""
+
+    DEFAULT_CSS = """
+    WhyConfirmScreen #why-row { margin-top: 1; }
+    WhyConfirmScreen #why-row > Label { width: auto; padding: 0 1 0 0; text-style: bold; }
+    WhyConfirmScreen #why { width: 1fr; background: $boost; }
+    """
+    AUTO_FOCUS = "#why"
+
+    def __init__(self, title: str, body: str, yes: str, default: str, max_length: int) -> None:
+        super().__init__(title, body, yes)
+        self.default, self.max_length = default, max_length
+        self.why = default
+
+    def compose(self) -> ComposeResult:
+        with Vertical():
+            yield Label(safe(Text(self.title_text, style="bold")))
+            yield SafeStatic(self.body)
+            # Compact: a focused Input's border took two of its three rows and hid the
+            # text typed in a short box (the command line had it so).
+            with Horizontal(id="why-row"):
+                yield Label("why:")
+                yield Input(placeholder=f"{self.default} (left empty)", id="why",
+                            max_length=self.max_length, compact=True)  # fmt: skip
+            with Horizontal():
+                yield Button(Text(f"enter  {self.yes}"), id="yes", variant="warning")
+                yield Button(Text("esc  cancel"), id="no")
+
+    def action_answer(self, answer: bool) -> None:
+        if answer:
+            self.why = self.query_one("#why", Input).value.strip() or self.default
+        self.dismiss(answer)
+
+    @on(Input.Submitted, "#why")
+    def _submitted(self) -> None:
+        self.action_answer(True)
+
+    @on(Button.Pressed)
+    def _pressed(self, event: Button.Pressed) -> None:
+        self.action_answer(event.button.id == "yes")
