@@ -17,8 +17,27 @@ from tests.test_gateway import ADMIN, GATEWAY_VIEWER, Gateway, start_gateway
 TOKEN_ENV = "T_ROLL_AGENT"
 
 
-def fleet_text(gw_port: int, state: Path) -> str:
-    closed = [free_port() for _ in range(3)]
+def fleet_text(gw_port: int, state: Path, models: tuple[str, ...] = ("tiny",)) -> str:
+    """Each model: two deployments (NAME-a, NAME-b) on closed ports; the agent closed too."""
+    closed = [free_port() for _ in range(1 + 2 * len(models))]
+    declared = "".join(
+        f"""
+[[models]]
+name = "{name}"
+failover = {{ steps = [100], verify_s = 0.2, warmup_requests = 1, drain_timeout_s = 5 }}
+  [[models.deployments]]
+  id = "{name}-a"
+  node = "local"
+  engine = "vllm"
+  endpoint = "http://127.0.0.1:{closed[1 + 2 * n]}"
+  [[models.deployments]]
+  id = "{name}-b"
+  node = "local"
+  engine = "vllm"
+  endpoint = "http://127.0.0.1:{closed[2 + 2 * n]}"
+"""
+        for n, name in enumerate(models)
+    )
     return f"""
 [fleet]
 name = "roll"
@@ -30,20 +49,7 @@ health_interval_s = 0.5
 name = "local"
 agent = "http://127.0.0.1:{closed[0]}"
 token_env = "{TOKEN_ENV}"
-[[models]]
-name = "tiny"
-failover = {{ steps = [100], verify_s = 0.2, warmup_requests = 1, drain_timeout_s = 5 }}
-  [[models.deployments]]
-  id = "tiny-a"
-  node = "local"
-  engine = "vllm"
-  endpoint = "http://127.0.0.1:{closed[1]}"
-  [[models.deployments]]
-  id = "tiny-b"
-  node = "local"
-  engine = "vllm"
-  endpoint = "http://127.0.0.1:{closed[2]}"
-"""
+{declared}"""
 
 
 def post(gateway: Gateway, body: object, token: str = ADMIN):
@@ -135,5 +141,49 @@ def test_a_rollout_that_cannot_run_is_refused_and_one_that_cannot_drain_halts(
         assert ended.status_code == 409 and "has ended (aborted)" in ended.json()["error"]
         wait_until(lambda: gateway.admin("GET", "/admin/rollouts").json()[0]["status"]
                    == "aborted", 5, what="listed aborted")  # fmt: skip
+    finally:
+        stop(gateway.process, grace=5)
+
+
+def test_a_waves_models_step_side_by_side_and_each_halt_is_said(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """Two models, each with two deployments: the canary wave holds one of each. Both
+    steps run at once; neither can drain (nothing answers), so both halt before the
+    rollout does, and the second wave never starts. (Run one after another, the first
+    halt would have left the other model's canary pending.)"""
+    port = free_port()
+    (tmp_path / "fleet.toml").write_text(fleet_text(port, tmp_path / "gw", ("tiny", "small")))
+    fleet = str(tmp_path / "fleet.toml")
+    env = agent_env(ENGINEROOM_ADMIN_TOKEN=ADMIN)
+    plan = tmp_path / "plan.json"
+    made = run_cli("rollout", "plan", "--restart", "--model", "tiny", "--model", "small",
+                   "--out", str(plan), "--fleet", fleet, env=env)  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    waves = [[s["deployment"] for s in w["steps"]] for w in json.loads(plan.read_text())["waves"]]
+    assert waves == [["tiny-a", "small-a"], ["tiny-b", "small-b"]], waves
+    monkeypatch.setenv(TOKEN_ENV, "agent-token-0123456789")
+    gateway = start_gateway(tmp_path, "", port, healthy=False)
+    try:
+        run = run_cli("rollout", "run", str(plan), "--why", "both at once", "--wait",
+                      "--fleet", fleet, env=env, timeout=120)  # fmt: skip
+        assert run.returncode == 1, run.stdout + run.stderr
+        rollout_id = run.stdout.split()[1]
+        record = gateway.admin("GET", f"/admin/rollouts/{rollout_id}").json()
+        assert record["status"] == "halted", record
+        assert [(s["deployment"], s["state"]) for s in record["steps"]] == [
+            ("tiny-a", "halted"), ("small-a", "halted"), ("tiny-b", "pending"),
+            ("small-b", "pending"),
+        ]  # fmt: skip
+        assert record["current"] == 0
+        assert record["error"].startswith("step 1 (tiny-a): drain: "), record["error"]
+        assert record["error"].endswith("(and 1 more step(s) of this wave halted)")
+        out = run_cli("rollout", "abort", rollout_id, "--why", "engines are gone",
+                      "--fleet", fleet, env=env)  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        record = gateway.admin("GET", f"/admin/rollouts/{rollout_id}").json()
+        assert [s["state"] for s in record["steps"]] == ["aborted", "aborted", "pending", "pending"]
+        assert "small-a was in phase drain" in record["error"]
+        assert "tiny-a was in phase drain" in record["error"]
     finally:
         stop(gateway.process, grace=5)

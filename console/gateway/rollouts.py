@@ -3,11 +3,13 @@ each deployment drained through its model's data plane, acted on through its age
 verified against its own baseline and given its weight back (console.gateway.rollout_steps).
 
 The gateway holds the data planes and a SQLite record, and it outlives the console that
-started a rollout. One rollout is open at a time. The steps run one after another in the
-plan's order, wave by wave: a model's failover jobs are one at a time, so a wave's
-deployments take their turns, never more out at once than the plan allows.
+started a rollout. One rollout is open at a time. It runs wave by wave. A wave's models go
+side by side (at most PARALLEL_MODELS at once); one model's steps in a wave take their
+turns in the plan's order (its failover jobs are one at a time), so never more of a
+model is out at once than the plan allows. A breach halts the rollout once the wave's
+other steps have ended theirs; `current` is the first step not done.
 
-States (`status`): running; paused (at a step's end, asked for); halted (a step failed or
+States (`status`): running; paused (at a wave's end, asked for); halted (a step failed or
 breached: the deployment stays as that step left it); interrupted (the gateway stopped
 while it ran; at the restart each model's weights are read back from its data plane);
 succeeded; aborted. Paused, halted and interrupted rollouts resume (the step under way
@@ -22,6 +24,7 @@ import contextlib
 import json
 import logging
 import time
+from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +45,7 @@ log = logging.getLogger(__name__)
 HISTORY = 20  # rollouts the admin API lists
 MAX_EVENTS = 200  # a record's events kept (the audit log keeps them all)
 OPEN = ("running", "paused", "halted", "interrupted")
+PARALLEL_MODELS = 8  # a wave's models stepped at once (each step: canaries, agent jobs)
 
 
 class Rollouts:
@@ -137,13 +141,12 @@ class Rollouts:
             self.live[stored.id] = record
             if record.get("status") == "running":
                 record["status"] = "interrupted"
-                index, steps = record["current"], record["steps"]
-                current = steps[index] if index < len(steps) else None  # none: all done
-                at = ""
-                if current is not None and current["state"] == "running":
-                    current["state"] = "interrupted"
-                    at = f" at step {record['current'] + 1} ({current['deployment']}), " \
-                         f"phase {current['phase']}"  # fmt: skip
+                cut = []
+                for n, step in enumerate(record["steps"]):
+                    if step["state"] == "running":
+                        step["state"] = "interrupted"
+                        cut.append(f"step {n + 1} ({step['deployment']}), phase {step['phase']}")
+                at = f" at {'; '.join(cut)}" if cut else ""
                 record["error"] = f"the gateway stopped during this rollout{at}"
                 self._event(record, "gateway", "interrupted", record["error"])
                 self.save(record)
@@ -237,7 +240,7 @@ class Rollouts:
         if record["status"] == "running":
             if not record.pop("pause_asked", False):
                 raise FailoverRefused(409, f"rollout {rollout_id} is running already")
-        elif rollout_id in self.tasks:  # a pause at its step's end, not reached yet
+        elif rollout_id in self.tasks:  # a pause at its wave's end, not reached yet
             raise FailoverRefused(409, f"rollout {rollout_id} is still ending its step; wait")
         else:
             record["status"], record["error"] = "running", None
@@ -257,8 +260,7 @@ class Rollouts:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         note = ""
-        if record["current"] < len(record["steps"]):
-            step = record["steps"][record["current"]]
+        for step in record["steps"][record["current"] :]:
             if step["state"] in ("running", "interrupted", "halted"):
                 step["state"] = "aborted"
                 weights: Any
@@ -268,8 +270,8 @@ class Rollouts:
                         weights = await plane.weights(step["model"])
                 except (DataPlaneError, TimeoutError) as exc:
                     weights = f"unknown ({exc or 'no answer within 10 s'})"
-                note = (f"; {step['deployment']} was in phase {step['phase']}; "
-                        f"{step['model']}'s weights now: {weights}")  # fmt: skip
+                note += (f"; {step['deployment']} was in phase {step['phase']}; "
+                         f"{step['model']}'s weights now: {weights}")  # fmt: skip
         record["status"] = "aborted"
         record["error"] = f"aborted by {who or 'admin'}: {why or 'no reason given'}{note}"
         self._event(record, who or "admin", "aborted", why)
@@ -287,39 +289,74 @@ class Rollouts:
         self.tasks[record["id"]] = asyncio.create_task(self._run(record))
 
     async def _run(self, record: dict[str, Any]) -> None:
+        steps = record["steps"]
         try:
-            while record["current"] < len(record["steps"]):
+            while record["current"] < len(steps):
                 if record.pop("pause_asked", False):
                     record["status"] = "paused"
                     self._event(record, "gateway", "paused", f"before step {record['current'] + 1}")
                     self.save(record)
                     return
-                index = record["current"]
-                step = record["steps"][index]
-                await StepRun(self, record, index).run()
-                self._event(record, "gateway", f"step {index + 1} done",
-                            f"{step['operation']} {step['deployment']}")  # fmt: skip
-                record["current"] = index + 1
+                wave = steps[record["current"]]["wave"]
+                ends = next((n for n in range(record["current"], len(steps))
+                             if steps[n]["wave"] != wave), len(steps))  # fmt: skip
+                halts = await self._wave(record, range(record["current"], ends))
+                if halts:
+                    self._halt(record, halts)
+                    return
+                record["current"] = ends
                 self.save(record)
             record["status"] = "succeeded"
             self._event(record, "gateway", "succeeded")
             self.save(record)
-        except Halt as exc:
-            self._halt(record, str(exc))
         except asyncio.CancelledError:
             raise  # an abort, or the gateway closing (the record stays open: interrupted)
         except Exception as exc:
             log.exception("rollout %s", record["id"])
-            self._halt(record, f"internal error: {exc!r}"[:300])
+            self._halt(record, {record["current"]: f"internal error: {exc!r}"[:300]})
         finally:
             if self.tasks.get(record["id"]) is asyncio.current_task():
                 self.tasks.pop(record["id"], None)
 
-    def _halt(self, record: dict[str, Any], why: str) -> None:
-        step = record["steps"][record["current"]]
-        step["state"] = "halted"
+    async def _wave(self, record: dict[str, Any], indexes: range) -> dict[int, str]:
+        """The wave's steps not done yet: its models side by side, each model's steps in
+        turn (a halted one ends its model's turn). The steps that halted, with why, once
+        every other step of the wave has ended its own."""
+        steps, halts = record["steps"], dict[int, str]()
+        by_model: dict[str, list[int]] = defaultdict(list)
+        for n in indexes:
+            if steps[n]["state"] != "done":
+                by_model[steps[n]["model"]].append(n)
+        room = asyncio.Semaphore(PARALLEL_MODELS)
+
+        async def turns(ours: list[int]) -> None:
+            async with room:
+                for n in ours:
+                    try:
+                        await StepRun(self, record, n).run()
+                    except Halt as exc:
+                        halts[n] = str(exc)
+                        return
+                    except Exception as exc:  # a defect: said as this step's halt
+                        log.exception("rollout %s step %d", record["id"], n + 1)
+                        halts[n] = f"internal error: {exc!r}"[:300]
+                        return
+                    self._event(record, "gateway", f"step {n + 1} done",
+                                f"{steps[n]['operation']} {steps[n]['deployment']}")  # fmt: skip
+                    self.save(record)
+
+        await asyncio.gather(*(turns(ours) for ours in by_model.values()))
+        return dict(sorted(halts.items()))
+
+    def _halt(self, record: dict[str, Any], halts: dict[int, str]) -> None:
+        """Halted at the wave's steps that failed (`halts`: step index -> why)."""
+        for n in halts:
+            record["steps"][n]["state"] = "halted"
+        n, why = next(iter(halts.items()))
+        step = record["steps"][n]
+        more = f" (and {len(halts) - 1} more step(s) of this wave halted)" if len(halts) > 1 else ""
         record["status"] = "halted"
-        record["error"] = f"step {record['current'] + 1} ({step['deployment']}): {why}"
+        record["error"] = f"step {n + 1} ({step['deployment']}): {why}{more}"
         record.pop("pause_asked", None)
         self._event(record, "gateway", "halted", record["error"])
         self.save(record)
