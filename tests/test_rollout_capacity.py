@@ -3,9 +3,11 @@ many of its deployments are ready and in rotation now against what the plan keep
 from the route table at each read and never stored; unknown is unknown, never 0.
 
 Two models in one restart plan, no engine behind either: tiny's two endpoints are closed
-ports (the rollout halts at step 1, tiny-a's drain, as tests/test_rollout_refusals.py
-shows), and big has two deployments whose health checks pass (a small HTTP server here),
-one that is down and one with no weight. `engineroom rollout show` says the same."""
+ports (its first step halts at tiny-a's drain, as tests/test_rollout_refusals.py shows),
+and big has two deployments whose health checks pass (a small HTTP server here that
+answers nothing else, so big-a's drain halts at its canary through big-b, before any
+weight moved), one that is down and one with no weight. `engineroom rollout show` says
+the same."""
 
 from __future__ import annotations
 
@@ -137,10 +139,17 @@ def test_a_rollout_says_each_models_capacity_now_against_what_the_plan_keeps(
         env = agent_env(ENGINEROOM_ADMIN_TOKEN=ADMIN)
         shown = run_cli("rollout", "show", rid, "--fleet", str(gateway.fleet), env=env)
         assert shown.returncode == 0, shown.stderr
-        assert ("big: capacity 2 of 4 ready and in rotation, the plan keeps 2 (1 out at most)"
-                in shown.stdout), shown.stdout  # fmt: skip
-        assert ("tiny: capacity 0 of 2 ready and in rotation, the plan keeps 1 (1 out at most)"
-                ": below it" in shown.stdout), shown.stdout  # fmt: skip
+        said = shown.stdout.splitlines()
+        at = said.index("  capacity now (the plan takes 1 out at most per model)")
+        assert said[at + 1 : at + 3] == [
+            "    big: 2 of 4 ready and in rotation, the plan keeps 2",
+            "    tiny: 0 of 2 ready and in rotation, the plan keeps 1: below it",
+        ], shown.stdout
+
+        aborted = gateway.admin("POST", f"/admin/rollouts/{rid}/abort",
+                                json={"who": "bob", "why": "big moves"})  # fmt: skip
+        assert aborted.status_code == 200, aborted.text
+        assert aborted.json()["capacity"]["tiny"]["ready"] == 0  # with the answer too
 
         # big leaves the fleet file: its capacity is unknown now, and said why, never 0.
         gateway.fleet.write_text(fleet_text(tmp_path, port, healthy, with_big=False))
@@ -149,9 +158,6 @@ def test_a_rollout_says_each_models_capacity_now_against_what_the_plan_keeps(
                          10, what="big gone from the gateway's routes")  # fmt: skip
         assert big["unknown"] == "big is not in the gateway's fleet file now", big
         assert big["deployments"] is None and big["keeps"] is None
-        aborted = gateway.admin("POST", f"/admin/rollouts/{rid}/abort",
-                                json={"who": "bob", "why": "big moved"})  # fmt: skip
-        assert aborted.status_code == 200 and aborted.json()["capacity"]["tiny"]["ready"] == 0
         assert "capacity" not in stored_result(tmp_path, rid)
     finally:
         stop(gateway.process, grace=5)

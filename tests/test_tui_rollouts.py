@@ -165,8 +165,8 @@ async def test_a_halted_rollout_is_shown_with_why_and_an_abort_names_it(
         assert "ITL p95   baseline ?  now ? (not measured since its baseline)" in screen
         # Both of tiny's deployments checked and down: 0 is known, and below the floor.
         await until(pilot, lambda: "tiny: 0 of 2 ready" in shown(app), what="tiny's capacity")
-        assert ("tiny: 0 of 2 ready and in rotation, the plan keeps 1 (1 out at most): below "
-                "it") in shown(app)  # fmt: skip
+        assert ("capacity now (the plan takes 1 out at most per model)\n  tiny: 0 of 2 ready "
+                "and in rotation, the plan keeps 1: below it") in shown(app)  # fmt: skip
         await until(pilot, lambda: app.gateway_role == "admin", what="the gateway's role")
 
         # A resume, its why typed in the confirmation (and seen as it is typed): it halts

@@ -183,7 +183,7 @@ def _table(records: list[dict[str, Any]], out: TextIO) -> None:
 def show(record: dict[str, Any], out: TextIO) -> None:
     """A rollout as an operator reads it: where it is, each model's capacity now, each step
     and phase, why it stopped."""
-    from console.core.gateway_wire import ModelCapacity
+    from console.core.gateway_wire import ModelCapacity, capacity_head
 
     say(f"rollout {record['id']}: {record['status']}, {record['operation']}, by {record['who']}",
         out)  # fmt: skip
@@ -192,10 +192,9 @@ def show(record: dict[str, Any], out: TextIO) -> None:
     for model, weights in (record.get("weights_seen") or {}).items():
         say(f"  {model}: weights read back from its data plane: {weights}", out)
     caps = record.get("capacity")
-    if caps is None:
-        say("  capacity: ? (the gateway's answer has none)", out)
+    say(f"  {capacity_head(caps)}", out)
     for model, cap in (caps or {}).items():
-        say(f"  {model}: capacity {ModelCapacity.model_validate(cap or {}).words()}", out)
+        say(f"    {model}: {ModelCapacity.model_validate(cap or {}).words()}", out)
     say(f"  {'#':>3} {'WAVE':<4} {'DEPLOYMENT':<20} {'OPERATION':<13} {'STATE':<11} PHASE", out)
     for n, step in enumerate(record["steps"], 1):
         say(f"  {n:>3} {step['wave']:<4} {step['deployment']:<20} {step['operation']:<13} "

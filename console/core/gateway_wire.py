@@ -197,17 +197,27 @@ class ModelCapacity(_Answer):
         return self.ready is not None and self.keeps is not None and self.ready < self.keeps
 
     def words(self) -> str:
-        """`1 of 2 ready and in rotation, the plan keeps 1 (1 out at most)`; "?" unknown."""
+        """`1 of 2 ready and in rotation, the plan keeps 1`, "?" where unknown (with why)."""
 
         def n(value: int | None) -> str:
             return "?" if value is None else str(value)
 
-        most = f" ({self.max_unavailable} out at most)" if self.max_unavailable else ""
         said = (f"{n(self.ready)} of {n(self.deployments)} ready and in rotation, "
-                f"the plan keeps {n(self.keeps)}{most}")  # fmt: skip
+                f"the plan keeps {n(self.keeps)}")  # fmt: skip
         if self.below:
             said += ": below it"
         return said + (f" ({self.unknown or 'not known'})" if self.ready is None else "")
+
+
+def capacity_head(capacity: dict[str, Any] | None) -> str:
+    """The line above each model's `ModelCapacity.words()`: `capacity now (the plan takes 1
+    out at most per model)`, or that the gateway did not say."""
+    if capacity is None:
+        return "capacity now: ? (the gateway did not say)"
+    most = {(c or {}).get("max_unavailable") for c in capacity.values()} - {None}
+    if not most:
+        return "capacity now"
+    return f"capacity now (the plan takes {most.pop()} out at most per model)"
 
 
 class RolloutRecord(_Answer):

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich.text import Text
 
-from console.core.gateway_wire import ModelCapacity
+from console.core.gateway_wire import ModelCapacity, capacity_head
 from console.tui import format as fmt
 
 if TYPE_CHECKING:
@@ -45,6 +45,7 @@ MAX_WAVE_NAMES = 6  # a wave with more steps is counted by state
 MAX_WAVES = 12
 MAX_EVENTS = 8
 MAX_OTHERS = 5
+MAX_BESIDE = 8  # steps of the wave under way detailed (its models go side by side)
 MAX_MODELS = 8  # models whose capacity is listed; those below what the plan keeps first
 
 
@@ -188,7 +189,8 @@ COLUMNS = (("#", 4), ("DEPLOYMENT", 16), ("NODE", 10), ("STATE", 12), ("PHASE", 
 
 def steps_table(record: dict[str, Any]) -> Text:
     """Each deployment's state and phase, its TTFT and ITL p95 before its turn (the
-    baseline) → what its verification read after; the step under way marked ▶."""
+    baseline) → what its verification read after; each step under way marked ▶ (a wave's
+    models go side by side)."""
     steps = record.get("steps") or []
     current = int(record.get("current") or 0)
     first = max(0, min(current - MAX_ROWS // 2, len(steps) - MAX_ROWS))
@@ -201,7 +203,8 @@ def steps_table(record: dict[str, Any]) -> Text:
         t.append(f"\n  ... {first} steps before", style="dim")
     for i, step in enumerate(shown, first):
         state = str(step.get("state"))
-        mark = "▶" if i == current and state != "done" else " "
+        under_way = (i == current and state != "done") or state == "running"
+        mark = "▶" if under_way else " "
         cells = (
             f"{mark}{i + 1}", str(step.get("deployment")), str(step.get("node")), state,
             str(step.get("phase") or ""), figure(step, "ttft_p95_s"), figure(step, "itl_p95_s"),
@@ -219,14 +222,28 @@ def steps_table(record: dict[str, Any]) -> Text:
 
 
 def details(record: dict[str, Any], view: FleetView | None = None) -> Text:
-    """The step under way (or the last), phase by phase, its p95s beside its baseline
-    (`now_lines`), and where its figures came from."""
+    """The step under way (or the last), and beside it its wave's other steps under way or
+    stopped (a wave's models go side by side): each phase by phase, its p95s beside its
+    baseline (`now_lines`), and where its figures came from."""
     steps = record.get("steps") or []
     if not steps:
         return Text()
     current = min(int(record.get("current") or 0), len(steps) - 1)
-    step = steps[current]
-    t = Text(f"step {current + 1}: {step.get('deployment')}", style="bold")
+    wave = steps[current].get("wave")
+    beside = [n for n, s in enumerate(steps) if n != current and s.get("wave") == wave
+              and s.get("state") not in ("done", "pending")]  # fmt: skip
+    shown = [current, *beside[: MAX_BESIDE - 1]]
+    t = Text("\n\n").join(step_block(n, steps[n], view) for n in shown)
+    if len(beside) > MAX_BESIDE - 1:
+        t.append(f"\n\n... {len(beside) - MAX_BESIDE + 1} more steps of wave {wave} under way",
+                 style="dim")  # fmt: skip
+    return t
+
+
+def step_block(n: int, step: dict[str, Any], view: FleetView | None) -> Text:
+    """One step: each phase done in a line, the one under way, its p95s beside their
+    baselines, where its figures came from."""
+    t = Text(f"step {n + 1}: {step.get('deployment')}", style="bold")
     for phase, line in (step.get("details") or {}).items():
         t.append(f"\n  {phase:<10}", style="bold")
         t.append(str(line))
@@ -245,10 +262,10 @@ def details(record: dict[str, Any], view: FleetView | None = None) -> Text:
 def capacity(record: dict[str, Any]) -> Text:
     """Each model's capacity now (the gateway's, read with the record): those below what
     the plan keeps first, then the unknown ones. Unknown is "?" with why, never 0."""
-    t = Text("capacity", style="bold")
     caps = record.get("capacity")
+    t = Text(capacity_head(caps), style="bold" if caps is not None else "yellow")
     if caps is None:
-        return t.append(": ? (the gateway's answer has none)", style="yellow")
+        return t
     found = [(model, ModelCapacity.model_validate(cap or {})) for model, cap in caps.items()]
     order = sorted(found, key=lambda mc: (not mc[1].below, mc[1].ready is not None))
     for model, cap in order[:MAX_MODELS]:
