@@ -127,6 +127,19 @@ def test_a_rollout_of_engine_drills_onto_a_release_without_the_engine_backend_is
     assert make_plan(pytorch, ask).waves
 
 
+def test_a_planned_drill_says_what_it_costs_its_backend(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for pipeline, cost in (("engine", "(engine backend: rebuild)"),
+                           ("pytorch", "(pytorch backend: re-validate, no build)")):  # fmt: skip
+        fleet = tmp_path / f"{pipeline}.toml"
+        fleet.write_text(drill_fleet(pipeline=pipeline))
+        argv = ["rollout", "plan", "--drill", "--deployment", "llama-trt", "--fleet", str(fleet)]
+        assert cli(argv) == 0
+        row = next(line for line in capsys.readouterr().out.splitlines() if "llama-trt" in line)
+        assert row.endswith(f"drill 'llama-rebuild' {cost} (canary)"), row
+
+
 # -- the agent: each deployment's backend, and what a change costs it -------------------
 
 AGENT_FLEET = """[fleet]

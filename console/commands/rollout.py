@@ -177,7 +177,7 @@ def plan_rollout(
 
         print(to_json(plan), file=out, end="")
     else:
-        show(plan, out)
+        show(plan, out, fleet)
     if args.out:
         say(f"wrote {args.out}", sys.stderr if args.json else out)
     return EXIT_OK
@@ -227,7 +227,9 @@ def _field(row: Any, key: str) -> str:
     return value if isinstance(value, str) else repr(value)
 
 
-def show(plan: Plan, out: TextIO) -> None:
+def show(plan: Plan, out: TextIO, fleet: Fleet | None = None) -> None:
+    """The plan's waves, a line per step; with `fleet`, what each drill costs its backend
+    (TensorRT-LLM's engine backend rebuilds; its PyTorch backend re-validates, no build)."""
     from console.core.rollout import counts
 
     waves, deployments, models = counts(plan)
@@ -252,6 +254,10 @@ def show(plan: Plan, out: TextIO) -> None:
                 what += f" {step.profile!r}"
             elif step.drill:
                 what += f" {step.drill!r}"
+                drill = fleet.drills.get(step.drill) if fleet is not None else None
+                if drill is not None:
+                    cost = "re-validate, no build" if drill.pipeline == "pytorch" else "rebuild"
+                    what += f" ({drill.pipeline} backend: {cost})"
             say(
                 f"{number:>4}  {step.model:<24} {step.deployment:<24} {step.node:<14} "
                 f"{step.engine:<7} {what}{' (canary)' if step.canary else ''}",
