@@ -1,7 +1,8 @@
 """What goes into a recording: the nodes' snapshots as the collector gets them, the alerts
 the console raises and clears, the diagnoses it names (raised, verifying a move, resolved
-or still there), the gateway's routes, and the operator's actions (jobs on the agents,
-failovers and weight changes in the gateway's audit log), each with who and why.
+or still there), the gateway's routes and rollouts, and the operator's actions (jobs on
+the agents, failovers and weight changes in the gateway's audit log, each rollout's steps,
+pauses, resumes, aborts and halts), each with who and why.
 
 One Recorder serves both `engineroom record` (headless, `record` below) and the console's
 `--record FILE`: the console hands it what it already has, so recording costs the
@@ -19,12 +20,15 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from console.collect.alerts import Event, EventLog
 from console.collect.collector import Collector, NodeState
 from console.collect.diagnoses import Diagnoser
 from console.collect.gateway_client import GatewayClient, GatewayError
 from console.collect.gateway_view import GatewayView, parse
 from console.collect.operator_actions import AUDIT_EVERY_S, ActionTracker
+from console.collect.recording_rollouts import RolloutTracker, audited, kept
 from console.collect.recording_writer import RecordingWriter
 from console.collect.view import ViewBuilder
 from console.core import diagnosis as d
@@ -57,6 +61,10 @@ class Recorder:
         self.actions = ActionTracker()  # how an action reads: the live Events' too
         self._newest_event: Event | None = None
         self._next_audit = 0.0
+        self.rollout_tracker = RolloutTracker()
+        self._rollouts: list[dict[str, Any]] = []  # the gateway's last answer
+        self._rollouts_read = False  # it answered: its rollouts' audit rows are left out
+        self._rollout_running = False  # read at each poll while one runs
         self._diagnosed: dict[tuple[str, str], str] = {}  # each diagnosis's state written
         # The gateway's last snapshot, parsed only when `engineroom record`'s diagnoses ask
         # (the console, recording, has parsed its own).
@@ -158,13 +166,37 @@ class Recorder:
         seconds (one more small call; a gateway that does not answer it is skipped)."""
         if snap is not None:
             self.gateway(snap)
-        if time.monotonic() >= self._next_audit:
-            self._next_audit = time.monotonic() + AUDIT_EVERY_S
-            with contextlib.suppress(GatewayError):
-                self.audit(await client.audit())
+        if time.monotonic() >= self._next_audit or self._rollout_running:
+            await self.read_actions(client)
+
+    async def read_actions(self, client: GatewayClient) -> None:
+        """The gateway's rollouts, then its audit log (whose rollout rows the rollouts'
+        own events then say); a read the gateway does not answer is skipped."""
+        self._next_audit = time.monotonic() + AUDIT_EVERY_S
+        try:
+            self.rollouts(await client.rollouts())
+        except GatewayError as exc:
+            self.rollouts(self._rollouts, str(exc))
+        with contextlib.suppress(GatewayError):
+            self.audit(await client.audit())
+
+    def rollouts(self, records: list[dict[str, Any]], error: str | None = None) -> None:
+        """The gateway's rollouts (GET /admin/rollouts, newest first) as read now, with why
+        they could not be (the last ones read are kept): their state, for replay's
+        Rollouts screen, and each step and pause, resume, abort or halt as an event."""
+        if error is None:
+            self._rollouts, self._rollouts_read = records, True
+        value, notes = kept(records, error)
+        self._rollout_running = any(r.status == "running" for r in value.rollouts.values())
+        self.writer.rollouts(msgspec.to_builtins(value))
+        for event in self.rollout_tracker.notes(notes) + self.rollout_tracker.events(value):
+            self.writer.event(event)
 
     def audit(self, rows: list[dict[str, Any]]) -> None:
-        """The gateway's audit rows not yet written: failovers, weight changes, reloads."""
+        """The gateway's audit rows not yet written: failovers, weight changes, reloads
+        (a rollout's rows are its record's events, once the rollouts are read)."""
+        if self._rollouts_read:
+            rows = [r for r in rows if not audited(r)]
         for record in self.actions.audit(rows):
             self.writer.event(record)
 
@@ -183,8 +215,7 @@ async def poll_gateway(fleet: Fleet, recorder: Recorder, stop: asyncio.Event) ->
             await recorder.from_gateway(client, snap)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), refresh)
-        with contextlib.suppress(GatewayError):  # the last actions before the end
-            recorder.audit(await client.audit())
+        await recorder.read_actions(client)  # the last actions before the end
     finally:
         await client.close()
 

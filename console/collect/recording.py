@@ -58,12 +58,15 @@ from console.collect.recording_format import (
     MORE,
     VERSION,
     Diff,
+    GatewayDiff,
     GatewayShape,
     GatewaySnap,
     Malformed,
     NodeStatus,
     Record,
     RecordingError,
+    RolloutsDiff,
+    RolloutsSnap,
     Snap,
     decode_event,
     decode_head,
@@ -77,6 +80,7 @@ from console.collect.recording_format import (
     one_line,
     patch,
 )
+from console.collect.recording_rollouts import Rollouts, checked
 from console.core.snapshot import Snapshot, SnapshotError, snapshot_from
 from console.core.units import size_from_bytes
 
@@ -196,8 +200,8 @@ class _Inflater:
 @dataclass
 class FleetAt:
     """Everything recorded up to a moment: each node's last snapshot (JSON) and when it
-    came, each node's last status and error, the gateway's last snapshot. `source` names
-    the file in what a bad record raises."""
+    came, each node's last status and error, the gateway's last snapshot and rollouts.
+    `source` names the file in what a bad record raises."""
 
     t: float
     nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -205,6 +209,10 @@ class FleetAt:
     status: dict[str, tuple[str | None, str | None]] = field(default_factory=dict)
     gateway: dict[str, Any] | None = None
     gateway_seen: float | None = None
+    # The gateway's rollouts (recording_rollouts.Rollouts: as recorded, and typed).
+    rollouts: dict[str, Any] | None = None
+    rollouts_typed: Rollouts | None = None
+    rollouts_seen: float | None = None
     version: dict[str, int] = field(default_factory=dict)  # node -> changes applied (patched
     # in place: a reader that keeps something made from a node's JSON compares this)
     source: str = "recording"
@@ -234,19 +242,39 @@ class FleetAt:
         if isinstance(record, NodeStatus):
             self.status[record.n] = (record.status, record.error)
             return record.n
-        if isinstance(record, GatewaySnap):
-            self.gateway, self.gateway_seen = self._gateway_checked(record, record.v), record.t
-        elif self.gateway is not None:
-            if (why := misfit(self.gateway, record.v)) is not None:
-                raise self._error(record, f"the gateway's snapshot: {why}")
-            # A new dict, not patched in place: the console holds the one it showed.
-            try:
-                copy = msgspec.json.decode(_copy(self.gateway))
-            except RecursionError:
-                raise self._error(record, "the gateway's snapshot is nested too deep") from None
-            self.gateway = self._gateway_checked(record, patch(copy, record.v))
-            self.gateway_seen = record.t
+        if isinstance(record, GatewaySnap | GatewayDiff):
+            gateway = self._whole(record, self.gateway, "the gateway's snapshot")
+            if gateway is not None:
+                self.gateway = self._gateway_checked(record, gateway)
+                self.gateway_seen = record.t
+        elif isinstance(record, RolloutsSnap | RolloutsDiff):
+            value = self._whole(record, self.rollouts, "the gateway's rollouts")
+            if value is not None:
+                try:
+                    self.rollouts_typed = checked(value)
+                except ValueError as exc:
+                    raise self._error(record, f"not the gateway's rollouts: {exc}") from None
+                self.rollouts, self.rollouts_seen = value, record.t
         return None
+
+    def _whole(
+        self, record: Record, before: dict[str, Any] | None, what: str
+    ) -> dict[str, Any] | None:
+        """The value a whole record sets, or a copy of `before` with a diff applied; None
+        for a diff with nothing before it (it changes nothing)."""
+        if isinstance(record, GatewaySnap | RolloutsSnap):
+            return record.v
+        assert isinstance(record, GatewayDiff | RolloutsDiff)
+        if before is None:
+            return None
+        if (why := misfit(before, record.v)) is not None:
+            raise self._error(record, f"{what}: {why}")
+        # A new dict, not patched in place: the console holds the one it showed.
+        try:
+            copy = msgspec.json.decode(_copy(before))
+        except RecursionError:
+            raise self._error(record, f"{what} is nested too deep") from None
+        return patch(copy, record.v)
 
     def _gateway_checked(self, record: Record, value: dict[str, Any]) -> dict[str, Any]:
         try:

@@ -123,7 +123,17 @@ class GatewayDiff(_Record, tag="gwd"):
     v: Change
 
 
-Record = Snap | Diff | NodeStatus | GatewaySnap | GatewayDiff
+class RolloutsSnap(_Record, tag="ro"):
+    """The gateway's rollouts as the console read them (recording_rollouts.Rollouts)."""
+
+    v: dict[str, Any]
+
+
+class RolloutsDiff(_Record, tag="rod"):
+    v: Change
+
+
+Record = Snap | Diff | NodeStatus | GatewaySnap | GatewayDiff | RolloutsSnap | RolloutsDiff
 
 
 class Event(msgspec.Struct, gc=False, omit_defaults=True):

@@ -55,6 +55,8 @@ _encode = msgspec.json.Encoder().encode
 FRAME_SPLIT = 8 * 2**20  # records end a frame early past this: far under MAX_INFLATED_FRAME
 _LAST_FRAMES = 16  # kept for the end: the events of a second fill 8 at most (64 MiB)
 _GAP = {"kind": "gap", "severity": "warning", "subject": "recording"}
+# What is recorded as one value and its diffs: its diff's kind, and whose it is.
+_WHOLE = {"gw": ("gwd", "the gateway"), "ro": ("rod", "the gateway's rollouts")}
 
 
 class Sink:
@@ -74,7 +76,7 @@ class Sink:
         self._nodes: dict[str, Any] = {}  # the last snapshot written, as JSON
         self._node_seen: dict[str, float] = {}
         self._status: dict[str, tuple[str | None, str | None]] = {}
-        self._gateway: dict[str, Any] | None = None
+        self._whole: dict[str, dict[str, Any] | None] = {}  # "gw", "ro": the last written
         self._records: list[bytes] = []
         self._events: list[tuple[float, bytes]] = []  # (its time, its line)
         self._zip: Any = None
@@ -126,15 +128,16 @@ class Sink:
         ):
             self._start_block(t)
         self._last = max(self._last, t)
-        if kind == "gw":
-            snap = message[2]
-            if self._gateway is None:
-                kept = self._line({"t": t, "k": "gw", "v": snap}, "the gateway")
-            elif (change := diff(self._gateway, snap)) is not None:
-                kept = self._line({"t": t, "k": "gwd", "v": change}, "the gateway")
+        if kind in _WHOLE:  # the gateway's snapshot, its rollouts: one value each
+            value, before = message[2], self._whole.get(kind)
+            diff_kind, who = _WHOLE[kind]
+            if before is None:
+                kept = self._line({"t": t, "k": kind, "v": value}, who)
+            elif (change := diff(before, value)) is not None:
+                kept = self._line({"t": t, "k": diff_kind, "v": change}, who)
             else:
                 kept = True
-            self._gateway = snap if kept else None  # left out: the next is written whole
+            self._whole[kind] = value if kept else None  # left out: the next goes whole
             return
         _, _, name, status, error, data = message
         if len(name) > MAX_TEXT:
@@ -236,10 +239,11 @@ class Sink:
             record = {"t": t, "k": "snap", "n": name, "v": data, "key": True, "seen": seen}
             if not self._line(record, name, share):
                 self._nodes.pop(name)
-        if self._gateway is not None and not self._line(
-            {"t": t, "k": "gw", "v": self._gateway}, "the gateway", share
-        ):
-            self._gateway = None
+        for kind, value in self._whole.items():
+            if value is not None and not self._line(
+                {"t": t, "k": kind, "v": value}, _WHOLE[kind][1], share
+            ):
+                self._whole[kind] = None
 
     def flush(self) -> None:
         if self.full:
@@ -365,7 +369,7 @@ def run_sink(path: str) -> int:
 _decode_any = msgspec.json.Decoder().decode
 # What a too-deep message was (RecordingWriter encodes ["node", t, "name", ...]), read
 # without decoding it: any decoder goes as deep as the message.
-_WHOSE = re.compile(rb'\["(node|gw|event)",([-+.0-9eE]+|null),("(?:[^"\\]|\\.)*")?')
+_WHOSE = re.compile(rb'\["(node|gw|ro|event)",([-+.0-9eE]+|null),("(?:[^"\\]|\\.)*")?')
 
 
 def _decode(body: bytes) -> Any:
@@ -377,7 +381,7 @@ def _decode(body: bytes) -> Any:
     whose = _WHOSE.match(body)
     kind = whose.group(1) if whose else b"?"
     when = float(whose.group(2)) if whose and whose.group(2) != b"null" else None
-    who: Any = "the gateway" if kind == b"gw" else "an event"
+    who: Any = _WHOLE[kind.decode()][1] if kind in (b"gw", b"ro") else "an event"
     if kind == b"node" and whose and whose.group(3):
         who = _decode_any(whose.group(3))
     return ["left_out", when, str(who), f"an update nested deeper than {MAX_VALUE_DEPTH} levels"]

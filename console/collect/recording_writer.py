@@ -45,7 +45,7 @@ _encode = msgspec.json.Encoder().encode
 class RecordingWriter:
     """Appends to a recording through a sink process; the caller never waits.
 
-    `node`, `gateway` and `event` put one item on a queue of `queue_limit` and return at
+    `node`, `gateway`, `rollouts` and `event` put one item on a queue of `queue_limit` and return at
     once; a full queue drops the item and counts it in `dropped`.
     """
 
@@ -124,6 +124,10 @@ class RecordingWriter:
         """The gateway's routes, weights and measures (GET /admin/snapshot)."""
         return self._put(("gw", time.time() if t is None else t, snap))
 
+    def rollouts(self, value: dict[str, Any], t: float | None = None) -> bool:
+        """The gateway's rollouts as a recording keeps them (recording_rollouts.kept)."""
+        return self._put(("ro", time.time() if t is None else t, value))
+
     def event(self, event: dict[str, Any]) -> bool:
         """An alert raised or cleared, or an operator action: {"t", "kind", "subject",
         "message", "severity", optional "who", "why", "node"}."""
@@ -181,7 +185,8 @@ class RecordingWriter:
         status still goes), which the sink writes into the file: it never ends this
         thread, nor the sink."""
         kind, t = item[0], item[1] if item[0] != "event" else None
-        who = item[2] if kind == "node" else "the gateway" if kind == "gw" else "an event"
+        whose = {"gw": "the gateway", "ro": "the gateway's rollouts"}
+        who = item[2] if kind == "node" else whose.get(kind, "an event")
         try:
             if kind == "node":
                 _, _, name, snap, status, error = item

@@ -2,8 +2,8 @@
 
 Two sources, one code path. A recording (console/collect/recording.py) with a time
 cursor that moves (play, step, jump): every node shows its snapshot, status and error as
-they were at the cursor, the gateway its routes and weights of that moment, the Events
-screen what had been raised, cleared and done by then. Or a single moment given as
+they were at the cursor, the gateway its routes, weights and rollouts of that moment, the
+Events screen what had been raised, cleared and done by then. Or a single moment given as
 snapshots (`engineroom agent --once --json` output): the screenshots of the H200
 evidence and the TUI's tests render real output that way. Nothing here opens a
 connection.
@@ -24,6 +24,7 @@ from console.collect.collector import Collector
 from console.collect.history import History
 from console.collect.operator_actions import event_of
 from console.collect.recording import Cursor, FleetAt, Recording, RecordingError
+from console.collect.recording_rollouts import Rollouts, records_of
 from console.core.config import ConfigError, Fleet, parse_fleet
 from console.core.snapshot import Snapshot
 
@@ -65,6 +66,12 @@ class ReplayCollector(Collector):
         self.cursor: Cursor | None = None
         self.at = 0.0  # the replayed time (unix seconds)
         self.gateway_snapshot: dict[str, Any] | None = None
+        # The gateway's rollouts at the cursor, as the Rollouts screen reads them (None:
+        # none recorded by then), why the gateway did not answer then, and when read.
+        self.rollouts: list[dict[str, Any]] | None = None
+        self.rollouts_error: str | None = None
+        self.rollouts_seen: float | None = None
+        self._rollouts_from: Rollouts | None = None
         # Where a recording stops making sense (a record that breaks its schema): why, and
         # the last moment before it; the replay plays up to there.
         self.broken: str | None = None
@@ -152,6 +159,12 @@ class ReplayCollector(Collector):
     ) -> None:
         self.at = moment.t
         self.gateway_snapshot = moment.gateway
+        typed = moment.rollouts_typed
+        if typed is not self._rollouts_from:  # made again only when they changed
+            self._rollouts_from = typed
+            self.rollouts = None if typed is None else records_of(typed)
+            self.rollouts_error = None if typed is None else typed.error
+        self.rollouts_seen = moment.rollouts_seen
         for name in set(given or ()) | changed:
             state = self.states.get(name)
             if state is None:

@@ -5,7 +5,9 @@ and its TTFT and ITL p95 before and after its turn; keys pause, resume and abort
 The rollout runs in the gateway: this screen only reads it (a poll that starts its next
 call once the last ended) and asks the workflows (console/tui/workflows.py
 `steer_rollout`) to steer it, each move confirmed by name. The web view and replay show
-it and refuse the keys (console/tui/readonly.py); a viewer token shows them dimmed.
+it and refuse the keys (console/tui/readonly.py); a viewer token shows them dimmed. A
+replay asks no gateway: its records are the recording's at the cursor, as the console
+that recorded read them (console/collect/recording_rollouts.py).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from textual.binding import Binding
 from textual.containers import VerticalScroll
 
 from console.collect.gateway_client import GatewayClient, GatewayError
+from console.collect.replay import ReplayCollector
 from console.collect.view import FleetView
 from console.core.config import ConfigError
 from console.tui.polling import Poll
@@ -45,6 +48,7 @@ class RolloutsScreen(ViewScreen):
         self.error: str | None = None  # the last read failed: what is shown is that old
         self.read = False  # the gateway answered once
         self.rollout_poll: Poll | None = None  # None: no gateway to ask (or a replay)
+        self.recorded: ReplayCollector | None = None  # a replay: the records at its cursor
 
     def compose_body(self) -> ComposeResult:
         with VerticalScroll(id="rollout-scroll"):
@@ -52,7 +56,10 @@ class RolloutsScreen(ViewScreen):
 
     def on_mount(self) -> None:
         super().on_mount()
-        if not self.console.offline and GatewayClient.configured(self.console.fleet):
+        source = self.console.collector
+        if self.console.offline and isinstance(source, ReplayCollector):
+            self.recorded = source
+        elif not self.console.offline and GatewayClient.configured(self.console.fleet):
             self.rollout_poll = Poll(self, max(1.0, self.console.refresh_s), self.fetch,
                                      "rollouts")  # fmt: skip
             self.rollout_poll.now()
@@ -82,6 +89,9 @@ class RolloutsScreen(ViewScreen):
             self._draw()
 
     def draw(self, view: FleetView) -> None:
+        if self.recorded is not None:  # the recording's, at the cursor (None: none yet)
+            self.records = self.recorded.rollouts or []
+            self.error, self.read = self.recorded.rollouts_error, True
         self._draw()
 
     def _draw(self) -> None:
@@ -103,7 +113,11 @@ class RolloutsScreen(ViewScreen):
 
     def _no_gateway(self) -> str | None:
         if self.console.offline:
-            return "a replay: the gateway is not asked, and its rollouts are not shown here"
+            if self.recorded is not None and self.recorded.rollouts is not None:
+                return None
+            return ("a replay: the gateway is not asked, and the recording holds no rollouts "
+                    "at this moment (recorded without a gateway, or before its rollouts were "
+                    "read)")  # fmt: skip
         if not GatewayClient.configured(self.console.fleet):
             return "no gateway: declare [gateway] in fleet.toml and set its token variable"
         return None
