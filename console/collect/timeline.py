@@ -1,8 +1,9 @@
 """`engineroom timeline FILE`: a recording as the list a postmortem needs.
 
 Alerts raised and cleared, nodes and engines going down and coming back, the operator's
-actions (jobs on the agents, failovers and weight changes on the gateway) with who and
-why, and at each point the p95 TTFT and ITL of the models it touches, as the engines
+actions (jobs on the agents, failovers and weight changes on the gateway) and each
+rollout's steps, pauses, resumes, halts and aborts (console/collect/recording_rollouts.py)
+with who and why, and at each point the p95 TTFT and ITL of the models it touches, as the engines
 reported them then. Markdown pastes into a postmortem as it is; JSON is for tools.
 """
 
@@ -67,7 +68,7 @@ def utc(t: float, with_date: bool = False) -> str:
 @dataclass
 class Entry:
     t: float
-    kind: str  # alert raised | alert cleared | action | node down | node up | engine ... | gap
+    kind: str  # alert raised | cleared | action | rollout | node down | up | engine ... | gap
     subject: str
     what: str
     severity: str = "info"
