@@ -6,6 +6,7 @@ drain halts with why, and is aborted with who and why."""
 from __future__ import annotations
 
 import json
+import signal
 from pathlib import Path
 
 import pytest
@@ -178,12 +179,19 @@ def test_a_waves_models_step_side_by_side_and_each_halt_is_said(
         assert record["current"] == 0
         assert record["error"].startswith("step 1 (tiny-a): drain: "), record["error"]
         assert record["error"].endswith("(and 1 more step(s) of this wave halted)")
-        out = run_cli("rollout", "abort", rollout_id, "--why", "engines are gone",
-                      "--fleet", fleet, env=env)  # fmt: skip
-        assert out.returncode == 0, out.stderr
-        record = gateway.admin("GET", f"/admin/rollouts/{rollout_id}").json()
+        # small leaves the fleet file (the gateway reloads it on SIGHUP); the abort still
+        # ends the rollout, small's weights said unknown, with why.
+        (tmp_path / "fleet.toml").write_text(fleet_text(port, tmp_path / "gw", ("tiny",)))
+        gateway.process.send_signal(signal.SIGHUP)
+        wait_until(lambda: "small" not in gateway.admin("GET", "/admin/routes").json(), 10,
+                   what="small gone from the gateway's routes")  # fmt: skip
+        aborted = gateway.admin("POST", f"/admin/rollouts/{rollout_id}/abort",
+                                json={"who": "bob", "why": "engines are gone"})  # fmt: skip
+        assert aborted.status_code == 200, aborted.text
+        record = aborted.json()
         assert [s["state"] for s in record["steps"]] == ["aborted", "aborted", "pending", "pending"]
-        assert "small-a was in phase drain" in record["error"]
-        assert "tiny-a was in phase drain" in record["error"]
+        assert "tiny-a was in phase drain; tiny's weights now: {" in record["error"]
+        assert ("small-a was in phase drain; small's weights now: unknown: the model is no "
+                "longer in the gateway's fleet file") in record["error"]  # fmt: skip
     finally:
         stop(gateway.process, grace=5)

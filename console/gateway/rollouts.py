@@ -159,14 +159,20 @@ class Rollouts:
                 continue
             seen: dict[str, Any] = {}
             for model in sorted({s["model"] for s in record["steps"]}):
-                try:
-                    plane = await self.failovers.plane(model)
-                    async with asyncio.timeout(10):
-                        seen[model] = await plane.weights(model)
-                except (DataPlaneError, TimeoutError) as exc:
-                    seen[model] = f"unknown: {exc or 'no answer within 10 s'}"
+                seen[model] = await self._weights_now(model)
             record["weights_seen"] = seen
             self.save(record)
+
+    async def _weights_now(self, model: str) -> dict[str, int] | str:
+        """The model's weights as its data plane has them, or why they are unknown."""
+        if model not in self.table.models:
+            return "unknown: the model is no longer in the gateway's fleet file"
+        try:
+            plane = await self.failovers.plane(model)
+            async with asyncio.timeout(10):
+                return await plane.weights(model)
+        except (DataPlaneError, TimeoutError) as exc:
+            return f"unknown: {exc or 'no answer within 10 s'}"
 
     # -- starting and steering -----------------------------------------------------------
 
@@ -263,13 +269,7 @@ class Rollouts:
         for step in record["steps"][record["current"] :]:
             if step["state"] in ("running", "interrupted", "halted"):
                 step["state"] = "aborted"
-                weights: Any
-                try:
-                    plane = await self.failovers.plane(step["model"])
-                    async with asyncio.timeout(10):
-                        weights = await plane.weights(step["model"])
-                except (DataPlaneError, TimeoutError) as exc:
-                    weights = f"unknown ({exc or 'no answer within 10 s'})"
+                weights = await self._weights_now(step["model"])
                 note += (f"; {step['deployment']} was in phase {step['phase']}; "
                          f"{step['model']}'s weights now: {weights}")  # fmt: skip
         record["status"] = "aborted"
