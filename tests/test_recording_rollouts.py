@@ -29,6 +29,7 @@ from console.collect.recording_rollouts import (
     MAX_ROLLOUT_EVENTS,
     MAX_ROLLOUT_STEPS,
     MAX_ROLLOUTS,
+    RolloutTracker,
     kept,
 )
 from console.collect.recording_writer import RecordingWriter
@@ -64,14 +65,21 @@ def _record(rid: str, steps: int, current: int = 0, events: int = 1) -> dict:
 def test_what_a_recording_keeps_of_the_rollouts_is_bounded_at_each_bound(tmp_path: Path):
     at_bound = _record("big", MAX_ROLLOUT_STEPS, current=5_000, events=MAX_ROLLOUT_EVENTS + 50)
     at_bound["error"] = "x" * (MAX_TEXT + 10)
-    records = [at_bound, _record("over", MAX_ROLLOUT_STEPS + 1)]
+    not_one = {**_record("odd", 1), "current": "the third"}  # not what a record holds
+    records = [at_bound, _record("over", MAX_ROLLOUT_STEPS + 1), not_one]
     records += [_record(f"r{i:02}", 2) for i in range(MAX_ROLLOUTS)]
     value, notes = kept(records)
 
     # The newest MAX_ROLLOUTS listed; the one past the step bound is left out, said.
-    assert f"the gateway listed {MAX_ROLLOUTS + 2} rollouts" in notes[0]
-    assert value.ids == ["big"] + [f"r{i:02}" for i in range(MAX_ROLLOUTS - 2)]
+    assert f"the gateway listed {MAX_ROLLOUTS + 3} rollouts" in notes[0]
+    assert value.ids == ["big"] + [f"r{i:02}" for i in range(MAX_ROLLOUTS - 3)]
     assert any("rollout over: 10,001 steps, over the 10,000" in n for n in notes), notes
+    assert any(n.startswith("rollout odd: not a rollout record (") for n in notes), notes
+    # Each said once in the recording, as a gap.
+    tracker = RolloutTracker()
+    gaps = tracker.notes(notes, t=2000.0)
+    assert [(g["kind"], g["message"]) for g in gaps] == [("gap", n) for n in notes]
+    assert tracker.notes(notes, t=2001.0) == []
     big = value.rollouts["big"]
     assert len(big.steps) == MAX_ROLLOUT_STEPS
     # Its last events; texts cut; the plan document not kept, its why is.

@@ -63,6 +63,7 @@ class Recorder:
         self._next_audit = 0.0
         self.rollout_tracker = RolloutTracker()
         self._rollouts: list[dict[str, Any]] = []  # the gateway's last answer
+        self._rollouts_said: tuple[list[dict[str, Any]], str | None] | None = None
         self._rollouts_read = False  # it answered: its rollouts' audit rows are left out
         self._rollout_running = False  # read at each poll while one runs
         self._diagnosed: dict[tuple[str, str], str] = {}  # each diagnosis's state written
@@ -184,6 +185,9 @@ class Recorder:
         """The gateway's rollouts (GET /admin/rollouts, newest first) as read now, with why
         they could not be (the last ones read are kept): their state, for replay's
         Rollouts screen, and each step and pause, resume, abort or halt as an event."""
+        if (records, error) == self._rollouts_said:
+            return  # as last read: nothing new to write (a read a refresh while one runs)
+        self._rollouts_said = (records, error)
         if error is None:
             self._rollouts, self._rollouts_read = records, True
         value, notes = kept(records, error)

@@ -174,11 +174,15 @@ def kept(records: list[dict[str, Any]], error: str | None = None) -> tuple[Rollo
         events = raw.get("events")
         if isinstance(events, list):
             trimmed["events"] = events[-MAX_ROLLOUT_EVENTS:]
-        try:
-            record = msgspec.convert(_cut(trimmed), Rollout)
-        except (msgspec.ValidationError, RecursionError) as exc:
-            notes.append(f"rollout {rid}: not a rollout record ({one_line(exc)}): not recorded")
-            continue
+        try:  # at C speed (a text over MAX_TEXT fails it: then cut, and again)
+            record = msgspec.convert(trimmed, Rollout)
+        except (msgspec.ValidationError, RecursionError):
+            try:
+                record = msgspec.convert(_cut(trimmed), Rollout)
+            except (msgspec.ValidationError, RecursionError) as exc:
+                why = one_line(exc)
+                notes.append(f"rollout {rid}: not a rollout record ({why}): not recorded")
+                continue
         n = len(record.steps)
         near = min(record.current, max(0, n - 1))
         for i, step in enumerate(record.steps):
