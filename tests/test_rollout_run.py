@@ -6,17 +6,26 @@ with a kill -9 of the gateway while the second deployment's restart runs (the ro
 reads interrupted at its step and phase, the weights read back from the data plane); its
 resume finds that deployment slow after its restart (SIGSTOP bursts on its EngineCore),
 so it halts with the deployment out of traffic, the other left as it was and the audit
-saying why; a second resume, the bursts over, finishes it. Throughout, never fewer than
-one ready deployment carried traffic, and no client request failed or was cut except while
-the gateway (in the traffic's path) was down. The refusals that need no engine are tested
-apart."""
+saying why; a second resume, the bursts over, finishes it. Then the same two engines move
+behind HAProxy (the clients on its front end, the gateway driving its runtime API) for a
+second rolling restart, whose `rollout run --wait` is killed mid-way (a console losing its
+connection): the rollout goes on in the gateway, a new console finds it, and it succeeds.
+Throughout, never fewer than one ready deployment carried traffic, and no client request
+failed or was cut except while the built-in gateway (in the traffic's path) was down. The
+refusals that need no engine are tested apart."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import grp
 import json
 import os
+import pwd
+import shutil
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -25,11 +34,17 @@ import httpx
 import psutil
 import pytest
 
-from tests.conftest import OPERATOR, agent_env, run_cli
+from console.core.config import parse_fleet
+from console.tui.app import EngineroomApp
+from console.tui.screens.rollouts import RolloutsScreen
+from tests.conftest import OPERATOR, ROOT, agent_env, run_cli
 from tests.engines.servers import free_port, send_traffic_vllm, stop, vllm_python, wait_until
+from tests.support.haproxy import runtime
 from tests.test_agent_real_engines import by_deployment
 from tests.test_diagnoses import NODE_TOKEN, agent_over, engine_core
 from tests.test_gateway import ADMIN, Gateway, start_gateway
+from tests.test_tui_rollouts import shown
+from tests.tui_support import until
 
 OPERATOR_TOKEN = OPERATOR.split(":", 1)[1]
 
@@ -123,6 +138,7 @@ class ReadyWatch:
     def __init__(self, gateway: Gateway) -> None:
         self.gateway = gateway
         self.fewest: int | None = None
+        self.lowest: list[dict] = []
         self.done = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
@@ -132,7 +148,8 @@ class ReadyWatch:
             with contextlib.suppress(httpx.HTTPError, ValueError, KeyError):
                 deps = self.gateway.admin("GET", "/admin/routes").json()["tiny"]["deployments"]
                 ready = sum(1 for d in deps if d["up"] and d["weight"] > 0)
-                self.fewest = ready if self.fewest is None else min(self.fewest, ready)
+                if self.fewest is None or ready < self.fewest:
+                    self.fewest, self.lowest = ready, deps  # what the fewest was, and why
 
     def stop(self) -> None:
         self.done.set()
@@ -161,9 +178,67 @@ def started_id(out: str) -> str:
     return out.split()[1]  # "rollout ID started: ..."
 
 
+def on_haproxy(fleet: Path, front: int) -> Path:
+    """Move model tiny onto HAProxy (data plane "edge") in the fleet file; its admin socket."""
+    sock, cfg = fleet.parent / "admin.sock", fleet.parent / "haproxy.cfg"
+    edge = f"""
+[[dataplanes]]
+name = "edge"
+kind = "haproxy"
+admin_socket = "{sock}"
+config = "{cfg}"
+listen = "127.0.0.1:{front}"
+socket_user = "{pwd.getpwuid(os.getuid()).pw_name}"
+socket_group = "{grp.getgrgid(os.getgid()).gr_name}"
+"""
+    text = fleet.read_text().replace(
+        '[[models]]\nname = "tiny"\n', f'{edge}\n[[models]]\nname = "tiny"\ndataplane = "edge"\n'
+    )
+    assert 'dataplane = "edge"' in text
+    fleet.write_text(text)
+    return sock
+
+
+def start_haproxy(fleet: Path, sock: Path) -> subprocess.Popen[bytes]:
+    """`engineroom haproxy render`, then HAProxy on that file, its two servers up."""
+    rendered = run_cli("haproxy", "render", "--fleet", str(fleet), env=agent_env())
+    assert rendered.returncode == 0, rendered.stderr
+    log = fleet.parent / "haproxy.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            ["haproxy", "-db", "-f", str(fleet.parent / "haproxy.cfg")],
+            stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+
+    def up() -> bool:
+        if process.poll() is not None:
+            raise RuntimeError(f"haproxy exited: {log.read_text()[-2000:]}")
+        with contextlib.suppress(OSError):
+            stat = runtime(sock, "show stat be_tiny 4 -1")
+            return stat.count(",UP,") == 2
+        return False
+
+    wait_until(up, 20, what="HAProxy and its two servers up")
+    return process
+
+
+async def a_new_console_finds(fleet: Path, rollout_id: str) -> str:
+    """A console started now, on the Rollouts screen: the rollout as it shows it."""
+    app = EngineroomApp(parse_fleet(fleet.read_text()))
+    async with app.run_test(size=(120, 50)) as pilot:
+        await pilot.press("o")
+        await until(pilot, lambda: isinstance(app.screen, RolloutsScreen), what="Rollouts")
+        try:
+            return await until(pilot, lambda: rollout_id in shown(app) and shown(app), 30,
+                               what="the rollout on a new console")  # fmt: skip
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; the screen: {shown(app)}") from None
+
+
 @pytest.mark.engines
-@pytest.mark.timeout(900)  # two vLLMs start, then each restarts, on a shared 2-core machine
-def test_a_rolling_restart_survives_a_gateway_kill_and_halts_on_a_slow_deployment(
+@pytest.mark.skipif(shutil.which("haproxy") is None, reason="no haproxy: make haproxy")
+@pytest.mark.timeout(1200)  # two vLLMs start, then each restarts, on a shared 2-core machine
+def test_rolling_restarts_survive_a_gateway_kill_halt_when_slow_and_run_behind_haproxy(
     agent_factory, tiny_model_dir: Path, tmp_path: Path, monkeypatch
 ):
     gw_port, ports = free_port(), (free_port(), free_port())
@@ -193,6 +268,8 @@ def test_a_rolling_restart_survives_a_gateway_kill_and_halts_on_a_slow_deploymen
     watch = ReadyWatch(gateway)
     core: psutil.Process | None = None
     burst_done = threading.Event()
+    haproxy: subprocess.Popen[bytes] | None = None
+    console: subprocess.Popen[str] | None = None
     try:
         plan = tmp_path / "restart.json"
         made = run_cli("rollout", "plan", "--restart", "--model", "tiny", "--out", str(plan),
@@ -277,20 +354,65 @@ def test_a_rolling_restart_survives_a_gateway_kill_and_halts_on_a_slow_deploymen
         restarts = [j for j in agent.get("/v1/jobs").json() if j["kind"] == "engine.restart"]
         assert len(restarts) == 2 and all(j["state"] == "succeeded" for j in restarts)
         assert clients.failed(outside=(killed, back)) == []
-        assert watch.fewest is not None and watch.fewest >= 1, watch.fewest
+        assert watch.fewest is not None and watch.fewest >= 1, watch.lowest
         assert weights(gateway) == {"tiny-a": 50, "tiny-b": 50}
         whys = [e["why"] for e in done["events"] if e["what"] == "resumed"]
         assert whys == ["gateway back", "noisy neighbour gone"], done["events"]
         listed = run_cli("rollout", "list", "--fleet", fleet, env=env)
         assert f"{first} succeeded" in " ".join(listed.stdout.split()), listed.stdout
+
+        # Again behind HAProxy: the gateway drives it, the clients use its front end.
+        clients.stop()
+        watch.stop()
+        stop(gateway.process, grace=5)
+        front = free_port()
+        sock = on_haproxy(agent.fleet, front)
+        haproxy = start_haproxy(agent.fleet, sock)
+        gateway = start_gateway(agent.fleet.parent, "", gw_port)
+        clients, watch = Clients(f"http://127.0.0.1:{front}", 1), ReadyWatch(gateway)
+        # A new plan: the old one names the fleet file as it was.
+        made = run_cli("rollout", "plan", "--restart", "--model", "tiny", "--out", str(plan),
+                       "--fleet", fleet, env=env)  # fmt: skip
+        assert made.returncode == 0, made.stderr
+        console = subprocess.Popen(
+            [sys.executable, "-m", "console.cli", "rollout", "run", str(plan), "--wait",
+             "--why", "vLLM security fix, behind HAProxy", "--fleet", fleet],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT,
+        )  # fmt: skip
+        assert console.stdout is not None
+        second = started_id(console.stdout.readline())
+        wait_until(lambda: rollout(gateway, second)["steps"][0]["phase"] == "operation",
+                   120, interval=0.3, what="the canary's restart under way")  # fmt: skip
+        console.kill()  # the console that started it loses its connection
+        monkeypatch.setenv("ENGINEROOM_ADMIN_TOKEN", ADMIN)  # a new console's gateway token
+        console.wait(10)
+        assert rollout(gateway, second)["status"] == "running"
+        seen = asyncio.run(a_new_console_finds(agent.fleet, second))
+        assert "RUNNING" in seen or "SUCCEEDED" in seen, seen
+        done = until_status(gateway, second, 400)
+        assert done["status"] == "succeeded", done["error"]
+        assert [s["deployment"] for s in done["steps"]] == ["tiny-a", "tiny-b"]
+        assert done["steps"][0]["canary"] is True
+        restarts = [j for j in agent.get("/v1/jobs").json() if j["kind"] == "engine.restart"]
+        assert len(restarts) == 4 and all(j["state"] == "succeeded" for j in restarts)
+        clients.stop()
+        assert clients.results and clients.failed() == [], clients.failed()
+        assert watch.fewest is not None and watch.fewest >= 1, watch.lowest
+        assert weights(gateway) == {"tiny-a": 50, "tiny-b": 50}
+        stat = runtime(sock, "show stat be_tiny 4 -1")
+        assert stat.count(",UP,") == 2, stat
     finally:
         burst_done.set()
+        if console is not None and console.poll() is None:
+            console.kill()
         if core is not None:
             with contextlib.suppress(psutil.Error):
                 core.resume()
         clients.stop()
         watch.stop()
         stop(gateway.process, grace=5)
+        if haproxy is not None:
+            stop(haproxy, grace=5)
         stops = [  # the engines outlive their agent: stopped through it, side by side
             threading.Thread(target=lambda e=e: run_cli(
                 "vllm", "stop", "--fleet", fleet, "--node", "local", "--engine", e, "--wait",
