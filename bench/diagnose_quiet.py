@@ -17,9 +17,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import os
-import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -31,7 +28,8 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.incident_drill import ADMIN, TOKEN, Load  # noqa: E402
+from bench.incident_drill import Load  # noqa: E402
+from bench.realfleet import ADMIN, TOKEN, bench_env, start_agent_and_gateway, stop_all  # noqa: E402
 from console.collect.check import poll_once  # noqa: E402
 from console.collect.diagnoses import Diagnoser  # noqa: E402
 from console.core.config import load_fleet  # noqa: E402
@@ -179,29 +177,11 @@ def main() -> int:
                 agent_port=agent_port, a_port=a_port, b_port=b_port, profiles=profiles,
             )
         )  # fmt: skip
-        os.environ.update(BENCH_NODE_TOKEN=TOKEN, ENGINEROOM_ADMIN_TOKEN=ADMIN)
-        env = {**os.environ, "ENGINEROOM_OPERATOR_TOKEN": f"bench:{TOKEN}",
-               "ENGINEROOM_VIEWER_TOKEN": "bench-viewer",
-               "ENGINEROOM_GATEWAY_VIEWER_TOKEN": "bench-gw-viewer-0123456789"}  # fmt: skip
         gw = f"http://127.0.0.1:{gw_port}"
         agent = Agent(f"http://127.0.0.1:{agent_port}")
-        procs = []
-        for name, argv in (
-            ("agent", ["agent", "--fleet", str(fleet), "--node", "local", "--listen",
-                       f"127.0.0.1:{agent_port}"]),
-            ("gateway", ["gateway", "--fleet", str(fleet)]),
-        ):  # fmt: skip
-            with (work / f"{name}.log").open("wb") as log:
-                procs.append(
-                    subprocess.Popen([sys.executable, "-m", "console.cli", *argv], stdout=log,
-                                     stderr=subprocess.STDOUT, env=env, cwd=ROOT)
-                )  # fmt: skip
-        load, looker, events = None, None, []
+        procs, load, looker, events = [], None, None, []
         try:
-            for url in (agent.url, gw):
-                servers.wait_until(
-                    lambda u=url: servers._http_get(u + "/healthz") is not None, 60, what=url
-                )
+            procs = start_agent_and_gateway(work, fleet, agent_port, gw_port, bench_env())
             looker = Looker(fleet)
             looker.start()  # from before the first cold start: it is expected work
             began = time.monotonic()
@@ -235,10 +215,7 @@ def main() -> int:
             for name in ("a", "b"):  # the engines the agent started outlive it: stop them
                 with contextlib.suppress(Exception):
                     agent.job({"kind": "engine.stop", "engine": agent.engine_of(name)}, 120)
-            for proc in procs:
-                proc.send_signal(signal.SIGTERM)
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    proc.wait(60)
+            stop_all(procs, grace=60)
     done = [x for x in load.done] if load else []
     failed = sum(1 for x in done if x[2])
     took = (time.monotonic() - began) / 60

@@ -27,11 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import os
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -44,6 +40,7 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.realfleet import ADMIN, bench_env, start_agent_and_gateway, stop_all  # noqa: E402
 from console.core import diagnosis as d  # noqa: E402
 from console.core.config import load_fleet  # noqa: E402
 from console.tui.app import EngineroomApp  # noqa: E402
@@ -58,8 +55,6 @@ EVERY_S = 0.25  # a new streaming request this often (open loop)
 MAX_IN_FLIGHT = 64
 MAX_TOKENS = 16
 AFTER_MOVE_S = 10.0  # the load watched after the move, for failures
-TOKEN = "bench-operator"
-ADMIN = "bench-admin-0123456789"
 
 FLEET = """
 [fleet]
@@ -329,38 +324,17 @@ def main() -> int:
                 agent_port=agent_port, a=a.base_url, b=b.base_url,
             )
         )  # fmt: skip
-        os.environ.update(BENCH_NODE_TOKEN=TOKEN, ENGINEROOM_ADMIN_TOKEN=ADMIN)
-        env = {**os.environ, "ENGINEROOM_OPERATOR_TOKEN": f"bench:{TOKEN}",
-               "ENGINEROOM_VIEWER_TOKEN": "bench-viewer",
-               "ENGINEROOM_GATEWAY_VIEWER_TOKEN": "bench-gw-viewer-0123456789"}  # fmt: skip
         gw = f"http://127.0.0.1:{gw_port}"
-        procs = []
-        for name, argv in (
-            ("agent", ["agent", "--fleet", str(fleet), "--node", "local", "--listen",
-                       f"127.0.0.1:{agent_port}"]),
-            ("gateway", ["gateway", "--fleet", str(fleet)]),
-        ):  # fmt: skip
-            with (work / f"{name}.log").open("wb") as log:
-                procs.append(
-                    subprocess.Popen([sys.executable, "-m", "console.cli", *argv], stdout=log,
-                                     stderr=subprocess.STDOUT, env=env, cwd=ROOT)
-                )  # fmt: skip
-        load = None
+        procs, load = [], None
         try:
-            for url in (f"http://127.0.0.1:{agent_port}", gw):
-                servers.wait_until(
-                    lambda u=url: servers._http_get(u + "/healthz") is not None, 60, what=url
-                )
+            procs = start_agent_and_gateway(work, fleet, agent_port, gw_port, bench_env())
             load = Load(gw).start()
             servers.wait_until(lambda: len(load.done) >= 8, 120, what="traffic")
             rounds = asyncio.run(drive(fleet, gw, load, a, args.rounds))
         finally:
             if load is not None:
                 load.finish()
-            for proc in procs:
-                proc.send_signal(signal.SIGTERM)
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    proc.wait(30)
+            stop_all(procs)
             servers.stop(a.process)
             servers.stop(b.process)
 

@@ -8,10 +8,11 @@ were cut during the rollouts (target 0), the fewest deployments that were up wit
 over 0 at any read of the gateway's routes every 0.2 s (target: never under 1), and the
 drain step of each drain job (weight 0 to nothing in flight, the failover job's own
 timing), on the data plane asked for: the built-in gateway (the clients go through the
-gateway), or HAProxy (the clients go through HAProxy's front end; the gateway drives its
-runtime API and is out of the traffic's path). The vLLM router is not measured here.
+gateway), HAProxy (the clients go through HAProxy's front end; the gateway drives its
+runtime API and is out of the traffic's path), or the vLLM router (the clients go through
+the router; the gateway adds and removes its workers).
 
-  python -m bench.rollout_run [--runs 3] [--dataplane gateway|haproxy]
+  python -m bench.rollout_run [--runs 3] [--dataplane gateway|haproxy|router]
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ import contextlib
 import grp
 import os
 import pwd
-import signal
 import statistics
 import subprocess
 import sys
@@ -33,10 +33,10 @@ from pathlib import Path
 import httpx
 
 from bench.diagnose_quiet import FLEET, PROFILE, ROOT, Agent, say
-from bench.incident_drill import ADMIN, TOKEN, Load
+from bench.incident_drill import Load
+from bench.realfleet import HEADERS, bench_env, start_agent_and_gateway, stop_all
 from tests.engines import servers
 
-HEADERS = {"Authorization": f"Bearer {ADMIN}"}
 # Each vLLM on a core of its own and at nice 19, as tests/test_rollout_run.py runs them:
 # with the OpenMP binding alone (bench.diagnose_quiet's profile), a restart beside the other
 # vLLM serving streams did not finish loading in 600 s here, and the rollout halted.
@@ -56,16 +56,42 @@ socket_user = "{user}"
 socket_group = "{group}"
 """
 
+# The vLLM router as the model's data plane (docs/dataplanes.md): the gateway adds and
+# removes its workers; the router has no weights, so a drain removes the worker.
+ROUTER = """
+[[dataplanes]]
+name = "edge"
+kind = "vllm-router"
+url = "http://127.0.0.1:{front}"
+metrics_url = "http://127.0.0.1:{metrics}/metrics"
+"""
+
+
+def on_plane(text: str, edge: str) -> str:
+    """The fleet file with model tiny on data plane "edge"."""
+    text = text.replace(
+        '[[models]]\nname = "tiny"\n', '[[models]]\nname = "tiny"\ndataplane = "edge"\n'
+    )
+    return text.replace("[[models]]", edge + "\n[[models]]", 1)
+
 
 def on_haproxy(text: str, work: Path, front: int) -> str:
     """The fleet file with model tiny on HAProxy (data plane "edge")."""
     edge = EDGE.format(sock=work / "admin.sock", cfg=work / "haproxy.cfg", front=front,
                        user=pwd.getpwuid(os.getuid()).pw_name,
                        group=grp.getgrgid(os.getgid()).gr_name)  # fmt: skip
-    text = text.replace(
-        '[[models]]\nname = "tiny"\n', '[[models]]\nname = "tiny"\ndataplane = "edge"\n'
+    return on_plane(text, edge)
+
+
+def router_argv(front: int, metrics: int, workers: list[str]) -> list[str]:
+    binary = os.environ.get("ENGINEROOM_VLLM_ROUTER") or str(
+        ROOT / ".engines" / "router" / "bin" / "vllm-router"
     )
-    return text.replace("[[models]]", edge + "\n[[models]]", 1)
+    return [
+        binary, "--host", "127.0.0.1", "--port", str(front), "--policy", "round_robin",
+        "--worker-urls", *workers, "--prometheus-host", "127.0.0.1", "--prometheus-port",
+        str(metrics), "--worker-startup-timeout-secs", "600", "--log-level", "warning",
+    ]  # fmt: skip
 
 
 class ReadyWatch(threading.Thread):
@@ -95,7 +121,7 @@ def cli(env: dict[str, str], *args: str, timeout: float = 1800) -> subprocess.Co
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--dataplane", choices=("gateway", "haproxy"), default="gateway")
+    parser.add_argument("--dataplane", choices=("gateway", "haproxy", "router"), default="gateway")
     args = parser.parse_args()
     runs, dataplane = args.runs, args.dataplane
     walls: list[float] = []
@@ -115,15 +141,16 @@ def main() -> int:
             state=work / "state", gw_state=work / "gw-state", gw_port=gw_port,
             agent_port=agent_port, a_port=a_port, b_port=b_port, profiles=profiles,
         )  # fmt: skip
-        front = servers.free_port()
-        fleet.write_text(on_haproxy(text, work, front) if dataplane == "haproxy" else text)
-        os.environ.update(BENCH_NODE_TOKEN=TOKEN, ENGINEROOM_ADMIN_TOKEN=ADMIN)
-        env = {**os.environ, "ENGINEROOM_OPERATOR_TOKEN": f"bench:{TOKEN}",
-               "ENGINEROOM_VIEWER_TOKEN": "bench-viewer",
-               "ENGINEROOM_GATEWAY_VIEWER_TOKEN": "bench-gw-viewer-0123456789"}  # fmt: skip
+        front, metrics = servers.free_port(), servers.free_port()
+        if dataplane == "haproxy":
+            text = on_haproxy(text, work, front)
+        elif dataplane == "router":
+            text = on_plane(text, ROUTER.format(front=front, metrics=metrics))
+        fleet.write_text(text)
+        env = bench_env()
         gw = f"http://127.0.0.1:{gw_port}"
         agent = Agent(f"http://127.0.0.1:{agent_port}")
-        procs = []
+        procs: list[subprocess.Popen[bytes]] = []
         entry = gw  # where the clients go
         if dataplane == "haproxy":
             rendered = cli(env, "haproxy", "render", "--fleet", str(fleet), timeout=60)
@@ -132,23 +159,16 @@ def main() -> int:
                 procs.append(subprocess.Popen(["haproxy", "-db", "-f", str(work / "haproxy.cfg")],
                                               stdout=log, stderr=subprocess.STDOUT))  # fmt: skip
             entry = f"http://127.0.0.1:{front}"
-        for name, argv in (
-            ("agent", ["agent", "--fleet", str(fleet), "--node", "local", "--listen",
-                       f"127.0.0.1:{agent_port}"]),
-            ("gateway", ["gateway", "--fleet", str(fleet)]),
-        ):  # fmt: skip
-            with (work / f"{name}.log").open("wb") as log:
-                procs.append(
-                    subprocess.Popen([sys.executable, "-m", "console.cli", *argv], stdout=log,
-                                     stderr=subprocess.STDOUT, env=env, cwd=ROOT)
-                )  # fmt: skip
+        if dataplane == "router":  # it waits for its workers, which start below
+            workers = [f"http://127.0.0.1:{p}" for p in (a_port, b_port)]
+            with (work / "router.log").open("wb") as log:
+                procs.append(subprocess.Popen(router_argv(front, metrics, workers), stdout=log,
+                                              stderr=subprocess.STDOUT, cwd=work))  # fmt: skip
+            entry = f"http://127.0.0.1:{front}"
         load, watch = None, ReadyWatch(gw)
         in_rollouts: list[tuple[float, float]] = []
         try:
-            for url in (agent.url, gw):
-                servers.wait_until(
-                    lambda u=url: servers._http_get(u + "/healthz") is not None, 60, what=url
-                )
+            procs += start_agent_and_gateway(work, fleet, agent_port, gw_port, env)
             for name in ("a", "b"):
                 job = agent.job({"kind": "vllm.start", "profile": name})
                 say(f"cold start {name}: {job['state']}")
@@ -194,10 +214,7 @@ def main() -> int:
             for name in ("a", "b"):  # the engines the agent started outlive it: stop them
                 with contextlib.suppress(Exception):
                     agent.job({"kind": "engine.stop", "engine": agent.engine_of(name)}, 120)
-            for proc in procs:
-                proc.send_signal(signal.SIGTERM)
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    proc.wait(60)
+            stop_all(procs[::-1], grace=60)  # the gateway and the agent first
     done = load.done if load else []
     during = [x for x in done if any(b <= x[1] <= e for b, e in in_rollouts)]
     failed = [x for x in during if x[2]]
@@ -205,7 +222,9 @@ def main() -> int:
     if drains:
         drained = (f"median {statistics.median(drains) * 1000:.0f} ms, "
                    f"max {max(drains) * 1000:.0f} ms over {len(drains)} drains")  # fmt: skip
-    plane = "HAProxy" if dataplane == "haproxy" else "the built-in gateway"
+    plane = {"haproxy": "HAProxy", "router": "the vLLM router"}.get(
+        dataplane, "the built-in gateway"
+    )
     print(
         f"rolling restart of 2 real vLLMs (a real agent, the real gateway, data plane {plane}) "
         f"under open-loop streaming load through it, {runs} rollout(s) in a row\n"
