@@ -112,6 +112,8 @@ bench: $(VENV)/.test-deps engines router sshd nginx prometheus haproxy
 	$(BIN)/python -m bench.diagnose_time
 	$(BIN)/python -m bench.rollout_plan
 	$(BIN)/python -m bench.rollout_run
+	$(BIN)/python -m bench.rollout_run --runs 1 --dataplane haproxy
+	$(BIN)/python -m bench.rollout_run --runs 1 --dataplane router
 	$(BIN)/python -m bench.incident_drill
 	$(BIN)/python -m bench.diagnose_quiet
 	$(BIN)/python -m bench.demo_at_rest
