@@ -192,10 +192,16 @@ def diffed(pieces: list[str], size: tuple[int, int] = SIZE) -> str:
     return "".join(diff.feed(piece) for piece in pieces)
 
 
+KEY_QUIET_S = 0.5  # what a key changed is drawn (the idle screen changes once a second)
+KEY_MOST_S = 2.5
+
+
 def record_console(fleet: Path, keys: list[bytes]) -> list[tuple[str, int]]:
     """The real console with Textual's own driver in a pty of SIZE, `keys` pressed in
-    turn, 2.5 s apart: what it wrote, in the pieces each read got (cut before the last
-    escape, so that none ends inside a sequence), each with how many keys were pressed."""
+    turn, each once the last one's redraw has come and the console has been quiet for
+    KEY_QUIET_S (KEY_MOST_S at most): what it wrote, in the pieces each read got (cut
+    before the last escape, so that none ends inside a sequence), each with how many keys
+    were pressed."""
     pid, fd = pty.fork()
     if pid == 0:  # the child: the console, as over SSH
         os.chdir(ROOT)
@@ -220,12 +226,22 @@ def record_console(fleet: Path, keys: list[bytes]) -> list[tuple[str, int]]:
                 pending = data[cut:]
         return "nodes 2 up" in "".join(p for p, _ in pieces)
 
+    def settle() -> None:
+        """Read until the key's redraw has come, then nothing more for KEY_QUIET_S."""
+        deadline = time.monotonic() + KEY_MOST_S
+        pressed_at = len(pieces)
+        while time.monotonic() < deadline:
+            seen = len(pieces)
+            read(KEY_QUIET_S)
+            if len(pieces) == seen > pressed_at:
+                return
+
     try:
         wait_until(lambda: read(0.5), timeout=60, what="the fleet drawn")
         for key in keys:
             os.write(fd, key)
             pressed += 1
-            read(2.5)
+            settle()
     finally:
         os.kill(pid, 15)
         os.waitpid(pid, 0)
