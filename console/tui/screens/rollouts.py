@@ -108,7 +108,8 @@ class RolloutsScreen(ViewScreen):
             if self.error:
                 old = " (what follows is from its last answer)" if self.read else ""
                 t.append(f"the gateway did not answer: {self.error}{old}\n\n", style="bold red")
-            t.append_text(rollout_text(self.records, self._refused()))
+            now = self.recorded.at if self.recorded is not None else None  # a replay's cursor
+            t.append_text(rollout_text(self.records, self._refused(), self.console.view, now))
         box.first(SafeStatic).update(t)
 
     def _no_gateway(self) -> str | None:

@@ -105,11 +105,12 @@ def figure(step: dict[str, Any], key: str) -> str:
     return f"{fmt.seconds(before)}→{fmt.seconds(after)}"
 
 
-def _ago(when: float | None) -> str:
+def _ago(when: float | None, now: float | None = None) -> str:
+    """`when` as a clock time and how long before `now` (a replay's cursor; else now)."""
     if not when:
         return "?"
     clock = time.strftime("%H:%M:%S", time.localtime(when))
-    return f"{clock} ({fmt.seconds(max(0.0, time.time() - when))} ago)"
+    return f"{clock} ({fmt.seconds(max(0.0, (now or time.time()) - when))} ago)"
 
 
 def _weights(weights: Any) -> str:
@@ -118,18 +119,18 @@ def _weights(weights: Any) -> str:
     return str(weights)
 
 
-def head(record: dict[str, Any]) -> Text:
-    """Who started what, where it is, and why it stopped."""
+def head(record: dict[str, Any], now: float | None = None) -> Text:
+    """Who started what, where it is, and why it stopped; `now`: a replay's cursor."""
     status = str(record.get("status"))
     steps = record.get("steps") or []
     t = Text()
     t.append(f"rollout {record.get('id')} ", style="bold")
     t.append(f" {status.upper()} ", style=STATUS_STYLE.get(status, "bold"))
     if record.get("pause_asked"):
-        t.append(" pause asked (at this step's end)", style="yellow")
+        t.append(" pause asked (at this wave's end)", style="yellow")
     t.append(f"  {record.get('operation')} of {len(steps)} deployment(s)  by {record.get('who')}")
-    t.append(f"\nstarted {_ago(record.get('created'))}", style="dim")
-    t.append(f"  updated {_ago(record.get('updated'))}", style="dim")
+    t.append(f"\nstarted {_ago(record.get('created'), now)}", style="dim")
+    t.append(f"  updated {_ago(record.get('updated'), now)}", style="dim")
     why = (record.get("params") or {}).get("why")
     if why:
         t.append(f"\nwhy: {why}")
@@ -382,17 +383,21 @@ def keys_line(record: dict[str, Any], refused: str | None) -> Text:
 
 
 def rollout_text(
-    records: list[dict[str, Any]], refused: str | None = None, view: FleetView | None = None
+    records: list[dict[str, Any]],
+    refused: str | None = None,
+    view: FleetView | None = None,
+    now: float | None = None,
 ) -> Text:
     """The whole screen's text: the chosen rollout, then the others; `view`: the console's
-    last view, for the step under way's latest figures."""
+    last view, for the step under way's latest figures; `now`: a replay's cursor time (the
+    "ago"s count from it)."""
     record = chosen(records)
     if record is None:
         return Text(
             "no rollout in the gateway: engineroom rollout plan ..., then rollout run PLAN",
             style="dim",
         )
-    parts = [head(record), keys_line(record, refused), capacity(record), waves(record),
+    parts = [head(record, now), keys_line(record, refused), capacity(record), waves(record),
              steps_table(record), details(record, view), events(record),
              others(records, record)]  # fmt: skip
     return Text("\n\n").join(p for p in parts if p.plain)
