@@ -41,7 +41,7 @@ def add_verbs(verbs: Any) -> None:
     show = verbs.add_parser("show", help="one rollout: its steps, phases and events")
     show.add_argument("id", metavar="ID")
     show.add_argument("--json", action="store_true")
-    for verb, what in (("pause", "at the end of the step under way"),
+    for verb, what in (("pause", "at the end of the wave under way"),
                        ("resume", "a paused, halted or interrupted rollout"),
                        ("abort", "now, leaving every deployment as it is")):  # fmt: skip
         steer = verbs.add_parser(verb, help=f"{verb} a rollout: {what}")
@@ -112,7 +112,7 @@ async def _ask(fleet: Fleet, args: argparse.Namespace, out: TextIO) -> int:
             return EXIT_OK
         record = await client.rollout_steer(args.id, args.verb, _who(), args.why[:WHO_MAX])
         say(f"rollout {record['id']}: {args.verb} "
-            f"{'asked (at the end of the step under way)' if args.verb == 'pause' else 'done'}; "
+            f"{'asked (at the end of the wave under way)' if args.verb == 'pause' else 'done'}; "
             f"now {record['status']}", out)  # fmt: skip
         return EXIT_OK
     except _gateway_error() as exc:

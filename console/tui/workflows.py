@@ -295,7 +295,7 @@ class Workflows:
             )
             return
         body = {
-            "pause": "It pauses at the end of the step under way; nothing else changes.",
+            "pause": "It pauses at the end of the wave under way; nothing else changes.",
             "resume": "It goes on from the step and phase it stopped at.",
             "abort": "It stops now. A step under way stops where it is (its failover job "
             "cancelled, the routes as they are; an agent's job goes on on the agent): "
@@ -333,7 +333,7 @@ class Workflows:
             await client.close()
             if done is not None:
                 done()
-        asked = "asked (at the end of the step under way)" if verb == "pause" else "done"
+        asked = "asked (at the end of the wave under way)" if verb == "pause" else "done"
         self.console.notify(f"rollout {rollout_id}: {verb} {asked}; now {record['status']}")
 
     def _after_plan(self, model: str, why: str | None) -> None:

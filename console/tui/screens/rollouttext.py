@@ -369,7 +369,7 @@ def keys_line(record: dict[str, Any], refused: str | None) -> Text:
         return Text(refused, style="yellow")
     can = [
         (key, what)
-        for key, verb, what in (("p", "pause", "pause at this step's end"),
+        for key, verb, what in (("p", "pause", "pause at this wave's end"),
                                 ("r", "resume", "resume"), ("A", "abort", "abort now"))
         if steer_refusal(record, verb) is None
     ]  # fmt: skip
