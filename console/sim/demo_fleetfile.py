@@ -1,5 +1,6 @@
 """The SIMULATED demo fleet's fleet.toml: its gateway, agents, nodes, models with their
-deployments, the vLLM standbys' launch profiles, and (through console.sim.demo_drills) its
+deployments, the launch profiles (the vLLM standbys', and one per deployment of the model
+the agents start, demo_layout.LAUNCHED), and (through console.sim.demo_drills) its
 TensorRT-LLM engines and rebuild drill.
 """
 
@@ -11,7 +12,16 @@ from pathlib import Path
 from typing import Any
 
 from console.sim.demo_drills import write_drills
-from console.sim.demo_layout import ENGINE_PORTS, MODELS, STANDBYS, EngineSpec, stands_for
+from console.sim.demo_layout import (
+    ENGINE_PORTS,
+    LAUNCHED,
+    LAUNCHED_FAILOVER,
+    MODELS,
+    STANDBYS,
+    EngineSpec,
+    ModelInfo,
+    stands_for,
+)
 from console.sim.fleetfile import (
     TOKEN_ENV,
     VIEWER_TOKEN_ENV,
@@ -22,6 +32,7 @@ from console.sim.fleetfile import (
     port_of,
 )
 from console.sim.load import STANDS_FOR_ENV
+from console.sim.standin_vllm import MODEL_ENV
 from console.sim.triton_engine import ENSEMBLE
 
 DEMO_HEADER = """
@@ -101,6 +112,8 @@ def write_fleet_file(
                         if spec.kind == "triton"
                         else None
                     ),
+                    # Its agent starts it from this profile, and restarts it from it.
+                    "profile": spec.deployment_id if spec.launched else None,
                 }
             )
         for standby in standbys:
@@ -115,9 +128,10 @@ def write_fleet_file(
                         "profile": standby["profile"],
                     }
                 )
-        models.append((model.name, model.slo, deployments))
+        failover = LAUNCHED_FAILOVER if model.short == LAUNCHED else None
+        models.append((model.name, {"slo": model.slo, "failover": failover}, deployments))
     model_tables(out, models)
-    _write_profiles(out, root, specs, standbys)
+    _write_profiles(out, root, specs, http, standbys)
     write_drills(out, root, specs, http)
     path.write_text(out.text(), encoding="utf-8")
 
@@ -144,35 +158,48 @@ def demo_standbys(nodes: int) -> list[dict[str, Any]]:
 
 
 def _write_profiles(
-    out: FleetText, root: Path, specs: list[EngineSpec], standbys: list[dict[str, Any]]
+    out: FleetText,
+    root: Path,
+    specs: list[EngineSpec],
+    http: list[socket.socket],
+    standbys: list[dict[str, Any]],
 ) -> None:
-    """Launch profiles on GPUs the layout leaves idle, for "Start vLLM" in the demo.
+    """Launch profiles: the standbys', on GPUs the layout leaves idle, for "Start vLLM" in
+    the demo; and one per deployment of the model the agents start (its GPUs and port).
 
     They launch console.sim.standin_vllm (SIMULATED): vLLM's log lines, then the
     simulated engine, whose traffic is what the gateway sends it (STANDS_FOR_ENV: how
-    many users a client request stands for). The model directories hold only a
-    config.json, for the preflight.
+    many users a client request stands for; MODEL_ENV: whose traffic shape, for the
+    started model's). The model directories hold only a config.json, for the preflight.
     """
-    models_dir = root / "models"
-    for standby in standbys:
-        model = MODELS[standby["short"]]
-        directory = models_dir / standby["short"]
+    wanted: list[tuple[str, ModelInfo, str, int, list[int], dict[str, str]]] = [
+        (s["profile"], MODELS[s["short"]], s["node"], s["port"], [s["gpu"]], {}) for s in standbys
+    ]
+    wanted += [
+        (spec.deployment_id, spec.model, node_name(spec.node, 2), port_of(sock),
+         list(spec.gpus), {MODEL_ENV: spec.model.short})
+        for spec, sock in zip(specs, http, strict=True)
+        if spec.launched
+    ]  # fmt: skip
+    for name, model, node, port, gpus, env in wanted:
+        directory = root / "models" / model.short
         directory.mkdir(parents=True, exist_ok=True)
         (directory / "config.json").write_text('{"SIMULATED": true}\n')
         out.add(
-            f"[profiles.{standby['profile']}]",
+            f"[profiles.{name}]",
             {
                 "engine": "vllm",
-                "node": standby["node"],
+                "node": node,
                 "model": str(directory),
                 "served_model_name": model.name,
-                "port": standby["port"],
-                "gpus": [standby["gpu"]],
+                "port": port,
+                "gpus": gpus,
+                "tensor_parallel_size": len(gpus),
                 "command": [sys.executable, "-m", "console.sim.standin_vllm"],
                 "args": {"host": "127.0.0.1", "max_model_len": 8192, "dtype": "bfloat16"},
                 "overridable": ["port"],
                 "allowed_args": ["max_num_seqs", "gpu_memory_utilization"],
                 "stop_grace_s": 10.0,
-                "env": {STANDS_FOR_ENV: f"{stands_for(specs, model):.4g}"},
+                "env": {STANDS_FOR_ENV: f"{stands_for(specs, model):.4g}", **env},
             },
         )

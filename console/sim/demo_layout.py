@@ -2,7 +2,9 @@
 standbys, the incidents placed on purpose, and the ports it prefers.
 
 Nodes are gpu-a1, gpu-a2, gpu-b1, ... with 8 H200s each. llama-3.1-8b-instruct is served by
-Triton (TensorRT-LLM) and by vLLM on different nodes; three more models run on vLLM. On
+Triton (TensorRT-LLM) and by vLLM on different nodes; three more models run on vLLM, and
+qwen2.5-32b-instruct's engines are started by the nodes' agents from launch profiles (as
+`engineroom vllm start` does), so a rolling restart has engines it can restart. On
 purpose: one GPU runs hot, one has an uncorrected ECC error (and an XID now and then), one
 mistral deployment breaches its TTFT SLO periodically and one llama-70b deployment's queue
 grows for a while.
@@ -101,6 +103,16 @@ STANDBYS = (
     (0, "llama8b", 1),  # beside gpu-a1's Triton/TensorRT-LLM llama: the failover standby
     (1, "mistral7b", 7),
 )
+# The model whose vLLM deployments the agents start, each from a launch profile of its own
+# (console.sim.standin_vllm, in a process of its own): what `engineroom rollout plan
+# --restart --model qwen2.5-32b-instruct` restarts. It has no incident placed on it and no
+# standby, so a rollout's verification has only the rollout to judge.
+LAUNCHED = "qwen32b"
+# Its failover plan (a rollout's drain and restore are planned failovers): one shift, not
+# the default three (10, 50, 100 %), each verified over the default 10 s window, so a
+# deployment's turn in a rolling restart takes about 50 s, not 90. Shorter windows hold so
+# few simulated requests that one slow moment of a busy host breaches the ITL SLO.
+LAUNCHED_FAILOVER: dict[str, object] = {"steps": [100]}
 HOT_GPU = (0, 2)  # (node, GPU): a llama-70b shard with poor cooling
 XID = 94  # contained uncorrectable ECC error, as Hopper reports it
 
@@ -112,6 +124,11 @@ class EngineSpec:
     model: ModelInfo
     gpus: tuple[int, ...]
     traffic: Traffic
+
+    @property
+    def launched(self) -> bool:
+        """Started by its node's agent from a launch profile, not run in the demo's process."""
+        return self.kind == "vllm" and self.model.short == LAUNCHED
 
     @property
     def deployment_id(self) -> str:

@@ -100,10 +100,14 @@ class EngineRequest:
         """The answer's tokens, each at the time the simulated engine would send it: first
         the API server's share, which the engine's TTFT histogram does not see, then the
         engine's own time to first token."""
+        loop = asyncio.get_running_loop()
         await asyncio.sleep(self.plan.api_s + self.plan.ttft_s)
+        first = loop.time()
         for i, token in enumerate(words(self.plan.tokens)):
             if i:
-                await asyncio.sleep(self.plan.itl_s)
+                # On the engine's own clock: a late wake-up (a busy host) delays this token,
+                # not every one after it, as a real engine's decode steps go on regardless.
+                await asyncio.sleep(max(0.0, first + i * self.plan.itl_s - loop.time()))
             self.sent += 1
             yield token
 

@@ -7,6 +7,13 @@ HTTP, exactly as on a GPU node. Each simulated engine also has a tiny real proce
 in for its server process, so the agent maps GPU processes to engines the real way (by pid).
 In front of them, the real gateway, with SIMULATED clients sending it traffic.
 
+One model's engines (demo_layout.LAUNCHED) are not run here: each node's agent starts them
+from their launch profiles, through its jobs API, as it would start vLLM on a GPU node
+(console.sim.standin_vllm, a process of its own under the agent's supervisor). So the
+agent owns them and can restart them: a rolling restart of that model runs for real
+through the gateway, the agents and the simulated engines. Their GPUs show them while
+they run (`LaunchedTenants`).
+
 What runs where is console.sim.demo_layout; the fleet.toml it writes,
 console.sim.demo_fleetfile.
 """
@@ -53,13 +60,16 @@ from console.sim.demo_layout import (
     stands_for,
 )
 from console.sim.fleetfile import listen_socket, node_name, port_of, viewer_token_for
-from console.sim.load import CLIENT_MARK, TICK_S, Routed, Workload
+from console.sim.load import CLIENT_MARK, TICK_S, Routed, Workload, gpu_busy
 from console.sim.nvml import GpuSpec, SimulatedNvml, Tenant
+from console.sim.standin_vllm import MODEL_ENV, traffic_of
 from console.sim.triton_engine import TritonEngine
 from console.sim.vllm_engine import VllmEngine
 from plugins.base import Discovered
 
 STARTUP_S = 30.0
+LAUNCH_S = 90.0  # the agents' start jobs of the launched model, all of them, at most
+JOB_POLL_S = 0.2
 
 
 class SimulatedNodeAgent(NodeAgent):
@@ -69,6 +79,69 @@ class SimulatedNodeAgent(NodeAgent):
         snapshot = await super().cycle()
         snapshot.node.hostname = f"{self.node}.simulated"
         return snapshot
+
+
+class _EngineLoad:
+    """What a GPU knows of an engine its agent started: its batch, as the agent last read
+    it from the engine's metrics (the engine runs in a process of its own)."""
+
+    def __init__(self, agent: NodeAgent, engine_id: str, max_seqs: int) -> None:
+        self.agent, self.engine_id, self.max_seqs = agent, engine_id, max_seqs
+
+    @property
+    def batch(self) -> float:
+        snapshot = self.agent.latest
+        for engine in snapshot.engines if snapshot is not None else []:
+            if engine.id == self.engine_id:
+                return sum(m.requests_running or 0.0 for m in engine.models)
+        return 0.0
+
+    @property
+    def gpu_busy(self) -> float:
+        return gpu_busy(self.batch)
+
+    @property
+    def batch_fill(self) -> float:
+        return min(1.0, self.batch / self.max_seqs)
+
+
+class LaunchedTenants:
+    """The GPU tenants of the engines a node's agent started (its supervisor's), for the
+    node's SimulatedNvml: each engine process on the GPUs it was launched on, while it
+    runs. Read at each NVML call, so an engine stopped for a restart has left its GPUs by
+    the time the restart's preflight looks."""
+
+    def __init__(self, agent: NodeAgent, runner: JobRunner) -> None:
+        self.agent, self.runner = agent, runner
+        # engine id -> (its session leader, its engine process, its load): an engine's
+        # pid is read from its status file once per start, not at every NVML call.
+        self._seen: dict[str, tuple[int, int, _EngineLoad]] = {}
+
+    def __call__(self, index: int) -> list[Tenant]:
+        tenants = []
+        for managed in list(self.runner.supervisor.engines.values()):  # a copy: NVML's thread
+            if index not in managed.gpus:
+                continue
+            seen = self._seen.get(managed.engine_id)
+            if seen is None or seen[0] != managed.pgid:
+                pid = managed.engine_pid()
+                if pid is None:
+                    continue  # spawned; its engine process not yet started
+                profile = self.agent.fleet.profiles.get(managed.profile)
+                shape = traffic_of(profile.env.get(MODEL_ENV) if profile else None)
+                seen = (managed.pgid, pid, _EngineLoad(self.agent, managed.engine_id,
+                                                       shape.max_seqs))  # fmt: skip
+                self._seen[managed.engine_id] = seen
+            if _running(seen[1]):
+                tenants.append(Tenant(seen[1], seen[2], 0.9))
+        return tenants
+
+
+def _running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 class _Server(uvicorn.Server):
@@ -174,17 +247,25 @@ class DemoFleet:
         self._sockets = [*http, *(m for m in metrics if m), *agent_socks, gateway_sock]
         write_fleet_file(self.path, specs, http, metrics, agent_socks, gateway_sock)
         fleet = load_fleet(self.path)  # the same validation as any fleet file
+        for spec, sock in zip(specs, http, strict=True):
+            if spec.launched:  # its port, free for the engine its agent starts
+                self._sockets.remove(sock)
+                sock.close()
 
         start = time.monotonic()
-        workloads = []
+        workloads: dict[int, Workload] = {}
+        children: dict[int, subprocess.Popen[bytes]] = {}
         for i, (spec, sock, msock) in enumerate(zip(specs, http, metrics, strict=True)):
+            if spec.launched:
+                continue  # its node's agent starts it (_start_launched)
             # Its traffic is what the gateway sends it (console.sim.load, routed traffic).
             routed = Routed(stands_for(specs, spec.model), prior=spec.traffic.rate)
             workload = Workload(
                 spec.traffic, seed=i, start=start, responses=msock is not None, routed=routed
             )
-            workloads.append(workload)
-            self._children.append(_stand_in(bin_dir, spec.kind))
+            workloads[i] = workload
+            children[i] = _stand_in(bin_dir, spec.kind)
+            self._children.append(children[i])
             if msock is not None:
                 triton = TritonEngine(workload, spec.model.name)
                 self._engines.append(triton)
@@ -193,14 +274,14 @@ class DemoFleet:
                 vllm = VllmEngine(workload, spec.model.name, gpus=len(spec.gpus))
                 self._engines.append(vllm)
                 await vllm.start(sock)
-        self._ticker = asyncio.create_task(self._tick(workloads), name="sim-traffic")
+        self._ticker = asyncio.create_task(self._tick(list(workloads.values())), name="sim-traffic")
 
         for node in range(nodes):
-            mine = [i for i, spec in enumerate(specs) if spec.node == node]
+            mine = [i for i, spec in enumerate(specs) if spec.node == node and i in children]
             gpus = [GpuSpec() for _ in range(GPUS_PER_NODE)]
             processes = []
             for i in mine:
-                child, spec = self._children[i], specs[i]
+                child, spec = children[i], specs[i]
                 memory = 0.92 if spec.kind == "triton" else 0.9
                 for g in spec.gpus:
                     gpus[g].tenants.append(Tenant(child.pid, workloads[i], memory))
@@ -218,6 +299,7 @@ class DemoFleet:
                 gpus[ecc_gpu].xid = XID
             await self._start_agent(fleet, node, gpus, processes, agent_socks[node], token)
         await self._wait_started()
+        await self._start_launched(fleet, token)
         await self._start_gateway(fleet, gateway_sock, token)
 
     async def _start_agent(
@@ -230,9 +312,8 @@ class DemoFleet:
         token: str,
     ) -> None:
         name = node_name(node, 2)
-        agent = SimulatedNodeAgent(
-            fleet, name, gpu=GpuSampler(SimulatedNvml(name, gpus, seed=node))
-        )
+        nvml = SimulatedNvml(name, gpus, seed=node)
+        agent = SimulatedNodeAgent(fleet, name, gpu=GpuSampler(nvml))
         agent.engines.merge(processes, time.time())
         settings = fleet.agent
         # The demo token is an operator token (operators may also read), and its viewer
@@ -246,8 +327,10 @@ class DemoFleet:
                 settings.viewer_token_env: viewer_token_for(token),
             },
         )
+        runner = JobRunner.open(agent)
+        nvml.launched = LaunchedTenants(agent, runner)
         config = uvicorn.Config(
-            create_app(agent, tokens, runner=JobRunner.open(agent)),
+            create_app(agent, tokens, runner=runner),
             log_config=None,
             log_level="warning",
             access_log=False,
@@ -282,6 +365,42 @@ class DemoFleet:
         url = f"http://127.0.0.1:{port_of(sock)}"
         self._clients = asyncio.create_task(_gateway_clients(url, list(MODELS.values())))
 
+    async def _start_launched(self, fleet: Fleet, token: str) -> None:
+        """The launched model's engines, each started by its node's agent from its launch
+        profile (a vllm.start job, as `engineroom vllm start --wait` asks for it), all at
+        once; returns when every job has succeeded. A job that fails stops the demo with
+        the agent's words."""
+        import aiohttp
+
+        starts = [
+            (self.agents[dep.node], dep.profile, dep.id)
+            for model in fleet.models
+            for dep in model.deployments
+            if dep.profile is not None and dep.weight > 0 and dep.node in self.agents
+        ]  # the standbys (weight 0) wait for an operator
+        headers = {"Authorization": f"Bearer {token}"}
+        deadline = time.monotonic() + LAUNCH_S
+
+        async def start(http: aiohttp.ClientSession, agent: str, profile: str, dep: str) -> None:
+            body = {"kind": "vllm.start", "profile": profile, "overrides": {}}
+            async with http.post(f"{agent}/v1/jobs", json=body, headers=headers) as resp:
+                job = await resp.json()
+                if resp.status != 202:
+                    raise RuntimeError(f"{dep}: the agent refused its start: {job.get('error')}")
+            while True:
+                async with http.get(f"{agent}/v1/jobs/{job['id']}", headers=headers) as resp:
+                    job = await resp.json()
+                if job["state"] == "succeeded":
+                    return
+                if job["state"] in ("failed", "cancelled"):
+                    raise RuntimeError(f"{dep}: its start job {job['state']}: {job.get('error')}")
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{dep}: its engine did not start within {LAUNCH_S:g} s")
+                await asyncio.sleep(JOB_POLL_S)
+
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
+            await asyncio.gather(*(start(http, *s) for s in starts))
+
     async def _wait_started(self) -> None:
         """Until every agent serves (each has taken its first snapshot by then)."""
         deadline = time.monotonic() + STARTUP_S
@@ -307,9 +426,15 @@ class DemoFleet:
 
     def stop_started_engines(self) -> None:
         """The engines the demo's agents started: they outlive agents by design, not demos."""
+        killed = []
         for record in (self.path.parent / "state").glob("*/engines/*/engine.json"):
             with contextlib.suppress(OSError, ValueError, KeyError):
-                os.killpg(int(json.loads(record.read_text())["pgid"]), signal.SIGKILL)
+                pgid = int(json.loads(record.read_text())["pgid"])
+                os.killpg(pgid, signal.SIGKILL)
+                killed.append(pgid)
+        for pgid in killed:  # a log capper this process's agents spawned: reaped here
+            with contextlib.suppress(OSError):
+                os.waitpid(pgid, 0)
 
 
 GATEWAY_INFLIGHT = 32  # per model: beyond it an arrival is not sent (a bound, not a queue)

@@ -7,7 +7,7 @@ import hmac
 import json
 import socket
 import string
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 TOKEN_ENV = "ENGINEROOM_DEMO_TOKEN"  # the agents' operator token and the gateway's admin token
@@ -96,10 +96,11 @@ class FleetText:
 
 
 def model_tables(
-    out: FleetText, models: Iterable[tuple[str, dict[str, float], list[dict[str, object]]]]
+    out: FleetText, models: Iterable[tuple[str, Mapping[str, object], list[dict[str, object]]]]
 ) -> None:
-    """[[models]] with their SLOs and [[models.deployments]]."""
-    for name, slo, deployments in models:
-        out.add("[[models]]", {"name": name, "slo": slo})
+    """[[models]] (a name, then the model's other keys: its SLO, ...) and their
+    [[models.deployments]]."""
+    for name, values, deployments in models:
+        out.add("[[models]]", {"name": name, **values})
         for deployment in deployments:
             out.add("[[models.deployments]]", deployment, indent="  ")

@@ -67,7 +67,7 @@ WARMUP_S = 120.0  # simulated history before the first scrape, so nothing starts
 ROUTED_WINDOW_S = 20.0
 CLIENT_MARK = "SIMULATED client"
 ARRIVALS_KEPT = 100_000  # client arrivals remembered: a bound, far above the window's
-STANDS_FOR_ENV = "ENGINEROOM_SIM_STANDS_FOR"  # a standby process's `stands_for`
+STANDS_FOR_ENV = "ENGINEROOM_SIM_STANDS_FOR"  # a launched engine process's `stands_for`
 
 # The two incidents a demo can show, on a cycle from the fleet's start (seconds).
 BREACH_CYCLE_S, BREACH_FROM_S, BREACH_FOR_S = 300.0, 45.0, 90.0
@@ -145,6 +145,11 @@ class Plan:
     api_s: float = 0.0  # an HTTP request's time in the API server, before the engine's clock
 
 
+def gpu_busy(batch: float) -> float:
+    """0..1: a dozen sequences in the batch already keep an LLM's GPU near fully busy."""
+    return 0.97 * (1 - math.exp(-batch / 8.0))
+
+
 class Workload:
     """One engine's simulated traffic and its cumulative counters."""
 
@@ -200,8 +205,7 @@ class Workload:
 
     @property
     def gpu_busy(self) -> float:
-        """0..1: a dozen sequences in the batch already keep an LLM's GPU near fully busy."""
-        return 0.97 * (1 - math.exp(-self.batch / 8.0))
+        return gpu_busy(self.batch)
 
     @property
     def batch_fill(self) -> float:

@@ -5,8 +5,10 @@ agents run their real NVML code path. Each GPU is an H200 (143771 MiB, 700 W, co
 capability 9.0) named "NVIDIA H200 (SIMULATED)". Utilization, power, temperature and
 clocks move towards targets set by the engines on the GPU, smoothed over time with a
 little noise; clock-event reasons follow from them (idle, software power cap near the
-limit, thermal slowdown when hot). A GPU can be marked hot, carry volatile uncorrected
-ECC errors, or report an XID now and then, so the console's alerts have something to show.
+limit, thermal slowdown when hot). The engines on a GPU are the layout's tenants and,
+read at each call, those the node's agent started (`launched`). A GPU can be marked hot,
+carry volatile uncorrected ECC errors, or report an XID now and then, so the console's
+alerts have something to show.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import random
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import ModuleType, SimpleNamespace
 from typing import Any, Protocol
@@ -80,21 +83,43 @@ class GpuSpec:
     xid: int | None = None  # an XID critical error this GPU reports now and then
 
 
+Launched = Callable[[int], list[Tenant]]  # a GPU's index -> the tenants started on it now
+
+
+def _none_launched(index: int) -> list[Tenant]:
+    return []
+
+
 class _Gpu:
     """One GPU's live state, moved towards its targets whenever it is read."""
 
-    def __init__(self, node: str, index: int, spec: GpuSpec, rng: random.Random) -> None:
+    def __init__(
+        self,
+        node: str,
+        index: int,
+        spec: GpuSpec,
+        rng: random.Random,
+        launched: Callable[[], Launched],
+    ) -> None:
         self.index = index
         self.spec = spec
         self.rng = rng
+        self._launched = launched
         self.uuid = f"GPU-{uuid.uuid5(uuid.NAMESPACE_DNS, f'{node}.simulated/{index}')}"
         self._at = time.monotonic()
         self.util, self.power_w, self.temp = self._targets()
         self.fill = 0.0
 
+    @property
+    def tenants(self) -> list[Tenant]:
+        """The engines on it: the layout's, and those the node's agent started, read now
+        (a stopped engine leaves its GPU at once, as NVML's process list shows it)."""
+        return [*self.spec.tenants, *self._launched()(self.index)]
+
     def _targets(self) -> tuple[float, float, float]:
-        busy = min(1.0, sum(t.load.gpu_busy for t in self.spec.tenants))
-        fill = min(1.0, max((t.load.batch_fill for t in self.spec.tenants), default=0.0))
+        tenants = self.tenants
+        busy = min(1.0, sum(t.load.gpu_busy for t in tenants))
+        fill = min(1.0, max((t.load.batch_fill for t in tenants), default=0.0))
         power = IDLE_POWER_W + 640 * busy * (0.5 + 0.5 * fill)
         # A hot GPU (failing fan, blocked airflow) sits near its slowdown point even idle.
         temp = 87.5 + 3.5 * busy if self.spec.hot else 28 + 0.065 * power
@@ -107,7 +132,7 @@ class _Gpu:
             return  # one sample reads every field: keep them consistent
         self._at = now
         util, power, temp = self._targets()
-        self.fill = max((t.load.batch_fill for t in self.spec.tenants), default=0.0)
+        self.fill = max((t.load.batch_fill for t in self.tenants), default=0.0)
 
         def toward(value: float, target: float, tau_s: float) -> float:
             return value + (target - value) * (1 - math.exp(-dt / tau_s))
@@ -134,7 +159,7 @@ class _Gpu:
 
     @property
     def memory_used(self) -> int:
-        used = sum(int(t.memory_fraction * TOTAL_MEMORY) for t in self.spec.tenants)
+        used = sum(int(t.memory_fraction * TOTAL_MEMORY) for t in self.tenants)
         return min(TOTAL_MEMORY - RESERVED_MEMORY, used or IDLE_MEMORY)
 
     @property
@@ -181,8 +206,11 @@ class SimulatedNvml(ModuleType):
         super().__init__("pynvml (SIMULATED)")
         rng = random.Random(seed)
         self.node = node
+        # The engines the node's agent starts (launch profiles): set once the agent is.
+        self.launched: Launched = _none_launched
         self._gpus = [
-            _Gpu(node, i, spec, random.Random(rng.random())) for i, spec in enumerate(gpus)
+            _Gpu(node, i, spec, random.Random(rng.random()), lambda: self.launched)
+            for i, spec in enumerate(gpus)
         ]
         self._closed = threading.Event()
         has_xid = any(g.xid for g in gpus)
@@ -264,7 +292,7 @@ class SimulatedNvml(ModuleType):
     def nvmlDeviceGetComputeRunningProcesses(self, handle: _Gpu) -> list[Any]:
         return [
             SimpleNamespace(pid=t.pid, usedGpuMemory=int(t.memory_fraction * TOTAL_MEMORY))
-            for t in handle.spec.tenants
+            for t in handle.tenants
         ]
 
     # XID critical errors arrive as events, as with the real driver.

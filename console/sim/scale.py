@@ -422,7 +422,7 @@ def _write(path: Path, nodes: list[_Node], socks: list[socket.socket], refresh_s
             for e in node.engines
             if e.model[1] == short
         ]
-        models.append((name, slo, deployments))
+        models.append((name, {"slo": slo}, deployments))
     model_tables(out, models)
     path.write_text(out.text(), encoding="utf-8")
 
