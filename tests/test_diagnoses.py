@@ -277,11 +277,12 @@ def by_metrics(base: str) -> float | None:
 def test_a_triton_model_that_blocks_is_a_triton_stall_resolved_once_it_answers(
     agent_factory, engine_launcher, tmp_path: Path, monkeypatch
 ):
-    """Real Triton, one model instance that takes 20 s a request (the Python-backend TEST
-    DOUBLE of the ensemble, one token a second): a second request waits in Triton's queue
-    while nothing finishes. Triton still answers its health checks. Named on its engine,
-    failover first; once the first request finishes and nothing is queued, resolved."""
-    repo = write_repo(tmp_path / "repo", "ensemble", token_delay_ms=1000, instances=1)
+    """Real Triton, one model instance that takes 12 s a request (the Python-backend TEST
+    DOUBLE of the ensemble, 20 tokens 0.6 s apart): a second request waits in Triton's
+    queue while nothing finishes. Triton still answers its health checks. Named on its
+    engine, failover first (3 s after the queue formed: 9 s to spare); once the first
+    request finishes and nothing is queued, resolved."""
+    repo = write_repo(tmp_path / "repo", "ensemble", token_delay_ms=600, instances=1)
     triton = engine_launcher.triton(repo)
     text = fleet_text(triton=triton) + "[diagnoses]\ntriton_stall_after_s = 3\n"
     agent = agent_over(agent_factory, text, monkeypatch)
@@ -321,7 +322,7 @@ def test_a_triton_model_that_blocks_is_a_triton_stall_resolved_once_it_answers(
     assert out.returncode == 1, out.stderr
     assert "triton_stall" in [x["name"] for x in json.loads(out.stdout)["diagnoses"]]
     diagnoser.moved(found.key, "failover")
-    # The first request finishes at 20 s; the second runs and nothing is queued.
+    # The first request finishes at 12 s; the second runs and nothing is queued.
     resolved = until_resolved(
         agent.fleet,
         diagnoser,
