@@ -119,6 +119,14 @@ def test_a_gateway_failover_job_is_a_job_with_its_target():
     assert gateway_job({"id": "x", "state": "bogus"}) is None
 
 
+def test_a_rollouts_audit_row_names_the_rollout_with_who_and_why():
+    row = {"time": 1.0, "who": "bob", "action": "rollout halted",
+           "params": {"id": "3f2a1c9e0b12", "why": "step 1 (tiny-a): drain: ..."}}  # fmt: skip
+    (record,) = ActionTracker().audit([row])
+    assert record["message"] == "gateway: rollout halted: rollout 3f2a1c9e0b12"
+    assert (record["who"], record["why"]) == ("bob", "step 1 (tiny-a): drain: ...")
+
+
 def test_what_the_console_keeps_is_bounded(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(operator_actions, "MAX_KNOWN", 3)
     tracker = ActionTracker()

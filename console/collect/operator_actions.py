@@ -152,8 +152,9 @@ class ActionTracker:
             detail = " ".join(f"{d}={w}" for d, w in params["weights"].items())
         elif params.get("to"):
             detail = f"to {params['to']} ({params.get('mode', '?')})"
-        if job_id is not None:
-            detail += f"{', ' if detail else ''}job {job_id}"
+        if job_id is not None:  # a rollout's own rows name the rollout, not a job
+            what = "rollout" if action.startswith("rollout ") else "job"
+            detail += f"{', ' if detail else ''}{what} {job_id}"
         return {
             "t": _when(row.get("time")),
             "kind": "action",
