@@ -34,6 +34,13 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--refresh", type=float, default=1.0, help="with --scale: seconds between new snapshots"
     )
+    parser.add_argument(
+        "--window", type=float, default=60.0,
+        help="demo: the agents' window for rates and percentiles, s (default 60)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--verify", type=float, help="demo: every model's failover check window, s (tests)"
+    )
     parser.add_argument("--out", type=Path, help="where to write fleet.toml (default: a temp dir)")
     return parser
 
@@ -52,7 +59,9 @@ async def _serve(args: argparse.Namespace, out_dir: Path, token: str) -> None:
     else:
         from console.sim.fleet import serve_demo_fleet
 
-        running = await serve_demo_fleet(out_dir, args.nodes, token=token)
+        running = await serve_demo_fleet(
+            out_dir, args.nodes, token=token, window_s=args.window, verify_s=args.verify
+        )
     try:
         print(f"fleet: {running.path}", flush=True)
         await stop.wait()

@@ -53,8 +53,11 @@ def write_fleet_file(
     metrics: list[socket.socket | None],
     agent_socks: list[socket.socket],
     gateway_sock: socket.socket,
+    window_s: float = 60.0,
+    verify_s: float | None = None,
 ) -> None:
-    """The demo's fleet.toml at `path`, naming the sockets the fleet listens on."""
+    """The demo's fleet.toml at `path`, naming the sockets the fleet listens on; the
+    agents' `window_s` and, where given, every model's failover `verify_s`."""
     root = path.parent
     standbys = demo_standbys(len(agent_socks))
     out = FleetText(DEMO_HEADER)
@@ -75,7 +78,7 @@ def write_fleet_file(
         "[agent]",
         {
             "scrape_interval_s": 2.0,
-            "window_s": 60.0,
+            "window_s": window_s,
             "probe_timeout_s": 2.0,
             "discover": False,
             "operator_token_env": TOKEN_ENV,
@@ -128,8 +131,10 @@ def write_fleet_file(
                         "profile": standby["profile"],
                     }
                 )
-        failover = LAUNCHED_FAILOVER if model.short == LAUNCHED else None
-        models.append((model.name, {"slo": model.slo, "failover": failover}, deployments))
+        failover = dict(LAUNCHED_FAILOVER) if model.short == LAUNCHED else {}
+        if verify_s is not None:
+            failover["verify_s"] = verify_s
+        models.append((model.name, {"slo": model.slo, "failover": failover or None}, deployments))
     model_tables(out, models)
     _write_profiles(out, root, specs, http, standbys)
     write_drills(out, root, specs, http)

@@ -228,7 +228,7 @@ class DemoFleet:
         self._sockets = []
         self.stop_started_engines()
 
-    async def _start(self, nodes: int, token: str) -> None:
+    async def _start(self, nodes: int, token: str, window_s: float, verify_s: float | None) -> None:
         out_dir = self.path.parent
         bin_dir = out_dir / "bin"
         bin_dir.mkdir(exist_ok=True)
@@ -245,7 +245,9 @@ class DemoFleet:
         agent_socks = [listen_socket(AGENT_PORTS + i) for i in range(nodes)]
         gateway_sock = listen_socket(GATEWAY_PORT)
         self._sockets = [*http, *(m for m in metrics if m), *agent_socks, gateway_sock]
-        write_fleet_file(self.path, specs, http, metrics, agent_socks, gateway_sock)
+        write_fleet_file(
+            self.path, specs, http, metrics, agent_socks, gateway_sock, window_s, verify_s
+        )
         fleet = load_fleet(self.path)  # the same validation as any fleet file
         for spec, sock in zip(specs, http, strict=True):
             if spec.launched:  # its port, free for the engine its agent starts
@@ -482,11 +484,20 @@ async def _gateway_clients(url: str, models: list[ModelInfo]) -> None:
         await asyncio.gather(*(arrivals(m.name) for m in models))
 
 
-async def serve_demo_fleet(out_dir: Path, nodes: int = 4, *, token: str) -> DemoFleet:
+async def serve_demo_fleet(
+    out_dir: Path,
+    nodes: int = 4,
+    *,
+    token: str,
+    window_s: float = 60.0,
+    verify_s: float | None = None,
+) -> DemoFleet:
     """Start the SIMULATED demo fleet in this event loop; its fleet file is `.path`.
 
     Writes out_dir/fleet.toml. The caller stops it with `await fleet.close()` (or uses it
     as `async with`). `token` (8 characters or more) is every agent's operator token.
+    `window_s`: the agents' window for rates and percentiles; `verify_s`: every model's
+    failover check window (None: each model's own). Tests shorten both.
     """
     if nodes < 1:
         raise ValueError("a fleet needs at least one node")
@@ -494,7 +505,7 @@ async def serve_demo_fleet(out_dir: Path, nodes: int = 4, *, token: str) -> Demo
     out_dir.mkdir(parents=True, exist_ok=True)
     fleet = DemoFleet(out_dir / "fleet.toml")
     try:
-        await fleet._start(nodes, token)
+        await fleet._start(nodes, token, window_s, verify_s)
     except BaseException:
         await fleet.close()
         raise

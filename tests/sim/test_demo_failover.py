@@ -23,7 +23,10 @@ TRT, VLLM = "llama8b-trt-a1", "llama8b-vllm-a2"
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimFleet]:
-    sim = start_sim(tmp_path_factory.mktemp("demo-failover"), "--nodes", "2")
+    # A 10 s rate window and 3 s checks (the demo's: 60 s and 10 s): the same moves, and
+    # the gateway tops a short window's requests up to 20 with its own (90 s less).
+    sim = start_sim(tmp_path_factory.mktemp("demo-failover"), "--nodes", "2",
+                    "--window", "10", "--verify", "3")  # fmt: skip
     yield sim
     end(sim)
 
