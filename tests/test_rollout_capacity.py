@@ -27,6 +27,7 @@ from console.core.rollout import Ask, make_plan
 from console.core.rollout_plan import to_data
 from tests.conftest import agent_env, run_cli
 from tests.engines.servers import free_port, stop, wait_until
+from tests.support.fleet import deployment, gateway_fleet
 from tests.test_gateway import ADMIN, Gateway, start_gateway
 
 
@@ -53,42 +54,24 @@ def healthy() -> Iterator[str]:
         server.server_close()
 
 
-def deployment(dep_id: str, endpoint: str, weight: int) -> str:
-    return f"""
-  [[models.deployments]]
-  id = "{dep_id}"
-  node = "local"
-  engine = "vllm"
-  endpoint = "{endpoint}"
-  weight = {weight}
-"""
-
-
 def fleet_text(tmp_path: Path, gw_port: int, healthy: str, with_big: bool = True) -> str:
-    agent, tiny_a, tiny_b, big_c = (f"http://127.0.0.1:{free_port()}" for _ in range(4))
-    failover = "failover = { steps = [100], verify_s = 0.5, warmup_requests = 0, " \
-               "drain_timeout_s = 5 }"  # fmt: skip
-    big = (
-        f'[[models]]\nname = "big"\n{failover}\n'
-        + deployment("big-a", healthy, 50) + deployment("big-b", healthy, 50)
-        + deployment("big-c", big_c, 50) + deployment("big-idle", healthy, 0)
+    """tiny: two deployments on closed ports; big: three that carry traffic (a, b healthy,
+    c on a closed port) and an idle healthy one."""
+    up = int(healthy.rsplit(":", 1)[1])
+    models = {"tiny": [deployment(f"tiny-{x}", "local", "vllm", free_port(), weight=50)
+                       for x in "ab"]}  # fmt: skip
+    if with_big:
+        models["big"] = [
+            deployment("big-a", "local", "vllm", up, weight=50),
+            deployment("big-b", "local", "vllm", up, weight=50),
+            deployment("big-c", "local", "vllm", free_port(), weight=50),
+            deployment("big-idle", "local", "vllm", up, weight=0),
+        ]
+    return gateway_fleet(
+        "cap", gw_port, tmp_path / "gw-state", models, agent=f"http://127.0.0.1:{free_port()}",
+        model={"failover": {"steps": [100], "verify_s": 0.5, "warmup_requests": 0,
+                            "drain_timeout_s": 5}},
     )  # fmt: skip
-    return f"""
-[fleet]
-name = "cap"
-[gateway]
-url = "http://127.0.0.1:{gw_port}"
-state_dir = "{tmp_path / "gw-state"}"
-health_interval_s = 0.5
-[[nodes]]
-name = "local"
-agent = "{agent}"
-[[models]]
-name = "tiny"
-{failover}
-{deployment("tiny-a", tiny_a, 50)}{deployment("tiny-b", tiny_b, 50)}
-{big if with_big else ""}
-"""
 
 
 def stored_result(tmp_path: Path, rid: str) -> dict:

@@ -13,6 +13,7 @@ import pytest
 
 from tests.conftest import agent_env, run_cli
 from tests.engines.servers import free_port, stop, wait_until
+from tests.support.fleet import deployment, gateway_fleet
 from tests.test_gateway import ADMIN, GATEWAY_VIEWER, Gateway, start_gateway
 
 TOKEN_ENV = "T_ROLL_AGENT"
@@ -20,37 +21,12 @@ TOKEN_ENV = "T_ROLL_AGENT"
 
 def fleet_text(gw_port: int, state: Path, models: tuple[str, ...] = ("tiny",)) -> str:
     """Each model: two deployments (NAME-a, NAME-b) on closed ports; the agent closed too."""
-    closed = [free_port() for _ in range(1 + 2 * len(models))]
-    declared = "".join(
-        f"""
-[[models]]
-name = "{name}"
-failover = {{ steps = [100], verify_s = 0.2, warmup_requests = 1, drain_timeout_s = 5 }}
-  [[models.deployments]]
-  id = "{name}-a"
-  node = "local"
-  engine = "vllm"
-  endpoint = "http://127.0.0.1:{closed[1 + 2 * n]}"
-  [[models.deployments]]
-  id = "{name}-b"
-  node = "local"
-  engine = "vllm"
-  endpoint = "http://127.0.0.1:{closed[2 + 2 * n]}"
-"""
-        for n, name in enumerate(models)
-    )
-    return f"""
-[fleet]
-name = "roll"
-[gateway]
-url = "http://127.0.0.1:{gw_port}"
-state_dir = "{state}"
-health_interval_s = 0.5
-[[nodes]]
-name = "local"
-agent = "http://127.0.0.1:{closed[0]}"
-token_env = "{TOKEN_ENV}"
-{declared}"""
+    deps = {m: [deployment(f"{m}-{x}", "local", "vllm", free_port()) for x in "ab"] for m in models}
+    return gateway_fleet(
+        "roll", gw_port, state, deps, agent=f"http://127.0.0.1:{free_port()}", token_env=TOKEN_ENV,
+        model={"failover": {"steps": [100], "verify_s": 0.2, "warmup_requests": 1,
+                            "drain_timeout_s": 5}},
+    )  # fmt: skip
 
 
 def post(gateway: Gateway, body: object, token: str = ADMIN):

@@ -38,6 +38,7 @@ from console.tui.widgets.confirm import ConfirmScreen, WhyConfirmScreen
 from console.tui.widgets.safe_static import SafeStatic
 from console.tui.workflows import STEER_WHY
 from tests.engines.servers import free_port, stop, wait_until
+from tests.support.fleet import deployment, gateway_fleet
 from tests.test_gateway import ADMIN, GATEWAY_VIEWER, Gateway, start_gateway
 from tests.test_replay import replay_app, write_incident
 from tests.tui_support import CPU, FLEET, keys, until
@@ -47,35 +48,15 @@ TOKEN_ENV = "ENGINEROOM_ADMIN_TOKEN"  # the gateway's default; tests/test_gatewa
 
 
 def fleet_text(tmp_path: Path, gw_port: int) -> str:
-    closed = [free_port() for _ in range(3)]  # nothing listens: each call is refused at once
-    deployments = "".join(
-        f"""
-  [[models.deployments]]
-  id = "tiny-{name}"
-  node = "local"
-  engine = "vllm"
-  endpoint = "http://127.0.0.1:{port}"
-  weight = 50
-"""
-        for name, port in zip("ab", closed[1:], strict=True)
-    )
-    return f"""
-[fleet]
-name = "roll"
-refresh_s = 0.5
-[gateway]
-url = "http://127.0.0.1:{gw_port}"
-state_dir = "{tmp_path / "gw-state"}"
-health_interval_s = 0.5
-[[nodes]]
-name = "local"
-agent = "http://127.0.0.1:{closed[0]}"
-[[models]]
-name = "tiny"
-slo = {{ ttft_p95_ms = 500, itl_p95_ms = 60 }}
-failover = {{ steps = [100], verify_s = 0.5, warmup_requests = 0, drain_timeout_s = 5 }}
-{deployments}
-"""
+    """tiny-a and tiny-b, and the node's agent, on closed ports: each call is refused."""
+    deps = [deployment(f"tiny-{x}", "local", "vllm", free_port(), weight=50) for x in "ab"]
+    return gateway_fleet(
+        "roll", gw_port, tmp_path / "gw-state", {"tiny": deps},
+        agent=f"http://127.0.0.1:{free_port()}", fleet={"refresh_s": 0.5},
+        model={"slo": {"ttft_p95_ms": 500, "itl_p95_ms": 60},
+               "failover": {"steps": [100], "verify_s": 0.5, "warmup_requests": 0,
+                            "drain_timeout_s": 5}},
+    )  # fmt: skip
 
 
 @pytest.fixture

@@ -139,3 +139,32 @@ def agent_and_gateway_tables(state: PurePath, gw_port: int, gw_state: PurePath) 
             "health_interval_s": 0.5,
         },
     }
+
+
+def gateway_fleet(
+    name: str,
+    gw_port: int,
+    state: Path,
+    models: Mapping[str, Sequence[Mapping[str, Any]]],
+    *,
+    agent: str,
+    token_env: str | None = None,
+    model: Mapping[str, Any] | None = None,
+    fleet: Mapping[str, Any] | None = None,
+) -> str:
+    """A gateway on `gw_port` (its state in `state`, health checks every 0.5 s), node "local"
+    with its agent at `agent`, and `models`: name -> its deployments; `model`: what each
+    model has besides (its failover plan, its SLO)."""
+    node = {"name": "local", "agent": agent, **({"token_env": token_env} if token_env else {})}
+    return fleet_toml(
+        fleet={"name": name, **(fleet or {})},
+        gateway={
+            "url": f"http://127.0.0.1:{gw_port}",
+            "state_dir": state,
+            "health_interval_s": 0.5,
+        },
+        nodes=[node],
+        models=[
+            {"name": m, **(model or {}), "deployments": list(deps)} for m, deps in models.items()
+        ],
+    )
