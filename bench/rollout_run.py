@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import grp
 import os
-import pwd
 import statistics
 import subprocess
 import sys
@@ -36,6 +34,7 @@ from bench.diagnose_quiet import FLEET, PROFILE, ROOT, Agent, say
 from bench.incident_drill import Load
 from bench.realfleet import HEADERS, bench_env, start_agent_and_gateway, stop_all
 from tests.engines import servers
+from tests.support.haproxy import on_haproxy, on_plane
 
 # Each vLLM on a core of its own and at nice 19, as tests/test_rollout_run.py runs them:
 # with the OpenMP binding alone (bench.diagnose_quiet's profile), a restart beside the other
@@ -43,19 +42,6 @@ from tests.engines import servers
 PINNED = PROFILE.replace(
     'command = ["{python}"', 'command = ["taskset", "-c", "{core}", "nice", "-n", "19", "{python}"'
 )
-# HAProxy as the model's data plane: the gateway renders its configuration and drives its
-# runtime API on the admin socket (docs/haproxy.md); the stats socket is the bench user's.
-EDGE = """
-[[dataplanes]]
-name = "edge"
-kind = "haproxy"
-admin_socket = "{sock}"
-config = "{cfg}"
-listen = "127.0.0.1:{front}"
-socket_user = "{user}"
-socket_group = "{group}"
-"""
-
 # The vLLM router as the model's data plane (docs/dataplanes.md): the gateway adds and
 # removes its workers; the router has no weights, so a drain removes the worker.
 ROUTER = """
@@ -65,22 +51,6 @@ kind = "vllm-router"
 url = "http://127.0.0.1:{front}"
 metrics_url = "http://127.0.0.1:{metrics}/metrics"
 """
-
-
-def on_plane(text: str, edge: str) -> str:
-    """The fleet file with model tiny on data plane "edge"."""
-    text = text.replace(
-        '[[models]]\nname = "tiny"\n', '[[models]]\nname = "tiny"\ndataplane = "edge"\n'
-    )
-    return text.replace("[[models]]", edge + "\n[[models]]", 1)
-
-
-def on_haproxy(text: str, work: Path, front: int) -> str:
-    """The fleet file with model tiny on HAProxy (data plane "edge")."""
-    edge = EDGE.format(sock=work / "admin.sock", cfg=work / "haproxy.cfg", front=front,
-                       user=pwd.getpwuid(os.getuid()).pw_name,
-                       group=grp.getgrgid(os.getgid()).gr_name)  # fmt: skip
-    return on_plane(text, edge)
 
 
 def router_argv(front: int, metrics: int, workers: list[str]) -> list[str]:

@@ -18,10 +18,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import grp
 import json
 import os
-import pwd
 import shutil
 import signal
 import subprocess
@@ -39,7 +37,7 @@ from console.tui.app import EngineroomApp
 from console.tui.screens.rollouts import RolloutsScreen
 from tests.conftest import OPERATOR, ROOT, agent_env, run_cli
 from tests.engines.servers import free_port, send_traffic_vllm, stop, vllm_python, wait_until
-from tests.support.haproxy import runtime
+from tests.support.haproxy import on_haproxy, runtime
 from tests.test_agent_real_engines import by_deployment
 from tests.test_diagnoses import NODE_TOKEN, agent_over, engine_core
 from tests.test_gateway import ADMIN, Gateway, start_gateway
@@ -176,27 +174,6 @@ def weights(gateway: Gateway) -> dict[str, int]:
 
 def started_id(out: str) -> str:
     return out.split()[1]  # "rollout ID started: ..."
-
-
-def on_haproxy(fleet: Path, front: int) -> Path:
-    """Move model tiny onto HAProxy (data plane "edge") in the fleet file; its admin socket."""
-    sock, cfg = fleet.parent / "admin.sock", fleet.parent / "haproxy.cfg"
-    edge = f"""
-[[dataplanes]]
-name = "edge"
-kind = "haproxy"
-admin_socket = "{sock}"
-config = "{cfg}"
-listen = "127.0.0.1:{front}"
-socket_user = "{pwd.getpwuid(os.getuid()).pw_name}"
-socket_group = "{grp.getgrgid(os.getgid()).gr_name}"
-"""
-    text = fleet.read_text().replace(
-        '[[models]]\nname = "tiny"\n', f'{edge}\n[[models]]\nname = "tiny"\ndataplane = "edge"\n'
-    )
-    assert 'dataplane = "edge"' in text
-    fleet.write_text(text)
-    return sock
 
 
 def start_haproxy(fleet: Path, sock: Path) -> subprocess.Popen[bytes]:
@@ -366,7 +343,8 @@ def test_rolling_restarts_survive_a_gateway_kill_halt_when_slow_and_run_behind_h
         watch.stop()
         stop(gateway.process, grace=5)
         front = free_port()
-        sock = on_haproxy(agent.fleet, front)
+        agent.fleet.write_text(on_haproxy(agent.fleet.read_text(), agent.fleet.parent, front))
+        sock = agent.fleet.parent / "admin.sock"
         haproxy = start_haproxy(agent.fleet, sock)
         gateway = start_gateway(agent.fleet.parent, "", gw_port)
         clients, watch = Clients(f"http://127.0.0.1:{front}", 1), ReadyWatch(gateway)
