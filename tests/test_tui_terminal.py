@@ -8,6 +8,7 @@ import pty
 import re
 import select
 import signal
+import subprocess
 import sys
 import time
 
@@ -79,6 +80,33 @@ def test_the_console_leaves_cleanly_when_the_terminal_goes_away(tmp_path):
             os.waitpid(pid, 0)
         except (ProcessLookupError, ChildProcessError):
             pass
+
+
+def test_the_console_leaves_when_its_terminal_hangs_up_without_a_sighup(tmp_path):
+    """The pty is the console's stdin, stdout and stderr but not its controlling
+    terminal (a new session that never opened it), so closing the other end sends it no
+    SIGHUP: only its input hangs up. Textual's input thread then read end-of-file in a
+    busy loop for good (a replay left so spun a core for 35 minutes); the console now
+    sees the hang-up and leaves as it does on SIGHUP (129)."""
+    fleet = tmp_path / "fleet.toml"
+    fleet.write_text(FLEET.format(port=free_port()))
+    master, slave = pty.openpty()
+    env = {k: v for k, v in os.environ.items() if k != "NO_COLOR"}
+    env.update(T_TTY="token-0123456789", TERM="xterm-256color", COLUMNS="100", LINES="30")
+    console = subprocess.Popen(
+        [sys.executable, "-m", "console.cli", "--fleet", str(fleet)],
+        stdin=slave, stdout=slave, stderr=slave, env=env, cwd=ROOT, start_new_session=True,
+    )  # fmt: skip
+    os.close(slave)
+    try:
+        assert b"n1" in read_for(master, 6)  # it drew the fleet
+        assert os.getsid(console.pid) == console.pid  # its own session, no terminal of it
+        os.close(master)  # the far end goes: the console's input hangs up, no signal
+        assert console.wait(15) == 129
+    finally:
+        if console.poll() is None:
+            console.kill()
+            console.wait(10)
 
 
 @pytest.mark.parametrize("no_color", [False, True])

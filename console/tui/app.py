@@ -596,4 +596,4 @@ def run_tui(
     # A node whose token variable is not set shows as "no token"; the rest is watched.
     app = EngineroomApp(fleet, read_only=read_only, record=record, slow_link=slow_link)
     app.exit_watchdog = cleanup
-    return app.run(mouse=not slow_link) or 0
+    return app.run(mouse=not slow_link) or app.return_code or 0  # 129: hung up

@@ -172,4 +172,4 @@ def run_replay(path: str, at: str | None = None) -> int:
     start = None if at is None else parse_time(at, recording.start)
     app = ReplayApp(fleet, ReplayCollector(fleet, recording=recording, at=start))
     app.exit_watchdog = lambda: None  # its own process: an exit that blocks is ended
-    return app.run() or 0
+    return app.run() or app.return_code or 0  # 129: its terminal hung up

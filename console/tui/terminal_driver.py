@@ -3,12 +3,15 @@
 Textual picks its driver through `App.get_driver_class`; on a POSIX terminal that is
 `LinuxDriver`, and `EngineroomApp` asks for this subclass of it instead. Every write goes
 through `ScreenDiff` (console/tui/screendiff.py) first. The web view (textual-serve's
-driver) and the tests' headless driver are left as they are.
+driver) and the tests' headless driver are left as they are. It also watches for its
+terminal hanging up without a SIGHUP reaching the console (`_watch_hangup`).
 """
 
 from __future__ import annotations
 
 import os
+import select
+import signal
 import sys
 import threading
 from typing import TYPE_CHECKING, Any
@@ -20,6 +23,8 @@ from console.tui.screendiff import ScreenDiff
 if TYPE_CHECKING:
     from textual.app import App
 
+HANGUP_POLL_MS = 500  # how often the terminal is checked for a hang-up
+
 
 class DiffDriver(LinuxDriver):
     def __init__(self, app: App[Any], **kwargs: Any) -> None:
@@ -30,6 +35,34 @@ class DiffDriver(LinuxDriver):
         self._diff_lock = threading.Lock()
         if hasattr(app, "terminal_driver"):  # where the app finds it (for Ctrl+L)
             app.terminal_driver = self
+        self._hangup_done = threading.Event()
+
+    def start_application_mode(self) -> None:
+        super().start_application_mode()
+        self._hangup_done.clear()
+        threading.Thread(target=self._watch_hangup, name="terminal-hangup", daemon=True).start()
+
+    def stop_application_mode(self) -> None:
+        self._hangup_done.set()
+        super().stop_application_mode()
+
+    def _watch_hangup(self) -> None:
+        """A terminal that closed under the console (its tmux server or SSH session gone)
+        hangs up its input. The kernel sends SIGHUP only to the processes of the session it
+        controls; a console started otherwise got none, and Textual's input thread then
+        read end-of-file in a busy loop (a replay left behind spun a core for 35 minutes).
+        At the hang-up the console sends itself SIGHUP: its handler leaves cleanly
+        (EngineroomApp._hung_up), and a process without one ends."""
+        poller = select.poll()
+        poller.register(self.fileno, select.POLLHUP)
+        while not self._hangup_done.is_set():
+            try:
+                events = poller.poll(HANGUP_POLL_MS)
+            except OSError:
+                return
+            if any(mask & select.POLLHUP for _, mask in events):
+                os.kill(os.getpid(), signal.SIGHUP)
+                return
 
     def write(self, data: str) -> None:
         with self._diff_lock:
