@@ -36,7 +36,7 @@ from console.core import diagnosis as d
 from console.core.config import ConfigError, load_fleet, parse_fleet
 from console.core.snapshot import Latency, Percentiles, decode_snapshot
 from console.core.snapshot import ModelStats as SnapModelStats
-from console.core.wire import Engine, GoneGpu, Host, Job, NodeInfo, Snapshot
+from console.core.wire import Engine, EngineJobResult, GoneGpu, Host, Job, NodeInfo, Snapshot
 from console.core.wire import Latency as WireLatency
 from console.core.wire import ModelStats as WireModelStats
 from console.core.wire import Percentiles as WirePercentiles
@@ -192,7 +192,8 @@ name = "tiny"
     sender.start()
     core: psutil.Process | None = None
     try:
-        core = engine_core(by_deployment(agent)["tiny-vllm"]["pid"])
+        old_pid = by_deployment(agent)["tiny-vllm"]["pid"]
+        core = engine_core(old_pid)
         # Stopped while a stream's tokens are arriving, as its client sees them. vLLM's own
         # running gauge is no guide while the core runs: a busy API server answers /metrics
         # between requests, when it reads 0 (CI: "a stream running: not met within 120 s").
@@ -246,7 +247,18 @@ name = "tiny"
             return after not in ("queued", "running")
 
         wait_until(ended, 300, interval=1.0, what="the restart job ended")
-        assert agent.get(f"/v1/jobs/{job}").json()["state"] == "succeeded"
+        # The restart: a stop, then the same profile again, with a new cold start.
+        restarted = agent.get(f"/v1/jobs/{job}").json()
+        assert restarted["state"] == "succeeded", restarted
+        assert [(s["name"], s["state"]) for s in restarted["steps"]] == [
+            ("stop", "succeeded"), ("preflight", "succeeded"), ("spawn", "succeeded"),
+            ("load", "succeeded"),
+        ]  # fmt: skip
+        typed = EngineJobResult.model_validate(restarted["result"])  # the wire's result model
+        cold = typed.cold_start
+        assert cold is not None and cold.total_s > 0 and cold.total_s == cold.phases["ready"]
+        assert typed.argv and typed.endpoint == base
+        assert not psutil.pid_exists(old_pid)
         assert states and set(states) == {"verifying"}, states  # never resolved meanwhile
         resolved = until_resolved(
             agent.fleet,

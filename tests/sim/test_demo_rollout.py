@@ -32,7 +32,8 @@ TOLERANCE = "2.5"
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimFleet]:
-    sim = start_sim(tmp_path_factory.mktemp("demo-rollout"), "--nodes", "2")
+    # Each step's verify (and its baseline) watches 3 s of traffic, not the default 10 s.
+    sim = start_sim(tmp_path_factory.mktemp("demo-rollout"), "--nodes", "2", "--verify", "3")
     yield sim
     end(sim)
 

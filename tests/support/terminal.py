@@ -138,11 +138,9 @@ class Terminal:
         shutil.rmtree(self.conf.parent, ignore_errors=True)
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
-            try:
-                os.kill(self.pid, 0)
-            except ProcessLookupError:
+            if not _running(self.pid):
                 return
-            time.sleep(0.1)
+            time.sleep(0.05)
         with contextlib.suppress(ProcessLookupError):
             os.kill(self.pid, signal.SIGKILL)
 
@@ -151,6 +149,16 @@ class Terminal:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _running(pid: int) -> bool:
+    """Whether `pid` still runs. Its tmux server gone, an exited pane program waits as a
+    zombie until init reaps it (over a second here): it has ended all the same."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")  # after "pid (comm)"
 
 
 def console_env(**extra: str) -> dict[str, str]:
