@@ -43,16 +43,22 @@ def spawn_console(tmp_path, **env: str) -> tuple[int, int]:
     return pid, fd
 
 
-def read_for(fd: int, seconds: float) -> bytes:
+def read_drawn(fd: int, timeout: float = 30.0, quiet_s: float = 0.5) -> bytes:
+    """What the console wrote until it drew the fleet (node n1) and then wrote nothing
+    for `quiet_s`: its first whole screen."""
     out = b""
-    deadline = time.monotonic() + seconds
+    deadline = time.monotonic() + timeout
+    last = time.monotonic()
     while time.monotonic() < deadline:
-        ready, _, _ = select.select([fd], [], [], 0.1)
+        if b"n1" in out and time.monotonic() - last >= quiet_s:
+            break
+        ready, _, _ = select.select([fd], [], [], 0.05)
         if ready:
             try:
                 out += os.read(fd, 65536)
             except OSError:
                 break
+            last = time.monotonic()
     return out
 
 
@@ -69,7 +75,7 @@ def wait_exit(pid: int, timeout: float) -> int | None:
 def test_the_console_leaves_cleanly_when_the_terminal_goes_away(tmp_path):
     pid, fd = spawn_console(tmp_path)
     try:
-        screen = read_for(fd, 6)
+        screen = read_drawn(fd)
         assert b"n1" in screen  # it drew the fleet
         os.close(fd)  # the SSH session drops: the kernel hangs up the terminal
         status = wait_exit(pid, 10)
@@ -99,7 +105,7 @@ def test_the_console_leaves_when_its_terminal_hangs_up_without_a_sighup(tmp_path
     )  # fmt: skip
     os.close(slave)
     try:
-        assert b"n1" in read_for(master, 6)  # it drew the fleet
+        assert b"n1" in read_drawn(master)  # it drew the fleet
         assert os.getsid(console.pid) == console.pid  # its own session, no terminal of it
         os.close(master)  # the far end goes: the console's input hangs up, no signal
         assert console.wait(15) == 129
@@ -113,7 +119,7 @@ def test_the_console_leaves_when_its_terminal_hangs_up_without_a_sighup(tmp_path
 def test_no_color_drops_colours(tmp_path, no_color):
     pid, fd = spawn_console(tmp_path, **({"NO_COLOR": "1"} if no_color else {}))
     try:
-        screen = read_for(fd, 6)
+        screen = read_drawn(fd)
     finally:
         os.kill(pid, signal.SIGTERM)
         if wait_exit(pid, 10) is None:
@@ -161,7 +167,7 @@ def test_the_console_always_leaves_when_its_ssh_session_is_killed(tmp_path):
     such consoles behind). Now what is still written goes to /dev/null and a watchdog
     ends the process within EXIT_GRACE_S."""
     from console.tui.app import EXIT_GRACE_S
-    from tests.support.terminal import TMUX, Terminal, console_env
+    from tests.support.terminal import TMUX, Terminal, console_env, running
 
     if TMUX is None:
         pytest.skip("tmux is not installed (make test does)")
@@ -177,9 +183,7 @@ def test_the_console_always_leaves_when_its_ssh_session_is_killed(tmp_path):
         term._tmux("kill-server")  # the terminal hangs up under the console
         deadline = time.monotonic() + EXIT_GRACE_S + 10
         while time.monotonic() < deadline:
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
+            if not running(pid):  # exited (init reaps it later)
                 break
             time.sleep(0.1)
         else:

@@ -138,7 +138,7 @@ class Terminal:
         shutil.rmtree(self.conf.parent, ignore_errors=True)
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
-            if not _running(self.pid):
+            if not running(self.pid):
                 return
             time.sleep(0.05)
         with contextlib.suppress(ProcessLookupError):
@@ -151,7 +151,7 @@ class Terminal:
         self.close()
 
 
-def _running(pid: int) -> bool:
+def running(pid: int) -> bool:
     """Whether `pid` still runs. Its tmux server gone, an exited pane program waits as a
     zombie until init reaps it (over a second here): it has ended all the same."""
     try:
