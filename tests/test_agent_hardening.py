@@ -40,7 +40,7 @@ from console.agent.supervisor import Managed, Supervisor
 from console.collect.actions import ActionError, AgentActions
 from console.core.config import load_fleet, parse_fleet
 from tests.conftest import OPERATOR, ROOT, VIEWER, agent_env, run_cli
-from tests.engines.servers import free_port, require_python, vllm_python, wait_until
+from tests.engines.servers import free_port, require_python, running, vllm_python, wait_until
 from tests.nvml_double import FakeGpu, FakeNvml
 
 OPERATOR_TOKEN = OPERATOR.split(":", 1)[1]
@@ -361,7 +361,7 @@ def test_a_start_whose_agent_and_engine_both_died_says_the_engine_is_gone(agent_
     first.process.wait(10)
     [record] = [json.loads(p.read_text()) for p in setup["state"].glob("*/engines/*/engine.json")]
     os.killpg(record["pgid"], signal.SIGKILL)
-    wait_until(lambda: not psutil.pid_exists(record["pgid"]), 10, what="the engine gone")
+    wait_until(lambda: not running(record["pgid"]), 10, what="the engine gone")
     again = agent_factory(text, port=agent_port)
     job = job_of(again.url, start["id"])
     assert job["state"] == "failed"

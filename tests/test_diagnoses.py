@@ -48,6 +48,7 @@ from tests.engines.servers import (
     free_ports,
     kill,
     launch_vllm,
+    running,
     send_traffic_triton,
     send_traffic_vllm,
     start_vllm,
@@ -258,7 +259,7 @@ name = "tiny"
         cold = typed.cold_start
         assert cold is not None and cold.total_s > 0 and cold.total_s == cold.phases["ready"]
         assert typed.argv and typed.endpoint == base
-        assert not psutil.pid_exists(old_pid)
+        assert not running(old_pid)
         assert states and set(states) == {"verifying"}, states  # never resolved meanwhile
         resolved = until_resolved(
             agent.fleet,

@@ -28,7 +28,7 @@ from console.collect.view import build
 from console.core.config import parse_fleet
 from console.core.snapshot import Snapshot, snapshot_from
 from tests.conftest import OPERATOR, ROOT, VIEWER, Agent, agent_env, run_cli
-from tests.engines.servers import free_port, stop, vllm_python, wait_until
+from tests.engines.servers import free_port, running, stop, vllm_python, wait_until
 
 FLEET = """
 [fleet]
@@ -405,7 +405,7 @@ def test_vllm_start_readopt_and_a_stop_that_lets_the_stream_finish(
         f"stream ended before the stop: {stream}"
     )
     assert stream["tokens"] == STREAM_TOKENS
-    assert not os.path.exists(f"/proc/{engine_pid}")
+    assert not running(engine_pid)  # exited (its parent, the first agent, is gone)
     assert engine_records(state) == []
     wait_until(  # gone from the list from the next cycle on
         lambda: all(e["id"] != engine_id for e in again.snapshot()["engines"]),

@@ -167,7 +167,8 @@ def test_the_console_always_leaves_when_its_ssh_session_is_killed(tmp_path):
     such consoles behind). Now what is still written goes to /dev/null and a watchdog
     ends the process within EXIT_GRACE_S."""
     from console.tui.app import EXIT_GRACE_S
-    from tests.support.terminal import TMUX, Terminal, console_env, running
+    from tests.engines.servers import running
+    from tests.support.terminal import TMUX, Terminal, console_env
 
     if TMUX is None:
         pytest.skip("tmux is not installed (make test does)")

@@ -19,6 +19,8 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from tests.engines.servers import running
+
 TMUX = shutil.which("tmux")
 
 
@@ -138,7 +140,7 @@ class Terminal:
         shutil.rmtree(self.conf.parent, ignore_errors=True)
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
-            if not running(self.pid):
+            if not running(self.pid):  # a zombie has ended: init reaps it a second later
                 return
             time.sleep(0.05)
         with contextlib.suppress(ProcessLookupError):
@@ -149,16 +151,6 @@ class Terminal:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def running(pid: int) -> bool:
-    """Whether `pid` still runs. Its tmux server gone, an exited pane program waits as a
-    zombie until init reaps it (over a second here): it has ended all the same."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")  # after "pid (comm)"
 
 
 def console_env(**extra: str) -> dict[str, str]:
