@@ -8,11 +8,8 @@ they report; and a start job that says ready is ready in the snapshot `check` re
 
 from __future__ import annotations
 
-import contextlib
 import heapq
 import json
-import os
-import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -514,59 +511,6 @@ def test_while_a_queue_builds_the_engine_does_not_run_ahead_of_its_clients(seed)
         clients = sorted(v for when, v in first_tokens if start <= when < end_)
         client_p95 = clients[int(0.95 * len(clients))]
         assert engine is not None and client_p95 >= 0.85 * engine, (start, client_p95, engine)
-
-
-# ---------------------------------------------------------------------------------------------
-# A start that says ready is ready in the snapshot `check` reads right after
-
-
-@pytest.mark.engines
-def test_check_right_after_vllm_start_wait_reads_the_engine_ready(
-    agent_factory, tmp_path, tiny_model_dir
-):
-    from tests.engines.servers import free_port, vllm_python
-    from tests.test_jobs import OPERATOR_TOKEN, engine_records, fleet_text
-
-    state = tmp_path / "state"
-    port = free_port()
-    # A slow snapshot cycle makes the race plain: a job that said ready before the agent's
-    # snapshot did would leave the snapshot, and `check`, at "loading" for up to 20 s.
-    text = fleet_text(state, tiny_model_dir, port, vllm_python()).replace(
-        "scrape_interval_s = 1", "scrape_interval_s = 20"
-    )
-    agent = agent_factory(text)
-    console_fleet = tmp_path / "console.toml"
-    console_fleet.write_text(
-        agent.fleet.read_text().replace(
-            'agent = "http://127.0.0.1:9410"', f'agent = "{agent.url}"\ntoken_env = "T_OP"'
-        )
-    )
-    env = agent_env(T_OP=OPERATOR_TOKEN)
-    engine_id = f"vllm-{port}"
-    try:
-        started = run_cli(
-            "vllm", "start", "--fleet", str(console_fleet), "--node", "local",
-            "--profile", "tiny", "--wait", "--json", env=env, timeout=400,
-        )  # fmt: skip
-        assert started.returncode == 0, started.stdout + started.stderr
-        # At once: the agent's own snapshot agrees with what the job just said.
-        assert agent.engine(engine_id)["state"] == "ready"
-        job = json.loads(started.stdout)
-        assert job["state"] == "succeeded"
-        assert job["result"]["snapshot_state"] == "ready"  # the job's answer carries it
-        checked = run_cli("check", "--fleet", str(console_fleet), "--json", env=env)
-        report = json.loads(checked.stdout)
-        (node,) = [n for n in report["nodes"] if n["name"] == "local"]
-        engine = next(e for e in node["engines"] if e["id"] == engine_id)
-        assert engine["state"] == "ready", engine
-        rows = [
-            d for m in report["models"] for d in m["deployments"] if d["engine_id"] == engine_id
-        ]
-        assert rows and all(d["state"] == "ready" for d in rows), rows
-    finally:
-        for record in engine_records(state):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(record["pgid"], signal.SIGKILL)
 
 
 async def test_model_detail_says_which_line_is_a_mean():
