@@ -9,11 +9,13 @@ terminal hanging up without a SIGHUP reaching the console (`_watch_hangup`).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import signal
 import sys
 import threading
+import time
 from typing import TYPE_CHECKING, Any
 
 from textual.drivers.linux_driver import LinuxDriver
@@ -24,6 +26,10 @@ if TYPE_CHECKING:
     from textual.app import App
 
 HANGUP_POLL_MS = 500  # how often the terminal is checked for a hang-up
+# The longest a console lives on after its terminal hung up, whatever its event loop does:
+# twice the app's own exit deadline (console.tui.app.EXIT_GRACE_S), which a loop that
+# handles the hang-up meets first.
+HANGUP_DEADLINE_S = 10.0
 
 
 class DiffDriver(LinuxDriver):
@@ -61,8 +67,28 @@ class DiffDriver(LinuxDriver):
             except OSError:
                 return
             if any(mask & select.POLLHUP for _, mask in events):
-                os.kill(os.getpid(), signal.SIGHUP)
+                self._leave_after_hangup()
                 return
+
+    def _leave_after_hangup(self) -> None:
+        """What is still written goes to /dev/null; SIGHUP asks the console to leave
+        cleanly; and it leaves by HANGUP_DEADLINE_S for sure. Its event loop can be blocked
+        behind the dead terminal (Textual's writer thread gone, its queue full), and then
+        never runs the SIGHUP handler: one console in about 60 outlived its hung-up
+        terminal for good in tests/test_tui_terminal.py. This thread ends it, after the
+        app's cleanup (the demo stops its simulated fleet)."""
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        for fd in (1, 2):
+            with contextlib.suppress(OSError):
+                os.dup2(devnull, fd)
+        os.close(devnull)
+        os.kill(os.getpid(), signal.SIGHUP)
+        time.sleep(HANGUP_DEADLINE_S)
+        cleanup = getattr(self._app, "exit_watchdog", None)
+        if cleanup is not None:
+            with contextlib.suppress(Exception):
+                cleanup()
+        os._exit(129)  # 128 + SIGHUP, as the app's own hang-up exit
 
     def write(self, data: str) -> None:
         with self._diff_lock:
