@@ -18,13 +18,12 @@ import time
 from pathlib import Path
 
 import httpx
-import psutil
 import pytest
 
 from console.sim import trtllm_double
 from tests.conftest import OPERATOR, Agent, agent_env
 from tests.conftest import run_cli as _run_cli
-from tests.engines.servers import free_port, wait_until
+from tests.engines.servers import free_port, running, wait_until
 
 pytestmark = pytest.mark.engines
 TOKEN = OPERATOR.split(":")[1]
@@ -200,7 +199,7 @@ def _steps(job: dict) -> dict[str, str]:
 
 
 def _group_alive(pids: list[int]) -> list[int]:
-    return [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
+    return [p for p in pids if running(p)]
 
 
 def test_a_drill_builds_validates_benchmarks_and_promotes_then_hits_the_cache(node: Node) -> None:

@@ -25,7 +25,7 @@ import httpx
 import pytest
 
 from console.sim import trtllm_double
-from tests.engines.servers import log_tail, stop, wait_until
+from tests.engines.servers import log_tail, running, stop, wait_until
 
 DOUBLE = Path(trtllm_double.__file__)
 HF_CONFIG = {
@@ -183,23 +183,15 @@ def test_a_hung_step_ignores_sigterm_until_its_group_is_killed(tools: Tools) -> 
         os.killpg(process.pid, signal.SIGTERM)
         with pytest.raises(subprocess.TimeoutExpired):
             process.wait(timeout=0.5)
-        assert alive(child)
+        assert running(child)
     finally:
         os.killpg(process.pid, signal.SIGKILL)
         process.wait(timeout=10)
-    wait_until(lambda: not alive(child), 10, what="the hung step's child gone")
+    wait_until(lambda: not running(child), 10, what="the hung step's child gone")
 
 
 def written(path: Path) -> str | None:
     return path.read_text().strip() or None if path.exists() else None
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, IndexError):
-        return False
-    return state not in ("Z", "X")
 
 
 def test_the_version_probe_prints_one_json_line_from_the_environment(tools: Tools) -> None:

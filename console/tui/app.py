@@ -55,7 +55,7 @@ from console.tui.screens.jobs import JobScreen, JobsScreen, StartVllmScreen
 from console.tui.screens.models import ModelsScreen
 from console.tui.screens.node import NodeScreen
 from console.tui.screens.rollouts import RolloutsScreen
-from console.tui.terminal_driver import DiffDriver
+from console.tui.terminal_driver import DiffDriver, output_to_devnull
 from console.tui.widgets.command_line import CommandLine
 from console.tui.widgets.confirm import ConfirmScreen
 from console.tui.workflows import Workflows, delegate
@@ -231,11 +231,7 @@ class EngineroomApp(App[int]):
 
     def _hung_up(self) -> None:
         """The terminal is gone: what is still written goes to /dev/null, then leave."""
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        for fd in (1, 2):
-            with contextlib.suppress(OSError):
-                os.dup2(devnull, fd)
-        os.close(devnull)
+        output_to_devnull()
         self.exit(return_code=129)  # 128 + SIGHUP, as a shell reports a hung-up process
 
     def exit(self, *args: Any, **kwargs: Any) -> None:

@@ -73,15 +73,11 @@ class DiffDriver(LinuxDriver):
     def _leave_after_hangup(self) -> None:
         """What is still written goes to /dev/null; SIGHUP asks the console to leave
         cleanly; and it leaves by HANGUP_DEADLINE_S for sure. Its event loop can be blocked
-        behind the dead terminal (Textual's writer thread gone, its queue full), and then
-        never runs the SIGHUP handler: one console in about 60 outlived its hung-up
+        behind the dead terminal (most likely on Textual's writer queue, its thread gone), and
+        then never runs the SIGHUP handler: one console in about 60 outlived its hung-up
         terminal for good in tests/test_tui_terminal.py. This thread ends it, after the
         app's cleanup (the demo stops its simulated fleet)."""
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        for fd in (1, 2):
-            with contextlib.suppress(OSError):
-                os.dup2(devnull, fd)
-        os.close(devnull)
+        output_to_devnull()
         os.kill(os.getpid(), signal.SIGHUP)
         time.sleep(HANGUP_DEADLINE_S)
         cleanup = getattr(self._app, "exit_watchdog", None)
@@ -101,6 +97,16 @@ class DiffDriver(LinuxDriver):
         """Forget what the terminal shows: the next frames write every cell they draw."""
         with self._diff_lock:
             self.diff.reset()
+
+
+def output_to_devnull() -> None:
+    """What is still written to stdout and stderr goes to /dev/null: a write to a hung-up
+    terminal fails or blocks."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    for fd in (1, 2):
+        with contextlib.suppress(OSError):
+            os.dup2(devnull, fd)
+    os.close(devnull)
 
 
 def _terminal_size() -> tuple[int, int] | None:
