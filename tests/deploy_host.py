@@ -158,7 +158,11 @@ def sandbox_of(unit: str, layout: Layout, env: dict[str, str]) -> tuple[Sandbox,
         key, _, val = value.partition("=")
         val = val.replace("%S", "/var/lib")
         unit_env[key] = str(layout.at(val)) if val.startswith("/") else val
-    python_homes = [p for p in {sys.base_prefix, sys.prefix, str(ROOT)} if under(p, HOMES)]
+    # The Python installation and the checkout stay where they are over the hidden homes and
+    # the private /tmp: a real install lives in /opt or /usr, a test's checkout may be in
+    # either (CI's clone under /tmp must not leave the unit without its interpreter).
+    hidden = (*HOMES, "/tmp", "/var/tmp")
+    python_homes = [p for p in {sys.base_prefix, sys.prefix, str(ROOT)} if under(p, hidden)]
     box = Sandbox(
         uid=layout.uid,
         gid=layout.gid,
