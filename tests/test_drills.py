@@ -24,6 +24,7 @@ from console.sim import trtllm_double
 from tests.conftest import OPERATOR, Agent, agent_env
 from tests.conftest import run_cli as _run_cli
 from tests.engines.servers import free_port, running, wait_until
+from tests.support.fleet import fleet_model, trtllm_deployments, watched_fleet
 
 pytestmark = pytest.mark.engines
 TOKEN = OPERATOR.split(":")[1]
@@ -53,44 +54,18 @@ benchmark = {{ concurrency = [1, 4], requests_per_level = 8, max_tokens = 12 }}
 {steps}
 """
 
-FLEET = """
-[fleet]
-name = "drills"
 
-[agent]
-state_dir = "{state}"
-scrape_interval_s = 0.5
-stop_grace_s = 5  # SIGTERM to SIGKILL for a drill's tools
-
-[[nodes]]
-name = "local"
-agent = "http://127.0.0.1:{port}"
-token_env = "T_OP"
-
-[[models]]
-name = "tiny"
-
-  [[models.deployments]]
-  id = "tiny-trt"
-  node = "local"
-  engine = "trtllm"
-  endpoint = "http://127.0.0.1:9"
-  engine_dir = "{engines}/tiny-trt"
-
-  [[models.deployments]]
-  id = "tiny-trt-old"          # an engine built by hand: no manifest
-  node = "local"
-  engine = "trtllm"
-  endpoint = "http://127.0.0.1:9"
-  engine_dir = "{engines}/hand-built"
-
-  [[models.deployments]]
-  id = "tiny-vllm"
-  node = "local"
-  engine = "vllm"
-  endpoint = "{vllm}"
-  engine_model = "tiny"
-"""
+def drills_fleet(port: int, state: Path, engines: Path, vllm: str) -> str:
+    """Two TensorRT-LLM deployments (tiny-trt-old's engine built by hand: no manifest) and
+    a vLLM at `vllm`, on an agent on `port`."""
+    trt = trtllm_deployments(
+        {"tiny-trt": engines / "tiny-trt", "tiny-trt-old": engines / "hand-built"}
+    )
+    vllm_dep = {"id": "tiny-vllm", "node": "local", "engine": "vllm", "endpoint": vllm,
+                "engine_model": "tiny"}  # fmt: skip
+    # stop_grace_s: SIGTERM to SIGKILL for a drill's tools
+    tiny = fleet_model("tiny", *trt, vllm_dep)
+    return watched_fleet("drills", port, state, "T_OP", tiny, stop_grace_s=5)
 
 
 @pytest.fixture(scope="module")
@@ -142,9 +117,9 @@ class Node:
         from tests.conftest import start_agent
 
         port = free_port()
-        text = FLEET.format(
-            state=self.tmp / "state", port=port, engines=self.engines, vllm=self.vllm
-        ) + "".join(self.drills)
+        text = drills_fleet(port, self.tmp / "state", self.engines, self.vllm) + "".join(
+            self.drills
+        )
         workdir = self.tmp / f"agent{n}"
         workdir.mkdir(exist_ok=True)
         self.agent = start_agent(workdir, text, "local", port)

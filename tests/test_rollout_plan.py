@@ -31,6 +31,7 @@ from console.core.rollout_plan import (
 )
 from tests.conftest import VIEWER
 from tests.engines.servers import free_port
+from tests.support.fleet import tiny_model, trtllm_deployments, watched_fleet
 
 Dep = tuple[str, str, int, str | None]  # (id, node, weight, profile)
 Spec = list[tuple[str, list[Dep]]]  # (model, its deployments)
@@ -598,29 +599,6 @@ def test_unknown_name_error_lists_a_bounded_number_of_names() -> None:
 
 # -- --what-if --------------------------------------------------------------------------
 
-WHAT_IF_FLEET = """
-[fleet]
-name = "whatif"
-
-[agent]
-state_dir = "{state}"
-scrape_interval_s = 0.5
-
-[[nodes]]
-name = "local"
-agent = "http://127.0.0.1:{port}"
-token_env = "T_VIEW"
-
-[[models]]
-name = "tiny"
-  [[models.deployments]]
-  id = "tiny-vllm"
-  node = "local"
-  engine = "vllm"
-  endpoint = "http://127.0.0.1:9"
-{trt}
-"""
-
 
 def manifest(driver: str) -> dict:
     """An engineroom manifest, as a drill writes it (console.agent.manifest)."""
@@ -649,18 +627,16 @@ def test_what_if_selects_exactly_what_drill_what_if_says_goes_stale(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     engines = {"trt-a": "580.65.06", "trt-b": "580.65.06", "trt-new": "590.10", "trt-hand": None}
-    trt = ""
+    engine_dirs: dict[str, Path | None] = {}
     for dep, driver in engines.items():
         engine_dir = tmp_path / "engines" / dep
         engine_dir.mkdir(parents=True)
         if driver is not None:
             (engine_dir / "engineroom-manifest.json").write_text(json.dumps(manifest(driver)))
-        trt += (
-            f'  [[models.deployments]]\n  id = "{dep}"\n  node = "local"\n  engine = "trtllm"\n'
-            f'  endpoint = "http://127.0.0.1:9"\n  engine_dir = "{engine_dir}"\n'
-        )
+        engine_dirs[dep] = engine_dir
     port = free_port()
-    text = WHAT_IF_FLEET.format(state=tmp_path / "state", port=port, trt=trt)
+    trt = trtllm_deployments(engine_dirs)
+    text = watched_fleet("whatif", port, tmp_path / "state", "T_VIEW", tiny_model(9, *trt))
     agent = agent_factory(text, "local", port)
     monkeypatch.setenv("T_VIEW", VIEWER)
     fleet_file = agent.fleet  # type: ignore[attr-defined]

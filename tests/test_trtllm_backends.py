@@ -26,6 +26,7 @@ from console.core.trtllm_releases import has_engine_backend
 from console.sim import trtllm_double
 from tests.conftest import OPERATOR, VIEWER
 from tests.engines.servers import free_port, wait_until
+from tests.support.fleet import tiny_model, trtllm_deployments, watched_fleet
 
 NEXT = "1.3.0rc21"  # a release after 1.3.0rc20, the last with the engine backend
 
@@ -142,44 +143,6 @@ def test_a_planned_drill_says_what_it_costs_its_backend(
 
 # -- the agent: each deployment's backend, and what a change costs it -------------------
 
-AGENT_FLEET = """[fleet]
-name = "backends"
-
-[agent]
-state_dir = "{state}"
-scrape_interval_s = 0.5
-
-[[nodes]]
-name = "local"
-agent = "http://127.0.0.1:{port}"
-token_env = "T_VIEW"
-
-[[models]]
-name = "tiny"
-  [[models.deployments]]
-  id = "tiny-vllm"
-  node = "local"
-  engine = "vllm"
-  endpoint = "http://127.0.0.1:9"
-  [[models.deployments]]
-  id = "trt-engine"
-  node = "local"
-  engine = "trtllm"
-  endpoint = "http://127.0.0.1:9"
-  engine_dir = "{engines}/trt-engine"
-  [[models.deployments]]
-  id = "trt-torch"
-  node = "local"
-  engine = "trtllm"
-  endpoint = "http://127.0.0.1:9"
-  engine_dir = "{engines}/trt-torch"
-  [[models.deployments]]
-  id = "trt-next"
-  node = "local"
-  engine = "trtllm"
-  endpoint = "http://127.0.0.1:9"
-"""
-
 AGENT_DRILL = """
 [drills.{name}]
 model = "tiny"
@@ -226,7 +189,9 @@ def backends(tmp_path: Path, agent_factory: Callable[..., object], monkeypatch) 
         built = manifest(pipeline, weights, checkpoint)
         (engines / dep / "engineroom-manifest.json").write_text(json.dumps(built))
     port = free_port()
-    text = AGENT_FLEET.format(state=tmp_path / "state", port=port, engines=engines)
+    engine_dirs = {"trt-engine": engines / "trt-engine", "trt-torch": engines / "trt-torch"}
+    trt = trtllm_deployments({**engine_dirs, "trt-next": None})
+    text = watched_fleet("backends", port, tmp_path / "state", "T_VIEW", tiny_model(9, *trt))
     for name, deployment, pipeline, version in (
         ("engine-drill", "trt-engine", "engine", "1.2.0"),
         ("torch-drill", "trt-torch", "pytorch", "1.2.0"),

@@ -213,3 +213,32 @@ def tiny_model(port: int | str, *more: Mapping[str, Any], **keys: Any) -> dict[s
     """[[models]] "tiny": deployment "tiny-vllm" (vLLM on `port` of "local"), then `more`
     deployments; `keys` (its slo, failover) besides."""
     return fleet_model("tiny", deployment("tiny-vllm", "local", "vllm", port), *more, **keys)
+
+
+def watched_fleet(
+    name: str,
+    agent_port: int,
+    state: PurePath,
+    token_env: str,
+    *models: Mapping[str, Any],
+    **agent: Any,
+) -> str:
+    """fleet `name` whose node "local" runs a real agent on `agent_port` (its token in
+    `token_env`; its state in `state`, a scrape every 0.5 s and `agent` keys besides), with
+    `models`."""
+    return one_node_fleet(
+        name,
+        *models,
+        agent_url=f"http://127.0.0.1:{agent_port}",
+        token_env=token_env,
+        agent={"state_dir": state, "scrape_interval_s": 0.5, **agent},
+    )
+
+
+def trtllm_deployments(engine_dirs: Mapping[str, PurePath | None]) -> list[dict[str, Any]]:
+    """TensorRT-LLM deployments on "local" that nothing serves (port 9): id -> its
+    engine_dir (None: none)."""
+    return [
+        deployment(id, "local", "trtllm", 9, **({"engine_dir": d} if d is not None else {}))
+        for id, d in engine_dirs.items()
+    ]
