@@ -18,33 +18,23 @@ from console.agent.node import NodeAgent
 from console.core.config import parse_fleet
 from tests.engines import servers
 from tests.engines.triton_repo import write_repo
+from tests.support.fleet import LOCAL_AGENT, deployment, fleet_model, fleet_toml
 
 
 async def record(vllm: servers.VllmServer, triton: servers.TritonServer) -> str:
-    fleet = parse_fleet(f"""
-[fleet]
-name = "recorded"
-[agent]
-discover = true
-probe_timeout_s = 5.0
-[[nodes]]
-name = "cpu-1"
-agent = "http://127.0.0.1:9410"
-[[models]]
-name = "tiny"
-[[models.deployments]]
-id = "tiny-vllm"
-node = "cpu-1"
-engine = "vllm"
-endpoint = "{vllm.base_url}"
-[[models.deployments]]
-id = "tiny-trt"
-node = "cpu-1"
-engine = "triton"
-endpoint = "{triton.base_url}"
-metrics_endpoint = "http://127.0.0.1:{triton.metrics_port}"
-engine_model = "ensemble"
-""")
+    trt = deployment(
+        "tiny-trt", "cpu-1", "triton", triton.http_port,
+        metrics_endpoint=f"http://127.0.0.1:{triton.metrics_port}", engine_model="ensemble",
+    )  # fmt: skip
+    vllm_dep = {"id": "tiny-vllm", "node": "cpu-1", "engine": "vllm", "endpoint": vllm.base_url}
+    fleet = parse_fleet(
+        fleet_toml(
+            fleet={"name": "recorded"},
+            agent={"discover": True, "probe_timeout_s": 5.0},
+            nodes=[{"name": "cpu-1", "agent": LOCAL_AGENT}],
+            models=[fleet_model("tiny", vllm_dep, trt)],
+        )
+    )
     agent = NodeAgent(fleet, "cpu-1")
     await agent.cycle()
     await asyncio.to_thread(servers.send_traffic_vllm, vllm.base_url, 8, True)
