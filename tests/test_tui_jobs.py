@@ -25,7 +25,15 @@ from console.tui.screens.node import NodeScreen
 from console.tui.widgets.confirm import ConfirmScreen
 from tests.conftest import OPERATOR, VIEWER, agent_env, run_cli
 from tests.engines.servers import free_port
-from tests.support.fleet import fleet_toml, model_dir, vllm_profile
+from tests.support.fleet import (
+    SMALL_VLLM_ARGS,
+    deployment,
+    fleet_model,
+    fleet_toml,
+    model_dir,
+    one_node_fleet,
+    vllm_profile,
+)
 from tests.tui_support import until
 
 SIZE = (120, 40)
@@ -162,47 +170,24 @@ async def test_a_stop_the_agent_refuses_is_said_in_its_words_and_opens_no_job(se
         assert isinstance(app.screen, NodeScreen), "a job screen opened for a refused stop"
 
 
-STANDBY_FLEET = """
-[fleet]
-name = "standby"
-[agent]
-state_dir = "{state}"
-scrape_interval_s = 0.5
-[[nodes]]
-name = "local"
-agent = "http://127.0.0.1:{agent_port}"
-token_env = "T_OPERATOR"
-
-[gateway]
-url = "http://127.0.0.1:9"      # not running: the plan says so; the flow is the console's
-
-[[models]]
-name = "tiny"
-  [[models.deployments]]
-  id = "tiny-trt"
-  node = "local"
-  engine = "triton"
-  endpoint = "http://127.0.0.1:9"
-  [[models.deployments]]
-  id = "tiny-standby"
-  node = "local"
-  engine = "vllm"
-  endpoint = "http://127.0.0.1:{port}"
-  weight = 0
-  profile = "tiny"
-
-[profiles.tiny]
-engine = "vllm"
-node = "local"
-model = "{model}"
-served_model_name = "tiny"
-port = {port}
-command = ["taskset", "-c", "0", "nice", "-n", "19",
-           "{python}", "-m", "vllm.entrypoints.openai.api_server"]
-args = {{ host = "127.0.0.1", max_model_len = 256, optimization_level = 0 }}
-env = {{ VLLM_CPU_KVCACHE_SPACE = "1" }}
-stop_grace_s = 10
-"""
+def standby_fleet(state: Path, agent_port: int, port: int, model: Path, python: str) -> str:
+    """Model "tiny" on a Triton and a vLLM standby (weight 0) its profile starts, behind a
+    gateway that is not running: the plan says so; the flow is the console's."""
+    profile = vllm_profile(
+        "local", model, port, python, args={**SMALL_VLLM_ARGS, "optimization_level": 0},
+        env={"VLLM_CPU_KVCACHE_SPACE": "1"}, stop_grace_s=10,
+    )  # fmt: skip
+    profile["command"] = ["taskset", "-c", "0", "nice", "-n", "19", *profile["command"]]
+    standby = deployment("tiny-standby", "local", "vllm", port, weight=0, profile="tiny")
+    return one_node_fleet(
+        "standby",
+        fleet_model("tiny", deployment("tiny-trt", "local", "triton", 9), standby),
+        agent_url=f"http://127.0.0.1:{agent_port}",
+        token_env="T_OPERATOR",
+        agent={"state_dir": state, "scrape_interval_s": 20},  # 20: the race made plain
+        gateway={"url": "http://127.0.0.1:9"},
+        profiles={"tiny": profile},
+    )
 
 
 @pytest.mark.engines
@@ -218,13 +203,9 @@ async def test_a_standby_started_from_the_failover_plan_reopens_it_with_the_stan
     from tests.engines import servers
 
     agent_port, port = free_port(), free_port()
-    text = STANDBY_FLEET.format(
-        state=tmp_path / "state",
-        agent_port=agent_port,
-        port=port,
-        model=tiny_model_dir,
-        python=servers.vllm_python(),
-    ).replace("scrape_interval_s = 0.5", "scrape_interval_s = 20")  # the race made plain
+    text = standby_fleet(
+        tmp_path / "state", agent_port, port, tiny_model_dir, servers.vllm_python()
+    )
     agent = agent_factory(text, port=agent_port)
     monkeypatch.setenv("T_OPERATOR", OPERATOR.split(":", 1)[1])
     monkeypatch.setenv("ENGINEROOM_ADMIN_TOKEN", "admin-token-of-no-gateway")
@@ -342,23 +323,10 @@ async def test_cancelling_the_standby_form_returns_to_the_failover_plan(setup, m
     text = setup("T_OPERATOR").replace(
         "[agent]", f'[gateway]\nurl = "http://127.0.0.1:{free_port()}"\ntoken_env = "T_GW"\n[agent]'
     )
-    text += """
-[[models]]
-name = "tiny"
-  [[models.deployments]]
-  id = "tiny-a"
-  node = "local"
-  engine = "vllm"
-  endpoint = "http://127.0.0.1:9"
-  weight = 100
-  [[models.deployments]]
-  id = "tiny-standby"
-  node = "local"
-  engine = "vllm"
-  endpoint = "http://127.0.0.1:8"
-  profile = "tiny"
-  weight = 0
-"""
+    standby = deployment("tiny-standby", "local", "vllm", 8, profile="tiny", weight=0)
+    text += fleet_toml(
+        models=[fleet_model("tiny", deployment("tiny-a", "local", "vllm", 9, weight=100), standby)]
+    )
     monkeypatch.setenv("T_GW", "admin-token-of-no-gateway")
     app = EngineroomApp(parse_fleet(text))
     async with app.run_test(size=SIZE) as pilot:
