@@ -37,46 +37,26 @@ from tests.hostile_answers import (
 )
 from tests.hostile_exporter import Exporter, series
 from tests.prometheus_proc import start_prometheus, stop_prometheus
+from tests.support.fleet import deployment, fleet_toml, vllm_profile
 
-FLEET = """\
-[fleet]
-name = "esc"
-refresh_s = 0.5
-[agent]
-state_dir = "{state}"
-scrape_interval_s = 0.5
-probe_timeout_s = 2
-discover = false
-[gateway]
-url = "{gateway}"
-token_env = "T_ESC_GW"
-[[nodes]]
-name = "real"
-agent = "{real}"
-token_env = "T_ESC"
-[[nodes]]
-name = "bad"
-agent = "{bad}"
-token_env = "T_ESC"
-[[models]]
-name = "m"
-  [[models.deployments]]
-  id = "m-real"
-  node = "real"
-  engine = "vllm"
-  endpoint = "{vllm}"
-  [[models.deployments]]
-  id = "m-bad"
-  node = "bad"
-  engine = "vllm"
-  endpoint = "http://127.0.0.1:8000"
-[profiles.p]
-engine = "vllm"
-node = "bad"
-model = "/models/m"
-served_model_name = "m"
-port = 8000
-"""
+
+def fleet_text(real: str, bad: str, gateway: str, vllm: str, state: Path) -> str:
+    """Node "real" (a real agent probing `vllm`), node "bad" (a compromised agent), a gateway."""
+    nodes = [
+        {"name": n, "agent": url, "token_env": "T_ESC"} for n, url in [("real", real), ("bad", bad)]
+    ]
+    return fleet_toml(
+        fleet={"name": "esc", "refresh_s": 0.5},
+        agent={"state_dir": state, "scrape_interval_s": 0.5, "probe_timeout_s": 2,
+               "discover": False},
+        gateway={"url": gateway, "token_env": "T_ESC_GW"},
+        nodes=nodes,
+        models=[{"name": "m", "deployments": [
+            {"id": "m-real", "node": "real", "engine": "vllm", "endpoint": vllm},
+            deployment("m-bad", "bad", "vllm", 8000),
+        ]}],
+        profiles={"p": vllm_profile("bad", "/models/m", 8000, None, served="m", args=None)},
+    )  # fmt: skip
 
 
 @dataclass
@@ -97,7 +77,7 @@ def hostile(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hostile]:
         Answers(hostile_gateway) as gateway,
     ):
         port = free_port()
-        text = FLEET.format(
+        text = fleet_text(
             real=f"http://127.0.0.1:{port}",
             bad=bad.url,
             gateway=gateway.url,

@@ -36,6 +36,7 @@ from console.core.config import MissingSecret, load_fleet
 from console.gateway.routes import FleetFileChanged, save_to_fleet
 from tests.conftest import OPERATOR, ROOT, agent_env
 from tests.engines.servers import free_port, log_tail, stop, wait_until
+from tests.support.fleet import deployment, fleet_toml
 
 FLEET = """\
 # production routes: this comment must survive
@@ -151,38 +152,20 @@ name = "local"
 agent = "http://127.0.0.1:9410"
 """
 
-CONSOLE_FLEET = """\
-[fleet]
-name = "proxied"
 
-[gateway]
-url = "http://127.0.0.1:{gateway_port}"
-token_env = "T_ADMIN"
-state_dir = "{state}"
-health_interval_s = 0.5
-
-[[nodes]]
-name = "local"
-agent = "{agent}"
-token_env = "T_OP"
-
-[[models]]
-name = "tiny"
-
-  [[models.deployments]]
-  id = "tiny-a"
-  node = "local"
-  engine = "vllm"
-  endpoint = "http://127.0.0.1:{dead}"
-  weight = 100
-
-  [[models.deployments]]
-  id = "tiny-b"
-  node = "local"
-  engine = "vllm"
-  endpoint = "http://127.0.0.1:{dead}"
-  weight = 0
-"""
+def console_fleet(gateway_port: int, state: Path, agent: str, dead: int) -> str:
+    """The gateway (admin token in T_ADMIN), node "local" at `agent` (T_OP), and model tiny
+    on two deployments whose engine is gone (port `dead`)."""
+    return fleet_toml(
+        fleet={"name": "proxied"},
+        gateway={"url": f"http://127.0.0.1:{gateway_port}", "token_env": "T_ADMIN",
+                 "state_dir": state, "health_interval_s": 0.5},
+        nodes=[{"name": "local", "agent": agent, "token_env": "T_OP"}],
+        models=[{"name": "tiny", "deployments": [
+            deployment("tiny-a", "local", "vllm", dead, weight=100),
+            deployment("tiny-b", "local", "vllm", dead, weight=0),
+        ]}],
+    )  # fmt: skip
 
 
 @dataclass
@@ -227,7 +210,7 @@ def fleet_with_gateway(tmp_path: Path, agent_factory: Any) -> Iterator[tuple[Pat
     port = free_port()
     fleet = tmp_path / "fleet.toml"
     fleet.write_text(
-        CONSOLE_FLEET.format(
+        console_fleet(
             gateway_port=port, state=tmp_path / "gw-state", agent=agent.url, dead=free_port()
         )
     )

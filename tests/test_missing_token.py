@@ -23,6 +23,7 @@ from console.tui.widgets.header import FleetHeader
 from console.tui.widgets.table import FleetTable, Row
 from tests.conftest import ROOT, VIEWER, agent_env, run_cli
 from tests.engines.servers import stop, wait_until
+from tests.support.fleet import deployment, fleet_toml
 from tests.test_tui_numbers import open_view
 from tests.tui_support import keys, until
 
@@ -40,41 +41,19 @@ agent = "http://127.0.0.1:9410"
 
 
 def console_fleet(agent_url: str) -> str:
-    """Two nodes: one whose token this console holds, one whose variable is not set."""
-    return f"""
-[fleet]
-name = "tokens"
-refresh_s = 0.5
-
-[[nodes]]
-name = "held"
-agent = "{agent_url}"
-token_env = "T_HELD"
-
-[[nodes]]
-name = "other-team"
-agent = "http://127.0.0.1:9"
-token_env = "T_NOT_MINE"
-
-[[models]]
-name = "tiny"
-  [[models.deployments]]
-  id = "tiny-other"
-  node = "other-team"
-  engine = "triton"
-  endpoint = "http://127.0.0.1:8001"
-  engine_dir = "/engines/tiny"
-  [[models.deployments]]
-  id = "tiny-baseline"
-  node = "other-team"
-  engine = "vllm"
-  endpoint = "http://127.0.0.1:8002"
-
-[drills.rebuild-other]
-model = "tiny"
-deployment = "tiny-other"
-checkpoint = "/models/tiny"
-"""
+    """Two nodes: one whose token this console holds, one whose variable is not set. (It
+    starts with a blank line, as the file the malformed-file test names line 9 of did.)"""
+    return "\n" + fleet_toml(
+        fleet={"name": "tokens", "refresh_s": 0.5},
+        nodes=[{"name": "held", "agent": agent_url, "token_env": "T_HELD"},
+               {"name": "other-team", "agent": "http://127.0.0.1:9", "token_env": "T_NOT_MINE"}],
+        models=[{"name": "tiny", "deployments": [
+            deployment("tiny-other", "other-team", "triton", 8001, engine_dir="/engines/tiny"),
+            deployment("tiny-baseline", "other-team", "vllm", 8002),
+        ]}],
+        drills={"rebuild-other": {"model": "tiny", "deployment": "tiny-other",
+                                  "checkpoint": "/models/tiny"}},
+    )  # fmt: skip
 
 
 def without_tokens(**extra: str) -> dict[str, str]:
