@@ -31,7 +31,14 @@ from console.core.rollout_plan import (
 )
 from tests.conftest import VIEWER
 from tests.engines.servers import free_port
-from tests.support.fleet import tiny_model, trtllm_deployments, watched_fleet
+from tests.support.fleet import (
+    deployment,
+    fleet_model,
+    fleet_toml,
+    tiny_model,
+    trtllm_deployments,
+    watched_fleet,
+)
 
 Dep = tuple[str, str, int, str | None]  # (id, node, weight, profile)
 Spec = list[tuple[str, list[Dep]]]  # (model, its deployments)
@@ -209,35 +216,20 @@ def test_every_plan_keeps_the_rules(weights: list[list[int]], width: int, canary
 
 # -- operations -------------------------------------------------------------------------
 
-DRILLS = r"""
-[[models]]
-name = "trt"
-  [[models.deployments]]
-  id = "trt-a"
-  node = "n1"
-  engine = "trtllm"
-  endpoint = "http://127.0.0.1:8101"
-  [[models.deployments]]
-  id = "trt-b"
-  node = "n2"
-  engine = "trtllm"
-  endpoint = "http://127.0.0.1:8102"
-  [[models.deployments]]
-  id = "trt-base"
-  node = "n3"
-  engine = "vllm"
-  endpoint = "http://127.0.0.1:8103"
-
-[drills."re\"build\na"]
-model = "trt"
-deployment = "trt-a"
-checkpoint = "/ckpt"
-
-[drills.rebuild-b]
-model = "trt"
-deployment = "trt-b"
-checkpoint = "/ckpt"
-"""
+DRILLS = fleet_toml(
+    models=[
+        fleet_model(
+            "trt",
+            deployment("trt-a", "n1", "trtllm", 8101),
+            deployment("trt-b", "n2", "trtllm", 8102),
+            deployment("trt-base", "n3", "vllm", 8103),
+        )
+    ],
+    drills={
+        name: {"model": "trt", "deployment": dep, "checkpoint": "/ckpt"}
+        for name, dep in (('re"build\na', "trt-a"), ("rebuild-b", "trt-b"))
+    },
+)
 
 
 def test_drill_and_profile_steps_name_what_they_run_and_misfits_are_refused() -> None:

@@ -285,17 +285,8 @@ async def test_a_port_override_that_detaches_the_engine_from_its_deployment_says
 
     text = setup("T_OPERATOR")
     port = text.split("port = ", 1)[1].split("\n", 1)[0]
-    text += f"""
-[[models]]
-name = "tiny"
-  [[models.deployments]]
-  id = "tiny-standby"
-  node = "local"
-  engine = "vllm"
-  endpoint = "http://127.0.0.1:{port}"
-  profile = "tiny"
-  weight = 0
-"""
+    standby = deployment("tiny-standby", "local", "vllm", port, profile="tiny", weight=0)
+    text += fleet_toml(models=[fleet_model("tiny", standby)])
     app = EngineroomApp(parse_fleet(text))
     async with app.run_test(size=SIZE) as pilot:
         await until(pilot, lambda: app.roles.get("local") == "operator", what="role learned")
