@@ -38,6 +38,7 @@ from console.core.wire import Engine, Host, ModelStats, NodeInfo, Snapshot
 from plugins.triton import TritonPlugin, read_models
 from plugins.trtllm import TrtllmPlugin, prometheus_models
 from plugins.vllm import VllmPlugin, read_metrics
+from tests.support.fleet import fleet_model, fleet_toml
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -376,25 +377,20 @@ def test_the_agents_metrics_carry_the_figures_and_leave_unknown_ones_out():
 
 # -- the Prometheus source -----------------------------------------------------------------
 
-FLEET = """\
-[fleet]
-name = "p"
-[[nodes]]
-name = "n1"
-[[models]]
-name = "m"
-  [[models.deployments]]
-  id = "m-vllm"
-  node = "n1"
-  engine = "vllm"
-  endpoint = "http://10.0.0.1:8000"
-[prometheus]
-url = "http://127.0.0.1:1"
-"""
+
+def prometheus_fleet(**deployment: object) -> str:
+    """Model m on node n1's vLLM (`deployment`: its keys besides), read through Prometheus."""
+    return fleet_toml(
+        fleet={"name": "p"},
+        nodes=[{"name": "n1"}],
+        models=[fleet_model("m", {"id": "m-vllm", "node": "n1", "engine": "vllm",
+                                  "endpoint": "http://10.0.0.1:8000", **deployment})],
+        prometheus={"url": "http://127.0.0.1:1"},
+    )  # fmt: skip
 
 
 def reader_and_queries():
-    fleet = parse_fleet(FLEET)
+    fleet = parse_fleet(prometheus_fleet())
     assert fleet.prometheus is not None
     engines = {k: c.prometheus for k, c in plugin_kinds().items() if c.prometheus}
     queries = {(q.kind, q.family): q for q in fleet_queries(fleet.prometheus, engines)}
@@ -546,7 +542,7 @@ def test_check_json_gives_the_figures_per_deployment_and_the_cpu_per_engine():
     from console.collect.view import build
     from console.core.snapshot import decode_snapshot
 
-    fleet = parse_fleet(FLEET.replace('engine = "vllm"', 'engine = "vllm"\n  weight = 100'))
+    fleet = parse_fleet(prometheus_fleet(weight=100))
     model = ModelStats(
         name="m",
         generation_tokens_rate=12.5,

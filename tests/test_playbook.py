@@ -22,6 +22,7 @@ from console.collect.playbook import Check, plan
 from console.collect.replay import ReplayCollector
 from console.core.config import Fleet, parse_fleet
 from console.core.snapshot import decode_snapshot
+from tests.support.fleet import deployment, fleet_model, fleet_toml, vllm_profile
 from tests.tui_support import FLEET, ROOT
 
 DRILLS = ROOT / "tests" / "fixtures" / "snapshot-cpu-drills.json"
@@ -103,61 +104,25 @@ GW_FLEET = DRILL_FLEET.replace(
 
 # The demo's llama: Triton on gpu-a1 (its engine goes stale), vLLM serving on gpu-a2,
 # declared first, and the standby on gpu-a1 that a launch profile starts.
-DEMO = """\
-[fleet]
-name = "playbook"
-refresh_s = 1.0
-
-[gateway]
-url = "http://127.0.0.1:9"
-token_env = "T_PLAYBOOK_ADMIN"
-
-[[nodes]]
-name = "gpu-a1"
-agent = "http://127.0.0.1:1"
-
-[[nodes]]
-name = "gpu-a2"
-agent = "http://127.0.0.1:2"
-
-[profiles.llama8b-standby-a1]
-engine = "vllm"
-node = "gpu-a1"
-model = "/models/llama8b"
-served_model_name = "llama8b"
-port = 8011
-
-[[models]]
-name = "llama8b"
-
-  [[models.deployments]]
-  id = "llama8b-trt-a1"
-  node = "gpu-a1"
-  engine = "triton"
-  endpoint = "http://127.0.0.1:8000"
-  engine_model = "ensemble"
-  weight = 100
-
-  [[models.deployments]]
-  id = "llama8b-vllm-a2"
-  node = "gpu-a2"
-  engine = "vllm"
-  endpoint = "http://127.0.0.2:8001"
-  weight = 100
-
-  [[models.deployments]]
-  id = "llama8b-vllm-a1"
-  node = "gpu-a1"
-  engine = "vllm"
-  endpoint = "http://127.0.0.1:8011"
-  weight = 0
-  profile = "llama8b-standby-a1"
-
-[drills.llama8b-bf16-a1]
-model = "llama8b"
-deployment = "llama8b-trt-a1"
-checkpoint = "/models/llama8b"
-"""
+DEMO = fleet_toml(
+    fleet={"name": "playbook", "refresh_s": 1.0},
+    gateway={"url": "http://127.0.0.1:9", "token_env": "T_PLAYBOOK_ADMIN"},
+    nodes=[{"name": "gpu-a1", "agent": "http://127.0.0.1:1"},
+           {"name": "gpu-a2", "agent": "http://127.0.0.1:2"}],
+    profiles={"llama8b-standby-a1": vllm_profile("gpu-a1", "/models/llama8b", 8011, None,
+                                                 served="llama8b", args=None)},
+    models=[fleet_model(
+        "llama8b",
+        deployment("llama8b-trt-a1", "gpu-a1", "triton", 8000, engine_model="ensemble",
+                   weight=100),
+        {"id": "llama8b-vllm-a2", "node": "gpu-a2", "engine": "vllm",
+         "endpoint": "http://127.0.0.2:8001", "weight": 100},
+        deployment("llama8b-vllm-a1", "gpu-a1", "vllm", 8011, weight=0,
+                   profile="llama8b-standby-a1"),
+    )],
+    drills={"llama8b-bf16-a1": {"model": "llama8b", "deployment": "llama8b-trt-a1",
+                                "checkpoint": "/models/llama8b"}},
+)  # fmt: skip
 TRT, SERVING, STANDBY = "llama8b-trt-a1", "llama8b-vllm-a2", "llama8b-vllm-a1"
 RECORDED = json.loads(DRILLS.read_text())
 

@@ -46,6 +46,7 @@ from tests.prometheus_proc import (
     start_prometheus,
     stop_prometheus,
 )
+from tests.support.fleet import fleet_toml
 
 pytestmark = pytest.mark.engines
 
@@ -61,39 +62,22 @@ TOKEN_ENV = "ENGINEROOM_TEST_VIEWER"
 def fleet_text(
     agent_url: str, vllm, triton, prometheus: str | None = None, state_dir: str = "/nonexistent"
 ) -> str:
-    text = f"""\
-[fleet]
-name = "prom"
-refresh_s = 1.0
-[agent]
-state_dir = "{state_dir}"
-scrape_interval_s = 1.0
-window_s = 60
-probe_timeout_s = 5.0
-# Only the declared engines: other vLLM servers on a shared machine are not this fleet's.
-discover = false
-[[nodes]]
-name = "local"
-agent = "{agent_url}"
-token_env = "{TOKEN_ENV}"
-[[models]]
-name = "tiny"
-  [[models.deployments]]
-  id = "tiny-vllm"
-  node = "local"
-  engine = "vllm"
-  endpoint = "{vllm.base_url}"
-  [[models.deployments]]
-  id = "tiny-trt"
-  node = "local"
-  engine = "triton"
-  endpoint = "{triton.base_url}"
-  metrics_endpoint = "http://127.0.0.1:{triton.metrics_port}"
-  engine_model = "ensemble"
-"""
-    if prometheus is not None:
-        text += f'[prometheus]\nurl = "{prometheus}"\nwindow_s = 60\n'
-    return text
+    """Node "local": the vLLM and Triton servers of model tiny; with `prometheus`, read
+    through it (its [prometheus] table last, so a caller may add keys to it)."""
+    return fleet_toml(
+        fleet={"name": "prom", "refresh_s": 1.0},
+        # Only the declared engines: other vLLM servers on a shared machine are not this fleet's.
+        agent={"state_dir": state_dir, "scrape_interval_s": 1.0, "window_s": 60,
+               "probe_timeout_s": 5.0, "discover": False},
+        nodes=[{"name": "local", "agent": agent_url, "token_env": TOKEN_ENV}],
+        models=[{"name": "tiny", "deployments": [
+            {"id": "tiny-vllm", "node": "local", "engine": "vllm", "endpoint": vllm.base_url},
+            {"id": "tiny-trt", "node": "local", "engine": "triton", "endpoint": triton.base_url,
+             "metrics_endpoint": f"http://127.0.0.1:{triton.metrics_port}",
+             "engine_model": "ensemble"},
+        ]}],
+        prometheus=None if prometheus is None else {"url": prometheus, "window_s": 60},
+    )  # fmt: skip
 
 
 class Fleet:
