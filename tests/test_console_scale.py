@@ -594,7 +594,7 @@ async def test_fleet_and_models_patched_rows_are_the_rows_drawn_whole(
     monkeypatch: pytest.MonkeyPatch,
 ):
     """Fleet and Models patch their last rows where nodes changed since they drew
-    (ViewBuilder.changed_since), Models across the views it did not draw while hidden;
+    (ViewBuilt.changes), Models across the views it did not draw while hidden;
     the rows must be those a whole draw makes of the same view: cells, colours and keys.
     The node states are set by the test (nothing is polled)."""
     from rich.text import Text
@@ -631,7 +631,8 @@ async def test_fleet_and_models_patched_rows_are_the_rows_drawn_whole(
     def drawn_whole(screen: Any) -> list[tuple[str, list[tuple[str, str, str]]]]:
         patched = seen(screen._drawn.rows if isinstance(screen, ModelsScreen) else screen._drawn[2])
         screen._drawn = None  # the next draw walks it all
-        screen.draw(app.view)
+        assert app.built is not None
+        screen.draw(app.built)
         return patched
 
     def step(change: Callable[[], None]) -> None:

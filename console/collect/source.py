@@ -157,7 +157,8 @@ class FleetSource(Protocol):
     def health(self) -> SourceHealth | None: ...  # None: the nodes' states say it all
 
     # Called with each node's state as it changes; once a refresh's readings are all in
-    # (a source that reads in refreshes). The console chains its own onto these.
+    # (a source that reads in refreshes). Each has one subscriber: the console sets them
+    # once, to its own (EngineroomApp._node_updated, which tells any it found there last).
     on_update: Callable[[NodeState], None] | None
     on_refreshed: Callable[[], None] | None
 

@@ -29,6 +29,7 @@ from console.core.config import Deployment, Fleet, Model
 from console.core.snapshot import Snapshot
 
 __all__ = [
+    "Changes",
     "DeploymentRow",
     "FleetView",
     "GpuCell",
@@ -88,7 +89,7 @@ class FleetView:
     # The same cells by node, in fleet order (the Fleet screen's grid draws a row each).
     gpus_by_node: list[tuple[str, list[GpuCell]]] = field(default_factory=list)
     # For a screen that drew an earlier view of the same builder, to patch what changed
-    # since (ViewBuilder.changed_since) instead of walking 10,000 nodes: this view's
+    # since (Changes.since) instead of walking 10,000 nodes: this view's
     # number, each node's place in `nodes`, and each node's rows in `models`.
     serial: int = 0
     at: dict[str, int] = field(default_factory=dict)
@@ -96,6 +97,28 @@ class FleetView:
     # What this build found, before the holds: `alerts` are these where the builder holds
     # (the console's, ViewBuilder(hold=True)), else the same list.
     conditions: list[Alert] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class Changes:
+    """What changed in a ViewBuilder's views, as of its view numbered `serial`: the nodes
+    each of its last CHANGES_KEPT builds may have changed, and the first view laid out
+    anew (a screen that drew an older one walks the whole view)."""
+
+    serial: int
+    layout: int
+    log: tuple[tuple[int, tuple[str, ...]], ...] = ()
+
+    def since(self, drawn: int) -> set[str] | None:
+        """The nodes whose line, rows or GPUs may differ between the view numbered `drawn`
+        and this one; None when a screen must walk it all: laid out anew since, or older
+        than the changes kept."""
+        if drawn < self.layout or drawn > self.serial:
+            return None
+        log = self.log
+        if drawn < self.serial and (not log or log[0][0] > drawn + 1):
+            return None
+        return {name for serial, names in log if serial > drawn for name in names}
 
 
 @dataclass(slots=True)
@@ -180,7 +203,7 @@ class ViewBuilder:
         self._kept: _Kept | None = None  # the last view, and where things are in it
         self._serial = 0  # the last view's
         self._layout = 0  # the first view with its places (a whole build)
-        self._log: deque[tuple[int, list[str]]] = deque(maxlen=CHANGES_KEPT)
+        self._log: deque[tuple[int, tuple[str, ...]]] = deque(maxlen=CHANGES_KEPT)
 
     def node_updated(
         self,
@@ -231,23 +254,17 @@ class ViewBuilder:
             self._layout = self._serial
             self._log.clear()
         else:
-            self._log.append((self._serial, [*walked.changed, *walked.ghosts]))
+            self._log.append((self._serial, (*walked.changed, *walked.ghosts)))
         view.serial = self._serial
         for name in walked.changed:  # the rest were in a view already
             walked.parts[name].built = True
         self._parts = walked.parts  # nodes no longer in `states` are dropped
         return view
 
-    def changed_since(self, drawn: int, view: FleetView) -> set[str] | None:
-        """The nodes whose line, rows or GPUs may differ between the view numbered `drawn`
-        and `view`, the newest; None when a screen must walk it all: not the newest, laid
-        out anew since, or older than the changes kept."""
-        if view.serial != self._serial or drawn < self._layout or drawn > view.serial:
-            return None
-        log = self._log
-        if drawn < view.serial and (not log or log[0][0] > drawn + 1):
-            return None
-        return {name for serial, names in log if serial > drawn for name in names}
+    def changes(self) -> Changes:
+        """Which nodes changed in the builds kept, as of the last build: a screen asks it
+        what changed since the view it last drew (Changes.since)."""
+        return Changes(self._serial, self._layout, tuple(self._log))
 
     def _walk(
         self,
@@ -458,6 +475,10 @@ class ViewBuilder:
                 gpu_status=part.snapshot.gpu_status if part.snapshot else None,
             )
         return line
+
+    def specs(self, view: FleetView) -> dict[str, Model]:
+        """Each model of `view`, as its rows were judged (`model`): for the screens."""
+        return {name: self.model(name) for name in view.models}
 
     def model(self, name: str) -> Model:
         """fleet.toml's model, or one it does not declare (no SLO), made once: 20,000

@@ -1,8 +1,10 @@
 """The console: a Textual app over the fleet collector.
 
 The collector polls in the app's event loop, each node with its own timeout, so a hung
-node never blocks a key press. Once per refresh the app builds one FleetView and hands it
-to the screen on top; hidden screens and open dialogs are not redrawn.
+node never blocks a key press. The app is the source's one subscriber; once per refresh
+it builds one FleetView, puts it with all a screen draws into one ViewBuilt
+(console/tui/built.py) and hands that to the screen on top; hidden screens and open
+dialogs are not redrawn.
 """
 
 from __future__ import annotations
@@ -36,9 +38,10 @@ from console.collect.recorder import Recorder, open_writer
 from console.collect.source import FleetSource
 from console.collect.view import FleetView, ViewBuilder
 from console.core.config import Fleet
+from console.core.diagnosis import Move
 from console.core.safetext import for_terminal
-from console.core.units import ms_from_seconds
 from console.tui import format as fmt
+from console.tui.built import Header, ViewBuilt, source_note, source_problem
 from console.tui.diagnosing import ConsoleDiagnoses
 from console.tui.filtering import FilterError, parse_filter
 from console.tui.host import ConsoleHost
@@ -160,21 +163,13 @@ class EngineroomApp(App[int]):
         self.recorder: Recorder | None = None
         if record is not None:  # --record FILE: what this console sees goes to a recording
             writer = open_writer(fleet, record, "console")
-            self.recorder = recorder = Recorder(
-                writer, self.collector.refresh_s, (n.name for n in fleet.nodes)
-            )
-            chained = self.collector.on_update
-
-            def recorded(state: NodeState) -> None:
-                recorder.node_updated(state)
-                if chained is not None:
-                    chained(state)
-
-            self.collector.on_update = recorded
+            names = (n.name for n in fleet.nodes)
+            self.recorder = Recorder(writer, self.collector.refresh_s, names)
         self.events = EventLog()
         self.actions = ActionTracker()  # operator actions seen, for Events (as a recording)
         self.gateway_actions = GatewayActions(self.actions)  # its failover jobs, its audit
         self.view: FleetView | None = None
+        self.built: ViewBuilt | None = None  # the last view and what screens draw with it
         # Redoes only the nodes that changed, each tick; holds alerts to their hysteresis
         # (a replay shows the recording's alerts, at the recording's times).
         self.views = ViewBuilder(fleet, hold=not self.offline)
@@ -184,7 +179,8 @@ class EngineroomApp(App[int]):
         self.redraw_s = max(SLOW_LINK_REDRAW_S, self.refresh_s) if slow_link else None
         if slow_link:
             self.animation_level = "none"
-        self._follow_updates()
+        # The source's one subscriber (a caller's own, a benchmark's, is told after it).
+        self._told_too, self.collector.on_update = self.collector.on_update, self._node_updated
         self.tick_ms: deque[tuple[float, float]] = deque(maxlen=300)  # (build, draw)
         self.roles: dict[str, str] = {}  # node -> the role its token has on the agent
         self.gateway_snapshot = None  # the gateway's routes and measures; `gateway` parsed
@@ -202,6 +198,7 @@ class EngineroomApp(App[int]):
             # The SSH session went away: leave cleanly instead of writing to a dead tty.
             asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, self._hung_up)
         self.tick()
+        self.screen_change_signal.subscribe(self, self._screen_changed)
         await self.push_screen(FleetScreen())
         tune_gc()  # the sources have asked by now: the collection waits with them
         if not self.read_only:
@@ -259,20 +256,18 @@ class EngineroomApp(App[int]):
         if self.recorder is not None:
             await asyncio.to_thread(self.recorder.writer.close)
 
-    def _follow_updates(self) -> None:
-        """Derive each node's part of the view as its snapshot arrives, a little at a time
-        (ViewBuilder.node_updated), so the refresh tick stays short for key presses."""
-        chained = self.collector.on_update
-
-        def updated(state: NodeState) -> None:
-            self.views.node_updated(state, self.refresh_s, self.collector.history)
-            if state.snapshot is not None and state.snapshot.jobs:  # actions, for Events
-                for record in self.actions.jobs(state.name, state.snapshot.jobs):
-                    self.events.add(event_of(record))
-            if chained is not None:
-                chained(state)
-
-        self.collector.on_update = updated
+    def _node_updated(self, state: NodeState) -> None:
+        """A node's new state, in order: to the recording (--record), to its part of the
+        next view (ViewBuilder.node_updated: derived as it arrives, a little at a time, so
+        the refresh tick stays short for key presses), and its jobs to Events' actions."""
+        if self.recorder is not None:
+            self.recorder.node_updated(state)
+        self.views.node_updated(state, self.refresh_s, self.collector.history)
+        if state.snapshot is not None and state.snapshot.jobs:
+            for record in self.actions.jobs(state.name, state.snapshot.jobs):
+                self.events.add(event_of(record))
+        if self._told_too is not None:
+            self._told_too(state)
 
     def _refresh_landed(self) -> None:
         self.call_later(self._refreshed)  # drawn from the app's own queue
@@ -297,13 +292,38 @@ class EngineroomApp(App[int]):
             self.recorder.alerts(self.events)
             if self.diagnoses.looked:
                 self.recorder.diagnoses(self.diagnoses.found, self.diagnoses.now())
-        built = time.perf_counter()
+        health = self.collector.health
+        self.built = built = ViewBuilt(
+            self.view, self.views.changes(), self.views.specs(self.view), self.gateway,
+            self.gateway_error, self.diagnoses.findings(), self.collector.states,
+            self.collector.history, tuple(self.events.events), tuple(self.gateway_actions.jobs),
+            self.gateway_actions.error, Header(self.read_only, self.simulated, self.replay_label(),
+            source_problem(health), source_note(health), self.redraw_s),
+        )  # fmt: skip
+        built_at = time.perf_counter()
         # The timer can fire once more while the app closes, after its screens are gone.
         screen = self.screen_stack[-1] if self.screen_stack else None
-        if isinstance(screen, ViewScreen) and screen.is_mounted and self._redraw_due(screen):
-            screen.show_view(self.view)
+        if isinstance(screen, FailoverScreen):
+            screen.built = built  # an open plan redraws on its own poll, from this
+        elif isinstance(screen, ViewScreen) and screen.is_mounted and self._redraw_due(screen):
+            screen.show_built(built)
         # The console's own cost, kept for the scale benchmark and the debug log.
-        self.tick_ms.append(((built - started) * 1000, (time.perf_counter() - built) * 1000))
+        self.tick_ms.append(((built_at - started) * 1000, (time.perf_counter() - built_at) * 1000))
+
+    def _screen_changed(self, screen: Screen[Any]) -> None:
+        """A screen comes on top (pushed, or back after one closed): it is handed the last
+        view, to draw at once, not at the next refresh."""
+        if isinstance(screen, ViewScreen | FailoverScreen) and self.built is not None:
+            screen.built = self.built
+
+    def push_screen(self, screen: Any, *args: Any, **kwargs: Any) -> Any:
+        # Handed before: a new screen draws before screen_change_signal is published.
+        self._screen_changed(self.get_screen(screen) if isinstance(screen, str) else screen)
+        return super().push_screen(screen, *args, **kwargs)
+
+    def diagnosis_moved(self, key: tuple[str, str], move: Move) -> None:
+        """The operator made `move` for the diagnosis `key`: it is verified from now."""
+        self.diagnoses.moved(key, move)
 
     def _redraw_due(self, screen: ViewScreen) -> bool:
         """Every refresh; with --slow-link once `redraw_s` has passed since the screen was
@@ -346,27 +366,6 @@ class EngineroomApp(App[int]):
     fail_over = delegate(Workflows.fail_over)
     steer_rollout = delegate(Workflows.steer_rollout)
     start_vllm = delegate(Workflows.start_vllm)
-
-    def source_problem(self) -> str | None:
-        """What the header says when the fleet's source is in trouble (Prometheus slow,
-        down or erring, or samples refused); None when it is fine or the console reads
-        the agents."""
-        health = self.collector.health
-        if health is None or (health.ok is not False and not health.failed and not health.refused):
-            return None
-        return health.line()
-
-    def source_note(self) -> str | None:
-        """A healthy Prometheus source's cost, for the end of the header: queries a
-        refresh and Prometheus' own time."""
-        health = self.collector.health
-        if health is not None and health.ok is None:  # what has come is shown meanwhile
-            return f"prometheus first read: {health.answered} of {health.queries} queries in"
-        if health is None or not health.ok or health.failed:
-            return None
-        took = ms_from_seconds(health.prometheus_s)
-        sliced = ", a slice of the fleet" if health.full is False else ""
-        return f"prometheus {health.queries} queries {took}{sliced}"
 
     def replay_label(self) -> str | None:
         """What the header shows instead of the environment in a replay (the replayed
@@ -435,8 +434,7 @@ class EngineroomApp(App[int]):
         screen = self.screen
         if isinstance(screen, ViewScreen) and screen.filter is not None:
             screen.filter = None  # Esc first clears a filter, then goes back
-            if self.view is not None:
-                screen.show_view(self.view)
+            screen.redraw()
             return
         if len(self.screen_stack) > 2:
             self.pop_screen()
@@ -502,16 +500,15 @@ class EngineroomApp(App[int]):
             self.notify(str(exc), title="filter", severity="error")
             return
         before, screen.filter = screen.filter, wanted
-        if self.view is None:
+        if not screen.redraw():
             return
-        screen.show_view(self.view)
         unknown = wanted.unknown_fields() if wanted is not None else []
         if unknown and wanted is not None and wanted.tally.fields is not None:
             names = ", ".join(repr(f) for f in unknown)
             have = " ".join(sorted(wanted.tally.fields))
             self.notify(f"no field {names} here; fields: {have}", title="filter", severity="error")
             screen.filter = before  # the table as it was, not emptied by a typo
-            screen.show_view(self.view)
+            screen.redraw()
 
     def run_command(self, text: str) -> None:
         word, _, arg = text.lstrip(":").strip().partition(" ")

@@ -15,8 +15,9 @@ at 10,000 about every 15 s); a small fleet's is every view.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
-from console.collect.diagnoses import Diagnoser, Diagnosis
+from console.collect.diagnoses import CannotTell, Diagnoser, Diagnosis
 from console.collect.gateway_client import GatewayClient
 from console.collect.gateway_view import GatewayView
 from console.collect.source import NodeState
@@ -26,6 +27,20 @@ from console.core.config import Fleet
 
 BUDGET = 0.02  # the share of the console's time its diagnoses may take
 FIRST_LOOK_WAIT_S = 10.0  # the longest the first look waits for the fleet's first answers
+
+
+@dataclass(frozen=True, slots=True)
+class Findings:
+    """The diagnoses as of one view, as the screens draw them (ViewBuilt.findings)."""
+
+    found: tuple[Diagnosis, ...] = ()  # worst first, the resolved ones last
+    looked: bool = False  # False until the first whole look: the count is unknown
+    counts: tuple[int, int] | None = None  # ConsoleDiagnoses.counts
+    now: float = 0.0  # the time they were judged at (the replayed time in a replay)
+    cannot_tell: tuple[CannotTell, ...] = ()  # what could not be told, and why
+
+    def get(self, key: tuple[str, str]) -> Diagnosis | None:
+        return next((x for x in self.found if x.key == key), None)
 
 
 class ConsoleDiagnoses:
@@ -83,6 +98,11 @@ class ConsoleDiagnoses:
 
     def get(self, key: tuple[str, str]) -> Diagnosis | None:
         return next((x for x in self.found if x.key == key), None)
+
+    def findings(self) -> Findings:
+        """What was found, as of this look, for the screens to draw."""
+        return Findings(tuple(self.found), self.looked, self.counts(), self.now(),
+                        tuple(self.diagnoser.cannot_tell))  # fmt: skip
 
     def moved(self, key: tuple[str, str], move: d.Move) -> None:
         """The operator made `move` for the diagnosis `key`: it is verified from now."""

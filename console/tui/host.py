@@ -14,59 +14,31 @@ from typing import Protocol, TypeVar, cast
 from textual.message_pump import MessagePump
 
 from console.collect.actions import AgentActions
-from console.collect.alerts import EventLog
-from console.collect.gateway_view import GatewayView
-from console.collect.operator_actions import GatewayActions
 from console.collect.source import FleetSource
-from console.collect.view import FleetView, ViewBuilder
 from console.core.config import Fleet
-from console.tui.diagnosing import ConsoleDiagnoses
+from console.core.diagnosis import Move
 
 T = TypeVar("T")
 
 
 class ConsoleHost(Protocol):
-    """The console's state and moves, as screens read and call them. Read-only here: a
-    screen asks, the app changes its own state."""
+    """What the console is and the moves it makes, as screens call them. Never what to
+    draw: that comes handed to the screen, one ViewBuilt a view (console/tui/built.py)."""
 
-    # -- what the console holds ----------------------------------------------------------
+    # -- what the console is (what it shows comes in ViewBuilt: console/tui/built.py) -----
 
     @property
     def fleet(self) -> Fleet: ...
     @property
-    def collector(self) -> FleetSource: ...  # the agents, Prometheus or a recording
+    def collector(self) -> FleetSource: ...  # to ask: Prometheus' history, a replay's records
     @property
-    def view(self) -> FleetView | None: ...  # the last view built; None before the first
-    @property
-    def views(self) -> ViewBuilder: ...
-    @property
-    def events(self) -> EventLog: ...
-    @property
-    def gateway_actions(self) -> GatewayActions: ...
-    @property
-    def diagnoses(self) -> ConsoleDiagnoses: ...  # the named problems, as of the last view
-    @property
-    def gateway(self) -> GatewayView | None: ...  # its snapshot (console.collect.gateway_view)
-    @property
-    def gateway_error(self) -> str | None: ...
-    @property
-    def gateway_role(self) -> str | None: ...
+    def gateway_role(self) -> str | None: ...  # what our gateway token may do, once it said
     @property
     def read_only(self) -> bool: ...
     @property
     def offline(self) -> bool: ...  # a replay: no agent or gateway is asked
     @property
-    def simulated(self) -> bool: ...
-    @property
     def refresh_s(self) -> float: ...
-    @property
-    def redraw_s(self) -> float | None: ...
-
-    # -- what the header says ------------------------------------------------------------
-
-    def replay_label(self) -> str | None: ...
-    def source_problem(self) -> str | None: ...
-    def source_note(self) -> str | None: ...
 
     # -- where a screen goes ---------------------------------------------------------------
 
@@ -75,6 +47,10 @@ class ConsoleHost(Protocol):
     def open_engine(self, node: str, engine_id: str) -> None: ...
     def open_job(self, node: str, job_id: str) -> None: ...
     def open_playbook(self, model: str) -> None: ...
+
+    # -- the moves ---------------------------------------------------------------------------
+
+    def diagnosis_moved(self, key: tuple[str, str], move: Move) -> None: ...
 
     # -- the workflows (console/tui/workflows.py) ------------------------------------------
 

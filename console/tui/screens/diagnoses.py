@@ -30,10 +30,10 @@ from console.collect.diagnoses import Diagnosis
 from console.collect.failover_targets import rank
 from console.collect.gateway_client import GatewayClient
 from console.collect.gateway_view import GatewayDeployment
-from console.collect.view import FleetView
 from console.core import diagnosis as d
 from console.core.config import Model
 from console.tui import format as fmt
+from console.tui.built import ViewBuilt
 from console.tui.columns import Fitted
 from console.tui.screens.base import ViewScreen
 from console.tui.screens.failover import FailoverScreen
@@ -87,16 +87,15 @@ class DiagnosesScreen(ViewScreen):
         yield SafeStatic(id="diagnoses-note")
 
     def _redraw(self) -> None:
-        if self.console.view is not None:
-            self.show_view(self.console.view)
+        self.redraw()
 
-    def draw(self, view: FleetView) -> None:
+    def draw(self, built: ViewBuilt) -> None:
         if (spec := self.columns()) != self.fitted.spec:  # the width changed: laid out anew
             self.fitted.spec, self.fitted.fit = spec, replace(self.fitted.fit, room=-1)
         if not self.fitted.ready():
             return
-        found = self.console.diagnoses
-        now, fit, width = found.now(), self.fitted.fit, dict(self.fitted.spec)
+        found = built.findings
+        now, fit, width = found.now, self.fitted.fit, dict(self.fitted.spec)
         rows = []
         for x in found.found:
             word, style = SEVERITY[x.kind.severity]
@@ -124,7 +123,7 @@ class DiagnosesScreen(ViewScreen):
         # What could not be told, one line a class and a missing figure: a fleet of Triton
         # engines (no token counter) would fill the screen with one line each.
         blind: dict[tuple[str, str], list[str]] = {}
-        for c in found.diagnoser.cannot_tell:
+        for c in found.cannot_tell:
             blind.setdefault((c.name, c.needs), []).append(c.subject)
         room = max(20, self.size.width - 2)
         for (name, needs), subjects in blind.items():
@@ -173,8 +172,8 @@ class DiagnosisScreen(ViewScreen):
         with VerticalScroll(id="diagnosis-scroll"):
             yield SafeStatic(id="diagnosis")
 
-    def draw(self, view: FleetView) -> None:
-        found = self.console.diagnoses
+    def draw(self, built: ViewBuilt) -> None:
+        found = built.findings
         before, self.diagnosis = self.diagnosis, found.get(self.key)
         x = self.diagnosis
         if (before is None) != (x is None):
@@ -185,7 +184,7 @@ class DiagnosisScreen(ViewScreen):
             gone = f"{title}: {subject} is no longer found (its condition went). Esc: back"
             self.query_one("#diagnosis", SafeStatic).update(Text(gone, style="green"))
             return
-        self.query_one("#diagnosis", SafeStatic).update(self.text(x, found.now()))
+        self.query_one("#diagnosis", SafeStatic).update(self.text(x, found.now))
 
     def text(self, x: Diagnosis, now: float) -> Text:
         word, style = SEVERITY[x.kind.severity]
@@ -296,12 +295,12 @@ class DiagnosisScreen(ViewScreen):
         """(model, source, onto which): onto the others in proportion where one of them
         carries weight and is up (the gateway's rule for a drain), else onto the
         healthiest of them, as the plan ranks them."""
-        gateway = self.console.gateway
+        gateway = self.built.gateway if self.built is not None else None
         live = (gateway.routes(model.name) if gateway is not None else None) or {}
         others = [dep for dep in model.deployments if dep.id != source]
         if any(_carries(live.get(dep.id), dep.weight) for dep in others):
             return model.name, source, None  # the others share its weight, in proportion
-        rows = self.console.view.models.get(model.name, []) if self.console.view else []
+        rows = self.built.view.models.get(model.name, []) if self.built is not None else []
         best = rank(model, rows, live or None, [source])
         return model.name, source, best[0].id if best else None
 
@@ -361,7 +360,7 @@ class DiagnosisScreen(ViewScreen):
 
     def _moved(self, key: tuple[str, str], move: d.Move) -> None:
         """The move's job started: the diagnosis is verified from now."""
-        self.console.diagnoses.moved(key, move)
+        self.console.diagnosis_moved(key, move)
 
     def action_fail_over(self) -> None:
         x = self.diagnosis

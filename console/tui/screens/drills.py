@@ -26,9 +26,9 @@ from textual.widgets import DataTable, Static
 from console.collect import playbook
 from console.collect.actions import ActionError
 from console.collect.playbook import Check
-from console.collect.view import FleetView
 from console.core.snapshot import Job, TrtEngine
 from console.tui import format as fmt
+from console.tui.built import ViewBuilt
 from console.tui.columns import Fitted
 from console.tui.host import ConsoleHost
 from console.tui.polling import Poll
@@ -63,8 +63,8 @@ def trt_badge(trt: TrtEngine | None) -> Text:
     return Text("unknown provenance", style="yellow")
 
 
-def trt_of(console: ConsoleHost, node: str, deployment: str) -> TrtEngine | None:
-    state = console.collector.states.get(node)
+def trt_of(built: ViewBuilt, node: str, deployment: str) -> TrtEngine | None:
+    state = built.states.get(node)
     snap = state.snapshot if state is not None else None
     if snap is None:
         return None
@@ -122,8 +122,7 @@ class DrillsScreen(ViewScreen):
         yield SafeStatic(id="drill-detail")
 
     def _redraw(self) -> None:
-        if self.console.view is not None:
-            self.show_view(self.console.view)
+        self.redraw()
 
     def on_mount(self) -> None:
         super().on_mount()
@@ -153,22 +152,22 @@ class DrillsScreen(ViewScreen):
             finally:
                 await actions.close()
         self.problems = problems
-        if self.console.view is not None:
-            self.draw(self.console.view)
+        if self.built is not None:
+            self.draw(self.built)
 
-    def _jobs(self) -> list[tuple[str, Job]]:
+    def _jobs(self, built: ViewBuilt) -> list[tuple[str, Job]]:
         """Drill jobs: the agents' history, updated by the snapshots' live copies."""
         found = dict(self.history)
-        for node, state in self.console.collector.states.items():
+        for node, state in built.states.items():
             for job in state.snapshot.jobs if state.snapshot else []:
                 if job.kind == "drill.run":
                     found[job.id] = (node, job)
         return sorted(found.values(), key=lambda nj: nj[1].created or 0, reverse=True)
 
-    def draw(self, view: FleetView) -> None:
+    def draw(self, built: ViewBuilt) -> None:
         if not (self.defs.ready() and self.jobs.ready()):
             return
-        jobs = self._jobs()
+        jobs = self._jobs(built)
         fit, width = self.defs.fit, dict(self.DEFS)
         defs: list[Row] = []
         for name, drill in self.console.fleet.drills.items():
@@ -180,7 +179,7 @@ class DrillsScreen(ViewScreen):
                 fmt.fit(drill.deployment, width["DEPLOYMENT"] or 0),
                 fmt.fit(drill.pipeline, width["PIPELINE"] or 0),
                 fmt.fit(drill.precision, width["PRECISION"] or 0),
-                trt_badge(trt_of(self.console, node, drill.deployment)),
+                trt_badge(trt_of(built, node, drill.deployment)),
                 fmt.cut(_last_text(last), fit.room),
             )
             defs.append(Row(f"d:{name}", fit.pick(cells), {"drill": name, "node": node}, name))
@@ -250,7 +249,8 @@ class DrillsScreen(ViewScreen):
 
     @on(DataTable.RowHighlighted, "#drill-history")
     def _highlighted(self, _: DataTable.RowHighlighted) -> None:
-        self._draw_detail(self._jobs())
+        if self.built is not None:
+            self._draw_detail(self._jobs(self.built))
 
     @on(DataTable.RowSelected, "#drill-history")
     def _open(self, event: DataTable.RowSelected) -> None:
@@ -334,16 +334,15 @@ class PlaybookScreen(ViewScreen):
         yield FleetTable(self.COLUMNS, id="playbook")
         yield SafeStatic(id="playbook-step")  # the step to do, whole: the table cuts it
 
-    def draw(self, view: FleetView) -> None:
-        console = self.console
+    def draw(self, built: ViewBuilt) -> None:
         self.checks = playbook.plan(
-            console.fleet,
+            self.console.fleet,
             self.model,
-            view,
-            console.collector.states,
-            console.gateway,
-            console.gateway_actions.jobs,
-            console.gateway_error,
+            built.view,
+            built.states,
+            built.gateway,
+            built.gateway_jobs,
+            built.gateway_error,
         )
         head = Text()
         head.append(f"Incident playbook: {self.model}\n", style="bold")

@@ -9,8 +9,8 @@ from textual.app import ComposeResult
 from textual.containers import VerticalScroll
 from textual.widgets import Static
 
-from console.collect.view import FleetView
 from console.tui import format as fmt
+from console.tui.built import ViewBuilt
 from console.tui.screens.base import ViewScreen
 from console.tui.widgets.safe_static import SafeStatic
 
@@ -26,8 +26,8 @@ class EngineScreen(ViewScreen):
         with VerticalScroll():
             yield SafeStatic(id="engine-info")  # the engine's own answers
 
-    def draw(self, view: FleetView) -> None:
-        state = self.console.collector.states.get(self.node)
+    def draw(self, built: ViewBuilt) -> None:
+        state = built.states.get(self.node)
         snap = state.snapshot if state else None
         engine = next((e for e in snap.engines if e.id == self.engine_id), None) if snap else None
         out = self.query_one("#engine-info", Static)

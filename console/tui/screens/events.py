@@ -13,8 +13,8 @@ from rich.text import Text
 from textual.app import ComposeResult
 
 from console.collect.gateway_client import GatewayClient
-from console.collect.view import FleetView
 from console.tui import format as fmt
+from console.tui.built import ViewBuilt
 from console.tui.columns import Fitted
 from console.tui.screens.base import ViewScreen
 from console.tui.widgets.table import FleetTable, Row
@@ -31,21 +31,20 @@ class EventsScreen(ViewScreen):
         yield from self.fitted.compose()
 
     def _redraw(self) -> None:
-        if self.console.view is not None:
-            self.show_view(self.console.view)
+        self.redraw()
 
-    def draw(self, view: FleetView) -> None:
+    def draw(self, built: ViewBuilt) -> None:
         if not self.fitted.ready():
             return
         room = self.fitted.fit.room  # MESSAGE: the width left, its text cut to it
         rows = []
         console = self.console
         if not console.offline and GatewayClient.configured(console.fleet):
-            blind = console.gateway_actions.error
+            blind = built.gateway_blind
             if blind:  # the gateway's actions are unknown, not none
                 why = fmt.fit(f"the gateway's actions are unknown: {blind}", room, "yellow")
                 rows.append(Row("gateway", (Text(""), Text("?"), Text("gateway"), why)))
-        events = console.events.events
+        events = built.events
         for i, e in enumerate(events):
             what = (
                 ("CRIT" if e.severity == "critical" else "WARN")

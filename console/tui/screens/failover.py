@@ -34,6 +34,7 @@ from console.collect.view import DeploymentRow
 from console.core.config import Model
 from console.core.snapshot import Percentiles
 from console.tui import format as fmt
+from console.tui.built import ViewBuilt
 from console.tui.host import ConsoleHost, host_of
 from console.tui.polling import Poll
 from console.tui.screens.jobtext import STATE_STYLE, weights_text
@@ -86,6 +87,9 @@ class FailoverScreen(ModalScreen[str | None]):
         self.plan: dict[str, Any] | None = None  # the gateway's answer for the move shown
         self.jobs: list[dict[str, Any]] = []  # the model's earlier jobs, for a restore
         self.first_choice: str | None = None  # the target the screen opened with
+        # The last view, handed by the app as the plan opens and at each refresh after
+        # (EngineroomApp.tick): its rows and the gateway's routes rank the targets.
+        self.built: ViewBuilt | None = None
 
     @property
     def console(self) -> ConsoleHost:
@@ -96,7 +100,7 @@ class FailoverScreen(ModalScreen[str | None]):
 
     def _live(self) -> Mapping[str, GatewayDeployment]:
         """The model's deployments at the gateway; empty before it answered."""
-        gateway = self.console.gateway
+        gateway = self.built.gateway if self.built is not None else None
         return (gateway.routes(self.model) if gateway is not None else None) or {}
 
     def _weights(self) -> dict[str, int]:
@@ -104,7 +108,7 @@ class FailoverScreen(ModalScreen[str | None]):
         return {d.id: _live_weight(live.get(d.id), d.weight) for d in self._model().deployments}
 
     def _rows(self) -> list[DeploymentRow]:
-        view = self.console.view
+        view = self.built.view if self.built is not None else None
         return list(view.models.get(self.model, [])) if view else []
 
     def ranked(self, exclude: list[str]) -> list[Candidate]:
@@ -337,8 +341,9 @@ class FailoverScreen(ModalScreen[str | None]):
                 "?" if gw is None or gw.inflight is None else str(gw.inflight),
             )  # fmt: skip
         lines = Group(table, Text(self._data_plane(), style="dim"))
-        if self.console.gateway_error:
-            lines = Group(lines, Text(f"gateway: {self.console.gateway_error}", style="bold red"))
+        error = self.built.gateway_error if self.built is not None else None
+        if error:
+            lines = Group(lines, Text(f"gateway: {error}", style="bold red"))
         self.query_one("#plan-table", Static).update(lines)
         self._draw_steps()
 

@@ -7,8 +7,9 @@ from textual import on
 from textual.app import ComposeResult
 from textual.widgets import DataTable
 
-from console.collect.view import FleetView, NodeRow
+from console.collect.view import NodeRow
 from console.tui import format as fmt
+from console.tui.built import ViewBuilt
 from console.tui.columns import Fitted
 from console.tui.screens.base import ViewScreen
 from console.tui.widgets.gpu_grid import GpuGrid
@@ -82,7 +83,7 @@ class FleetScreen(ViewScreen):
         # tenth of 10,000 nodes a refresh, read from Prometheus in slices).
         self._made: dict[int, tuple[NodeRow, Row]] = {}
         # The last draw unfiltered: the view's number, its lines and the rows made of them.
-        # The next patches the nodes that changed since (ViewBuilder.changed_since).
+        # The next patches the nodes that changed since (Changes.since).
         self._drawn: tuple[int, list[NodeRow], list[Row]] | None = None
         self._room = 0  # the ENGINES column's width the rows were made for
 
@@ -93,16 +94,14 @@ class FleetScreen(ViewScreen):
         yield GpuGrid(id="grid")
 
     def _redraw(self) -> None:
-        if self.console.view is not None:
-            self.show_view(self.console.view)
+        self.redraw()
 
-    def draw(self, view: FleetView) -> None:
+    def draw(self, built: ViewBuilt) -> None:
         if not self.fitted.ready():
             return
-        found = self.console.diagnoses
-        counts = found.counts()
+        view, found = built.view, built.findings
         point(self.query_one(TopDiagnosis), self.query_one(FleetTable), found.found,
-              counts[0] if counts else 0, fleet_key)  # fmt: skip
+              found.counts[0] if found.counts else 0, fleet_key)  # fmt: skip
         room = self.fitted.fit.room
         if room != self._room:  # the rows made so far are cut to the old width
             self._made, self._drawn, self._room = {}, None, room
@@ -110,7 +109,7 @@ class FleetScreen(ViewScreen):
         table = self.query_one(FleetTable)
         changed = None
         if self.filter is None and self._drawn is not None:
-            changed = self.console.views.changed_since(self._drawn[0], view)
+            changed = built.changes.since(self._drawn[0])
         if changed is not None and self._drawn is not None:
             _, lines, rows = self._drawn
             rows = rows.copy()

@@ -7,8 +7,8 @@ from textual import on
 from textual.app import ComposeResult
 from textual.widgets import DataTable
 
-from console.collect.view import FleetView
 from console.tui import format as fmt
+from console.tui.built import ViewBuilt
 from console.tui.columns import Fitted
 from console.tui.screens.base import ViewScreen
 from console.tui.widgets.table import FleetTable, Row
@@ -46,12 +46,12 @@ class GpusScreen(ViewScreen):
         yield from self.fitted.compose()
 
     def _redraw(self) -> None:
-        if self.console.view is not None:
-            self.show_view(self.console.view)
+        self.redraw()
 
-    def draw(self, view: FleetView) -> None:
+    def draw(self, built: ViewBuilt) -> None:
         if not self.fitted.ready():
             return
+        view = built.view
         fit = self.fitted.fit
         t = self.console.fleet.thresholds
         rows = []

@@ -21,12 +21,12 @@ from textual.widgets import Button, DataTable, Input, Label, Select, Static
 
 from console.collect.actions import ActionError
 from console.collect.gateway_client import GatewayClient, GatewayError
-from console.collect.operator_actions import GATEWAY, GatewayActions, gateway_job, job_target
-from console.collect.view import FleetView
+from console.collect.operator_actions import GATEWAY, gateway_job, job_target
 from console.core.config import Fleet, Profile
 from console.core.snapshot import Job
 from console.core.wire import COLD_START_PHASES
 from console.tui import format as fmt
+from console.tui.built import ViewBuilt
 from console.tui.columns import Fitted
 from console.tui.host import ConsoleHost, host_of
 from console.tui.polling import Poll
@@ -293,7 +293,7 @@ class JobScreen(ViewScreen):
     async def fetch(self) -> None:
         """The job and its log tail from the agent (the snapshot lags by an interval)."""
         if self.console.offline:  # a replay: the job as the recorded snapshot has it
-            state = self.console.collector.states.get(self.node)
+            state = self.built.states.get(self.node) if self.built is not None else None
             jobs = state.snapshot.jobs if state and state.snapshot else []
             self.job = next((j for j in jobs if j.id == self.job_id), self.job)
             self._draw_job()
@@ -312,7 +312,7 @@ class JobScreen(ViewScreen):
             await actions.close()
         self._draw_job()
 
-    def draw(self, view: FleetView) -> None:
+    def draw(self, built: ViewBuilt) -> None:
         self._draw_job()
 
     def _draw_job(self) -> None:
@@ -435,32 +435,28 @@ class JobsScreen(ViewScreen):
         yield from self.fitted.compose()
 
     def _redraw(self) -> None:
-        if self.console.view is not None:
-            self.show_view(self.console.view)
+        self.redraw()
 
-    def _gateway(self) -> GatewayActions | None:
-        """The gateway's actions as the console last read them; None without a gateway
-        (or in a replay, which reads none: its failovers are in Events)."""
+    def _gateway(self) -> bool:
+        """Whether the console reads the gateway's actions: not without a gateway (nor in
+        a replay, which reads none: its failovers are in Events)."""
         console = self.console
-        if console.offline or not GatewayClient.configured(console.fleet):
-            return None
-        return console.gateway_actions
+        return not console.offline and GatewayClient.configured(console.fleet)
 
-    def draw(self, view: FleetView) -> None:
+    def draw(self, built: ViewBuilt) -> None:
         if not self.fitted.ready():
             return
         fit = self.fitted.fit
         rows: list[Row] = []
         found: list[tuple[str, Job]] = []
-        for node, state in self.console.collector.states.items():
+        for node, state in built.states.items():
             if state.snapshot is not None:
                 found += [(node, j) for j in state.snapshot.jobs]
-        gateway = self._gateway()
-        if gateway is not None:
-            found += [(GATEWAY, j) for j in gateway.jobs]
-            if gateway.error:  # unknown, not none
+        if self._gateway():
+            found += [(GATEWAY, j) for j in built.gateway_jobs]
+            if built.gateway_blind:  # unknown, not none
                 blanks = [Text("")] * (len(self.COLUMNS) - 2)
-                why = fmt.fit(f"failover jobs unknown: {gateway.error}", fit.room, "yellow")
+                why = fmt.fit(f"failover jobs unknown: {built.gateway_blind}", fit.room, "yellow")
                 rows.append(Row(f"@{GATEWAY}", fit.pick((Text(GATEWAY), *blanks, why))))
         found.sort(key=lambda nj: nj[1].created or 0, reverse=True)
         for node, job in found:

@@ -13,10 +13,11 @@ from textual_plotext import PlotextPlot
 
 from console.collect.promhttp import PromError
 from console.collect.source import HistoryLine
-from console.collect.view import DeploymentRow, FleetView
+from console.collect.view import DeploymentRow
 from console.core.config import Model
 from console.core.safetext import for_terminal
 from console.tui import format as fmt
+from console.tui.built import ViewBuilt
 from console.tui.polling import Poll
 from console.tui.screens.base import ViewScreen
 from console.tui.screens.models import slo_text
@@ -48,8 +49,8 @@ class ModelDetailScreen(ViewScreen):
             self.history_error = None
         except PromError as exc:
             self.history_error = f"history from Prometheus: {exc}"
-        if self.console.view is not None:
-            self.draw(self.console.view)
+        if self.built is not None:
+            self.draw(self.built)
 
     def compose_body(self) -> ComposeResult:
         yield SafeStatic(id="model-info")
@@ -57,8 +58,8 @@ class ModelDetailScreen(ViewScreen):
             yield PlotextPlot(id="ttft-plot")
             yield PlotextPlot(id="itl-plot")
 
-    def draw(self, view: FleetView) -> None:
-        rows = view.models.get(self.model)
+    def draw(self, built: ViewBuilt) -> None:
+        rows = built.view.models.get(self.model)
         info = self.query_one("#model-info", Static)
         if rows is None:
             info.update(Text(f"no model named {self.model!r} in this fleet", style="bold red"))
@@ -80,7 +81,7 @@ class ModelDetailScreen(ViewScreen):
         if self.history_error is not None:
             t = t.append(f"  {self.history_error}", style="bold red")
         info.update(t)
-        history = self.console.collector.history
+        history = built.history
         for series, plot_id, title, limit_ms in (
             ("ttft_p95", "#ttft-plot", "TTFT p95", model.slo.ttft_p95_ms),
             ("itl_p95", "#itl-plot", "ITL p95", model.slo.itl_p95_ms),

@@ -29,10 +29,11 @@ from textual.widgets import DataTable
 
 from console.collect.gateway_view import GatewayDeployment, GatewayView
 from console.collect.measured import gap_text, ttft_gap_s
-from console.collect.view import DeploymentRow, FleetView
+from console.collect.view import DeploymentRow
 from console.core.config import Fleet, Model, Slo
 from console.core.slo import Level
 from console.tui import format as fmt
+from console.tui.built import ViewBuilt
 from console.tui.columns import Fitted
 from console.tui.screens.base import ViewScreen
 from console.tui.screens.drills import BADGE_STYLE, stale_badge
@@ -326,41 +327,41 @@ class ModelsScreen(ViewScreen):
         # Each model's own row, by its name and its worst verdict (500 models).
         self._heads: dict[tuple[str, Level], Row] = {}
         # The last draw unfiltered, which the next patches where nodes changed since
-        # (ViewBuilder.changed_since) instead of walking 21,000 rows.
+        # (Changes.since) instead of walking 21,000 rows.
         self._drawn: _Drawn | None = None
 
     def _relaid(self) -> None:
         """Other columns for the terminal's width: every row is made again."""
         self._made, self._heads, self._drawn = {}, {}, None
-        if self.console.view is not None:
-            self.show_view(self.console.view)
+        self.redraw()
 
-    def draw(self, view: FleetView) -> None:
+    def draw(self, built: ViewBuilt) -> None:
         if not self.fitted.ready():
             return
-        found = self.console.diagnoses
-        counts = found.counts()
+        found = built.findings
         point(self.query_one(TopDiagnosis), self.query_one(FleetTable), found.found,
-              counts[0] if counts else 0, models_key)  # fmt: skip
-        gateway = self.console.gateway
+              found.counts[0] if found.counts else 0, models_key)  # fmt: skip
+        gateway = built.gateway
         drawn = self._drawn
         if (
             drawn is not None
             and self.filter is None
             and (gateway is None or gateway is drawn.gateway)
-            and (changed := self.console.views.changed_since(drawn.serial, view)) is not None
+            and (changed := built.changes.since(drawn.serial)) is not None
         ):
-            self._patch(view, drawn, changed)
+            self._patch(built, drawn, changed)
             return
-        self._draw_all(view, gateway)
+        self._draw_all(built, gateway)
 
-    def _row(self, r: DeploymentRow, name: str, gw: GatewayDeployment | None) -> Row:
+    def _row(
+        self, built: ViewBuilt, r: DeploymentRow, name: str, gw: GatewayDeployment | None
+    ) -> Row:
         t = self.console.fleet.thresholds
-        model = self.console.views.model(name)
+        model = built.spec(name)
         return deployment_row(r, model, t.kv_cache_warn, t.error_rate, gw, self.fitted)
 
-    def _patch(self, view: FleetView, drawn: _Drawn, changed: set[str]) -> None:
-        gateway = drawn.gateway
+    def _patch(self, built: ViewBuilt, drawn: _Drawn, changed: set[str]) -> None:
+        view, gateway = built.view, drawn.gateway
         rows, entries = drawn.rows.copy(), drawn.entries
         touched: set[str] = set()
         for node in changed:
@@ -377,23 +378,24 @@ class ModelsScreen(ViewScreen):
                 if (now := _over(r)) is not None:
                     counts[now] += 1
                 gw = gateway.at(name, r.id) if gateway is not None else None
-                rows[at] = self._row(r, name, gw)
+                rows[at] = self._row(built, r, name, gw)
                 entries[at] = r
         for name in touched:
-            rows[drawn.offsets[name]] = self._head(name, _level(drawn.breaches[name]))
+            rows[drawn.offsets[name]] = self._head(built, name, _level(drawn.breaches[name]))
         drawn.serial, drawn.rows = view.serial, rows
         self.query_one(FleetTable).show(rows, same_keys=True)
 
-    def _head(self, name: str, level: Level) -> Row:
+    def _head(self, built: ViewBuilt, name: str, level: Level) -> Row:
         head = self._heads.get((name, level))
         if head is None:
-            model = self.console.views.model(name)
+            model = built.spec(name)
             cells = model_head(name, model, level, self.console.fleet.thresholds.error_rate)
             head = Row(f"m:{name}", self.fitted.fit.pick(cells), {"model": name}, name)
             self._heads[(name, level)] = head
         return head
 
-    def _draw_all(self, view: FleetView, gateway: GatewayView | None) -> None:
+    def _draw_all(self, built: ViewBuilt, gateway: GatewayView | None) -> None:
+        view = built.view
         rows: list[Row] = []
         made, kept = {}, self._made
         heads: dict[tuple[str, Level], Row] = {}
@@ -406,7 +408,7 @@ class ModelsScreen(ViewScreen):
                 old = kept.get(id(r))
                 if old is None or old[0] is not r or old[1] is not gw:
                     over = _over(r)
-                    old = (r, gw, self._row(r, name, gw), -1 if over is None else over)
+                    old = (r, gw, self._row(built, r, name, gw), -1 if over is None else over)
                 made[id(r)] = old
                 shown.append(old[2])
                 if old[3] >= 0:
@@ -416,7 +418,7 @@ class ModelsScreen(ViewScreen):
                 if not shown:
                     continue
             level = _level(counts)
-            head = heads[(name, level)] = self._head(name, level)
+            head = heads[(name, level)] = self._head(built, name, level)
             drawn.offsets[name], drawn.breaches[name] = len(rows), counts
             drawn.entries.append(None)
             drawn.entries.extend(deployments)
@@ -497,13 +499,13 @@ class ModelsScreen(ViewScreen):
             next(
                 (
                     d.engine_id
-                    for d in self.console.view.models.get(str(row.fields["model"]), [])
+                    for d in self.built.view.models.get(str(row.fields["model"]), [])
                     if (d.id or "") == (row.fields.get("deployment") or "")
                     and d.node == row.fields["node"]
                 ),
                 None,
             )
-            if self.console.view
+            if self.built
             else None
         )
         if engine is None:

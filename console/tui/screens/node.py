@@ -8,10 +8,11 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.widgets import DataTable, Static
 
-from console.collect.history import Series
-from console.collect.view import FleetView, engine_summary
+from console.collect.history import History, Series
+from console.collect.view import engine_summary
 from console.core.snapshot import Snapshot
 from console.tui import format as fmt
+from console.tui.built import ViewBuilt
 from console.tui.columns import Fitted
 from console.tui.screens.base import ViewScreen
 from console.tui.screens.drills import BADGE_STYLE, stale_badge
@@ -66,12 +67,11 @@ class NodeScreen(ViewScreen):
         yield from self.engine_fit.compose()
 
     def _redraw(self) -> None:
-        if self.console.view is not None:
-            self.show_view(self.console.view)
+        self.redraw()
 
-    def draw(self, view: FleetView) -> None:
-        state = self.console.collector.states.get(self.node)
-        row = next((n for n in view.nodes if n.name == self.node), None)
+    def draw(self, built: ViewBuilt) -> None:
+        state = built.states.get(self.node)
+        row = next((n for n in built.view.nodes if n.name == self.node), None)
         info = self.query_one("#node-info", Static)
         if state is None or row is None:
             info.update(Text(f"no node named {self.node!r} in this fleet", style="bold red"))
@@ -133,13 +133,12 @@ class NodeScreen(ViewScreen):
             t.append(f"\nactions disabled: {blocked}", style="dim yellow")
         info.update(t)
         if self.gpu_fit.ready() and self.engine_fit.ready():
-            self._draw_gpus(snap)
+            self._draw_gpus(snap, built.history)
             self._draw_engines(snap)
 
-    def _draw_gpus(self, snap: Snapshot | None) -> None:
+    def _draw_gpus(self, snap: Snapshot | None, history: History) -> None:
         rows: list[Row] = []
         thresholds = self.console.fleet.thresholds
-        history = self.console.collector.history
         fit = self.gpu_fit.fit
         room = fit.room
         if snap is not None:

@@ -21,8 +21,8 @@ from textual.containers import VerticalScroll
 
 from console.collect.gateway_client import GatewayClient, GatewayError
 from console.collect.replay import ReplayCollector
-from console.collect.view import FleetView
 from console.core.config import ConfigError
+from console.tui.built import ViewBuilt
 from console.tui.polling import Poll
 from console.tui.screens.base import ViewScreen
 from console.tui.screens.rollouttext import chosen, label, rollout_text, steer_refusal
@@ -88,7 +88,7 @@ class RolloutsScreen(ViewScreen):
         if self.is_attached:
             self._draw()
 
-    def draw(self, view: FleetView) -> None:
+    def draw(self, built: ViewBuilt) -> None:
         if self.recorded is not None:  # the recording's, at the cursor (None: none yet)
             self.records = self.recorded.rollouts or []
             self.error, self.read = self.recorded.rollouts_error, True
@@ -109,7 +109,8 @@ class RolloutsScreen(ViewScreen):
                 old = " (what follows is from its last answer)" if self.read else ""
                 t.append(f"the gateway did not answer: {self.error}{old}\n\n", style="bold red")
             now = self.recorded.at if self.recorded is not None else None  # a replay's cursor
-            t.append_text(rollout_text(self.records, self._refused(), self.console.view, now))
+            view = self.built.view if self.built is not None else None
+            t.append_text(rollout_text(self.records, self._refused(), view, now))
         box.first(SafeStatic).update(t)
 
     def _no_gateway(self) -> str | None:

@@ -5,7 +5,7 @@ no open diagnosis the line is not there and nothing is marked."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from rich.text import Text
 
@@ -18,7 +18,7 @@ STYLE = {"critical": "bold white on red", "warning": "bold black on yellow"}
 WORD = {"critical": "CRIT", "warning": "WARN"}  # as the Diagnoses screen says them
 
 
-def top(found: list[Diagnosis]) -> Diagnosis | None:
+def top(found: Sequence[Diagnosis]) -> Diagnosis | None:
     """The worst open diagnosis: the Diagnoser lists them critical first."""
     return next((x for x in found if x.state != "resolved"), None)
 
@@ -69,7 +69,7 @@ class TopDiagnosis(SafeStatic):
 def point(
     strip: TopDiagnosis,
     table: FleetTable,
-    found: list[Diagnosis],
+    found: Sequence[Diagnosis],
     open_count: int,
     key_of: Callable[[Diagnosis | None], str | None],
 ) -> None:
