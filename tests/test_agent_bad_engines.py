@@ -7,40 +7,25 @@ import time
 import psutil
 
 from tests.engines.servers import free_port, wait_until
+from tests.support.fleet import deployment, fleet_model, one_node_fleet
 
 
 def fleet_for(ports: dict[str, int], refused: int, timeout: float = 1.0) -> str:
-    deployments = "".join(
-        f"""
-  [[models.deployments]]
-  id = "{mode}"
-  node = "local"
-  engine = "vllm"
-  endpoint = "http://127.0.0.1:{port}"
-"""
-        for mode, port in {**ports, "refused": refused}.items()
-    )
-    return f"""\
-[fleet]
-name = "t"
-[agent]
-scrape_interval_s = 1.0
-probe_timeout_s = {timeout}
-max_response_bytes = 1048576
-discover = false
-[[nodes]]
-name = "local"
-agent = "http://127.0.0.1:9410"
-[[models]]
-name = "m"
-{deployments}
-[[models.deployments]]
-id = "triton-hung"
-node = "local"
-engine = "triton"
-endpoint = "http://127.0.0.1:{ports["hang"]}"
-metrics_endpoint = "http://127.0.0.1:{ports["hang"]}"
-"""
+    """Model m: a vLLM deployment per engine double's mode (named after it) and one on the
+    `refused` port, and a Triton one on the hung double."""
+    hung = f"http://127.0.0.1:{ports['hang']}"
+    return one_node_fleet(
+        "t",
+        fleet_model(
+            "m",
+            *(deployment(mode, "local", "vllm", port)
+              for mode, port in {**ports, "refused": refused}.items()),
+            {"id": "triton-hung", "node": "local", "engine": "triton", "endpoint": hung,
+             "metrics_endpoint": hung},
+        ),
+        agent={"scrape_interval_s": 1.0, "probe_timeout_s": timeout,
+               "max_response_bytes": 1048576, "discover": False},
+    )  # fmt: skip
 
 
 def test_each_bad_engine_gets_a_state_and_a_reason(agent_factory, hostile_engines):

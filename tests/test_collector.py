@@ -18,6 +18,7 @@ from console.collect.collector import Collector
 from console.core.config import parse_fleet
 from tests.conftest import VIEWER, agent_env, run_cli
 from tests.engines.servers import free_port
+from tests.support.fleet import deployment, fleet_model, fleet_toml
 
 AGENT_FLEET = """\
 [fleet]
@@ -124,21 +125,8 @@ def test_check_exit_codes_healthy_degraded_unreachable(agent_factory, tmp_path):
 def test_check_json_has_the_documented_keys(agent_factory, tmp_path):
     agent = agent_factory(AGENT_FLEET)
     path = tmp_path / "console.toml"
-    path.write_text(
-        console_fleet(
-            ("local", agent.url),
-            extra="""
-[[models]]
-name = "m"
-slo = { ttft_p95_ms = 100 }
-[[models.deployments]]
-id = "m-vllm"
-node = "local"
-engine = "vllm"
-endpoint = "http://127.0.0.1:1"
-""",
-        )
-    )
+    model = fleet_model("m", deployment("m-vllm", "local", "vllm", 1), slo={"ttft_p95_ms": 100})
+    path.write_text(console_fleet(("local", agent.url), extra=fleet_toml(models=[model])))
     result = run_check(path, "--json")
     report = json.loads(result.stdout)
     assert set(report) >= {"fleet", "status", "nodes", "models", "alerts"}

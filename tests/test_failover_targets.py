@@ -11,26 +11,18 @@ from console.collect.failover_targets import preselected, rank
 from console.collect.gateway_view import parse
 from console.core.config import parse_fleet
 from console.core.snapshot import Latency, ModelStats, Percentiles
+from tests.support.fleet import deployment, fleet_model, fleet_toml
 
-FLEET = """
-[fleet]
-name = "t"
-[[nodes]]
-name = "n"
-agent = "http://127.0.0.1:9"
-[[models]]
-name = "llama-3.1-70b-instruct"
-slo = { ttft_p95_ms = 1500, itl_p95_ms = 80 }
-""" + "".join(
-    f"""
-  [[models.deployments]]
-  id = "{d}"
-  node = "n"
-  engine = "vllm"
-  endpoint = "http://127.0.0.1:{9000 + i}"
-"""
-    for i, d in enumerate(["a1", "a2-sick", "b1", "b2-unread", "b3-down"])
-)
+FLEET = fleet_toml(
+    fleet={"name": "t"},
+    nodes=[{"name": "n", "agent": "http://127.0.0.1:9"}],
+    models=[fleet_model(
+        "llama-3.1-70b-instruct",
+        *(deployment(d, "n", "vllm", 9000 + i)
+          for i, d in enumerate(["a1", "a2-sick", "b1", "b2-unread", "b3-down"])),
+        slo={"ttft_p95_ms": 1500, "itl_p95_ms": 80},
+    )],
+)  # fmt: skip
 
 
 @dataclass

@@ -27,6 +27,7 @@ import pytest
 
 from tests.conftest import ROOT, agent_env
 from tests.engines.servers import free_port, free_ports, log_tail, stop, wait_until
+from tests.support.fleet import deployment, fleet_model, fleet_toml
 
 ADMIN = "admin-token-bounds-0123"
 MiB = 1024 * 1024
@@ -45,31 +46,21 @@ MODELS = {
     "trickle-body": ("trickle-body", "vllm"),
 }
 
-FLEET = """\
-[fleet]
-name = "bounds"
 
-[gateway]
-url = "http://127.0.0.1:{port}"
-state_dir = "{state}"
-health_interval_s = 0.5
-{settings}
-
-[[nodes]]
-name = "local"
-agent = "http://127.0.0.1:9"
-"""
-MODEL = """
-[[models]]
-name = "{name}"
-
-  [[models.deployments]]
-  id = "{name}-engine"
-  node = "local"
-  engine = "{engine}"
-  endpoint = "http://127.0.0.1:{port}"
-  engine_model = "m"
-"""
+def fleet_text(port: int, state: Path, engines: dict[str, int], **settings: object) -> str:
+    """The gateway on `port` with `settings`, and one model per entry of MODELS on node
+    "local", served by its engine double (`engines`: mode -> port)."""
+    return fleet_toml(
+        fleet={"name": "bounds"},
+        gateway={"url": f"http://127.0.0.1:{port}", "state_dir": state, "health_interval_s": 0.5,
+                 **settings},
+        nodes=[{"name": "local", "agent": "http://127.0.0.1:9"}],
+        models=[
+            fleet_model(name, deployment(f"{name}-engine", "local", engine, engines[mode],
+                                         engine_model="m"))
+            for name, (mode, engine) in MODELS.items()
+        ],
+    )  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -127,12 +118,8 @@ def gateway(tmp_path: Path, engines: dict[str, int]) -> Iterator[Callable[..., G
     def start(**settings: object) -> Gateway:
         port = free_port()
         settings = {"read_timeout_s": 10.0, **settings}
-        lines = "\n".join(f"{k} = {v!r}" for k, v in settings.items())
-        text = FLEET.format(port=port, state=tmp_path / "state", settings=lines)
-        for name, (mode, engine) in MODELS.items():
-            text += MODEL.format(name=name, engine=engine, port=engines[mode])
         fleet = tmp_path / "fleet.toml"
-        fleet.write_text(text)
+        fleet.write_text(fleet_text(port, tmp_path / "state", engines, **settings))
         log = tmp_path / f"gateway-{len(started)}.log"
         env = {**agent_env(), "ENGINEROOM_ADMIN_TOKEN": ADMIN}
         with log.open("wb") as out:

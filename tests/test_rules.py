@@ -44,7 +44,7 @@ from console.core.wire import (
 )
 from tests.conftest import run_cli
 from tests.prometheus_proc import promtool
-from tests.support.fleet import fleet_toml
+from tests.support.fleet import deployment, fleet_model, fleet_toml
 from tests.support.rules import (
     NODE_A,
     TINY_DEPLOYMENTS,
@@ -536,34 +536,15 @@ def test_a_rule_fires_only_after_its_for_and_keeps_firing_its_keep_firing_for(ru
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-TWO_TRITONS = """
-[fleet]
-name = "tritons"
-[[nodes]]
-name = "a"
-agent = "http://127.0.0.1:1"
-[[nodes]]
-name = "b"
-agent = "http://127.0.0.1:2"
-[[models]]
-name = "small"
-slo = { ttft_p95_ms = 500 }
-  [[models.deployments]]
-  id = "small-trt"
-  node = "a"
-  engine = "triton"
-  endpoint = "http://127.0.0.1:8000"
-  engine_model = "ensemble"
-[[models]]
-name = "big"
-slo = { ttft_p95_ms = 5000 }
-  [[models.deployments]]
-  id = "big-trt"
-  node = "b"
-  engine = "triton"
-  endpoint = "http://127.0.0.1:9000"
-  engine_model = "ensemble"
-"""
+TWO_TRITONS = fleet_toml(
+    fleet={"name": "tritons"},
+    nodes=[NODE_A, {"name": "b", "agent": "http://127.0.0.1:2"}],
+    models=[
+        fleet_model(name, deployment(f"{name}-trt", node, "triton", port,
+                                     engine_model="ensemble"), slo={"ttft_p95_ms": ttft})
+        for name, node, port, ttft in [("small", "a", 8000, 500), ("big", "b", 9000, 5000)]
+    ],
+)  # fmt: skip
 
 
 def test_a_triton_ensemble_fires_the_rule_of_its_own_deployment_only(tmp_path):
