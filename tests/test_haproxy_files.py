@@ -20,7 +20,7 @@ import pwd
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import httpx
@@ -32,6 +32,7 @@ from console.gateway.dp_haproxy import HAProxyPlane
 from console.gateway.haproxy_config import render, split_line
 from console.gateway.routes import GatewayStore
 from tests.engines.servers import free_port, log_tail, stop, wait_until
+from tests.support.fleet import deployment, fleet_model, fleet_toml
 from tests.support.haproxy import runtime
 
 pytestmark = pytest.mark.skipif(shutil.which("haproxy") is None, reason="no haproxy")
@@ -39,52 +40,31 @@ pytestmark = pytest.mark.skipif(shutil.which("haproxy") is None, reason="no hapr
 USER = pwd.getpwuid(os.getuid()).pw_name
 GROUP = grp.getgrgid(os.getgid()).gr_name
 
-FLEET = """\
-[fleet]
-name = "files"
 
-[[nodes]]
-name = "n"
-agent = "http://127.0.0.1:9"
-
-[[dataplanes]]
-name = "edge"
-kind = "haproxy"
-admin_socket = "{dir}/admin.sock"
-config = "{dir}/haproxy.cfg"
-listen = "127.0.0.1:{port}"
-{owner}
-
-[[models]]
-name = "meta-llama/Llama-3.1-8B-Instruct"
-dataplane = "edge"
-  [[models.deployments]]
-  id = "a"
-  node = "n"
-  engine = "vllm"
-  endpoint = "http://127.0.0.1:{closed}"
-  [[models.deployments]]
-  id = "b"
-  node = "n"
-  engine = "vllm"
-  endpoint = "http://127.0.0.1:{closed}"
-  weight = 0
-
-[[models]]
-name = "llama-3.1-70b"
-dataplane = "edge"
-  [[models.deployments]]
-  id = "c"
-  node = "n"
-  engine = "vllm"
-  endpoint = "http://127.0.0.1:{closed}"
-"""
-
-
-def fleet_in(workdir: Path, owner: str | None = None) -> Fleet:
+def fleet_in(workdir: Path, owner: Mapping[str, str] | None = None) -> Fleet:
+    """Two models behind HAProxy "edge" (its socket and configuration in `workdir`; `owner`:
+    its socket's user and group, by default this process's), their engines gone."""
     if owner is None:
-        owner = f'socket_user = "{USER}"\nsocket_group = "{GROUP}"'
-    text = FLEET.format(dir=workdir, port=free_port(), closed=free_port(), owner=owner)
+        owner = {"socket_user": USER, "socket_group": GROUP}
+    closed = free_port()
+    edge = {
+        "name": "edge",
+        "kind": "haproxy",
+        "admin_socket": workdir / "admin.sock",
+        "config": workdir / "haproxy.cfg",
+        "listen": f"127.0.0.1:{free_port()}",
+        **owner,
+    }
+    text = fleet_toml(
+        fleet={"name": "files"},
+        nodes=[{"name": "n", "agent": "http://127.0.0.1:9"}],
+        dataplanes=[edge],
+        models=[
+            fleet_model("meta-llama/Llama-3.1-8B-Instruct", deployment("a", "n", "vllm", closed),
+                        deployment("b", "n", "vllm", closed, weight=0), dataplane="edge"),
+            fleet_model("llama-3.1-70b", deployment("c", "n", "vllm", closed), dataplane="edge"),
+        ],
+    )  # fmt: skip
     return parse_fleet(text, workdir / "fleet.toml")
 
 
@@ -230,7 +210,7 @@ def test_real_model_names_render_and_route(tmp_path, haproxies):
 
 
 def test_the_stats_socket_names_the_gateways_user_by_default(tmp_path):
-    fleet = fleet_in(tmp_path, owner="")
+    fleet = fleet_in(tmp_path, owner={})
     (line,) = [x for x in render(fleet, fleet.dataplanes[0]).splitlines() if "stats socket" in x]
     assert line.endswith("mode 600 level admin user 'engineroom' group 'engineroom'"), line
 
@@ -240,7 +220,7 @@ def test_an_haproxy_started_as_root_leaves_the_socket_to_the_socket_user(short_d
     nobody = pwd.getpwnam("nobody")
     group = grp.getgrgid(nobody.pw_gid).gr_name
     short_dir.chmod(0o755)  # nobody may reach the socket
-    fleet = fleet_in(short_dir, owner=f'socket_user = "nobody"\nsocket_group = "{group}"')
+    fleet = fleet_in(short_dir, owner={"socket_user": "nobody", "socket_group": group})
     rendered(short_dir, haproxies, fleet)
     found = os.stat(short_dir / "admin.sock")
     assert (found.st_uid, found.st_gid, found.st_mode & 0o777) == (
@@ -272,34 +252,22 @@ backend be_llama  # ours
     server b 127.0.0.1:{closed} check # weight 100 was the old one; "quoted" # twice
 """
 
-ADOPTED_FLEET = """\
-[fleet]
-name = "adopted"
-[[nodes]]
-name = "n"
-agent = "http://127.0.0.1:9"
-[[dataplanes]]
-name = "edge"
-kind = "haproxy"
-admin_socket = "{sock}"
-config = "{link}"
-[[models]]
-name = "llama"
-dataplane = "edge"
-backend = "be_llama"
-  [[models.deployments]]
-  id = "llama-a"
-  server = "a"
-  node = "n"
-  engine = "vllm"
-  endpoint = "http://127.0.0.1:{closed}"
-  [[models.deployments]]
-  id = "llama-b"
-  server = "b"
-  node = "n"
-  engine = "vllm"
-  endpoint = "http://127.0.0.1:{closed}"
-"""
+
+def adopted_fleet(sock: str, link: Path, closed: int) -> Fleet:
+    """Model llama behind HAProxy "edge", whose configuration (at `link`) names backend
+    be_llama and its servers a and b: the fleet adopts them."""
+    edge = {"name": "edge", "kind": "haproxy", "admin_socket": sock, "config": link}
+    return parse_fleet(fleet_toml(
+        fleet={"name": "adopted"},
+        nodes=[{"name": "n", "agent": "http://127.0.0.1:9"}],
+        dataplanes=[edge],
+        models=[fleet_model(
+            "llama",
+            deployment("llama-a", "n", "vllm", closed, server="a"),
+            deployment("llama-b", "n", "vllm", closed, server="b"),
+            dataplane="edge", backend="be_llama",
+        )],
+    ))  # fmt: skip
 
 
 def adopted(tmp_path: Path, haproxies: list[HAProxy]) -> tuple[Fleet, Path, Path, HAProxy]:
@@ -312,7 +280,7 @@ def adopted(tmp_path: Path, haproxies: list[HAProxy]) -> tuple[Fleet, Path, Path
     target.write_text(ADOPTED.format(sock=sock, closed=closed))
     target.chmod(0o640)
     link.symlink_to(target)
-    fleet = parse_fleet(ADOPTED_FLEET.format(sock=sock, link=link, closed=closed))
+    fleet = adopted_fleet(sock, link, closed)
     h = HAProxy(link, sock)
     haproxies.append(h)
     return fleet, link, target, h.start()
