@@ -173,6 +173,49 @@ def wait_state(url: str, job_id: str, states: tuple[str, ...], timeout: float = 
     )
 
 
+def submit(url: str, body: dict) -> str:
+    """Job `body`, accepted (202): its id."""
+    started = post(url, "/v1/jobs", body)
+    assert started.status_code == 202, started.text
+    return started.json()["id"]
+
+
+def start_double(url: str) -> str:
+    """A vllm.start of the "double" profile, accepted: its job id."""
+    return submit(url, {"kind": "vllm.start", "profile": "double"})
+
+
+def until_ended(url: str, job_id: str, timeout: float, what: str) -> dict:
+    """Job `job_id` once it no longer runs."""
+    return wait_until(
+        lambda: (j := job_of(url, job_id))["state"] != "running" and j, timeout, what=what
+    )
+
+
+def until_loading(url: str, job_id: str, what: str = "the first start loading") -> None:
+    """Until start `job_id` waits for its engine to load (its third step runs)."""
+    wait_until(lambda: job_of(url, job_id)["steps"][2]["state"] == "running", 20, what=what)
+
+
+def cancel(url: str, job_id: str, timeout: float = 60) -> httpx.Response:
+    """DELETE job `job_id`, as the operator."""
+    return httpx.delete(
+        f"{url}/v1/jobs/{job_id}",
+        headers={"Authorization": f"Bearer {OPERATOR_TOKEN}"},
+        timeout=timeout,
+    )
+
+
+def double_agent(setup: dict, gpus: list[FakeGpu], env: str) -> Iterator[InProcessAgent]:
+    """An in-process agent over `gpus` (the NVML TEST DOUBLE), its "double" profile on all
+    of them with `env`; closed after."""
+    indexes = "[" + ", ".join(str(n) for n in range(len(gpus))) + "]"
+    text = fleet_text(setup, free_port(), env=env, gpus=indexes, agent_extra="discover = false")
+    agent = InProcessAgent(text, FakeNvml(gpus))
+    yield agent
+    agent.close()
+
+
 def audit(state: Path) -> list[tuple[str, str, dict | None]]:
     with sqlite3.connect(next(state.glob("*/jobs.sqlite"))) as db:
         rows = db.execute("SELECT who, action, result FROM audit ORDER BY seq").fetchall()
@@ -353,10 +396,7 @@ def test_a_start_whose_agent_and_engine_both_died_says_the_engine_is_gone(agent_
     text = fleet_text(setup, engine_port, env='DOUBLE_NEVER_READY = "1"')
     first = agent_factory(text, port=agent_port)
     start = post(first.url, "/v1/jobs", {"kind": "vllm.start", "profile": "double"}).json()
-    wait_until(
-        lambda: job_of(first.url, start["id"])["steps"][2]["state"] == "running", 20,
-        what="the start loading",
-    )  # fmt: skip
+    until_loading(first.url, start["id"], what="the start loading")
     os.kill(first.process.pid, signal.SIGKILL)
     first.process.wait(10)
     [record] = [json.loads(p.read_text()) for p in setup["state"].glob("*/engines/*/engine.json")]
@@ -572,24 +612,14 @@ class InProcessAgent:
 
 @pytest.fixture
 def gpu_agent(setup) -> Iterator[InProcessAgent]:
-    nvml = FakeNvml([FakeGpu(mem_used=70 * GIB, mem_total=140 * GIB)])  # half of it free
-    port = free_port()
-    text = fleet_text(setup, port, env='DOUBLE_NEVER_READY = "1"', gpus="[0]",
-                      agent_extra="discover = false")  # fmt: skip
-    agent = InProcessAgent(text, nvml)
-    yield agent
-    agent.close()
+    half_free = FakeGpu(mem_used=70 * GIB, mem_total=140 * GIB)
+    yield from double_agent(setup, [half_free], env='DOUBLE_NEVER_READY = "1"')
 
 
 def test_a_second_start_on_a_gpu_held_by_a_loading_start_is_refused_naming_the_job(gpu_agent):
     agent = gpu_agent
-    first = post(agent.url, "/v1/jobs", {"kind": "vllm.start", "profile": "double"})
-    assert first.status_code == 202, first.text
-    first_id = first.json()["id"]
-    wait_until(
-        lambda: job_of(agent.url, first_id)["steps"][2]["state"] == "running", 20,
-        what="the first start loading",
-    )  # fmt: skip
+    first_id = start_double(agent.url)
+    until_loading(agent.url, first_id)
     # NVML still shows GPU 0 idle: the first engine has not loaded anything yet.
     other = {"kind": "vllm.start", "profile": "double", "overrides": {"port": free_port()}}
     plan = post(agent.url, "/v1/jobs/plan", other, token=VIEWER).json()
@@ -601,17 +631,11 @@ def test_a_second_start_on_a_gpu_held_by_a_loading_start_is_refused_naming_the_j
     assert audit_of(agent)[-1][1] == "job vllm.start refused"
 
     # The hold ends with the job: cancelled, its GPU takes the next start.
-    cancelled = httpx.delete(
-        f"{agent.url}/v1/jobs/{first_id}", headers={"Authorization": f"Bearer {OPERATOR_TOKEN}"}
-    )
+    cancelled = cancel(agent.url, first_id, timeout=5)  # httpx's default
     assert cancelled.json()["state"] == "cancelled"
     again = post(agent.url, "/v1/jobs", other)
     assert again.status_code == 202, again.text
-    httpx.delete(
-        f"{agent.url}/v1/jobs/{again.json()['id']}",
-        headers={"Authorization": f"Bearer {OPERATOR_TOKEN}"},
-        timeout=60,
-    )
+    cancel(agent.url, again.json()["id"])
 
 
 def test_the_gpu_check_reads_an_overridden_memory_share(gpu_agent):

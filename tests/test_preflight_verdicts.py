@@ -7,43 +7,37 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-import httpx
 import pytest
 
 from tests.conftest import VIEWER
 from tests.engines.servers import free_port, wait_until
-from tests.nvml_double import FakeGpu, FakeNvml
+from tests.nvml_double import FakeGpu
 from tests.test_agent_hardening import (
     GIB,
-    OPERATOR_TOKEN,
     InProcessAgent,
-    fleet_text,
+    cancel,
+    double_agent,
     job_of,
     post,
     setup,  # noqa: F401 - the fixture the agent's fleet file is written with
+    start_double,
+    submit,
+    until_ended,
+    until_loading,
 )
 
 
 @pytest.fixture
 def two_gpu_agent(setup) -> Iterator[InProcessAgent]:  # noqa: F811
-    nvml = FakeNvml([FakeGpu(mem_used=0, mem_total=140 * GIB) for _ in range(2)])
-    text = fleet_text(setup, free_port(), env='DOUBLE_NEVER_READY = "1"', gpus="[0, 1]",
-                      agent_extra="discover = false")  # fmt: skip
-    agent = InProcessAgent(text, nvml)
-    yield agent
-    agent.close()
+    idle = [FakeGpu(mem_used=0, mem_total=140 * GIB) for _ in range(2)]
+    yield from double_agent(setup, idle, env='DOUBLE_NEVER_READY = "1"')
 
 
 def test_a_gpu_a_loading_start_holds_gets_one_verdict_in_the_plan(two_gpu_agent):
     agent = two_gpu_agent
-    first = post(agent.url, "/v1/jobs", {"kind": "vllm.start", "profile": "double"})
-    assert first.status_code == 202, first.text
-    first_id = first.json()["id"]
+    first_id = start_double(agent.url)
     try:
-        wait_until(
-            lambda: job_of(agent.url, first_id)["steps"][2]["state"] == "running", 20,
-            what="the first start loading",
-        )  # fmt: skip
+        until_loading(agent.url, first_id)
         # NVML reads both GPUs idle: the loading engine has touched neither yet.
         other = {"kind": "vllm.start", "profile": "double", "overrides": {"port": free_port()}}
         plan = post(agent.url, "/v1/jobs/plan", other, token=VIEWER).json()
@@ -55,11 +49,7 @@ def test_a_gpu_a_loading_start_holds_gets_one_verdict_in_the_plan(two_gpu_agent)
         assert check["detail"].count(held) == 2, check["detail"]  # GPU 0 and GPU 1, once each
         assert "idle" not in check["detail"], check["detail"]
     finally:
-        httpx.delete(
-            f"{agent.url}/v1/jobs/{first_id}",
-            headers={"Authorization": f"Bearer {OPERATOR_TOKEN}"},
-            timeout=60,
-        )
+        cancel(agent.url, first_id)
     # The hold ends with the job: the GPUs read idle again, one verdict still.
     plan = post(agent.url, "/v1/jobs/plan", other, token=VIEWER).json()
     (check,) = [c for c in plan["checks"] if c["name"] == "gpus"]
@@ -70,39 +60,25 @@ def test_a_gpu_a_loading_start_holds_gets_one_verdict_in_the_plan(two_gpu_agent)
 
 @pytest.fixture
 def ready_gpu_agent(setup) -> Iterator[InProcessAgent]:  # noqa: F811
-    nvml = FakeNvml([FakeGpu(mem_used=0, mem_total=140 * GIB)])
-    text = fleet_text(setup, free_port(), env="", gpus="[0]", agent_extra="discover = false")
-    agent = InProcessAgent(text, nvml)
-    yield agent
-    agent.close()
+    yield from double_agent(setup, [FakeGpu(mem_used=0, mem_total=140 * GIB)], env="")
 
 
 def test_a_running_engine_holds_its_gpu_once_and_its_restart_is_not_held_by_itself(
     ready_gpu_agent,
 ):
     agent = ready_gpu_agent
-    start = post(agent.url, "/v1/jobs", {"kind": "vllm.start", "profile": "double"})
-    assert start.status_code == 202, start.text
-    done = wait_until(
-        lambda: (j := job_of(agent.url, start.json()["id"]))["state"] != "running" and j,
-        60, what="the engine started",
-    )  # fmt: skip
+    start_id = start_double(agent.url)
+    done = until_ended(agent.url, start_id, 60, what="the engine started")
     assert done["state"] == "succeeded", done
     engine = done["result"]["engine_id"]
     other = {"kind": "vllm.start", "profile": "double", "overrides": {"port": free_port()}}
     plan = post(agent.url, "/v1/jobs/plan", other, token=VIEWER).json()
     (check,) = [c for c in plan["checks"] if c["name"] == "gpus"]
-    assert (
-        check["detail"] == f"GPU 0 is held by engine {engine} (started by job {start.json()['id']})"
-    )
+    assert check["detail"] == f"GPU 0 is held by engine {engine} (started by job {start_id})"
     # A restart holds the engine's GPU from its stop to its start: its own preflight
     # must not read that hold as another's.
-    restart = post(agent.url, "/v1/jobs", {"kind": "engine.restart", "engine": engine})
-    assert restart.status_code == 202, restart.text
-    again = wait_until(
-        lambda: (j := job_of(agent.url, restart.json()["id"]))["state"] != "running" and j,
-        90, what="the restart",
-    )  # fmt: skip
+    restart_id = submit(agent.url, {"kind": "engine.restart", "engine": engine})
+    again = until_ended(agent.url, restart_id, 90, what="the restart")
     assert again["state"] == "succeeded", again
     stop = post(agent.url, "/v1/jobs", {"kind": "engine.stop", "engine": engine})
     wait_until(lambda: job_of(agent.url, stop.json()["id"])["state"] != "running", 60)
