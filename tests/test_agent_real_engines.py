@@ -15,6 +15,7 @@ import psutil
 import pytest
 
 from tests.engines.servers import send_traffic_triton, send_traffic_vllm, wait_until
+from tests.support.fleet import LOCAL_AGENT, deployment, fleet_toml, triton_ensemble
 
 pytestmark = pytest.mark.engines
 
@@ -22,39 +23,21 @@ SCRAPE_S = 1.0
 
 
 def fleet_text(vllm=None, triton=None) -> str:
-    text = f"""\
-[fleet]
-name = "real"
-[agent]
-scrape_interval_s = {SCRAPE_S}
-window_s = 60
-# vLLM on 2 busy cores can take seconds to answer /metrics under load
-probe_timeout_s = 5.0
-[[nodes]]
-name = "local"
-agent = "http://127.0.0.1:9410"
-[[models]]
-name = "tiny"
-"""
+    """Model "tiny" on the real `vllm` and `triton` servers given (None: not that one)."""
+    deployments = []
     if vllm is not None:
-        text += f"""
-  [[models.deployments]]
-  id = "tiny-vllm"
-  node = "local"
-  engine = "vllm"
-  endpoint = "{vllm.base_url}"
-"""
+        deployments.append(deployment("tiny-vllm", "local", "vllm", vllm.port))
     if triton is not None:
-        text += f"""
-  [[models.deployments]]
-  id = "tiny-trt"
-  node = "local"
-  engine = "triton"
-  endpoint = "{triton.base_url}"
-  metrics_endpoint = "http://127.0.0.1:{triton.metrics_port}"
-  engine_model = "ensemble"
-"""
-    return text
+        deployments.append(
+            triton_ensemble("tiny-trt", "local", triton.http_port, triton.metrics_port)
+        )
+    return fleet_toml(
+        fleet={"name": "real"},
+        # probe_timeout_s: vLLM on 2 busy cores can take seconds to answer /metrics under load
+        agent={"scrape_interval_s": SCRAPE_S, "window_s": 60, "probe_timeout_s": 5.0},
+        nodes=[{"name": "local", "agent": LOCAL_AGENT}],
+        models=[{"name": "tiny", **({"deployments": deployments} if deployments else {})}],
+    )
 
 
 def by_deployment(agent) -> dict[str, dict]:

@@ -18,14 +18,11 @@ from console.agent.node import NodeAgent
 from console.core.config import parse_fleet
 from tests.engines import servers
 from tests.engines.triton_repo import write_repo
-from tests.support.fleet import LOCAL_AGENT, deployment, fleet_model, fleet_toml
+from tests.support.fleet import LOCAL_AGENT, fleet_model, fleet_toml, triton_ensemble
 
 
 async def record(vllm: servers.VllmServer, triton: servers.TritonServer) -> str:
-    trt = deployment(
-        "tiny-trt", "cpu-1", "triton", triton.http_port,
-        metrics_endpoint=f"http://127.0.0.1:{triton.metrics_port}", engine_model="ensemble",
-    )  # fmt: skip
+    trt = triton_ensemble("tiny-trt", "cpu-1", triton.http_port, triton.metrics_port)
     vllm_dep = {"id": "tiny-vllm", "node": "cpu-1", "engine": "vllm", "endpoint": vllm.base_url}
     fleet = parse_fleet(
         fleet_toml(

@@ -242,3 +242,12 @@ def trtllm_deployments(engine_dirs: Mapping[str, PurePath | None]) -> list[dict[
         deployment(id, "local", "trtllm", 9, **({"engine_dir": d} if d is not None else {}))
         for id, d in engine_dirs.items()
     ]
+
+
+def triton_ensemble(id: str, node: str, http_port: int, metrics_port: int) -> dict[str, Any]:
+    """[[models.deployments]]: a Triton on 127.0.0.1 of `node` serving its "ensemble"
+    (tests/engines/triton_repo.py), its metrics on their own port."""
+    metrics = f"http://127.0.0.1:{metrics_port}"
+    return deployment(
+        id, node, "triton", http_port, metrics_endpoint=metrics, engine_model="ensemble"
+    )
