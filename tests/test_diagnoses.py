@@ -83,18 +83,22 @@ def until_resolved(
     fleet_path: Path,
     diagnoser: Diagnoser,
     key: tuple[str, str],
+    after: str,
     timeout: float,
     interval: float = 0.5,
     what: str = "resolved",
 ) -> Diagnosis:
-    """Look until the diagnosis `key` reads resolved; that diagnosis."""
-    return wait_until(
+    """Look until the diagnosis `key` reads resolved; that diagnosis, which says it was
+    resolved after the move `after`."""
+    resolved = wait_until(
         lambda: next(
             (x for x in look(fleet_path, diagnoser) if x.key == key and x.state == "resolved"),
             None,
         ),
         timeout, interval=interval, what=what,
     )  # fmt: skip
+    assert resolved.detail.endswith(f"after {after}"), resolved.detail
+    return resolved
 
 
 def engine_core(pid: int) -> psutil.Process:
@@ -253,14 +257,8 @@ def test_a_wedged_vllm_restarted_through_its_agent_is_resolved_once_it_generates
         assert typed.argv and typed.endpoint == base
         assert not running(old_pid)
         assert states and set(states) == {"verifying"}, states  # never resolved meanwhile
-        resolved = until_resolved(
-            agent.fleet,
-            diagnoser,
-            found.key,
-            120,
-            what="resolved once the restarted engine generates",
-        )
-        assert resolved.detail.endswith("after restart"), resolved.detail
+        until_resolved(agent.fleet, diagnoser, found.key, "restart", 120,
+                       what="resolved once the restarted engine generates")  # fmt: skip
         assert by_deployment(agent)["tiny-vllm"]["exits"] == []  # the restart was asked for
     finally:
         done.set()
@@ -328,14 +326,8 @@ def test_a_triton_model_that_blocks_is_a_triton_stall_resolved_once_it_answers(
     assert "triton_stall" in [x["name"] for x in json.loads(out.stdout)["diagnoses"]]
     diagnoser.moved(found.key, "failover")
     # The first request finishes at 12 s; the second runs and nothing is queued.
-    resolved = until_resolved(
-        agent.fleet,
-        diagnoser,
-        found.key,
-        60,
-        what="the Triton stall resolved once a request finished",
-    )
-    assert resolved.detail.endswith("after failover"), resolved.detail
+    until_resolved(agent.fleet, diagnoser, found.key, "failover", 60,
+                   what="the Triton stall resolved once a request finished")  # fmt: skip
 
 
 @pytest.mark.engines
@@ -395,15 +387,8 @@ def test_a_vllm_killed_again_and_again_is_a_crash_loop_resolved_once_it_stays_up
         process, _, _ = launch_vllm(tiny_model_dir, tmp_path / "vllm", port=port)
         running.append(process)
         wait_until(lambda: engine()["pid"] == process.pid, 60, what="the last start found")
-        resolved = until_resolved(
-            agent.fleet,
-            diagnoser,
-            crash.key,
-            90,
-            interval=1.0,
-            what="the crash loop resolved once its exits left the window",
-        )
-        assert resolved.detail.endswith("after failover"), resolved.detail
+        until_resolved(agent.fleet, diagnoser, crash.key, "failover", 90, interval=1.0,
+                       what="the crash loop resolved once its exits left the window")  # fmt: skip
         assert process.poll() is None  # the same process throughout: nothing counted it
     finally:
         for process in running:
@@ -1051,14 +1036,9 @@ def test_a_replica_slowed_by_stop_bursts_is_an_imbalance_resolved_once_quarantin
         diagnoser.moved(found.key, "quarantine")
         job = gateway.wait_job(quarantine.json()["id"], timeout=180)
         assert job["state"] == "succeeded", job
-        resolved = until_resolved(
-            agent.fleet,
-            diagnoser,
-            found.key,
-            60,
-            what="resolved once quarantined",
+        until_resolved(
+            agent.fleet, diagnoser, found.key, "quarantine", 60, what="resolved once quarantined"
         )
-        assert resolved.detail.endswith("after quarantine"), resolved.detail
         assert [t for t in failed if t >= moved_at] == [], failed  # no client failed after it
     finally:
         done.set()
