@@ -18,8 +18,6 @@ import stat
 import subprocess
 import sys
 import threading
-import time
-import tracemalloc
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +34,7 @@ from console.core.config import MissingSecret, load_fleet
 from console.gateway.routes import FleetFileChanged, save_to_fleet
 from tests.conftest import OPERATOR, ROOT, agent_env
 from tests.engines.servers import free_port, log_tail, stop, wait_until
+from tests.support.cost import traced
 from tests.support.fleet import deployment, fleet_toml
 
 FLEET = """\
@@ -335,6 +334,13 @@ CHUNK = b"x" * 2**20
 CHUNKED = f"{len(CHUNK):x}\r\n".encode() + CHUNK + b"\r\n"  # sent again and again: no growth
 
 
+def _head(status: str, content_type: str, length: int, *more: str) -> bytes:
+    """An HTTP/1.1 answer's head: `status`, its content type, `more` header lines, and its
+    body's length."""
+    lines = [f"HTTP/1.1 {status}", f"content-type: {content_type}", *more]
+    return "".join(f"{line}\r\n" for line in [*lines, f"content-length: {length}", ""]).encode()
+
+
 class _BrokenAgentHandler(socketserver.BaseRequestHandler):
     def handle(self) -> None:
         assert isinstance(self.server, BrokenAgentDouble)
@@ -351,34 +357,20 @@ class _BrokenAgentHandler(socketserver.BaseRequestHandler):
                 self.request.sendall(b"0\r\n\r\n")
             elif self.server.mode == "trickle":
                 body = b'{"role": "operator", "padding": "' + b"x" * 40 + b'"}'
-                self.request.sendall(
-                    b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
-                    + f"content-length: {len(body)}\r\n\r\n".encode()
-                )
+                self.request.sendall(_head("200 OK", "application/json", len(body)))
                 for byte in body:
                     self.request.sendall(bytes([byte]))
                     threading.Event().wait(0.25)
             elif self.server.mode == "notajob":
                 body = b'{"accepted": true}'
-                self.request.sendall(
-                    b"HTTP/1.1 202 Accepted\r\ncontent-type: application/json\r\n"
-                    + f"content-length: {len(body)}\r\n\r\n".encode()
-                    + body
-                )
+                self.request.sendall(_head("202 Accepted", "application/json", len(body)) + body)
             elif self.server.mode == "html502":
                 body = b"<html><body>502 Bad Gateway</body></html>"
-                self.request.sendall(
-                    b"HTTP/1.1 502 Bad Gateway\r\ncontent-type: text/html\r\n"
-                    + f"content-length: {len(body)}\r\n\r\n".encode()
-                    + body
-                )
+                self.request.sendall(_head("502 Bad Gateway", "text/html", len(body)) + body)
             else:
                 body = gzip.compress(b'{"role": "operator"}')
-                self.request.sendall(
-                    b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
-                    + f"content-encoding: gzip\r\ncontent-length: {len(body)}\r\n\r\n".encode()
-                    + body
-                )
+                gzipped = _head("200 OK", "application/json", len(body), "content-encoding: gzip")
+                self.request.sendall(gzipped + body)
         except OSError:
             pass  # the client hung up: what the console should do
 
@@ -402,22 +394,18 @@ async def test_an_agent_that_answers_without_end_costs_one_deadline_and_at_most_
     )
     monkeypatch.setenv("T_OP", OPERATOR_TOKEN)
     actions = AgentActions(load_fleet(path), "bad", timeout=2)
-    tracemalloc.start()
-    started = time.monotonic()
     try:
-        with pytest.raises(ActionError) as failed:
+        with traced() as cost, pytest.raises(ActionError) as failed:
             await actions.whoami()
-        _, peak = tracemalloc.get_traced_memory()
     finally:
-        tracemalloc.stop()
         await actions.close()
         server.shutdown()
         server.server_close()
-    took = time.monotonic() - started
+    took = cost.took()
     assert str(failed.value) == f"bad: agent {server.url} did not answer ({expected})"
     assert failed.value.status is None  # unreachable, not refused: the CLI exits 2
     assert took < 4, f"{mode}: {took:.1f} s for a 2 s deadline"
-    assert peak < 20 * 2**20, f"{mode}: the console held {peak / 2**20:.0f} MiB"
+    assert cost.peak < 20 * 2**20, f"{mode}: the console held {cost.peak / 2**20:.0f} MiB"
 
 
 def test_a_hand_edit_made_while_the_gateway_runs_is_never_overwritten_by_a_save(
@@ -463,14 +451,12 @@ def test_the_failover_command_reads_a_bounded_answer_and_says_what_came(
     path = tmp_path / "fleet.toml"
     path.write_text(FLEET + f'\n[gateway]\nurl = "{server.url}"\ntoken_env = "T_ADMIN"\n')
     monkeypatch.setenv("T_ADMIN", "admin-secret-for-the-test")
-    tracemalloc.start()
     try:
-        got = run_failover(load_fleet(path), Ask("tiny", to="tiny-b"), out=io.StringIO())
-        _, peak = tracemalloc.get_traced_memory()
+        with traced() as cost:
+            got = run_failover(load_fleet(path), Ask("tiny", to="tiny-b"), out=io.StringIO())
     finally:
-        tracemalloc.stop()
         server.shutdown()
         server.server_close()
     assert got == code
     assert expected in capsys.readouterr().err
-    assert peak < 20 * 2**20, f"{mode}: the command held {peak / 2**20:.0f} MiB"
+    assert cost.peak < 20 * 2**20, f"{mode}: the command held {cost.peak / 2**20:.0f} MiB"

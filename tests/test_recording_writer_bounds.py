@@ -9,6 +9,8 @@ import math
 import time
 from typing import Any
 
+import pytest
+
 from console.collect import recording as reading
 from console.collect import recording_sink as writing
 from console.collect.recording import KEY, Recording
@@ -32,6 +34,13 @@ def _sink(file: Any) -> Sink:
     head = {"format": "engineroom-recording", "version": 1, "started": T0, "by": "record",
             "keyframe_s": 20.0, "flush_s": 1.0, "fleet_source": "f", "fleet_text": ""}  # fmt: skip
     return Sink(file, head)
+
+
+def _bound_both(monkeypatch: pytest.MonkeyPatch, name: str, value: int) -> None:
+    """The sink's bound `name` and the reader's, shrunk to `value`: the file is written and
+    read under the same bounds."""
+    for module in (reading, writing):
+        monkeypatch.setattr(module, name, value)
 
 
 def _gaps(recording: Recording) -> list[str]:
@@ -140,8 +149,7 @@ def test_the_sink_ends_the_file_at_its_bounds_on_events_and_frames(tmp_path, mon
     """At its event bound the sink writes one last event that says so and no more; at
     its frame bound it ends the file with an event saying so and writes nothing after.
     The file reads under the same bounds (shrunk here, so that a test reaches them)."""
-    for module in (reading, writing):
-        monkeypatch.setattr(module, "MAX_EVENTS", 10)
+    _bound_both(monkeypatch, "MAX_EVENTS", 10)
     path = tmp_path / "full.rec"
     with path.open("ab") as file:
         sink = _sink(file)
@@ -156,8 +164,7 @@ def test_the_sink_ends_the_file_at_its_bounds_on_events_and_frames(tmp_path, mon
     assert recording.fleet_at(recording.end).nodes["a"]["i"] >= 10
     assert KEY in recording.frames.kinds
 
-    for module in (reading, writing):
-        monkeypatch.setattr(module, "MAX_FRAMES", 30)
+    _bound_both(monkeypatch, "MAX_FRAMES", 30)
     path = tmp_path / "frames.rec"
     with path.open("ab") as file:
         sink = _sink(file)

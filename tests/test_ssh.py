@@ -14,7 +14,6 @@ import select
 import subprocess
 import sys
 import time
-import tracemalloc
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -36,6 +35,7 @@ from tests.sshd import (
     start_sshd,
     stop_sshd,
 )
+from tests.support.cost import traced
 from tests.support.hung import hung_host, switch_screens
 from tests.tui_support import until
 
@@ -402,19 +402,15 @@ async def test_a_host_printing_far_past_the_cap_costs_the_console_no_more_than_t
     fleet = parse_fleet(text)
     reader = SshReader(fleet, fleet.nodes[0], asyncio.Semaphore(1))
     reader.max_output = 2**20
-    tracemalloc.start()
-    started = time.monotonic()
     try:
-        with pytest.raises(SshError) as raised:
+        with traced() as cost, pytest.raises(SshError) as raised:
             await reader.snapshot()
-        _, peak = tracemalloc.get_traced_memory()
     finally:
-        tracemalloc.stop()
         await reader.close()
-    took = time.monotonic() - started
+    took = cost.took()
     assert str(raised.value).startswith("ssh 127.0.0.1: `"), raised.value
     assert "printed over 1 MiB (the output cap)" in str(raised.value)
-    assert peak < 8 * 2**20, f"the console held {peak / 2**20:.1f} MiB for a 1 MiB cap"
+    assert cost.peak < 8 * 2**20, f"the console held {cost.peak / 2**20:.1f} MiB for a 1 MiB cap"
     assert took < 10, f"{flood}: {took:.1f} s"
     # The remote command does not go on printing to nobody.
     deadline = time.monotonic() + 10
