@@ -292,14 +292,7 @@ class EngineroomApp(App[int]):
             self.recorder.alerts(self.events)
             if self.diagnoses.looked:
                 self.recorder.diagnoses(self.diagnoses.found, self.diagnoses.now())
-        health = self.collector.health
-        self.built = built = ViewBuilt(
-            self.view, self.views.changes(), self.views.specs(self.view), self.gateway,
-            self.gateway_error, self.diagnoses.findings(), self.collector.states,
-            self.collector.history, tuple(self.events.events), tuple(self.gateway_actions.jobs),
-            self.gateway_actions.error, Header(self.read_only, self.simulated, self.replay_label(),
-            source_problem(health), source_note(health), self.redraw_s),
-        )  # fmt: skip
+        self.built = built = self._built(self.view)
         built_at = time.perf_counter()
         # The timer can fire once more while the app closes, after its screens are gone.
         screen = self.screen_stack[-1] if self.screen_stack else None
@@ -310,11 +303,22 @@ class EngineroomApp(App[int]):
         # The console's own cost, kept for the scale benchmark and the debug log.
         self.tick_ms.append(((built_at - started) * 1000, (time.perf_counter() - built_at) * 1000))
 
+    def _built(self, view: FleetView) -> ViewBuilt:
+        """The last view built, with all else a screen draws as the console holds it now."""
+        health = self.collector.health
+        return ViewBuilt(
+            view, self.views.changes(), self.views.specs(view), self.gateway,
+            self.gateway_error, self.diagnoses.findings(), self.collector.states,
+            self.collector.history, tuple(self.events.events), tuple(self.gateway_actions.jobs),
+            self.gateway_actions.error, Header(self.read_only, self.simulated, self.replay_label(),
+            source_problem(health), source_note(health), self.redraw_s),
+        )  # fmt: skip
+
     def _screen_changed(self, screen: Screen[Any]) -> None:
         """A screen comes on top (pushed, or back after one closed): it is handed the last
-        view, to draw at once, not at the next refresh."""
-        if isinstance(screen, ViewScreen | FailoverScreen) and self.built is not None:
-            screen.built = self.built
+        view, with what came since (a gateway's answer), to draw at once."""
+        if isinstance(screen, ViewScreen | FailoverScreen) and self.view is not None:
+            self.built = screen.built = self._built(self.view)
 
     def push_screen(self, screen: Any, *args: Any, **kwargs: Any) -> Any:
         # Handed before: a new screen draws before screen_change_signal is published.
