@@ -35,21 +35,17 @@ from console.collect.recording_writer import RecordingWriter
 from console.collect.replay import ReplayCollector, fleet_of
 from tests.conftest import ROOT, agent_env, run_cli
 from tests.engines.servers import free_port, log_tail, stop, wait_until
+from tests.support.fleet import fleet_toml
 
-FLEET = """\
-[fleet]
-name = "recorded-live"
-refresh_s = 0.5
 
-[agent]
-state_dir = "{state}"
-scrape_interval_s = 0.5
-
-[[nodes]]
-name = "local"
-agent = "http://127.0.0.1:{port}"
-token_env = "ENGINEROOM_TEST_VIEWER"
-"""
+def fleet_text(state: Path, port: int) -> str:
+    """Node "local": a real agent on `port`, its state in `state`, read every 0.5 s."""
+    return fleet_toml(
+        fleet={"name": "recorded-live", "refresh_s": 0.5},
+        agent={"state_dir": state, "scrape_interval_s": 0.5},
+        nodes=[{"name": "local", "agent": f"http://127.0.0.1:{port}",
+                "token_env": "ENGINEROOM_TEST_VIEWER"}],
+    )  # fmt: skip
 
 
 def _records(path: Path) -> list[Record]:
@@ -58,7 +54,7 @@ def _records(path: Path) -> list[Record]:
 
 def test_a_recorder_killed_with_sigkill_leaves_a_file_that_replays(agent_factory, tmp_path):
     port = free_port()
-    agent = agent_factory(FLEET.format(state=tmp_path / "state", port=port), "local", port)
+    agent = agent_factory(fleet_text(tmp_path / "state", port), "local", port)
     out = tmp_path / "night.rec"
     log = tmp_path / "record.log"
     env = agent_env(ENGINEROOM_TEST_VIEWER="viewer-token-0123")
@@ -236,7 +232,7 @@ async def test_the_console_records_what_it_sees(agent_factory, tmp_path, monkeyp
     from tests.tui_support import until
 
     port = free_port()
-    agent = agent_factory(FLEET.format(state=tmp_path / "state", port=port), "local", port)
+    agent = agent_factory(fleet_text(tmp_path / "state", port), "local", port)
     monkeypatch.setenv("ENGINEROOM_TEST_VIEWER", "viewer-token-0123")
     # A second node that never answers: its "node down" alert is in the recording.
     text = agent.fleet.read_text() + '\n[[nodes]]\nname = "gone"\nagent = "http://127.0.0.1:9"\n'
@@ -273,7 +269,7 @@ def test_alerts_live_when_recording_starts_are_active_at_start_and_later_ones_ra
     the recording's first second. A node down from the start is "active at start"; one
     that goes down while recording is "alert raised"."""
     port = free_port()
-    agent = agent_factory(FLEET.format(state=tmp_path / "state", port=port), "local", port)
+    agent = agent_factory(fleet_text(tmp_path / "state", port), "local", port)
     fleet = tmp_path / "console.toml"
     fleet.write_text(
         agent.fleet.read_text() + '\n[[nodes]]\nname = "gone"\nagent = "http://127.0.0.1:9"\n'
