@@ -320,15 +320,21 @@ def test_the_rules_fire_where_the_console_alerts_and_stay_quiet_where_it_does_no
 
 
 def promtool_case(
-    rules_file: Path, workdir: Path, series: list[dict[str, str]], tests: list
+    rules_file: Path,
+    workdir: Path,
+    series: list[dict[str, str]],
+    tests: list,
+    interval: str = "1m",
 ) -> None:
+    """promtool's unit test of the rules: `series` sampled every `interval` (the rules
+    evaluated as often), and `tests`, the alerts expected when; it must pass."""
     unit = workdir / "test.yml"
     unit.write_text(
         json.dumps(
             {
                 "rule_files": [str(rules_file)],
-                "evaluation_interval": "1m",
-                "tests": [{"interval": "1m", "input_series": series, "alert_rule_test": tests}],
+                "evaluation_interval": interval,
+                "tests": [{"interval": interval, "input_series": series, "alert_rule_test": tests}],
             },
             indent=1,
         )
@@ -522,18 +528,7 @@ def test_a_rule_fires_only_after_its_for_and_keeps_firing_its_keep_firing_for(ru
         {"eval_time": f"{t}s", "alertname": "EngineroomSloTtftP95", "exp_alerts": alerts}
         for t, alerts in ((20, []), (30, firing), (110, firing), (130, []))
     ]
-    unit = tmp_path / "test.yml"
-    unit.write_text(
-        json.dumps(
-            {
-                "rule_files": [str(rules_file)],
-                "evaluation_interval": "10s",
-                "tests": [{"interval": "10s", "input_series": series, "alert_rule_test": tests}],
-            }
-        )
-    )
-    result = promtool("test", "rules", str(unit))
-    assert result.returncode == 0, result.stdout + result.stderr
+    promtool_case(rules_file, tmp_path, series, tests, interval="10s")
 
 
 TWO_TRITONS = fleet_toml(
