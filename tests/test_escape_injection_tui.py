@@ -29,8 +29,9 @@ import pytest
 from console.core.config import parse_fleet
 from console.tui.app import EngineroomApp
 from tests.conftest import ROOT
-from tests.engines.servers import free_port, log_tail, stop, wait_until
+from tests.engines.servers import free_port, stop
 from tests.hostile_answers import EVERY, RAW, raw_in
+from tests.support.serving import wait_serving
 from tests.test_escape_injection import Hostile, hostile  # noqa: F401 - the module fixture
 from tests.tui_support import until
 
@@ -177,16 +178,8 @@ async def test_the_web_view_sends_browsers_no_hostile_sequence(
         )
     url = f"http://127.0.0.1:{port}"
     try:
-
-        def up() -> bool:
-            if process.poll() is not None:
-                raise RuntimeError(f"serve --web exited:\n{log_tail(log)}")
-            try:
-                return httpx.get(url + "/", timeout=2).status_code == 401
-            except httpx.HTTPError:
-                return False
-
-        wait_until(up, timeout=30, what="serve --web")
+        wait_serving(process, log, lambda: httpx.get(url + "/", timeout=2).status_code == 401,
+                     "serve --web")  # fmt: skip
         frames = await _frames(url, until=b"vllm 0.11", timeout=60)
     finally:
         stop(process, grace=10)

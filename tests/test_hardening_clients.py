@@ -33,9 +33,10 @@ from console.commands.failover import Ask, run_failover
 from console.core.config import MissingSecret, load_fleet
 from console.gateway.routes import FleetFileChanged, save_to_fleet
 from tests.conftest import OPERATOR, ROOT, agent_env
-from tests.engines.servers import free_port, log_tail, stop, wait_until
+from tests.engines.servers import free_port, stop, wait_until
 from tests.support.cost import traced
 from tests.support.fleet import deployment, fleet_toml
+from tests.support.serving import wait_serving
 
 FLEET = """\
 # production routes: this comment must survive
@@ -190,15 +191,8 @@ def start_gateway(fleet: Path, port: int) -> Gateway:
         )  # fmt: skip
     gateway = Gateway(process, f"http://127.0.0.1:{port}", fleet)
 
-    def up() -> bool:
-        if process.poll() is not None:
-            raise RuntimeError(f"gateway exited: {log_tail(log)}")
-        try:
-            return gateway.admin("GET", "/healthz").status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    wait_until(up, 30, what="gateway")
+    wait_serving(process, log, lambda: gateway.admin("GET", "/healthz").status_code == 200,
+                 "gateway")  # fmt: skip
     return gateway
 
 
