@@ -41,7 +41,9 @@ from console.tui.webserve import (
 )
 from tests.chromium_cdp import TERMINAL_HOOK, Chromium, chromium_binary
 from tests.conftest import OPERATOR, ROOT, VIEWER, agent_env, run_cli, start_agent
-from tests.engines.servers import free_port, free_ports, log_tail, stop, wait_until
+from tests.engines.servers import free_port, free_ports, stop, wait_until
+from tests.support.fleet import deployment, fleet_model, fleet_toml, vllm_profile
+from tests.support.serving import wait_serving
 from tests.tui_support import until
 
 WEB_TOKEN = "web-token-0123456789abcdef"
@@ -50,47 +52,22 @@ OPERATOR_SECRET = OPERATOR.split(":", 1)[1]
 # checkout as it was and saves it under its tmp path.
 SCREENSHOTS_ENV = "ENGINEROOM_SCREENSHOTS"
 
-FLEET = """
-[fleet]
-name = "bridge"
-environment = "staging"
-refresh_s = 0.5
-[agent]
-state_dir = "{state}"
-scrape_interval_s = 0.5
-discover = false  # this test's engines only, not whatever else runs on the host
 
-[[nodes]]
-name = "web-a"
-agent = "http://127.0.0.1:{port_a}"
-token_env = "T_WEB_NODE"
-
-[[nodes]]
-name = "web-b"
-agent = "http://127.0.0.1:{port_b}"
-token_env = "T_WEB_NODE"
-
-[gateway]
-url = "http://127.0.0.1:{gateway_port}"
-
-[[models]]
-name = "tiny"
-
-  [[models.deployments]]
-  id = "tiny-vllm"
-  node = "web-a"
-  engine = "vllm"
-  endpoint = "http://127.0.0.1:{engine_port}"
-  weight = 100
-
-[profiles.tiny]
-engine = "vllm"
-node = "web-a"
-model = "{state}/model"
-served_model_name = "tiny"
-port = {engine_port}
-command = ["{python}", "-m", "vllm.entrypoints.openai.api_server"]
-"""
+def fleet_text(
+    state: Path, port_a: int, port_b: int, gateway_port: int, engine_port: int, python: str
+) -> str:
+    """Two nodes, web-a and web-b, a gateway, and model tiny on web-a's vLLM (its profile
+    too). The agent's engines: this test's only, not whatever else runs on the host."""
+    return fleet_toml(
+        fleet={"name": "bridge", "environment": "staging", "refresh_s": 0.5},
+        agent={"state_dir": state, "scrape_interval_s": 0.5, "discover": False},
+        nodes=[{"name": n, "agent": f"http://127.0.0.1:{p}", "token_env": "T_WEB_NODE"}
+               for n, p in [("web-a", port_a), ("web-b", port_b)]],
+        gateway={"url": f"http://127.0.0.1:{gateway_port}"},
+        models=[fleet_model("tiny", deployment("tiny-vllm", "web-a", "vllm", engine_port,
+                                               weight=100))],
+        profiles={"tiny": vllm_profile("web-a", state / "model", engine_port, python, args=None)},
+    )  # fmt: skip
 
 
 @dataclass
@@ -115,7 +92,7 @@ def bridge(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bridge]:
     port_a, port_b, gateway_port, engine_port = free_ports(4)
     started = []
     for node, port in (("web-a", port_a), ("web-b", port_b)):
-        text = FLEET.format(
+        text = fleet_text(
             state=root / node,
             port_a=port_a,
             port_b=port_b,
@@ -169,15 +146,8 @@ def serve_web(
         )
     server = WebServer(process, f"http://127.0.0.1:{port}", log)
 
-    def up() -> bool:
-        if process.poll() is not None:
-            raise RuntimeError(f"serve --web exited {process.returncode}:\n{log_tail(log)}")
-        try:
-            return httpx.get(server.url + "/", timeout=2).status_code == 401
-        except httpx.HTTPError:
-            return False
-
-    wait_until(up, timeout=30, what="serve --web")
+    wait_serving(process, log, lambda: httpx.get(server.url + "/", timeout=2).status_code == 401,
+                 "serve --web")  # fmt: skip
     return server
 
 
