@@ -1,4 +1,5 @@
-"""`engineroom check`: poll the fleet once and print a compact table, or stable JSON.
+"""What `engineroom check` reads and prints (its verb: console/commands/check.py): the fleet
+polled once, as a compact table, stable JSON or Prometheus text.
 
 Exit codes: 0 healthy, 1 degraded (a node stale, down or without a token, any alert or any
 diagnosis, console.collect.diagnoses), 2 unreachable (no node answered). The JSON keys are
@@ -13,10 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
-import time
 from dataclasses import dataclass
-from typing import Any, TextIO
+from typing import Any
 
 from console.collect.collector import NodeState
 from console.collect.diagnoses import CannotTell, Diagnosis, diagnose_once
@@ -132,54 +131,6 @@ def status_of(
     if view.summary.status == "healthy" and diagnoses is not None and diagnoses.found:
         return "degraded"
     return view.summary.status
-
-
-def run_check(
-    fleet: Fleet,
-    *,
-    as_json: bool = False,
-    watch: float | None = None,
-    out: TextIO = sys.stdout,
-    prometheus: bool = False,
-) -> int:
-    if watch is None:
-        view, states, gateway, source = asyncio.run(poll_once(fleet))
-        found = diagnosed(fleet, view, states, gateway)
-        if prometheus:
-            out.write(to_prometheus(fleet, view, states))
-        elif as_json:
-            out.write(to_json(view, states, gateway, source, found) + "\n")
-        else:
-            out.write(render(view, gateway, source, found) + "\n")
-        return EXIT[status_of(view, source, found)]
-    return asyncio.run(_watch(fleet, watch, as_json, out))
-
-
-async def _watch(fleet: Fleet, every: float, as_json: bool, out: TextIO) -> int:
-    async with fleet_source(fleet, refresh_s=every) as collector:
-        source = collector.health
-        while True:
-            started = time.monotonic()
-            states, gateway = await asyncio.gather(
-                collector.poll_all(), read_gateway(fleet, collector.timeout_s)
-            )
-            view = build(
-                fleet,
-                states,
-                collector.refresh_s,
-                history=collector.history,
-                gateway=gateway.snapshot,
-            )
-            found = diagnosed(fleet, view, states, gateway)
-            text = (
-                to_json(view, states, gateway, source, found)
-                if as_json
-                else render(view, gateway, source, found)
-            )
-            clear = "" if as_json or not out.isatty() else "\033[H\033[2J"
-            out.write(f"{clear}{text}\n")
-            out.flush()
-            await asyncio.sleep(max(0.0, every - (time.monotonic() - started)))
 
 
 def _pct(value: float | None) -> str:

@@ -1,5 +1,6 @@
-"""`engineroom diagnose`: one look at the fleet's diagnoses over SSH, as text, Markdown or
-JSON (console.collect.diagnoses finds them; check.poll_once reads the fleet).
+"""What `engineroom diagnose` prints (its verb: console/commands/diagnose.py): one look at
+the fleet's diagnoses over SSH, as text, Markdown or JSON (console.collect.diagnoses finds
+them; check.poll_once reads the fleet).
 
 Exit codes as `check`'s: 0 nothing found and every node seen, 1 a diagnosis (or a node not
 seen), 2 no node answered. Every name and figure came from outside: text goes through
@@ -8,19 +9,13 @@ console.core.safetext on its way out.
 
 from __future__ import annotations
 
-import asyncio
 import json
-import sys
-import time
-from typing import TextIO
 
-from console.collect.check import EXIT, Diagnosed, poll_once, status_of
-from console.collect.diagnoses import CannotTell, Diagnoser, Diagnosis
-from console.collect.gateway_view import GatewayView
-from console.collect.source import NodeState, SourceHealth
+from console.collect.check import Diagnosed, status_of
+from console.collect.diagnoses import Diagnosis
+from console.collect.source import SourceHealth
 from console.collect.view import FleetView
 from console.core import diagnosis as d
-from console.core.config import Fleet
 from console.core.safetext import for_markdown_cell, for_terminal
 
 
@@ -83,31 +78,7 @@ def render_markdown(view: FleetView, found: Diagnosed) -> str:
     return "\n".join(out)
 
 
-def run_diagnose(
-    fleet: Fleet,
-    *,
-    fmt: str = "text",
-    watch: float | None = None,
-    out: TextIO = sys.stdout,
-) -> int:
-    if watch is None:
-        view, states, gateway, source = asyncio.run(poll_once(fleet))
-        found = Diagnosed(*_once(Diagnoser(fleet), view, states, gateway.snapshot))
-        out.write(_render(fmt, view, found, source) + "\n")
-        return EXIT[status_of(view, source, found)]
-    return asyncio.run(_watch(fleet, watch, fmt, out))
-
-
-def _once(
-    diagnoser: Diagnoser,
-    view: FleetView,
-    states: dict[str, NodeState],
-    gateway: GatewayView | None,
-) -> tuple[list[Diagnosis], list[CannotTell]]:
-    return diagnoser.update(view, states, gateway), diagnoser.cannot_tell
-
-
-def _render(fmt: str, view: FleetView, found: Diagnosed, source: SourceHealth | None) -> str:
+def render(fmt: str, view: FleetView, found: Diagnosed, source: SourceHealth | None) -> str:
     if fmt == "json":
         return json.dumps(
             {"fleet": view.summary.name, "status": status_of(view, source, found),
@@ -117,24 +88,3 @@ def _render(fmt: str, view: FleetView, found: Diagnosed, source: SourceHealth | 
     if fmt == "markdown":
         return render_markdown(view, found)
     return render_text(view, found, source)
-
-
-async def _watch(fleet: Fleet, every: float, fmt: str, out: TextIO) -> int:
-    from console.collect.check import read_gateway
-    from console.collect.promsource import fleet_source
-    from console.collect.view import build
-
-    diagnoser = Diagnoser(fleet)
-    async with fleet_source(fleet, refresh_s=every) as collector:
-        while True:
-            started = time.monotonic()
-            states, gateway = await asyncio.gather(
-                collector.poll_all(), read_gateway(fleet, collector.timeout_s)
-            )
-            view = build(fleet, states, collector.refresh_s, history=collector.history,
-                         gateway=gateway.snapshot)  # fmt: skip
-            found = Diagnosed(*_once(diagnoser, view, states, gateway.snapshot))
-            clear = "" if fmt != "text" or not out.isatty() else "\033[H\033[2J"
-            out.write(f"{clear}{_render(fmt, view, found, collector.health)}\n")
-            out.flush()
-            await asyncio.sleep(max(0.0, every - (time.monotonic() - started)))

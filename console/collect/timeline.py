@@ -1,4 +1,5 @@
-"""`engineroom timeline FILE`: a recording as the list a postmortem needs.
+"""A recording as the list a postmortem needs (`engineroom timeline FILE`, its verb in
+console/commands/timeline.py).
 
 Alerts raised and cleared, nodes and engines going down and coming back, the operator's
 actions (jobs on the agents, failovers and weight changes on the gateway) and each
@@ -10,10 +11,8 @@ reported them then. Markdown pastes into a postmortem as it is; JSON is for tool
 from __future__ import annotations
 
 import datetime as dt
-import json
 import re
-import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 from console.collect.recording import Cursor, FleetAt, Recording, RecordingError
 from console.collect.recording_format import NodeStatus
@@ -256,23 +255,3 @@ def markdown(recording: Recording, entries: list[Entry], start: float, end: floa
     if recording.torn:
         lines += ["", f"The recording ends early: {for_markdown_cell(recording.torn)}."]
     return "\n".join(lines) + "\n"
-
-
-def run_timeline(path: str, start: str | None, end: str | None, *, as_json: bool) -> int:
-    recording = Recording(path)
-    t0 = recording.start if start is None else parse_time(start, recording.start)
-    t1 = recording.end if end is None else parse_time(end, recording.start)
-    entries = build(recording, t0, t1)
-    if as_json:
-        out = {
-            "file": str(recording.path),
-            "from": t0,
-            "to": t1,
-            "torn": recording.torn,
-            "entries": [{**asdict(e), "time": utc(e.t, True) + " UTC"} for e in entries],
-        }
-        json.dump(out, sys.stdout, indent=2)
-        sys.stdout.write("\n")
-    else:
-        sys.stdout.write(markdown(recording, entries, t0, t1))
-    return 0
