@@ -29,73 +29,48 @@ from console.core.config import parse_fleet
 from console.core.snapshot import Snapshot, snapshot_from
 from tests.conftest import OPERATOR, ROOT, VIEWER, Agent, agent_env, run_cli
 from tests.engines.servers import free_port, running, stop, vllm_python, wait_until
+from tests.support.fleet import (
+    LOCAL_AGENT,
+    LONG_STREAM_ENV,
+    fleet_toml,
+    long_stream_args,
+    vllm_profile,
+)
 
-FLEET = """
-[fleet]
-name = "jobs"
-[agent]
-state_dir = "{state}"
-scrape_interval_s = 1
-[[nodes]]
-name = "local"
-agent = "http://127.0.0.1:9410"
-
-[profiles.tiny]
-engine = "vllm"
-node = "local"
-model = "{model}"
-served_model_name = "tiny"
-port = {port}
-# taskset + nice: on these 2-core machines a vLLM CPU worker generating at full speed
-# starves every other process for the whole stream (measured: a plain python http.server
-# took 8.6 s to answer during one; with vLLM at nice 19, 15 ms, though once in CI the agent
-# still took 11 s; pinned to core 0 as well, the agent answered a stop in 45 ms). The agent
-# must answer the stop mid-stream.
-command = ["taskset", "-c", "0", "nice", "-n", "19",
-           "{python}", "-m", "vllm.entrypoints.openai.api_server"]
-args = {{ host = "127.0.0.1", max_model_len = 4608, dtype = "bfloat16", optimization_level = 0 }}
-# The tiny model declares 512 positions; its rotary embedding serves longer streams fine, and
-# a stream must last long enough on a fast CPU to still be in flight when the stop lands.
-env = {{ VLLM_CPU_KVCACHE_SPACE = "1", VLLM_ALLOW_LONG_MAX_MODEL_LEN = "1" }}
-overridable = ["port"]
-allowed_args = ["max_num_seqs"]
-ready_timeout_s = 240
-stop_grace_s = 60
-cold_start_budget_s = 1  # the tiny model's real cold start is far over: a slow cold start
-
-[profiles.missing]
-engine = "vllm"
-node = "local"
-model = "/nonexistent/model"
-served_model_name = "missing"
-port = {port}
-command = ["{python}", "-m", "vllm.entrypoints.openai.api_server"]
-
-# An engine that starts and never gets ready: whatever argv follows, python -c ignores it.
-[profiles.sleepy]
-engine = "vllm"
-node = "local"
-model = "{model}"
-served_model_name = "sleepy"
-port = {port}
-command = ["{python}", "-c", "import time; time.sleep(600)"]
-stop_grace_s = 2
-
-[profiles.other-node]
-engine = "vllm"
-node = "elsewhere"
-model = "{model}"
-served_model_name = "x"
-port = {port}
-
-[[nodes]]
-name = "elsewhere"
-agent = "http://127.0.0.1:9411"
-"""
+# taskset + nice: on these 2-core machines a vLLM CPU worker generating at full speed starves
+# every other process for the whole stream (measured: a plain python http.server took 8.6 s
+# to answer during one; with vLLM at nice 19, 15 ms, though once in CI the agent still took
+# 11 s; pinned to core 0 as well, the agent answered a stop in 45 ms). The agent must answer
+# the stop mid-stream.
+PINNED = ["taskset", "-c", "0", "nice", "-n", "19"]
 
 
 def fleet_text(state: Path, model: Path, port: int, python: Path) -> str:
-    return FLEET.format(state=state, model=model, port=port, python=python)
+    tiny = vllm_profile(
+        "local", model, port, python,
+        # The tiny model declares 512 positions; its rotary embedding serves longer streams
+        # fine, and a stream must last long enough on a fast CPU to still be in flight when
+        # the stop lands.
+        args=long_stream_args(4608), env=LONG_STREAM_ENV,
+        overridable=["port"], allowed_args=["max_num_seqs"], ready_timeout_s=240,
+        stop_grace_s=60,
+        cold_start_budget_s=1,  # the tiny model's real cold start is far over: a slow one
+    )  # fmt: skip
+    tiny["command"] = [*PINNED, *tiny["command"]]
+    missing = vllm_profile("local", "/nonexistent/model", port, python, "missing", args=None)
+    # An engine that starts and never gets ready: whatever argv follows, python -c ignores it.
+    sleepy = vllm_profile("local", model, port, None, "sleepy", args=None, stop_grace_s=2)
+    sleepy["command"] = [str(python), "-c", "import time; time.sleep(600)"]
+    other = vllm_profile("elsewhere", model, port, None, "x", args=None)
+    return fleet_toml(
+        fleet={"name": "jobs"},
+        agent={"state_dir": state, "scrape_interval_s": 1},
+        nodes=[
+            {"name": "local", "agent": LOCAL_AGENT},
+            {"name": "elsewhere", "agent": "http://127.0.0.1:9411"},
+        ],
+        profiles={"tiny": tiny, "missing": missing, "sleepy": sleepy, "other-node": other},
+    )
 
 
 OPERATOR_TOKEN = OPERATOR.split(":", 1)[1]  # the env value is NAME:TOKEN; "alice" acts
