@@ -113,6 +113,33 @@ def engine_core(pid: int) -> psutil.Process:
 NODE_TOKEN = "T_NODE"  # the console's token for the node: an operator's, so it may act
 
 
+def stop_in_bursts(
+    core: psutil.Process, done: threading.Event, stopped_s: float, running_s: float
+) -> threading.Thread:
+    """The fault, from a thread until `done`: `core` stopped (SIGSTOP) for `stopped_s`,
+    then running for `running_s`, again and again."""
+
+    def bursts() -> None:
+        while not done.is_set():
+            core.suspend()
+            done.wait(stopped_s)
+            core.resume()
+            done.wait(running_s)
+
+    burster = threading.Thread(target=bursts, daemon=True)
+    burster.start()
+    return burster
+
+
+def diagnosed_by_cli(fleet: Path) -> list[str]:
+    """The names `engineroom diagnose --json` finds (it exits 1: something found)."""
+    out = run_cli(
+        "diagnose", "--fleet", str(fleet), "--json", env=agent_env(**{NODE_TOKEN: OPERATOR_TOKEN})
+    )
+    assert out.returncode == 1, out.stderr
+    return [x["name"] for x in json.loads(out.stdout)["diagnoses"]]
+
+
 def agent_over(
     agent_factory, text: str, monkeypatch: pytest.MonkeyPatch, discover: bool = False
 ) -> Agent:
@@ -318,12 +345,7 @@ def test_a_triton_model_that_blocks_is_a_triton_stall_resolved_once_it_answers(
     shown = {e.figure: e.value for e in found.evidence}
     assert shown["requests pending"] == "1", shown
     assert shown["health"].startswith("ready"), shown  # Triton still answers
-    out = run_cli(
-        "diagnose", "--fleet", str(agent.fleet), "--json",
-        env=agent_env(**{NODE_TOKEN: OPERATOR_TOKEN}),
-    )  # fmt: skip
-    assert out.returncode == 1, out.stderr
-    assert "triton_stall" in [x["name"] for x in json.loads(out.stdout)["diagnoses"]]
+    assert "triton_stall" in diagnosed_by_cli(agent.fleet)
     diagnoser.moved(found.key, "failover")
     # The first request finishes at 12 s; the second runs and nothing is queued.
     until_resolved(agent.fleet, diagnoser, found.key, "failover", 60,
@@ -376,12 +398,7 @@ def test_a_vllm_killed_again_and_again_is_a_crash_loop_resolved_once_it_stays_up
         assert crash.subject == f"local/vllm-{port}" and crash.moves[0] == "failover"
         assert crash.cause == "exited 3 times" and crash.deployment == "tiny-vllm"
         assert crash.evidence[0].value.startswith("3 ("), crash.evidence
-        out = run_cli(
-            "diagnose", "--fleet", str(agent.fleet), "--json",
-            env=agent_env(**{NODE_TOKEN: OPERATOR_TOKEN}),
-        )  # fmt: skip
-        assert out.returncode == 1, out.stderr
-        assert "crash_loop" in [x["name"] for x in json.loads(out.stdout)["diagnoses"]]
+        assert "crash_loop" in diagnosed_by_cli(agent.fleet)
         diagnoser.moved(crash.key, "failover")
         # Started once more (its cause fixed) and left running: no exit for the window.
         process, _, _ = launch_vllm(tiny_model_dir, tmp_path / "vllm", port=port)
@@ -1002,16 +1019,7 @@ def test_a_replica_slowed_by_stop_bursts_is_an_imbalance_resolved_once_quarantin
             thread.start()
         core = engine_core(slow.process.pid)
 
-        def bursts() -> None:  # the fault: 0.3 s stopped in every 0.6 s
-            while not done.is_set():
-                core.suspend()
-                done.wait(0.3)
-                core.resume()
-                done.wait(0.3)
-
-        burster = threading.Thread(target=bursts, daemon=True)
-        burster.start()
-        senders.append(burster)
+        senders.append(stop_in_bursts(core, done, 0.3, 0.3))  # 0.3 s stopped in every 0.6 s
         fleet = load_fleet(agent.fleet)
         diagnoser: Diagnoser | None = None
 

@@ -39,7 +39,7 @@ from tests.conftest import OPERATOR, ROOT, agent_env, run_cli
 from tests.engines.servers import free_port, send_traffic_vllm, stop, vllm_python, wait_until
 from tests.support.haproxy import on_haproxy, runtime
 from tests.test_agent_real_engines import by_deployment
-from tests.test_diagnoses import NODE_TOKEN, agent_over, engine_core
+from tests.test_diagnoses import NODE_TOKEN, agent_over, engine_core, stop_in_bursts
 from tests.test_gateway import ADMIN, Gateway, start_gateway
 from tests.test_tui_rollouts import shown
 from tests.tui_support import until
@@ -297,15 +297,7 @@ def test_rolling_restarts_survive_a_gateway_kill_halt_when_slow_and_run_behind_h
         new_b = wait_until(b_restarted, 400, interval=0.2, what="tiny-b restarted and ready")
         core = engine_core(new_b)
 
-        def bursts() -> None:  # 0.5 s stopped in every 0.6 s
-            while not burst_done.is_set():
-                core.suspend()
-                burst_done.wait(0.5)
-                core.resume()
-                burst_done.wait(0.1)
-
-        burster = threading.Thread(target=bursts, daemon=True)
-        burster.start()
+        burster = stop_in_bursts(core, burst_done, 0.5, 0.1)  # 0.5 s stopped in every 0.6 s
         halted = until_status(gateway, first, 300)
         burst_done.set()
         burster.join(5)
