@@ -62,9 +62,9 @@ from tests.support.fleet import (
     LONG_STREAM_ENV,
     deployment,
     fleet_model,
-    long_stream_args,
     one_node_fleet,
     tiny_model,
+    vllm_cpu_args,
     vllm_profile,
 )
 from tests.test_agent_real_engines import by_deployment, fleet_text
@@ -171,7 +171,7 @@ def test_a_wedged_vllm_restarted_through_its_agent_is_resolved_once_it_generates
         # longer ones fine): one lasts seconds, so vLLM's running gauge, read at a scrape,
         # shows it. With 200-token streams of 0.4 s the gauge read 0 at most scrapes on a
         # busy machine.
-        args=long_stream_args(2048), env=LONG_STREAM_ENV, ready_timeout_s=240,
+        args=vllm_cpu_args(2048), env=LONG_STREAM_ENV, ready_timeout_s=240,
         # SIGKILLed 1 s after SIGTERM: the restart's stop finds the core stopped, so the
         # engine never exits on SIGTERM, and nothing here depends on a clean exit.
         stop_grace_s=1,

@@ -33,7 +33,7 @@ from tests.support.fleet import (
     LOCAL_AGENT,
     LONG_STREAM_ENV,
     fleet_toml,
-    long_stream_args,
+    vllm_cpu_args,
     vllm_profile,
 )
 
@@ -51,7 +51,7 @@ def fleet_text(state: Path, model: Path, port: int, python: Path) -> str:
         # The tiny model declares 512 positions; its rotary embedding serves longer streams
         # fine, and a stream must last long enough on a fast CPU to still be in flight when
         # the stop lands.
-        args=long_stream_args(4608), env=LONG_STREAM_ENV,
+        args=vllm_cpu_args(4608), env=LONG_STREAM_ENV,
         overridable=["port"], allowed_args=["max_num_seqs"], ready_timeout_s=240,
         stop_grace_s=60,
         cold_start_budget_s=1,  # the tiny model's real cold start is far over: a slow one

@@ -37,6 +37,13 @@ from console.tui.app import EngineroomApp
 from console.tui.screens.rollouts import RolloutsScreen
 from tests.conftest import OPERATOR, ROOT, agent_env, run_cli
 from tests.engines.servers import free_port, send_traffic_vllm, stop, vllm_python, wait_until
+from tests.support.fleet import (
+    deployment,
+    fleet_model,
+    one_node_fleet,
+    vllm_cpu_args,
+    vllm_profile,
+)
 from tests.support.haproxy import on_haproxy, runtime
 from tests.test_agent_real_engines import by_deployment
 from tests.test_diagnoses import NODE_TOKEN, agent_over, engine_core, stop_in_bursts
@@ -52,54 +59,29 @@ def fleet_text(tmp_path: Path, model_dir: Path, gw_port: int, ports: tuple[int, 
     worker binds to core 0 unless told, and one restarted there beside another serving
     streams did not finish loading in 240 s (it loaded once the streams stopped). At nice 19
     the gateway, the agent and the clients keep their turns."""
-    profiles = "".join(
-        f"""
-[profiles.tiny-{name}]
-engine = "vllm"
-node = "local"
-model = "{model_dir}"
-served_model_name = "tiny"
-port = {port}
-command = ["taskset", "-c", "{core}", "nice", "-n", "19",
-           "{vllm_python()}", "-m", "vllm.entrypoints.openai.api_server"]
-args = {{ host = "127.0.0.1", max_model_len = 512, dtype = "bfloat16", optimization_level = 0 }}
-env = {{ VLLM_CPU_KVCACHE_SPACE = "1" }}
-ready_timeout_s = 240
-stop_grace_s = 10
-"""
-        for core, (name, port) in enumerate(zip("ab", ports, strict=True))
+    profiles, deployments = {}, []
+    for core, (name, port) in enumerate(zip("ab", ports, strict=True)):
+        profile = vllm_profile(
+            "local", model_dir, port, vllm_python(), args=vllm_cpu_args(512),
+            env={"VLLM_CPU_KVCACHE_SPACE": "1"}, ready_timeout_s=240, stop_grace_s=10,
+        )  # fmt: skip
+        profile["command"] = ["taskset", "-c", str(core), "nice", "-n", "19", *profile["command"]]
+        profiles[f"tiny-{name}"] = profile
+        deployments.append(
+            deployment(f"tiny-{name}", "local", "vllm", port, profile=f"tiny-{name}", weight=50)
+        )
+    failover = {"steps": [100], "verify_s": 3, "warmup_requests": 1, "drain_timeout_s": 60}
+    return one_node_fleet(
+        "roll",
+        fleet_model("tiny", *deployments, failover=failover),
+        agent={"state_dir": tmp_path / "agent-state", "scrape_interval_s": 1},
+        gateway={
+            "url": f"http://127.0.0.1:{gw_port}",
+            "state_dir": tmp_path / "gw-state",
+            "health_interval_s": 0.5,
+        },
+        profiles=profiles,
     )
-    deployments = "".join(
-        f"""
-  [[models.deployments]]
-  id = "tiny-{name}"
-  node = "local"
-  engine = "vllm"
-  endpoint = "http://127.0.0.1:{port}"
-  profile = "tiny-{name}"
-  weight = 50
-"""
-        for name, port in zip("ab", ports, strict=True)
-    )
-    return f"""
-[fleet]
-name = "roll"
-[agent]
-state_dir = "{tmp_path / "agent-state"}"
-scrape_interval_s = 1
-[gateway]
-url = "http://127.0.0.1:{gw_port}"
-state_dir = "{tmp_path / "gw-state"}"
-health_interval_s = 0.5
-[[nodes]]
-name = "local"
-agent = "http://127.0.0.1:9410"
-{profiles}
-[[models]]
-name = "tiny"
-failover = {{ steps = [100], verify_s = 3, warmup_requests = 1, drain_timeout_s = 60 }}
-{deployments}
-"""
 
 
 class Clients:
