@@ -76,6 +76,13 @@ def unknown_flags(argv: list[str], record: dict = RECORDED) -> list[str]:
     return bad
 
 
+def llama_drill(**more: object) -> Drill:
+    """[drills.X] rebuilding llama-trt from /models/llama, with `more` keys."""
+    return Drill.model_validate(
+        {"model": "llama", "deployment": "llama-trt", "checkpoint": "/models/llama", **more}
+    )
+
+
 CASES = [
     (pipeline, precision)
     for pipeline in get_args(Drill.model_fields["pipeline"].annotation)
@@ -85,15 +92,7 @@ CASES = [
 
 @pytest.mark.parametrize(("pipeline", "precision"), CASES, ids=[f"{p}-{q}" for p, q in CASES])
 def test_every_template_flag_exists_in_tensorrt_llm_1_2(pipeline, precision):
-    drill = Drill.model_validate(
-        {
-            "model": "llama",
-            "deployment": "llama-trt",
-            "checkpoint": "/models/llama",
-            "pipeline": pipeline,
-            "precision": precision,
-        }
-    )
+    drill = llama_drill(pipeline=pipeline, precision=precision)
     steps = templates(drill)
     run = {name: t.argv for name, t in steps.items() if t.argv is not None}
     # Every step but the version probe runs one of the recorded tools: none goes unchecked.
@@ -112,16 +111,7 @@ RELEASE_CASES = [(p, q, version) for p, q in CASES for version in RECORDS]
 def test_a_drill_runs_only_what_its_release_has_or_is_refused_when_planned(
     pipeline, precision, version
 ):
-    drill = Drill.model_validate(
-        {
-            "model": "llama",
-            "deployment": "llama-trt",
-            "checkpoint": "/models/llama",
-            "pipeline": pipeline,
-            "precision": precision,
-            "pins": {"tensorrt_llm": version},
-        }
-    )
+    drill = llama_drill(pipeline=pipeline, precision=precision, pins={"tensorrt_llm": version})
     run = [t.argv for t in templates(drill).values() if t.argv is not None]
     lacking = [bad for argv in run for bad in unknown_flags(argv, RECORDS[version])]
     refused = drill_release_problems(drill, version)
@@ -173,9 +163,7 @@ def test_the_candidate_serves_a_directory_named_after_the_model(tmp_path):
     serve step links {served_dir} (named after the model) to the engine, then execs."""
     from console.agent.drill_plan import plan, values
 
-    drill = Drill.model_validate(
-        {"model": "llama", "deployment": "llama-trt", "checkpoint": "/models/llama"}
-    )
+    drill = llama_drill()
     engine = tmp_path / "stage" / "engine"
     engine.mkdir(parents=True)
     serve = plan(drill, values(drill, "llama-3.1-8b", engine, engine, engine))["serve"].argv
