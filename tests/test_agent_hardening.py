@@ -39,7 +39,7 @@ from console.agent.store import JobEnded, Store
 from console.agent.supervisor import Managed, Supervisor
 from console.collect.actions import ActionError, AgentActions
 from console.core.config import load_fleet, parse_fleet
-from tests.conftest import OPERATOR, ROOT, VIEWER, agent_env, run_cli
+from tests.conftest import OPERATOR, ROOT, VIEWER, Agent, agent_env, run_cli
 from tests.engines.servers import free_port, require_python, running, vllm_python, wait_until
 from tests.nvml_double import FakeGpu, FakeNvml
 
@@ -515,41 +515,44 @@ def found_engine(setup: dict, port: int, **env: str) -> subprocess.Popen[bytes]:
     )  # fmt: skip
 
 
-def test_a_found_engine_is_stopped_by_its_pid_and_start_time(agent_factory, setup):
+@contextlib.contextmanager
+def found_and_listed(
+    agent_factory, setup: dict, agent_extra: str = "", **env: str
+) -> Iterator[tuple[subprocess.Popen[bytes], Agent, str]]:
+    """A found_engine and an agent that lists it: (its process, the agent, its engine id);
+    the process killed after."""
     port = free_port()
-    found = found_engine(setup, port)
+    found = found_engine(setup, port, **env)
     try:
-        agent = agent_factory(fleet_text(setup, free_port()))
+        agent = agent_factory(fleet_text(setup, free_port(), agent_extra=agent_extra))
         engine = f"vllm-{port}"
         wait_until(lambda: any(e["id"] == engine for e in agent.snapshot()["engines"]), 20)
-        stopping = post(agent.url, "/v1/jobs", {"kind": "engine.stop", "engine": engine})
-        assert stopping.status_code == 202, stopping.text
-        job = wait_state(agent.url, stopping.json()["id"], ("succeeded", "failed"))
-        assert job["state"] == "succeeded", job
-        assert "after SIGTERM" in job["steps"][0]["detail"]
-        assert found.wait(10) == -signal.SIGTERM
+        yield found, agent, engine
     finally:
         found.kill()
         found.wait()
+
+
+def test_a_found_engine_is_stopped_by_its_pid_and_start_time(agent_factory, setup):
+    with found_and_listed(agent_factory, setup) as (found, agent, engine):
+        stopping = submit(agent.url, {"kind": "engine.stop", "engine": engine})
+        job = wait_state(agent.url, stopping, ("succeeded", "failed"))
+        assert job["state"] == "succeeded", job
+        assert "after SIGTERM" in job["steps"][0]["detail"]
+        assert found.wait(10) == -signal.SIGTERM
 
 
 def test_a_found_engine_that_ignores_sigterm_is_killed_after_the_agents_grace(agent_factory, setup):
     """No profile names a found engine's grace: [agent] stop_grace_s does (it was a
     hard-coded 30 s)."""
-    port = free_port()
-    found = found_engine(setup, port, DOUBLE_IGNORE_TERM="1")
-    try:
-        agent = agent_factory(fleet_text(setup, free_port(), agent_extra="stop_grace_s = 1"))
-        engine = f"vllm-{port}"
-        wait_until(lambda: any(e["id"] == engine for e in agent.snapshot()["engines"]), 20)
-        stopping = post(agent.url, "/v1/jobs", {"kind": "engine.stop", "engine": engine})
-        assert stopping.status_code == 202, stopping.text
-        job = wait_state(agent.url, stopping.json()["id"], ("succeeded", "failed"), timeout=20)
+    listed = found_and_listed(
+        agent_factory, setup, agent_extra="stop_grace_s = 1", DOUBLE_IGNORE_TERM="1"
+    )
+    with listed as (found, agent, engine):
+        stopping = submit(agent.url, {"kind": "engine.stop", "engine": engine})
+        job = wait_state(agent.url, stopping, ("succeeded", "failed"), timeout=20)
         assert job["steps"][0]["detail"] == "did not exit within 1 s of SIGTERM: killed (SIGKILL)"
         assert found.wait(10) == -signal.SIGKILL
-    finally:
-        found.kill()
-        found.wait()
 
 
 def test_a_profile_without_its_own_grace_takes_the_agents(setup):
@@ -563,15 +566,8 @@ def test_a_profile_without_its_own_grace_takes_the_agents(setup):
 def test_a_discovered_engine_whose_process_exited_is_not_signalled(agent_factory, setup):
     """A found engine stays listed (as down) for minutes after its process exits; a stop
     in that time must not signal its old pid, which may be another process's now."""
-    port = free_port()
-    found = found_engine(setup, port)
-    try:
-        agent = agent_factory(fleet_text(setup, free_port()))
-        engine = f"vllm-{port}"
-        wait_until(lambda: any(e["id"] == engine for e in agent.snapshot()["engines"]), 20)
-    finally:
-        found.kill()
-        found.wait()
+    with found_and_listed(agent_factory, setup) as (found, agent, engine):
+        pass  # killed on leaving
     wait_until(lambda: agent.engine(engine)["state"] == "down", 20, what="found engine down")
     resp = post(agent.url, "/v1/jobs", {"kind": "engine.stop", "engine": engine})
     assert resp.status_code == 409, resp.text
