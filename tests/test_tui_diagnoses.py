@@ -102,6 +102,20 @@ async def open_diagnosis(app: EngineroomApp, pilot, key: str = ":diag\r") -> Dia
     )
 
 
+async def back_verifying(app: EngineroomApp, pilot, screen: DiagnosisScreen, move: str, key):
+    """Escape from the move's screen: back on the diagnosis `key`, which reads verifying
+    `move`."""
+    await pilot.press("escape")
+    await until(pilot, lambda: app.screen is screen, what="back on the diagnosis")
+    moved = await until(
+        pilot,
+        lambda: f"verifying {move}" in shown(screen) and app.diagnoses.get(key),
+        what=f"the diagnosis verifying the {move}",
+    )
+    assert moved.state == "verifying"
+    return moved
+
+
 def shown(screen: DiagnosisScreen) -> str:
     return str(screen.query_one("#diagnosis", SafeStatic).render())
 
@@ -283,14 +297,7 @@ async def test_a_failover_from_a_diagnosis_verifies_it_once_confirmed(
             assert job["params"]["why"] == (
                 "from the console: diagnosis stale_trt_engine on tiny/tiny-trt"
             )  # the gateway audits the job with its params
-            await pilot.press("escape")
-            await until(pilot, lambda: app.screen is screen, what="back on the diagnosis")
-            moved = await until(
-                pilot,
-                lambda: "verifying failover" in shown(screen) and app.diagnoses.get(STALE),
-                what="the diagnosis verifying the failover",
-            )
-            assert moved.state == "verifying"
+            await back_verifying(app, pilot, screen, "failover", STALE)
             await pilot.press("escape")
             listed = await until(pilot, lambda: rows(app), what="the Diagnoses table")
             assert listed["stale_trt_engine/tiny/tiny-trt"][4].startswith("verifying failover")
@@ -717,14 +724,7 @@ async def test_w_quarantines_the_deployment_through_the_planned_drain_once_confi
         assert job["params"] == {"model": "tiny", "drain": "tiny-vllm", "mode": "planned",
                                  "why": "from the console: diagnosis error_burst on "
                                  "tiny/tiny-vllm"}  # fmt: skip
-        await pilot.press("escape")
-        await until(pilot, lambda: app.screen is screen, what="back on the diagnosis")
-        moved = await until(
-            pilot,
-            lambda: "verifying quarantine" in shown(screen) and app.diagnoses.get(BURST),
-            what="the diagnosis verifying the quarantine",
-        )
-        assert moved.state == "verifying"
+        await back_verifying(app, pilot, screen, "quarantine", BURST)
 
 
 @pytest.mark.parametrize(
