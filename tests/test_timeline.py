@@ -18,6 +18,7 @@ import shutil
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -29,6 +30,7 @@ from console.collect.replay import ReplayCollector, fleet_of
 from console.collect.timeline import build, markdown
 from tests.conftest import OPERATOR, ROOT, agent_env, run_cli, start_agent
 from tests.engines.servers import free_port, log_tail, stop, wait_until
+from tests.support.fleet import deployment, fleet_model, fleet_toml
 from tests.test_drills import DRILL, tools  # noqa: F401 - the module fixture, reused
 from tests.test_gateway import ADMIN, nice_group
 from tests.test_replay import T0, WEIGHT, _cell, _drawn, replay_app, write_incident
@@ -37,55 +39,40 @@ from tests.tui_support import keys, until
 VIEW = "viewer-token-0123"
 WHY = "INC-42: TTFT p95 on Triton over the SLO"
 
-FLEET = """\
-[fleet]
-name = "incident"
-refresh_s = 0.5
 
-[agent]
-state_dir = "{state}"
-scrape_interval_s = 0.5
-stop_grace_s = 5
+def fleet_text(
+    state: Path, gw_state: Path, port: int, gw_port: int, triton: str, vllm: str, engines: Path
+) -> str:
+    """Node "local" (a real agent on `port`), a gateway on `gw_port` and model tiny on Triton
+    (all its traffic), vLLM and a TensorRT-LLM engine for the drill to rebuild."""
+    return fleet_toml(
+        fleet={"name": "incident", "refresh_s": 0.5},
+        agent={"state_dir": state, "scrape_interval_s": 0.5, "stop_grace_s": 5},
+        gateway={"url": f"http://127.0.0.1:{gw_port}", "state_dir": gw_state,
+                 "health_interval_s": 0.5},
+        nodes=[{"name": "local", "agent": f"http://127.0.0.1:{port}", "token_env": "T_VIEW"}],
+        models=[fleet_model(
+            "tiny",
+            {"id": "tiny-trt", "node": "local", "engine": "triton", "endpoint": triton,
+             "engine_model": "ensemble", "weight": 100},
+            {"id": "tiny-vllm", "node": "local", "engine": "vllm", "endpoint": vllm,
+             "engine_model": "tiny", "weight": 0},
+            # The drill's: rebuilt by the TensorRT-LLM test doubles.
+            deployment("tiny-trtllm", "local", "trtllm", 9, engine_dir=engines / "tiny-trtllm",
+                       weight=0),
+            slo={"ttft_p95_ms": 5000, "itl_p95_ms": 5000, "error_rate": 0.05},
+            failover={"steps": [10, 50, 100], "verify_s": 3, "warmup_requests": 2,
+                      "drain_timeout_s": 30},
+        )],
+    )  # fmt: skip
 
-[gateway]
-url = "http://127.0.0.1:{gw_port}"
-state_dir = "{gw_state}"
-health_interval_s = 0.5
 
-[[nodes]]
-name = "local"
-agent = "http://127.0.0.1:{port}"
-token_env = "T_VIEW"
-
-[[models]]
-name = "tiny"
-slo = {{ ttft_p95_ms = 5000, itl_p95_ms = 5000, error_rate = 0.05 }}
-failover = {{ steps = [10, 50, 100], verify_s = 3, warmup_requests = 2, drain_timeout_s = 30 }}
-
-  [[models.deployments]]
-  id = "tiny-trt"
-  node = "local"
-  engine = "triton"
-  endpoint = "{triton}"
-  engine_model = "ensemble"
-  weight = 100
-
-  [[models.deployments]]
-  id = "tiny-vllm"
-  node = "local"
-  engine = "vllm"
-  endpoint = "{vllm}"
-  engine_model = "tiny"
-  weight = 0
-
-  [[models.deployments]]
-  id = "tiny-trtllm"       # the drill's: rebuilt by the TensorRT-LLM test doubles
-  node = "local"
-  engine = "trtllm"
-  endpoint = "http://127.0.0.1:9"
-  engine_dir = "{engines}/tiny-trtllm"
-  weight = 0
-"""
+def succeeded(
+    get: Callable[[str], httpx.Response], job: str, timeout: float, interval: float, what: str
+) -> None:
+    """Wait until the job at `job` (read with `get`) has succeeded."""
+    wait_until(lambda: get(job).json()["state"] == "succeeded", timeout, interval=interval,
+               what=what)  # fmt: skip
 
 
 def _start_gateway(workdir: Path, fleet: Path) -> subprocess.Popen[bytes]:
@@ -113,7 +100,7 @@ def test_a_recorded_failover_and_drill_replay_and_make_a_timeline(
     shutil.copytree(tiny_model_dir, checkpoint)
     (tmp_path / "engines").mkdir()
     port, gw_port = free_port(), free_port()
-    text = FLEET.format(
+    text = fleet_text(
         state=tmp_path / "state", gw_state=tmp_path / "gw-state", port=port, gw_port=gw_port,
         triton=triton_server.base_url, vllm=vllm_server.base_url, engines=tmp_path / "engines",
     ) + DRILL.format(
@@ -159,24 +146,14 @@ def test_a_recorded_failover_and_drill_replay_and_make_a_timeline(
             "/admin/failover",
             json={"model": "tiny", "to": "tiny-vllm", "mode": "planned", "why": WHY},
         ).json()
-        wait_until(
-            lambda: admin.get(f"/admin/jobs/{job['id']}").json()["state"] == "succeeded",
-            120,
-            interval=0.3,
-            what="the planned failover",
-        )
+        succeeded(admin.get, f"/admin/jobs/{job['id']}", 120, 0.3, "the planned failover")
         drill = httpx.post(
             agent.url + "/v1/jobs",
             json={"kind": "drill.run", "drill": "tiny-fp16"},
             headers={"Authorization": f"Bearer {OPERATOR.split(':')[1]}"},
             timeout=30,
         ).json()
-        wait_until(
-            lambda: agent.get(f"/v1/jobs/{drill['id']}").json()["state"] == "succeeded",
-            300,
-            interval=0.5,
-            what="the drill",
-        )
+        succeeded(agent.get, f"/v1/jobs/{drill['id']}", 300, 0.5, "the drill")
         # The drill's end is in a snapshot the recorder has (the agent sends one a cycle).
         wait_until(
             lambda: any(
