@@ -29,6 +29,20 @@ def fleet_text(gw_port: int, state: Path, models: tuple[str, ...] = ("tiny",)) -
     )  # fmt: skip
 
 
+def run_halted(
+    gateway: Gateway, plan: Path, why: str, fleet: str, env: dict
+) -> tuple[str, str, dict]:
+    """`engineroom rollout run PLAN --wait`, which exits 1: (what it printed, the rollout's
+    id, its record, halted)."""
+    run = run_cli("rollout", "run", str(plan), "--why", why, "--wait", "--fleet", fleet,
+                  env=env, timeout=120)  # fmt: skip
+    assert run.returncode == 1, run.stdout + run.stderr
+    rollout_id = run.stdout.split()[1]
+    record = gateway.admin("GET", f"/admin/rollouts/{rollout_id}").json()
+    assert record["status"] == "halted", record
+    return run.stdout, rollout_id, record
+
+
 def post(gateway: Gateway, body: object, token: str = ADMIN):
     import httpx
 
@@ -89,17 +103,12 @@ def test_a_rollout_that_cannot_run_is_refused_and_one_that_cannot_drain_halts(
     try:
         good = tmp_path / "plan.json"
         good.write_text(json.dumps(plan))
-        run = run_cli("rollout", "run", str(good), "--why", "drill night", "--wait",
-                      "--fleet", fleet, env=env, timeout=120)  # fmt: skip
-        assert run.returncode == 1, run.stdout + run.stderr
-        rollout_id = run.stdout.split()[1]
-        record = gateway.admin("GET", f"/admin/rollouts/{rollout_id}").json()
-        assert record["status"] == "halted", record
+        said, rollout_id, record = run_halted(gateway, good, "drill night", fleet, env)
         assert record["steps"][0]["state"] == "halted" and record["steps"][1]["state"] == "pending"
         assert record["error"].startswith("step 1 (tiny-a): drain: no other deployment of tiny "
                                           "is ready"), record["error"]  # fmt: skip
         assert "last ready deployment stays in rotation" in record["error"]
-        assert "halted" in run.stdout and record["error"] in " ".join(run.stdout.split())
+        assert "halted" in said and record["error"] in " ".join(said.split())
         again = post(gateway, {"plan": plan})
         assert again.status_code == 409 and rollout_id in again.json()["error"]
         assert gateway.admin("POST", f"/admin/rollouts/{rollout_id}/pause",
@@ -142,12 +151,7 @@ def test_a_waves_models_step_side_by_side_and_each_halt_is_said(
     monkeypatch.setenv(TOKEN_ENV, "agent-token-0123456789")
     gateway = start_gateway(tmp_path, "", port, healthy=False)
     try:
-        run = run_cli("rollout", "run", str(plan), "--why", "both at once", "--wait",
-                      "--fleet", fleet, env=env, timeout=120)  # fmt: skip
-        assert run.returncode == 1, run.stdout + run.stderr
-        rollout_id = run.stdout.split()[1]
-        record = gateway.admin("GET", f"/admin/rollouts/{rollout_id}").json()
-        assert record["status"] == "halted", record
+        _, rollout_id, record = run_halted(gateway, plan, "both at once", fleet, env)
         assert [(s["deployment"], s["state"]) for s in record["steps"]] == [
             ("tiny-a", "halted"), ("small-a", "halted"), ("tiny-b", "pending"),
             ("small-b", "pending"),

@@ -92,6 +92,11 @@ def rows(app: EngineroomApp) -> dict[str, list[str]]:
 async def open_diagnosis(app: EngineroomApp, pilot, key: str = ":diag\r") -> DiagnosisScreen:
     await pilot.press(*keys(key))
     await until(pilot, lambda: "stale_trt_engine/tiny/tiny-trt" in rows(app), what="the row")
+    return await enter_diagnosis(app, pilot)
+
+
+async def enter_diagnosis(app: EngineroomApp, pilot) -> DiagnosisScreen:
+    """Enter on the row the cursor is on: its diagnosis's screen, once it shows one."""
     await pilot.press("enter")
     return await until(
         pilot,
@@ -597,14 +602,7 @@ async def open_first(app: EngineroomApp, pilot, key: tuple[str, str]) -> Diagnos
     await held(app, pilot, key)
     await pilot.press("exclamation_mark")
     await until(pilot, lambda: "/".join(key) in rows(app), what="its row")
-    await pilot.press("enter")
-    return await until(
-        pilot,
-        lambda: (
-            app.screen if isinstance(app.screen, DiagnosisScreen) and app.screen.diagnosis else None
-        ),
-        what="the diagnosis screen",
-    )
+    return await enter_diagnosis(app, pilot)
 
 
 def top(app: EngineroomApp, kind: type):
@@ -637,7 +635,7 @@ async def test_s_opens_the_start_form_on_the_standby_and_the_start_the_agent_too
         # Started: the agent's preflight, its confirmation, then the job the agent took.
         second = await form()
         plan = await until(pilot, lambda: second.plan, what="the agent's plan")
-        assert plan["ok"] and plan["argv"][0] == sys.executable, plan
+        assert plan.ok and plan.argv[0] == sys.executable, plan
         await pilot.press("ctrl+s")
         asked = await until(pilot, lambda: top(app, ConfirmScreen), what="the confirmation")
         assert asked.title_text == "Start tiny-standby on cpu-1?"
