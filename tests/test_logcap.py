@@ -11,6 +11,21 @@ from pathlib import Path
 from console.agent.logcap import RotatingLog
 
 
+def run_capped(tmp_path: Path, *argv: str) -> subprocess.CompletedProcess[bytes]:
+    """The log capper running `argv`: its log tmp_path/engine.log (4 KiB, one old file
+    kept), its status tmp_path/status.json."""
+    return subprocess.run(
+        [
+            sys.executable, "-m", "console.agent.logcap",
+            "--max-bytes", "4096", "--keep", "1",
+            "--log", str(tmp_path / "engine.log"), "--status", str(tmp_path / "status.json"),
+            "--", *argv,
+        ],
+        timeout=30,
+        check=False,
+    )  # fmt: skip
+
+
 def test_rotation_keeps_at_most_keep_old_files_each_under_the_cap(tmp_path: Path):
     path = tmp_path / "engine.log"
     log = RotatingLog(path, max_bytes=100, keep=2)
@@ -31,16 +46,7 @@ def test_rotation_keeps_at_most_keep_old_files_each_under_the_cap(tmp_path: Path
 
 def test_the_capper_records_the_engines_pid_and_exit_code(tmp_path: Path):
     status = tmp_path / "status.json"
-    result = subprocess.run(
-        [
-            sys.executable, "-m", "console.agent.logcap",
-            "--max-bytes", "4096", "--keep", "1",
-            "--log", str(tmp_path / "engine.log"), "--status", str(status),
-            "--", sys.executable, "-c", "print('loading'); raise SystemExit(7)",
-        ],
-        timeout=30,
-        check=False,
-    )  # fmt: skip
+    result = run_capped(tmp_path, sys.executable, "-c", "print('loading'); raise SystemExit(7)")
     assert result.returncode == 7
     recorded = json.loads(status.read_text())
     assert recorded["exit_code"] == 7 and isinstance(recorded["engine_pid"], int)
@@ -49,16 +55,7 @@ def test_the_capper_records_the_engines_pid_and_exit_code(tmp_path: Path):
 
 def test_a_missing_binary_is_exit_127_with_the_reason_in_the_log(tmp_path: Path):
     status = tmp_path / "status.json"
-    result = subprocess.run(
-        [
-            sys.executable, "-m", "console.agent.logcap",
-            "--max-bytes", "4096", "--keep", "1",
-            "--log", str(tmp_path / "engine.log"), "--status", str(status),
-            "--", str(tmp_path / "no-such-binary"),
-        ],
-        timeout=30,
-        check=False,
-    )  # fmt: skip
+    result = run_capped(tmp_path, str(tmp_path / "no-such-binary"))
     assert result.returncode == 127
     assert json.loads(status.read_text())["exit_code"] == 127
     assert "could not start" in (tmp_path / "engine.log").read_text()
