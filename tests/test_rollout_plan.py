@@ -592,6 +592,14 @@ def test_unknown_name_error_lists_a_bounded_number_of_names() -> None:
 # -- --what-if --------------------------------------------------------------------------
 
 
+def restart_what_if(
+    capsys: pytest.CaptureFixture[str], driver: str, fleet_file: Path, *more: str
+) -> tuple[int, str, str]:
+    """`engineroom rollout plan --restart --what-if --driver DRIVER --fleet F` and `more`."""
+    return run(capsys, "plan", "--restart", "--what-if", "--driver", driver,
+               "--fleet", str(fleet_file), *more)  # fmt: skip
+
+
 def manifest(driver: str) -> dict:
     """An engineroom manifest, as a drill writes it (console.agent.manifest)."""
     return {
@@ -642,19 +650,7 @@ def test_what_if_selects_exactly_what_drill_what_if_says_goes_stale(
     assert {r["deployment"]: r["verdict"] for r in rows}["trt-hand"] == "unknown"
 
     out = tmp_path / "plan.json"
-    code, stdout, err = run(
-        capsys,
-        "plan",
-        "--restart",
-        "--what-if",
-        "--driver",
-        "590.10",
-        "--fleet",
-        str(fleet_file),
-        "--out",
-        str(out),
-        "--json",
-    )
+    code, stdout, err = restart_what_if(capsys, "590.10", fleet_file, "--out", str(out), "--json")
     assert code == 0, err
     plan = read_plan(out)
     assert {s.deployment for w in plan.waves for s in w.steps} == stale
@@ -668,18 +664,7 @@ def test_what_if_with_an_agent_that_does_not_answer_plans_nothing(
 ) -> None:
     out = fleet_file.parent / "plan.json"
     os.environ.pop("T_VIEW", None)
-    code, stdout, err = run(
-        capsys,
-        "plan",
-        "--restart",
-        "--what-if",
-        "--driver",
-        "590",
-        "--fleet",
-        str(fleet_file),
-        "--out",
-        str(out),
-    )
+    code, stdout, err = restart_what_if(capsys, "590", fleet_file, "--out", str(out))
     assert (code, stdout) == (2, "")
     assert "not every agent answered the what-if: no plan" in err
     assert not out.exists()
@@ -695,7 +680,6 @@ def test_what_if_with_an_agent_that_does_not_answer_plans_nothing(
         str(fleet_file),
     )
     assert code == 2 and "go with --what-if" in err
-    code, _, err = run(capsys, "plan", "--restart", "--what-if", "--driver", "5\x1b[2J",
-                       "--fleet", str(fleet_file))  # fmt: skip
+    code, _, err = restart_what_if(capsys, "5\x1b[2J", fleet_file)
     assert code == 2 and "--driver: wants a version without control characters" in err
     assert "\x1b" not in err
