@@ -31,50 +31,45 @@ from tests.prometheus_proc import (
     start_prometheus,
     stop_prometheus,
 )
+from tests.support.fleet import deployment, fleet_model, fleet_toml
 from tests.test_gateway import GATEWAY_VIEWER, Gateway, start_gateway
 
 pytestmark = pytest.mark.engines
 
-FLEET = """\
-[fleet]
-name = "prom"
-[agent]
-scrape_interval_s = 1.0
-window_s = 60
-probe_timeout_s = 5.0
-state_dir = "{agent_state}"
-[gateway]
-url = "http://127.0.0.1:{gateway_port}"
-state_dir = "{state}"
-health_interval_s = 0.5
-[[nodes]]
-name = "local"
-agent = "http://127.0.0.1:{agent_port}"
-token_env = "ENGINEROOM_VIEWER_TOKEN"
-[[models]]
-name = "tiny"
-slo = {{ ttft_p95_ms = 5000, itl_p95_ms = 5000, error_rate = 0.5 }}
-  [[models.deployments]]
-  id = "tiny-vllm"
-  node = "local"
-  engine = "vllm"
-  endpoint = "{vllm}"
-  [[models.deployments]]
-  id = "tiny-trt"
-  node = "local"
-  engine = "triton"
-  endpoint = "{triton}"
-  metrics_endpoint = "http://127.0.0.1:{triton_metrics}"
-  engine_model = "ensemble"
-  weight = 0
-[[models]]
-name = "ghost"          # its engine is not running: the console and the rules both say so
-  [[models.deployments]]
-  id = "ghost-vllm"
-  node = "local"
-  engine = "vllm"
-  endpoint = "http://127.0.0.1:{dead_port}"
-"""
+
+def fleet_text(
+    gateway_port: int,
+    agent_port: int,
+    state: Path,
+    agent_state: Path,
+    dead_port: int,
+    vllm: str,
+    triton: str,
+    triton_metrics: int,
+) -> str:
+    """Node "local" (a real agent on `agent_port`), a gateway on `gateway_port`, model tiny on
+    vLLM (all its traffic) and Triton, and model ghost, whose engine is not running: the
+    console and the rules both say so."""
+    return fleet_toml(
+        fleet={"name": "prom"},
+        agent={"scrape_interval_s": 1.0, "window_s": 60, "probe_timeout_s": 5.0,
+               "state_dir": agent_state},
+        gateway={"url": f"http://127.0.0.1:{gateway_port}", "state_dir": state,
+                 "health_interval_s": 0.5},
+        nodes=[{"name": "local", "agent": f"http://127.0.0.1:{agent_port}",
+                "token_env": "ENGINEROOM_VIEWER_TOKEN"}],
+        models=[
+            fleet_model(
+                "tiny",
+                {"id": "tiny-vllm", "node": "local", "engine": "vllm", "endpoint": vllm},
+                {"id": "tiny-trt", "node": "local", "engine": "triton", "endpoint": triton,
+                 "metrics_endpoint": f"http://127.0.0.1:{triton_metrics}",
+                 "engine_model": "ensemble", "weight": 0},
+                slo={"ttft_p95_ms": 5000, "itl_p95_ms": 5000, "error_rate": 0.5},
+            ),
+            fleet_model("ghost", deployment("ghost-vllm", "local", "vllm", dead_port)),
+        ],
+    )  # fmt: skip
 
 
 @dataclass
@@ -90,7 +85,7 @@ def stack(tmp_path_factory, vllm_server, triton_server) -> Iterator[Stack]:
     through both, so every latency series has values."""
     workdir = tmp_path_factory.mktemp("prom-stack")
     agent_port, gateway_port = free_port(), free_port()
-    text = FLEET.format(
+    text = fleet_text(
         gateway_port=gateway_port,
         agent_port=agent_port,
         state=workdir / "gw-state",
