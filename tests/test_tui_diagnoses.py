@@ -53,7 +53,7 @@ from tests.support import fleet as toml
 from tests.support.playbook import playbook_console, playbook_fleet
 from tests.test_hardening_clients import ADMIN, start_gateway
 from tests.test_tui_drills import DRILL_FLEET, DRILLS
-from tests.tui_support import H200, ROOT, keys, recorded_app, until
+from tests.tui_support import H200, ROOT, keys, on_top, recorded_app, until
 
 SIZE = (120, 36)
 STALE = ("stale_trt_engine", "tiny/tiny-trt")
@@ -270,11 +270,7 @@ async def test_a_failover_from_a_diagnosis_verifies_it_once_confirmed(
 
             async def plan() -> FailoverScreen:
                 await pilot.press("f")
-                found = await until(
-                    pilot,
-                    lambda: app.screen if isinstance(app.screen, FailoverScreen) else None,
-                    what="the failover plan",
-                )
+                found = await on_top(pilot, app, FailoverScreen, what="the failover plan")
                 await until(pilot, lambda: found.is_mounted and found.query("#onto"))
                 await pilot.pause()
                 return found
@@ -325,20 +321,12 @@ async def test_r_restarts_a_wedged_engine_once_confirmed_and_a_refused_one_is_no
         await pilot.press("exclamation_mark")
         await until(pilot, lambda: "engine_wedged/cpu-1/vllm-33469" in rows(app), what="row")
         await pilot.press("enter")  # critical: the first row
-        screen = await until(
-            pilot,
-            lambda: app.screen if isinstance(app.screen, DiagnosisScreen) else None,
-            what="the diagnosis",
-        )
+        screen = await on_top(pilot, app, DiagnosisScreen, what="the diagnosis")
         hint = "r: restart vllm-33469 on cpu-1 (asks first; its agent's job)"
         await until(pilot, lambda: hint in shown(screen), what="the restart's key")
         for answer in ("n", "y"):
             await pilot.press("r")
-            asked = await until(
-                pilot,
-                lambda: app.screen if isinstance(app.screen, ConfirmScreen) else None,
-                what="the confirmation",
-            )
+            asked = await on_top(pilot, app, ConfirmScreen, what="the confirmation")
             assert asked.title_text == "Restart vllm-33469 on cpu-1?"
             await pilot.press(answer)
             await until(pilot, lambda: app.screen is screen, what="back on the diagnosis")

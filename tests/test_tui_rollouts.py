@@ -41,7 +41,7 @@ from tests.engines.servers import free_port, stop, wait_until
 from tests.support.fleet import deployment, gateway_fleet
 from tests.test_gateway import ADMIN, GATEWAY_VIEWER, Gateway, start_gateway
 from tests.test_replay import replay_app, write_incident
-from tests.tui_support import CPU, FLEET, keys, until
+from tests.tui_support import CPU, FLEET, keys, on_top, until
 
 SIZE = (120, 50)
 TOKEN_ENV = "ENGINEROOM_ADMIN_TOKEN"  # the gateway's default; tests/test_gateway sets it
@@ -153,10 +153,7 @@ async def test_a_halted_rollout_is_shown_with_why_and_an_abort_names_it(
         # A resume, its why typed in the confirmation (and seen as it is typed): it halts
         # again at the same drain.
         await pilot.press("r")
-        confirm = await until(
-            pilot, lambda: app.screen if isinstance(app.screen, WhyConfirmScreen) else None,
-            what="the resume's confirmation",
-        )  # fmt: skip
+        confirm = await on_top(pilot, app, WhyConfirmScreen, what="the resume's confirmation")
         assert confirm.title_text == f"Resume rollout {rid} (restart, step 1 of 2: tiny-a)?"
         typed = "tiny-b is back: try again"
         await pilot.press(*keys(typed))
@@ -170,10 +167,7 @@ async def test_a_halted_rollout_is_shown_with_why_and_an_abort_names_it(
                     what="the resume's why among the events, halted again")  # fmt: skip
 
         await pilot.press("A")
-        confirm = await until(
-            pilot, lambda: app.screen if isinstance(app.screen, ConfirmScreen) else None,
-            what="the confirmation",
-        )  # fmt: skip
+        confirm = await on_top(pilot, app, ConfirmScreen, what="the confirmation")
         assert confirm.title_text == f"Abort rollout {rid} (restart, step 1 of 2: tiny-a)?"
         await pilot.press("enter")  # no why typed: the console's own
         await until(pilot, lambda: "ABORTED" in shown(app), what="aborted on screen")

@@ -94,3 +94,15 @@ async def until(
             break
         await pilot.pause(0.05)
     raise AssertionError(f"{what}: not met within {timeout} s")
+
+
+S = TypeVar("S")
+
+
+async def on_top(
+    pilot: Any, app: Any, kind: type[S], timeout: float = 20.0, what: str = "condition"
+) -> S:
+    """The screen on top, once it is a `kind` (see until)."""
+    return await until(
+        pilot, lambda: app.screen if isinstance(app.screen, kind) else None, timeout, what
+    )
