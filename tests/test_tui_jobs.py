@@ -34,7 +34,7 @@ from tests.support.fleet import (
     one_node_fleet,
     vllm_profile,
 )
-from tests.tui_support import until
+from tests.tui_support import on_top, until
 
 SIZE = (120, 40)
 
@@ -68,25 +68,19 @@ async def test_start_vllm_from_the_node_screen_shows_the_plan_and_follows_the_jo
         await until(pilot, lambda: isinstance(app.screen, NodeScreen), what="node screen")
         await until(pilot, lambda: app.roles.get("local") == "operator", what="role learned")
         await pilot.press("s")
-        form = await until(
-            pilot, lambda: app.screen if isinstance(app.screen, StartVllmScreen) else None
-        )
+        form = await on_top(pilot, app, StartVllmScreen)
         plan = await until(pilot, lambda: form.plan, what="the agent's plan")
         assert plan["ok"] and plan["argv"][0] == sys.executable
         shown = str(form.query_one("#plan").render())
         assert "vllm.entrypoints.openai.api_server" in shown and "ok   port" in shown
 
         await pilot.press("ctrl+s")
-        confirm = await until(
-            pilot, lambda: app.screen if isinstance(app.screen, ConfirmScreen) else None
-        )
+        confirm = await on_top(pilot, app, ConfirmScreen)
         assert confirm.title_text == "Start tiny on local?"
         assert plan["engine_id"] in confirm.body
         await pilot.press("y")
 
-        job_screen = await until(
-            pilot, lambda: app.screen if isinstance(app.screen, JobScreen) else None
-        )
+        job_screen = await on_top(pilot, app, JobScreen)
         job = await until(
             pilot,
             lambda: job_screen.job if job_screen.job and job_screen.job.state == "failed" else None,
@@ -155,9 +149,7 @@ async def test_a_stop_the_agent_refuses_is_said_in_its_words_and_opens_no_job(se
         await until(pilot, lambda: isinstance(app.screen, NodeScreen), what="node screen")
         await until(pilot, lambda: app.roles.get("local") == "operator", what="role learned")
         app.stop_engine("local", "no-such-engine")
-        confirm = await until(
-            pilot, lambda: app.screen if isinstance(app.screen, ConfirmScreen) else None
-        )
+        confirm = await on_top(pilot, app, ConfirmScreen)
         assert confirm.title_text == "Stop no-such-engine on local?"
         await pilot.press("y")
         refused = await until(
@@ -214,25 +206,22 @@ async def test_a_standby_started_from_the_failover_plan_reopens_it_with_the_stan
         async with app.run_test(size=SIZE) as pilot:
             await until(pilot, lambda: app.roles.get("local") == "operator", what="role learned")
             app.fail_over("tiny")
-            plan = await until(
-                pilot, lambda: app.screen if isinstance(app.screen, FailoverScreen) else None
-            )
+            plan = await on_top(pilot, app, FailoverScreen)
             await until(
                 pilot,
                 lambda: any(s.value != Select.NULL for s in plan.query("#target")),
                 what="the plan mounted, its target selected",
             )
             plan.query_one("#standby").press()
-            form = await until(
-                pilot, lambda: app.screen if isinstance(app.screen, StartVllmScreen) else None
-            )
+            form = await on_top(pilot, app, StartVllmScreen)
             await until(pilot, lambda: form.plan, what="the agent's plan")
             await pilot.press("ctrl+s")
             await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="confirm")
             await pilot.press("y")
-            again = await until(
+            again = await on_top(
                 pilot,
-                lambda: app.screen if isinstance(app.screen, FailoverScreen) else None,
+                app,
+                FailoverScreen,
                 timeout=float(os.environ.get("T_WAIT", "150")),
                 what="the failover plan, back after the standby is ready",
             )
@@ -291,9 +280,7 @@ async def test_a_port_override_that_detaches_the_engine_from_its_deployment_says
     async with app.run_test(size=SIZE) as pilot:
         await until(pilot, lambda: app.roles.get("local") == "operator", what="role learned")
         app.start_vllm(model="tiny")
-        form = await until(
-            pilot, lambda: app.screen if isinstance(app.screen, StartVllmScreen) else None
-        )
+        form = await on_top(pilot, app, StartVllmScreen)
         await until(pilot, lambda: form.plan, what="the agent's plan")
         assert "detached" not in str(form.query_one("#plan").render())  # its own port
         other = str(free_port())
@@ -323,15 +310,12 @@ async def test_cancelling_the_standby_form_returns_to_the_failover_plan(setup, m
     async with app.run_test(size=SIZE) as pilot:
         await until(pilot, lambda: app.roles.get("local") == "operator", what="role learned")
         app.fail_over("tiny")
-        plan = await until(
-            pilot, lambda: app.screen if isinstance(app.screen, FailoverScreen) else None
-        )
+        plan = await on_top(pilot, app, FailoverScreen)
         await until(pilot, lambda: plan.is_mounted and plan.query("#standby"), what="mounted")
         plan.query_one("#standby").press()
         await until(pilot, lambda: isinstance(app.screen, StartVllmScreen), what="the form")
         await pilot.press("escape")
-        back = await until(
-            pilot, lambda: app.screen if isinstance(app.screen, FailoverScreen) else None,
-            what="the failover plan, back after the form was cancelled",
-        )  # fmt: skip
+        back = await on_top(
+            pilot, app, FailoverScreen, what="the failover plan, back after the form was cancelled"
+        )
         assert back.model == "tiny"
