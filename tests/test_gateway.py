@@ -103,7 +103,7 @@ def plan_drawn(app: Any) -> bool:
 
 def job_ended(screen: Any) -> bool:
     """The failover screen's job has ended, as the gateway said at its last read."""
-    return bool(screen.job) and screen.job.get("state") not in (None, "queued", "running")
+    return bool(screen.job) and screen.job.state not in ("queued", "running")
 
 
 def shown(widget: object) -> str:
@@ -662,7 +662,7 @@ async def test_the_console_fails_over_after_the_model_name_is_typed(gateway_fact
         assert not go.disabled
         await pilot.click("#go")
         await until(pilot, lambda: job_ended(screen), 60, "the failover job's end")
-        assert screen.job and screen.job["state"] == "succeeded", screen.job
+        assert screen.job and screen.job.state == "succeeded", screen.job
         assert "SUCCEEDED" in shown(screen.query_one("#progress"))
     routes = gw.admin("GET", "/admin/routes").json()["tiny"]["deployments"]
     assert {d["id"]: d["weight"] for d in routes} == {"tiny-trt": 0, "tiny-vllm": 100}
@@ -714,22 +714,22 @@ async def test_the_console_drains_a_replica_and_restores_from_the_keyboard(gatew
         assert app.focused is screen.query_one("#move", Select)
         await pilot.press("enter", "down", "enter")
         await until(pilot, lambda: screen.ask()["drain"] is not None, 30, "drain chosen")
-        await until(pilot, lambda: (screen.plan or {}).get("op") == "drain", 40, "the drain's plan")
+        await until(
+            pilot, lambda: screen.plan and screen.plan.op == "drain", 40, "the drain's plan"
+        )
         drained = screen.ask()["drain"]
-        assert screen.plan["sources"] == [drained]
+        assert screen.plan.sources == [drained]
         other = "tiny-vllm" if drained == "tiny-trt" else "tiny-trt"
-        assert screen.plan["weights_after"] == {drained: 0, other: 200}
+        assert screen.plan.weights_after == {drained: 0, other: 200}
         confirm = screen.query_one("#confirm", Input)
         assert f"drain {drained} onto the others" in shown(screen.query_one("#confirm-what"))
         table = shown(screen.query_one("#plan-table"))
         assert "100→0" in table and "100→200" in table, table
         confirm.focus()
         await pilot.press(*"tiny", "enter")
-        await until(
-            pilot, lambda: screen.job and screen.job.get("state") == "succeeded", 30, "the drain"
-        )
-        assert screen.job["kind"] == "drain.planned"
-        drain_id = screen.job["id"]
+        await until(pilot, lambda: screen.job and screen.job.state == "succeeded", 30, "the drain")
+        assert screen.job.kind == "drain.planned"
+        drain_id = screen.job.id
         await pilot.press("escape")
 
         app.fail_over("tiny")
@@ -749,16 +749,16 @@ async def test_the_console_drains_a_replica_and_restores_from_the_keyboard(gatew
             pilot, lambda: screen.ask()["restore_before"] == drain_id, 10, "the drain listed"
         )
         await until(
-            pilot, lambda: (screen.plan or {}).get("op") == "restore", 30, "the restore's plan"
+            pilot, lambda: screen.plan and screen.plan.op == "restore", 30, "the restore's plan"
         )
-        assert screen.plan["weights_after"] == both
+        assert screen.plan.weights_after == both
         assert f"restore the weights from before job {drain_id}" in (
             shown(screen.query_one("#confirm-what"))
         )
         screen.query_one("#confirm", Input).focus()
         await pilot.press(*"tiny", "enter")
         await until(
-            pilot, lambda: screen.job and screen.job.get("state") == "succeeded", 30, "the restore"
+            pilot, lambda: screen.job and screen.job.state == "succeeded", 30, "the restore"
         )
     routes = gw.admin("GET", "/admin/routes").json()["tiny"]["deployments"]
     assert {d["id"]: d["weight"] for d in routes} == both

@@ -261,7 +261,7 @@ async def test_no_console_client_sends_a_token_through_a_proxy_from_the_environm
 
     actions = AgentActions(fleet, "local")
     try:
-        assert (await actions.whoami())["role"] == "operator"  # the jobs API
+        assert (await actions.whoami()).role == "operator"  # the jobs API
         assert await actions.jobs() == []
     finally:
         await actions.close()

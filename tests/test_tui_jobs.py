@@ -70,14 +70,14 @@ async def test_start_vllm_from_the_node_screen_shows_the_plan_and_follows_the_jo
         await pilot.press("s")
         form = await on_top(pilot, app, StartVllmScreen)
         plan = await until(pilot, lambda: form.plan, what="the agent's plan")
-        assert plan["ok"] and plan["argv"][0] == sys.executable
+        assert plan.ok and plan.argv[0] == sys.executable
         shown = str(form.query_one("#plan").render())
         assert "vllm.entrypoints.openai.api_server" in shown and "ok   port" in shown
 
         await pilot.press("ctrl+s")
         confirm = await on_top(pilot, app, ConfirmScreen)
         assert confirm.title_text == "Start tiny on local?"
-        assert plan["engine_id"] in confirm.body
+        assert plan.engine_id in confirm.body
         await pilot.press("y")
 
         job_screen = await on_top(pilot, app, JobScreen)

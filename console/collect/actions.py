@@ -12,11 +12,17 @@ import asyncio
 import json
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
 
 from console.collect import apiclient
 from console.core.config import ConfigError, Fleet, Node
+from console.core.gateway_wire import problems
 from console.core.snapshot import Job, job_from, plain
+from console.core.wire import JobPlan, WhoAmI
+
+M = TypeVar("M", bound=BaseModel)
 
 FINAL = ("succeeded", "failed", "cancelled")
 FOLLOW_LIMIT_S = 6 * 3600.0  # past every deadline a job of the agent has (drills: hours)
@@ -74,14 +80,24 @@ class AgentActions:
             raise ActionError(f"{self.node.name}: {error or f'HTTP {status}'}", status, **extra)
         return data
 
-    async def whoami(self) -> dict[str, Any]:
-        result: dict[str, Any] = await self._call("GET", "/v1/whoami")
-        return result
+    def _as(self, model: type[M], path: str, data: Any) -> M:
+        """The agent's answer as `model`; an ActionError that says what came otherwise."""
+        try:
+            return model.model_validate(data)
+        except ValidationError as exc:
+            raise ActionError(
+                f"{self.node.name}: {path} answered something that is not a {model.__name__} "
+                f"({problems(exc)})"
+            ) from None
 
-    async def plan(self, profile: str, overrides: dict[str, Any]) -> dict[str, Any]:
+    async def whoami(self) -> WhoAmI:
+        """What our token may do on this agent: its name, role, and whether it runs jobs."""
+        return self._as(WhoAmI, "/v1/whoami", await self._call("GET", "/v1/whoami"))
+
+    async def plan(self, profile: str, overrides: dict[str, Any]) -> JobPlan:
+        """What a vllm.start of `profile` would run, and its preflight; starts nothing."""
         body = {"kind": "vllm.start", "profile": profile, "overrides": overrides}
-        result: dict[str, Any] = await self._call("POST", "/v1/jobs/plan", body)
-        return result
+        return self._as(JobPlan, "/v1/jobs/plan", await self._call("POST", "/v1/jobs/plan", body))
 
     async def start(self, profile: str, overrides: dict[str, Any]) -> Job:
         body = {"kind": "vllm.start", "profile": profile, "overrides": overrides}

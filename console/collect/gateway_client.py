@@ -13,7 +13,7 @@ else is a GatewayError that says what came, not a KeyError later.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
@@ -28,6 +28,8 @@ from console.core.gateway_wire import (
     RolloutSteer,
     problems,
 )
+
+A = TypeVar("A", bound=BaseModel)
 
 
 class GatewayError(Exception):
@@ -91,9 +93,9 @@ class GatewayClient:
             raise GatewayError(self.url, status, _error_of(status, raw))
         return status, data
 
-    def _as(self, model: type[BaseModel], status: int, data: dict[str, Any]) -> dict[str, Any]:
+    def _as(self, model: type[A], status: int, data: dict[str, Any]) -> A:
         try:
-            return model.model_validate(data).model_dump()
+            return model.model_validate(data)
         except ValidationError as exc:
             what = f"HTTP {status} that is not a {model.__name__} ({problems(exc)})"
             raise GatewayError(self.url, status, what) from None
@@ -126,8 +128,8 @@ class GatewayClient:
         *,
         drain: str | None = None,
         restore_before: str | None = None,
-    ) -> dict[str, Any]:
-        """The job the gateway started (a FailoverJob's fields): all of `model` to `to`
+    ) -> FailoverJob:
+        """The job the gateway started: all of `model` to `to`
         (a fail-back when it undoes the last move), `drain` a deployment (onto `to` when
         given), or the weights from before job `restore_before`."""
         ask = self._ask(
@@ -144,8 +146,8 @@ class GatewayClient:
         *,
         drain: str | None = None,
         restore_before: str | None = None,
-    ) -> dict[str, Any]:
-        """The move and its preflight (a Plan's fields: ok, detail, the weights before and
+    ) -> Plan:
+        """The move and its preflight (ok, detail, the weights before and
         after, the deployments that gain and lose traffic)."""
         ask = self._ask(model=model, to=to, drain=drain, restore_before=restore_before)
         body = ask.model_dump(exclude_none=True, include={"model", "to", "drain",
@@ -153,7 +155,7 @@ class GatewayClient:
         status, data = await self._call("POST", "/admin/failover/plan", body)
         return self._as(Plan, status, data)
 
-    async def job(self, job_id: str) -> dict[str, Any]:
+    async def job(self, job_id: str) -> FailoverJob:
         return self._as(FailoverJob, *await self._call("GET", f"/admin/jobs/{job_id}"))
 
     async def audit(self) -> list[dict[str, Any]]:
@@ -173,26 +175,26 @@ class GatewayClient:
             raise GatewayError(self.url, status, _error_of(status, raw))
         return [r for r in rows if isinstance(r, dict)]
 
-    async def jobs(self) -> list[dict[str, Any]]:
-        """The gateway's failover jobs, newest first (its last 50), running and ended:
-        each a FailoverJob's fields. The console's Jobs screen lists them."""
+    async def jobs(self) -> list[FailoverJob]:
+        """The gateway's failover jobs, newest first (its last 50), running and ended.
+        The console's Jobs screen lists them."""
         return [self._as(FailoverJob, 200, row) for row in await self._list("/admin/jobs")]
 
     # -- rollouts (docs/rollouts.md) ------------------------------------------------------
 
-    async def rollout_start(self, plan: dict[str, Any], who: str, why: str) -> dict[str, Any]:
+    async def rollout_start(self, plan: dict[str, Any], who: str, why: str) -> RolloutRecord:
         """Run `plan` (a plan document) in the gateway: the rollout it started."""
         body = RolloutRequest(plan=plan, who=who, why=why)
         return self._as(RolloutRecord, *await self._call("POST", "/admin/rollouts", body))
 
-    async def rollouts(self) -> list[dict[str, Any]]:
+    async def rollouts(self) -> list[RolloutRecord]:
         """The gateway's rollouts, newest first, open and ended."""
         return [self._as(RolloutRecord, 200, r) for r in await self._list("/admin/rollouts")]
 
-    async def rollout(self, rollout_id: str) -> dict[str, Any]:
+    async def rollout(self, rollout_id: str) -> RolloutRecord:
         return self._as(RolloutRecord, *await self._call("GET", f"/admin/rollouts/{rollout_id}"))
 
-    async def rollout_steer(self, rollout_id: str, verb: str, who: str, why: str) -> dict[str, Any]:
+    async def rollout_steer(self, rollout_id: str, verb: str, who: str, why: str) -> RolloutRecord:
         """`verb`: pause, resume or abort."""
         body = RolloutSteer(who=who, why=why)
         path = f"/admin/rollouts/{rollout_id}/{verb}"

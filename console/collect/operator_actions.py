@@ -22,6 +22,7 @@ from typing import Any
 
 from console.collect.alerts import Event
 from console.collect.gateway_client import GatewayClient, GatewayError
+from console.core.gateway_wire import FailoverJob
 from console.core.snapshot import Job, SnapshotError, job_from
 
 # The kinds of event a record may have; "active": an alert already raised when the
@@ -40,9 +41,11 @@ def job_target(job: Job) -> str:
     return str(p.get("profile") or p.get("engine") or p.get("drill") or p.get("to") or "")
 
 
-def gateway_job(raw: dict[str, Any]) -> Job | None:
-    """A gateway failover job (console.core.gateway_wire.FailoverJob's fields) as a Job;
-    None for one that does not read as a job."""
+def gateway_job(raw: FailoverJob | dict[str, Any]) -> Job | None:
+    """A gateway failover job (console.core.gateway_wire.FailoverJob, or its fields) as a
+    Job; None for one that does not read as a job."""
+    if isinstance(raw, FailoverJob):
+        raw = raw.model_dump()
     if not isinstance(raw, dict):
         return None
     known = ("id", "kind", "state", "who", "created", "updated", "params", "steps", "error")

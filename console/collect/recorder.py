@@ -175,7 +175,8 @@ class Recorder:
         own events then say); a read the gateway does not answer is skipped."""
         self._next_audit = time.monotonic() + AUDIT_EVERY_S
         try:
-            self.rollouts(await client.rollouts())
+            # Recorded as the gateway said them: the records' fields, as JSON.
+            self.rollouts([r.model_dump() for r in await client.rollouts()])
         except GatewayError as exc:
             self.rollouts(self._rollouts, str(exc))
         with contextlib.suppress(GatewayError):

@@ -26,6 +26,7 @@ from console.core.safetext import say
 
 if TYPE_CHECKING:  # imported where it is used: `engineroom --help` does without httpx
     from console.collect.gateway_client import GatewayError
+    from console.core.gateway_wire import FailoverJob
 
 CALL_DEADLINE_S = 15.0  # one admin call, whole answer included
 POLL_S = 0.3  # --wait: how often the job is read
@@ -74,14 +75,14 @@ def run(args: argparse.Namespace) -> int:
     )
 
 
-def _show(job: dict[str, Any], printed: set[tuple[str, str]], out: TextIO) -> None:
-    for step in job.get("steps", []):
-        key = (step["name"], step["state"])
-        if step["state"] == "pending" or key in printed:
+def _show(job: FailoverJob, printed: set[tuple[str, str]], out: TextIO) -> None:
+    for step in job.steps:
+        key = (step.name, step.state)
+        if step.state == "pending" or key in printed:
             continue
         printed.add(key)
-        detail = f": {step['detail']}" if step.get("detail") else ""
-        say(f"  {step['name']:<12} {step['state']}{detail}", out)
+        detail = f": {step.detail}" if step.detail else ""
+        say(f"  {step.name:<12} {step.state}{detail}", out)
 
 
 def _wait_limit(fleet: Fleet, model: str) -> float:
@@ -196,18 +197,18 @@ async def _plan(fleet: Fleet, ask: Ask, as_json: bool, out: TextIO) -> int:
     finally:
         await client.close()
     if as_json:
-        print(json.dumps({**result, "candidates": [c.__dict__ for c in ranked]}, indent=2),
-              file=out)  # fmt: skip
-        return 0 if result["ok"] else 1
+        answer = {**result.model_dump(mode="json"), "candidates": [c.__dict__ for c in ranked]}
+        print(json.dumps(answer, indent=2), file=out)
+        return 0 if result.ok else 1
     say(f"plan: {ask.what()} (nothing is changed)", out)
-    _show_move(result, out)
-    say(f"preflight {'ok' if result['ok'] else 'FAILED'}: {result['detail']}", out)
-    if result.get("figures_from"):
-        say(f"verification figures: {result['figures_from']}", out)
+    _show_move(result.model_dump(), out)
+    say(f"preflight {'ok' if result.ok else 'FAILED'}: {result.detail}", out)
+    if result.figures_from:
+        say(f"verification figures: {result.figures_from}", out)
     say(f"targets, healthiest first ({preselected(ranked)}):", out)
     for c in ranked:
         say(f"  {c.id}: {c.why}", out)
-    return 0 if result["ok"] else 1
+    return 0 if result.ok else 1
 
 
 async def _run(
@@ -224,37 +225,37 @@ async def _run(
         except GatewayError as exc:
             return _refused(exc, "failover")
         if not as_json:
-            say(f"job {job['id']} ({job['kind']}) {ask.what()}: running", out)
-            _show_move(job.get("plan"), out)
+            say(f"job {job.id} ({job.kind}) {ask.what()}: running", out)
+            _show_move(job.plan, out)
         printed: set[tuple[str, str]] = set()
         limit = _wait_limit(fleet, ask.model)
         give_up = time.monotonic() + limit
-        while wait and job["state"] not in JOB_FINAL:
+        while wait and job.state not in JOB_FINAL:
             if time.monotonic() > give_up:
                 say(
-                    f"engineroom: job {job['id']} still {job['state']} after {limit:.0f} s; "
-                    f"it goes on in the gateway (engineroom jobs, or GET /admin/jobs/{job['id']})",
+                    f"engineroom: job {job.id} still {job.state} after {limit:.0f} s; "
+                    f"it goes on in the gateway (engineroom jobs, or GET /admin/jobs/{job.id})",
                     sys.stderr,
                 )
                 return 1
             await asyncio.sleep(POLL_S)
             try:
-                job = await client.job(job["id"])
+                job = await client.job(job.id)
             except GatewayError as exc:
                 what = "did not answer" if exc.status is None else "answered"
-                say(f"engineroom: job {job['id']}: the gateway {what} {exc.reason}", sys.stderr)
+                say(f"engineroom: job {job.id}: the gateway {what} {exc.reason}", sys.stderr)
                 return 2
             if not as_json:
                 _show(job, printed, out)
     finally:
         await client.close()
     if as_json:
-        print(json.dumps(job, indent=2), file=out)
+        print(json.dumps(job.model_dump(mode="json"), indent=2), file=out)
     elif wait:
-        error = f": {job['error']}" if job.get("error") else ""
-        say(f"job {job['id']}: {job['state']}{error}", out)
-        say(f"routes before {job.get('before')}  after {job.get('after')}", out)
-    return 0 if job["state"] in ("succeeded", "running") else 1
+        error = f": {job.error}" if job.error else ""
+        say(f"job {job.id}: {job.state}{error}", out)
+        say(f"routes before {job.before}  after {job.after}", out)
+    return 0 if job.state in ("succeeded", "running") else 1
 
 
 COMMAND = Command(

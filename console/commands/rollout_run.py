@@ -25,6 +25,7 @@ from console.core.safetext import say
 if TYPE_CHECKING:
     from console.collect.gateway_client import GatewayClient, GatewayError
     from console.core.config import Fleet
+    from console.core.gateway_wire import RolloutRecord
 
 ROLLOUT_ID = re.compile(r"[0-9a-f]{1,32}")
 FOLLOW_EVERY_S = 1.0
@@ -86,8 +87,8 @@ def _start(fleet: Fleet, path: str, why: str, wait: bool, out: TextIO) -> int:
         client = _client(fleet)
         try:
             record = await client.rollout_start(to_data(plan), _who(), why[:WHO_MAX])
-            say(f"rollout {record['id']} started: {len(record['steps'])} step(s); it runs in "
-                f"the gateway (engineroom rollout show {record['id']})", out)  # fmt: skip
+            say(f"rollout {record.id} started: {len(record.steps)} step(s); it runs in "
+                f"the gateway (engineroom rollout show {record.id})", out)  # fmt: skip
             return await _follow(client, record, out) if wait else EXIT_OK
         except _gateway_error() as exc:
             return _refused(exc, "rollout run")
@@ -106,14 +107,15 @@ async def _ask(fleet: Fleet, args: argparse.Namespace, out: TextIO) -> int:
         if args.verb == "show":
             record = await client.rollout(args.id)
             if args.json:
-                out.write(json.dumps(record, indent=2, ensure_ascii=True) + "\n")
+                text = json.dumps(record.model_dump(mode="json"), indent=2, ensure_ascii=True)
+                out.write(text + "\n")
             else:
                 show(record, out)
             return EXIT_OK
         record = await client.rollout_steer(args.id, args.verb, _who(), args.why[:WHO_MAX])
-        say(f"rollout {record['id']}: {args.verb} "
+        say(f"rollout {record.id}: {args.verb} "
             f"{'asked (at the end of the wave under way)' if args.verb == 'pause' else 'done'}; "
-            f"now {record['status']}", out)  # fmt: skip
+            f"now {record.status}", out)  # fmt: skip
         return EXIT_OK
     except _gateway_error() as exc:
         return _refused(exc, f"rollout {args.verb}")
@@ -141,67 +143,68 @@ def _refused(exc: GatewayError, what: str) -> int:
     return EXIT_FAILED
 
 
-async def _follow(client: GatewayClient, record: dict[str, Any], out: TextIO) -> int:
+async def _follow(client: GatewayClient, record: RolloutRecord, out: TextIO) -> int:
     """Print each phase as it ends until the rollout is no longer running."""
     printed: set[tuple[int, str]] = set()
     missed = 0
     while True:
-        for n, step in enumerate(record["steps"], 1):
-            for phase, detail in step.get("details", {}).items():
+        for n, step in enumerate(record.steps, 1):
+            for phase, detail in step.details.items():
                 if (n, phase) not in printed:
                     printed.add((n, phase))
-                    say(f"  {n:>3} {step['deployment']:<20} {phase:<9} {detail}", out)
-        if record["status"] != "running":
+                    say(f"  {n:>3} {step.deployment:<20} {phase:<9} {detail}", out)
+        if record.status != "running":
             break
         await asyncio.sleep(FOLLOW_EVERY_S)
         try:
-            record = await client.rollout(record["id"])
+            record = await client.rollout(record.id)
             missed = 0
         except _gateway_error() as exc:
             missed += 1
             if missed >= MISSED_ANSWERS:
-                say(f"engineroom: rollout {record['id']}: the gateway stopped answering "
+                say(f"engineroom: rollout {record.id}: the gateway stopped answering "
                     f"({exc.reason}); the rollout goes on there", sys.stderr)  # fmt: skip
                 return EXIT_UNREACHABLE
-    say(f"rollout {record['id']}: {record['status']}"
-        + (f": {record['error']}" if record.get("error") else ""), out)  # fmt: skip
-    return EXIT_OK if record["status"] == "succeeded" else EXIT_FAILED
+    say(f"rollout {record.id}: {record.status}"
+        + (f": {record.error}" if record.error else ""), out)  # fmt: skip
+    return EXIT_OK if record.status == "succeeded" else EXIT_FAILED
 
 
-def _table(records: list[dict[str, Any]], out: TextIO) -> None:
+def _table(records: list[RolloutRecord], out: TextIO) -> None:
     if not records:
         say("(no rollout)", out)
         return
     say(f"{'ID':<14} {'STATUS':<12} {'OPERATION':<10} {'STEP':<8} {'WHO':<12} STARTED", out)
     for r in records:
-        started = time.strftime("%Y-%m-%d %H:%M", time.localtime(r.get("created") or 0))
-        at = f"{min(r['current'] + 1, len(r['steps']))}/{len(r['steps'])}"
-        say(f"{r['id']:<14} {r['status']:<12} {r['operation']:<10} {at:<8} "
-            f"{str(r['who'])[:12]:<12} {started}", out)  # fmt: skip
+        created = (r.model_extra or {}).get("created")  # the gateway's, not in the model
+        started = time.strftime("%Y-%m-%d %H:%M", time.localtime(created or 0))
+        at = f"{min(r.current + 1, len(r.steps))}/{len(r.steps)}"
+        say(f"{r.id:<14} {r.status:<12} {r.operation:<10} {at:<8} "
+            f"{str(r.who)[:12]:<12} {started}", out)  # fmt: skip
 
 
-def show(record: dict[str, Any], out: TextIO) -> None:
+def show(record: RolloutRecord, out: TextIO) -> None:
     """A rollout as an operator reads it: where it is, each model's capacity now, each step
     and phase, why it stopped."""
     from console.core.gateway_wire import ModelCapacity, capacity_head
 
-    say(f"rollout {record['id']}: {record['status']}, {record['operation']}, by {record['who']}",
+    say(f"rollout {record.id}: {record.status}, {record.operation}, by {record.who}",
         out)  # fmt: skip
-    if record.get("error"):
-        say(f"  {record['error']}", out, lines=True)
-    for model, weights in (record.get("weights_seen") or {}).items():
+    if record.error:
+        say(f"  {record.error}", out, lines=True)
+    for model, weights in (record.weights_seen or {}).items():
         say(f"  {model}: weights read back from its data plane: {weights}", out)
-    caps = record.get("capacity")
+    caps = record.capacity
     say(f"  {capacity_head(caps)}", out)
     for model, cap in (caps or {}).items():
-        say(f"    {model}: {ModelCapacity.model_validate(cap or {}).words()}", out)
+        say(f"    {model}: {(cap or ModelCapacity()).words()}", out)
     say(f"  {'#':>3} {'WAVE':<4} {'DEPLOYMENT':<20} {'OPERATION':<13} {'STATE':<11} PHASE", out)
-    for n, step in enumerate(record["steps"], 1):
-        say(f"  {n:>3} {step['wave']:<4} {step['deployment']:<20} {step['operation']:<13} "
-            f"{step['state']:<11} {step.get('phase') or ''}", out)  # fmt: skip
-        for phase, detail in step.get("details", {}).items():
+    for n, step in enumerate(record.steps, 1):
+        say(f"  {n:>3} {step.wave:<4} {step.deployment:<20} {step.operation:<13} "
+            f"{step.state:<11} {step.phase or ''}", out)  # fmt: skip
+        for phase, detail in step.details.items():
             say(f"        {phase}: {detail}", out)
-    for event in record.get("events", [])[-10:]:
+    for event in record.events[-10:]:
         when = time.strftime("%H:%M:%S", time.localtime(event.get("time") or 0))
         why = f": {event['why']}" if event.get("why") else ""
         say(f"  {when} {event.get('who')} {event.get('what')}{why}", out)

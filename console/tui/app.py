@@ -364,6 +364,7 @@ class EngineroomApp(App[int]):
     action_blocked = delegate(Workflows.action_blocked)
     agent_client = delegate(Workflows.agent_client)
     agent_call = delegate(Workflows.agent_call)
+    gateway_call = delegate(Workflows.gateway_call)
     confirm = delegate(Workflows.confirm)
     run_drill = delegate(Workflows.run_drill)
     stop_engine = delegate(Workflows.stop_engine)
@@ -386,9 +387,9 @@ class EngineroomApp(App[int]):
         await self.collector.roles(self.roles.__setitem__)
 
     async def _gateway_once(self) -> None:
-        from console.collect.gateway_client import GatewayClient, GatewayError
+        from console.collect.gateway_client import GatewayError
 
-        client = GatewayClient(self.fleet, timeout=max(1.0, self.refresh_s * 2))
+        client = self.workflows.gateway_client(timeout=max(1.0, self.refresh_s * 2))
         try:
             self.gateway_snapshot = await client.snapshot()
             self.gateway_error = None

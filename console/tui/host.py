@@ -14,6 +14,7 @@ from typing import Protocol, TypeVar, cast
 from textual.message_pump import MessagePump
 
 from console.collect.actions import AgentActions
+from console.collect.gateway_client import GatewayClient
 from console.collect.source import FleetSource
 from console.core.config import Fleet
 from console.core.diagnosis import Move
@@ -58,6 +59,15 @@ class ConsoleHost(Protocol):
     def agent_client(self, node: str) -> AgentActions: ...  # the caller closes it
     async def agent_call(
         self, node: str, call: Callable[[AgentActions], Awaitable[T]], title: str = "refused"
+    ) -> T | None: ...
+    async def gateway_call(
+        self,
+        call: Callable[[GatewayClient], Awaitable[T]],
+        title: str = "refused",
+        *,
+        timeout: float = 5.0,
+        reads: bool = False,
+        failed: Callable[[str], object] | None = None,
     ) -> T | None: ...
     def confirm(self, title: str, body: str, yes: str, then: Callable[[], object]) -> None: ...
     def run_drill(self, name: str, *, started: Callable[[], object] | None = None) -> None: ...

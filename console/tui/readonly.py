@@ -17,6 +17,7 @@ from textual.actions import ActionParseResult, parse
 from textual.dom import DOMNode
 
 from console.collect.actions import AgentActions
+from console.collect.gateway_client import GatewayClient
 from console.core.config import Fleet
 from console.tui.app import EngineroomApp
 
@@ -111,4 +112,21 @@ class RefusingApp(EngineroomApp):
     ) -> T | None:
         # The one way the console's workflows reach an agent: closed here.
         self.refuse(f"a call to {node}'s agent ({title})")
+        return None
+
+    async def gateway_call(
+        self,
+        call: Callable[[GatewayClient], Awaitable[T]],
+        title: str = "refused",
+        *,
+        timeout: float = 5.0,
+        reads: bool = False,
+        failed: Callable[[str], object] | None = None,
+    ) -> T | None:
+        # The one way screens reach the gateway: its reads pass (the Rollouts screen's),
+        # what acts is closed here.
+        if reads:
+            return await super().gateway_call(call, title, timeout=timeout, failed=failed,
+                                              reads=True)  # fmt: skip
+        self.refuse(f"a call to the gateway ({title})")
         return None

@@ -19,9 +19,10 @@ from textual.notifications import SeverityLevel
 from textual.screen import Screen
 
 from console.collect.actions import ActionError, AgentActions
+from console.collect.gateway_client import GatewayClient, GatewayError
 from console.collect.source import FleetSource
 from console.collect.view import FleetView
-from console.core.config import Fleet
+from console.core.config import ConfigError, Fleet
 from console.core.gateway_wire import MAX_WHY
 from console.core.snapshot import Job
 from console.tui.screens.drills import PlaybookScreen
@@ -120,6 +121,45 @@ class Workflows:
             return None
         finally:
             await actions.close()
+
+    # -- the one shape of a gateway call ----------------------------------------------
+
+    def gateway_client(self, timeout: float = 5.0) -> GatewayClient:
+        """A client for the gateway's admin API, the caller closes it: the one place the
+        console makes one (gateway_call's, and the app's poll). Raises ConfigError when no
+        gateway is declared or its token is not set."""
+        return GatewayClient(self.console.fleet, timeout=timeout)
+
+    async def gateway_call(
+        self,
+        call: Callable[[GatewayClient], Awaitable[T]],
+        title: str = "refused",
+        *,
+        timeout: float = 5.0,
+        reads: bool = False,
+        failed: Callable[[str], object] | None = None,
+    ) -> T | None:
+        """`call` on the gateway; a refusal, no answer or no token is a notification
+        (`failed(why)` instead, for a screen that shows it in place), and None. `reads`:
+        the call changes nothing (a read-only console lets only those through)."""
+        try:
+            client = self.gateway_client(timeout)
+        except ConfigError as exc:  # its token gone from the environment meanwhile
+            self._gateway_failed(str(exc), title, failed)
+            return None
+        try:
+            return await call(client)
+        except GatewayError as exc:
+            self._gateway_failed(str(exc), title, failed)
+            return None
+        finally:
+            await client.close()
+
+    def _gateway_failed(self, why: str, title: str, failed: Callable[[str], object] | None) -> None:
+        if failed is not None:
+            failed(why)
+        else:
+            self.console.notify(why, title=title, severity="error", timeout=15)
 
     async def act(
         self,
@@ -241,8 +281,6 @@ class Workflows:
         given, else over the others): in a model with replicas, the move that takes one
         deployment's traffic off and leaves the others theirs. With `reason` (a diagnosis
         chose the move), the plan comes filled in with `mode` and the audit records why."""
-        from console.collect.gateway_client import GatewayClient
-
         if self.console.read_only:
             self.console.notify("read-only console: failovers are disabled", severity="warning")
             return
@@ -276,8 +314,6 @@ class Workflows:
         question naming it (`label`: its operation and the step under way); `done` runs
         after the gateway answered. The audit records the console's user and the why typed
         in the confirmation (STEER_WHY when it is left empty)."""
-        from console.collect.gateway_client import GatewayClient
-
         gateway = self.console.fleet.gateway
         if self.console.read_only:
             self.console.notify("read-only console: steering rollouts is disabled",
@@ -320,21 +356,18 @@ class Workflows:
     async def _steer(
         self, rollout_id: str, verb: str, why: str, done: Callable[[], object] | None
     ) -> None:
-        from console.collect.gateway_client import GatewayClient, GatewayError
-
-        client = GatewayClient(self.console.fleet, timeout=20)
         try:
-            record = await client.rollout_steer(rollout_id, verb, console_user(), why)
-        except GatewayError as exc:
-            self.console.notify(str(exc), title=f"rollout {verb} refused", severity="error",
-                                timeout=15)  # fmt: skip
-            return
+            record = await self.gateway_call(
+                lambda g: g.rollout_steer(rollout_id, verb, console_user(), why),
+                f"rollout {verb} refused",
+                timeout=20,
+            )
         finally:
-            await client.close()
             if done is not None:
                 done()
-        asked = "asked (at the end of the wave under way)" if verb == "pause" else "done"
-        self.console.notify(f"rollout {rollout_id}: {verb} {asked}; now {record['status']}")
+        if record is not None:
+            asked = "asked (at the end of the wave under way)" if verb == "pause" else "done"
+            self.console.notify(f"rollout {rollout_id}: {verb} {asked}; now {record.status}")
 
     def _after_plan(self, model: str, why: str | None) -> None:
         if why == "standby":  # start a standby, then come back to the plan (issue 5)

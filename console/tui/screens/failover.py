@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from typing import Any
 
 from rich.console import Group
 from rich.table import Table
@@ -28,10 +27,10 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Select, Static
 
 from console.collect.failover_targets import Candidate, preselected, rank
-from console.collect.gateway_client import GatewayClient, GatewayError
 from console.collect.gateway_view import GatewayDeployment
 from console.collect.view import DeploymentRow
 from console.core.config import Model
+from console.core.gateway_wire import FailoverJob, Plan
 from console.core.snapshot import Percentiles
 from console.tui import format as fmt
 from console.tui.built import ViewBuilt
@@ -83,9 +82,9 @@ class FailoverScreen(ModalScreen[str | None]):
         # confirmation comes filled in (the diagnosis and this plan both name the move and
         # its target; Enter confirms, as `y` does in a yes/no confirmation).
         self.reason = reason
-        self.job: dict[str, Any] | None = None
-        self.plan: dict[str, Any] | None = None  # the gateway's answer for the move shown
-        self.jobs: list[dict[str, Any]] = []  # the model's earlier jobs, for a restore
+        self.job: FailoverJob | None = None
+        self.plan: Plan | None = None  # the gateway's answer for the move shown
+        self.jobs: list[FailoverJob] = []  # the model's earlier jobs, for a restore
         self.first_choice: str | None = None  # the target the screen opened with
         # The last view, handed by the app as the plan opens and at each refresh after
         # (EngineroomApp.tick): its rows and the gateway's routes rank the targets.
@@ -125,7 +124,7 @@ class FailoverScreen(ModalScreen[str | None]):
 
     def _target_options(self, move: str) -> list[tuple[str, str]]:
         if move == "restore":
-            return [(self._job_label(j), j["id"]) for j in self.jobs] or [
+            return [(self._job_label(j), j.id) for j in self.jobs] or [
                 ("(no earlier job of this model with weights)", "")
             ]
         if move == "drain":
@@ -140,10 +139,10 @@ class FailoverScreen(ModalScreen[str | None]):
         ]
 
     @staticmethod
-    def _job_label(job: dict[str, Any]) -> str:
-        when = time.strftime("%H:%M", time.localtime(job.get("created") or 0))
-        op = str(job.get("kind", "?")).split(".")[0]
-        return f"before {job['id']}, {op} {when}"
+    def _job_label(job: FailoverJob) -> str:
+        when = time.strftime("%H:%M", time.localtime(job.created or 0))
+        op = job.kind.split(".")[0]
+        return f"before {job.id}, {op} {when}"
 
     def _onto_options(self, drained: str) -> list[tuple[str, str]]:
         ranked = self.ranked([drained] if drained else [])
@@ -250,28 +249,27 @@ class FailoverScreen(ModalScreen[str | None]):
             self._draw_plan()
             return
         box.update(Text(f"{self._why_preselected()}\nplan: asking the gateway ...", style="dim"))
-        client = GatewayClient(self.console.fleet, timeout=40)
-        try:
-            result = await client.plan(self.model, ask["to"], drain=ask["drain"],
-                                       restore_before=ask["restore_before"])  # fmt: skip
-        except GatewayError as exc:
+
+        def failed(why: str) -> None:
             if self.is_attached:
-                box.update(Text(f"plan: {exc}", style="bold red"))
-            return
-        finally:
-            await client.close()
-        if not self.is_attached:  # closed while the gateway was asked
+                box.update(Text(f"plan: {why}", style="bold red"))
+
+        result = await self.console.gateway_call(
+            lambda g: g.plan(self.model, ask["to"], drain=ask["drain"],
+                             restore_before=ask["restore_before"]),
+            timeout=40, reads=True, failed=failed,
+        )  # fmt: skip
+        if result is None or not self.is_attached:  # failed, or closed while it was asked
             return
         self.plan = result
         text = Text(self._why_preselected() + "\n", style="dim")
-        text.append(f"move: {result.get('summary') or self.what()}\n", style="bold")
-        sources = result.get("sources") or []
-        text.append(f"source: {', '.join(sources) if sources else 'none'}\n")
-        mark = ("preflight ok: ", "green") if result["ok"] else ("preflight FAILED: ", "bold red")
+        text.append(f"move: {result.summary or self.what()}\n", style="bold")
+        text.append(f"source: {', '.join(result.sources) if result.sources else 'none'}\n")
+        mark = ("preflight ok: ", "green") if result.ok else ("preflight FAILED: ", "bold red")
         text.append(mark[0], style=mark[1])
-        text.append(result["detail"])
-        if result.get("figures_from"):  # where the shifts' verification windows read from
-            text.append(f"\nverification figures: {result['figures_from']}", style="dim")
+        text.append(result.detail)
+        if result.figures_from:  # where the shifts' verification windows read from
+            text.append(f"\nverification figures: {result.figures_from}", style="dim")
         box.update(text)
         self._draw_plan()
 
@@ -298,8 +296,8 @@ class FailoverScreen(ModalScreen[str | None]):
         live = self._live()
         rows = {r.id: r for r in self._rows()}
         slo = self._model().slo
-        after = (self.plan or {}).get("weights_after") or {}
-        before = (self.plan or {}).get("weights_before") or {}
+        after = (self.plan.weights_after if self.plan else None) or {}
+        before = (self.plan.weights_before if self.plan else None) or {}
         # A table that fits the dialog: at 80 columns its cells are cut, never wrapped.
         table = Table(box=None, padding=(0, 1, 0, 0), pad_edge=False, expand=False)
         table.add_column("DEPLOYMENT", no_wrap=True, min_width=10)
@@ -363,7 +361,7 @@ class FailoverScreen(ModalScreen[str | None]):
     def _draw_steps(self) -> None:
         plan = self._model().failover
         mode = self.query_one("#mode", Select).value
-        gaining = ", ".join((self.plan or {}).get("targets") or []) or "the deployments that gain"
+        gaining = ", ".join(self.plan.targets if self.plan else []) or "the deployments that gain"
         if mode == "emergency":
             text = f"1. readiness of {gaining}  2. the weights after, at once  3. done"
         else:
@@ -408,20 +406,11 @@ class FailoverScreen(ModalScreen[str | None]):
     @work(exclusive=True, group="jobs")
     async def _read_jobs(self) -> None:
         """The model's earlier jobs that recorded the weights they found, newest first."""
-        client = GatewayClient(self.console.fleet)
-        try:
-            jobs = await client.jobs()
-        except GatewayError as exc:
-            self.notify(str(exc), title="the gateway's jobs", severity="error", timeout=10)
+        jobs = await self.console.gateway_call(lambda g: g.jobs(), "the gateway's jobs",
+                                               reads=True)  # fmt: skip
+        if jobs is None or not self.is_attached:
             return
-        finally:
-            await client.close()
-        if not self.is_attached:
-            return
-        self.jobs = [
-            j for j in jobs
-            if j.get("params", {}).get("model") == self.model and j.get("before")
-        ]  # fmt: skip
+        self.jobs = [j for j in jobs if j.params.get("model") == self.model and j.before]
         if str(self.query_one("#move", Select).value) == "restore":
             self.query_one("#target", Select).set_options(self._target_options("restore"))
 
@@ -451,17 +440,14 @@ class FailoverScreen(ModalScreen[str | None]):
 
     @work(exclusive=True, group="failover")
     async def _start(self, ask: dict[str, str | None], mode: str) -> None:
-        client = GatewayClient(self.console.fleet)
-        try:
-            why = f"from the console: {self.reason}" if self.reason else "from the console"
-            job = await client.failover(self.model, ask["to"], mode, why,
-                                        drain=ask["drain"],
-                                        restore_before=ask["restore_before"])  # fmt: skip
-        except GatewayError as exc:
-            self.notify(str(exc), title="failover refused", severity="error", timeout=15)
+        why = f"from the console: {self.reason}" if self.reason else "from the console"
+        job = await self.console.gateway_call(
+            lambda g: g.failover(self.model, ask["to"], mode, why, drain=ask["drain"],
+                                 restore_before=ask["restore_before"]),
+            "failover refused",
+        )  # fmt: skip
+        if job is None:
             return
-        finally:
-            await client.close()
         self.job = job
         if self.is_attached:
             self.query_one("#go", Button).disabled = True
@@ -471,17 +457,14 @@ class FailoverScreen(ModalScreen[str | None]):
         if not self.is_attached:
             return
         self._draw_plan()
-        if self.job is None or self.job.get("state") not in (None, "running"):
+        if self.job is None or self.job.state != "running":
             return
-        client = GatewayClient(self.console.fleet)
-        try:
-            job = await client.job(self.job["id"])
-        except GatewayError as exc:
-            self.query_one("#progress", Static).update(Text(str(exc), style="red"))
-            return
-        finally:
-            await client.close()
-        if self.is_attached:  # the job and its drawing change together
+        job_id = self.job.id
+        job = await self.console.gateway_call(
+            lambda g: g.job(job_id), reads=True,
+            failed=lambda why: self.query_one("#progress", Static).update(Text(why, style="red")),
+        )  # fmt: skip
+        if job is not None and self.is_attached:  # the job and its drawing change together
             self.job = job
             self._draw_job()
 
@@ -490,22 +473,23 @@ class FailoverScreen(ModalScreen[str | None]):
         if job is None:
             return
         t = Text()
-        took = time.time() - job.get("created", time.time())
-        t.append(f"\njob {job['id']} {job['kind']}  ", style="bold")
-        t.append(job["state"].upper(), style=STATE_STYLE.get(job["state"], ""))
+        took = time.time() - job.created
+        t.append(f"\njob {job.id} {job.kind}  ", style="bold")
+        t.append(job.state.upper(), style=STATE_STYLE.get(job.state, ""))
         t.append(f"  {fmt.seconds(took)}\n")
-        if (job.get("plan") or {}).get("summary"):
-            t.append(f"  {job['plan']['summary']}\n")
-        if job.get("dataplane_is"):
-            t.append(f"  data plane: {job['dataplane_is']}\n", style="dim")
-        for step in job.get("steps", []):
-            t.append(f"  {step['name']:<12}", style="bold")
-            t.append(f"{step['state']:<10}", style=STATE_STYLE.get(step["state"], ""))
-            t.append(f" {step.get('detail') or ''}\n")
-        if job.get("error"):
-            t.append(f"{job['error']}\n", style="bold red")
-        if job.get("after"):
-            before, after = job.get("before") or {}, job["after"]
+        if (job.plan or {}).get("summary"):
+            t.append(f"  {(job.plan or {})['summary']}\n")
+        dataplane = (job.model_extra or {}).get("dataplane_is")  # not in FailoverJob
+        if dataplane:
+            t.append(f"  data plane: {dataplane}\n", style="dim")
+        for step in job.steps:
+            t.append(f"  {step.name:<12}", style="bold")
+            t.append(f"{step.state:<10}", style=STATE_STYLE.get(step.state, ""))
+            t.append(f" {step.detail or ''}\n")
+        if job.error:
+            t.append(f"{job.error}\n", style="bold red")
+        if job.after:
+            before, after = job.before or {}, job.after
             t.append("routes before ", style="bold")
             t.append(weights_text(before) or "unknown")
             t.append("\n       after  ", style="bold")

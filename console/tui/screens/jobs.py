@@ -20,11 +20,11 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, DataTable, Input, Label, Select, Static
 
 from console.collect.actions import ActionError
-from console.collect.gateway_client import GatewayClient, GatewayError
+from console.collect.gateway_client import GatewayClient
 from console.collect.operator_actions import GATEWAY, gateway_job, job_target
 from console.core.config import Fleet, Profile
 from console.core.snapshot import Job
-from console.core.wire import COLD_START_PHASES
+from console.core.wire import COLD_START_PHASES, JobPlan
 from console.tui import format as fmt
 from console.tui.built import ViewBuilt
 from console.tui.columns import Fitted
@@ -74,7 +74,7 @@ class StartVllmScreen(ModalScreen[tuple[str, str] | None]):
         super().__init__()
         self.choices = choices
         self.model = model
-        self.plan: dict[str, Any] | None = None
+        self.plan: JobPlan | None = None
         self._shown: tuple[str, str] | None = None  # the profile whose fields are shown
 
     @property
@@ -176,22 +176,22 @@ class StartVllmScreen(ModalScreen[tuple[str, str] | None]):
             await actions.close()
         self.plan = plan
         t = Text()
-        t.append(f"node {node}  engine {plan['engine_id']}  {plan['endpoint']}\n", style="bold")
+        t.append(f"node {node}  engine {plan.engine_id}  {plan.endpoint}\n", style="bold")
         t.append("the agent will run (argv, no shell):\n", style="dim")
-        t.append("  " + shlex.join(plan["argv"]) + "\n")
-        if plan.get("env"):
-            env = " ".join(f"{k}={v}" for k, v in plan["env"].items())
+        t.append("  " + shlex.join(plan.argv) + "\n")
+        if plan.env:
+            env = " ".join(f"{k}={v}" for k, v in plan.env.items())
             t.append(f"  env: {env}\n")
-        apart = detached(self.console.fleet, name, str(plan["endpoint"]))
+        apart = detached(self.console.fleet, name, plan.endpoint)
         if apart:
             t.append(f"note: {apart}\n", style="bold yellow")
         t.append("preflight\n", style="dim")
-        for check in plan["checks"]:
-            mark = ("  ok   ", "green") if check["ok"] else ("  FAIL ", "bold red")
+        for check in plan.checks:
+            mark = ("  ok   ", "green") if check.ok else ("  FAIL ", "bold red")
             t.append(mark[0], style=mark[1])
-            t.append(f"{check['name']:<7} {check['detail']}\n")
+            t.append(f"{check.name:<7} {check.detail}\n")
         out.update(t)
-        start.disabled = not plan["ok"]
+        start.disabled = not plan.ok
         start.label = f"Start {name} on {node} (ctrl+s)"
 
     def action_close(self) -> None:
@@ -207,16 +207,16 @@ class StartVllmScreen(ModalScreen[tuple[str, str] | None]):
 
     def action_start(self) -> None:
         plan = self.plan
-        if plan is None or not plan["ok"]:
+        if plan is None or not plan.ok:
             self.notify("the preflight has not passed", severity="warning")
             return
         node, name = self.selected
         overrides = self.overrides()
         body = (
-            f"Start vLLM profile {name} on node {node} as engine {plan['engine_id']}.\n\n"
-            f"{shlex.join(plan['argv'])}"
+            f"Start vLLM profile {name} on node {node} as engine {plan.engine_id}.\n\n"
+            f"{shlex.join(plan.argv)}"
         )
-        apart = detached(self.console.fleet, name, str(plan["endpoint"]))
+        apart = detached(self.console.fleet, name, plan.endpoint)
         if apart:
             body += f"\n\nNote: {apart}"
 
@@ -508,15 +508,13 @@ class GatewayJobScreen(JobScreen):
     async def fetch(self) -> None:
         if self.job is not None and self.job.state not in ("queued", "running"):
             return  # an ended job does not change
-        client = GatewayClient(self.console.fleet)
-        try:
-            job = gateway_job(await client.job(self.job_id))
-        except GatewayError as exc:
-            self.query_one("#job-info", Static).update(Text(str(exc), style="red"))
+        found = await self.console.gateway_call(
+            lambda g: g.job(self.job_id), reads=True,
+            failed=lambda why: self.query_one("#job-info", Static).update(Text(why, style="red")),
+        )  # fmt: skip
+        if found is None:
             return
-        finally:
-            await client.close()
-        self.job = job or self.job
+        self.job = gateway_job(found) or self.job
         self._draw_job()
 
     def _draw_job(self) -> None:

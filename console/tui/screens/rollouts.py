@@ -19,9 +19,8 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import VerticalScroll
 
-from console.collect.gateway_client import GatewayClient, GatewayError
+from console.collect.gateway_client import GatewayClient
 from console.collect.replay import ReplayCollector
-from console.core.config import ConfigError
 from console.tui.built import ViewBuilt
 from console.tui.polling import Poll
 from console.tui.screens.base import ViewScreen
@@ -74,17 +73,16 @@ class RolloutsScreen(ViewScreen):
         is installed once and kept: coming back reads at once)."""
         if not self.is_current:
             return
-        try:
-            client = GatewayClient(self.console.fleet, timeout=max(2.0, self.console.refresh_s * 2))
-        except ConfigError as exc:  # its token gone from the environment meanwhile
-            self.error = str(exc)
-        else:
-            try:
-                self.records, self.error, self.read = await client.rollouts(), None, True
-            except GatewayError as exc:
-                self.error = str(exc)
-            finally:
-                await client.close()
+
+        def failed(why: str) -> None:  # no answer, or its token gone meanwhile
+            self.error = why
+
+        found = await self.console.gateway_call(
+            lambda g: g.rollouts(), timeout=max(2.0, self.console.refresh_s * 2), reads=True,
+            failed=failed,
+        )  # fmt: skip
+        if found is not None:  # drawn as a replay draws its recording's: their fields
+            self.records, self.error, self.read = [r.model_dump() for r in found], None, True
         if self.is_attached:
             self._draw()
 
