@@ -401,6 +401,21 @@ def sample(value: str, **labels: str) -> Sample:
     return Sample(labels, Point(0.0, value))
 
 
+AT = {"instance": "10.0.0.1:8000", "model_name": "m"}  # prometheus_fleet's vLLM, model m
+
+
+def read_vllm(
+    reader: FleetReader, queries: dict, gauges: list[Sample], counters: list[Sample] | None = None
+) -> Snapshot:
+    """Node n1 as the reader makes it of these answers to its vLLM gauge (and counter)
+    queries."""
+    nodes: dict[str, NodeReadings] = {}
+    reader.read(queries[("vllm", "gauges")], gauges, nodes)
+    if counters is not None:
+        reader.read(queries[("vllm", "counters")], counters, nodes)
+    return reader.snapshot("n1", nodes["n1"], time.time())
+
+
 def test_the_engines_own_series_through_prometheus_become_the_same_figures():
     reader, queries = reader_and_queries()
     counters, gauges = queries[("vllm", "counters")], queries[("vllm", "gauges")]
@@ -412,29 +427,22 @@ def test_the_engines_own_series_through_prometheus_become_the_same_figures():
     nl = "node, Hostname, instance"  # the node labels, then the target's
     assert f"and on ({nl}) group by ({nl}) (vllm:num_requests_running)" in counters.expr
     assert f"sum by (__name__, {nl}, model_name, reason)" in gauges.expr
-    at = {"instance": "10.0.0.1:8000", "model_name": "m"}
-    nodes: dict[str, NodeReadings] = {}
-    reader.read(
-        gauges,
+    snap = read_vllm(
+        reader,
+        queries,
         [
-            sample("1", __name__="vllm:num_requests_running", **at),
-            sample("4", __name__="vllm:num_requests_waiting", **at),
-            sample("3", __name__="vllm:num_requests_waiting_by_reason", reason="capacity", **at),
-            sample("1", __name__="vllm:num_requests_waiting_by_reason", reason="deferred", **at),
+            sample("1", __name__="vllm:num_requests_running", **AT),
+            sample("4", __name__="vllm:num_requests_waiting", **AT),
+            sample("3", __name__="vllm:num_requests_waiting_by_reason", reason="capacity", **AT),
+            sample("1", __name__="vllm:num_requests_waiting_by_reason", reason="deferred", **AT),
         ],
-        nodes,
-    )
-    reader.read(
-        counters,
         [
-            sample("42.5", er_figure="generation_tokens_rate", **at),
-            sample("0", er_figure="preemption_rate", **at),
-            sample("NaN", er_figure="prefix_cache_hit_rate", **at),  # 0/0: no query
+            sample("42.5", er_figure="generation_tokens_rate", **AT),
+            sample("0", er_figure="preemption_rate", **AT),
+            sample("NaN", er_figure="prefix_cache_hit_rate", **AT),  # 0/0: no query
             sample("37.5", er_figure="api_server_cpu", instance="10.0.0.1:8000"),
         ],
-        nodes,
     )
-    snap = reader.snapshot("n1", nodes["n1"], time.time())
     [engine] = snap.engines
     [model] = engine.models
     assert [m.name for m in engine.models] == ["m"]  # the CPU sample made no model "?"
@@ -448,27 +456,20 @@ def test_the_engines_own_series_through_prometheus_become_the_same_figures():
 
 def test_figures_out_of_range_through_prometheus_are_refused_and_named():
     reader, queries = reader_and_queries()
-    at = {"instance": "10.0.0.1:8000", "model_name": "m"}
-    nodes: dict[str, NodeReadings] = {}
-    reader.read(
-        queries[("vllm", "gauges")],
+    snap = read_vllm(
+        reader,
+        queries,
         [
-            sample("1", __name__="vllm:num_requests_running", **at),
-            sample("-2", __name__="vllm:num_requests_waiting_by_reason", reason="capacity", **at),
-            sample("1", __name__="vllm:num_requests_waiting_by_reason", reason="deferred", **at),
+            sample("1", __name__="vllm:num_requests_running", **AT),
+            sample("-2", __name__="vllm:num_requests_waiting_by_reason", reason="capacity", **AT),
+            sample("1", __name__="vllm:num_requests_waiting_by_reason", reason="deferred", **AT),
         ],
-        nodes,
-    )
-    reader.read(
-        queries[("vllm", "counters")],
         [
-            sample("-5", er_figure="generation_tokens_rate", **at),
-            sample("1.5", er_figure="prefix_cache_hit_rate", **at),
+            sample("-5", er_figure="generation_tokens_rate", **AT),
+            sample("1.5", er_figure="prefix_cache_hit_rate", **AT),
             sample("-1", er_figure="api_server_cpu", instance="10.0.0.1:8000"),
         ],
-        nodes,
     )
-    snap = reader.snapshot("n1", nodes["n1"], time.time())
     [engine] = snap.engines
     [model] = engine.models
     assert model.generation_tokens_rate is None
@@ -518,14 +519,7 @@ def test_the_agents_series_through_prometheus_become_the_same_figures():
 def test_a_prometheus_without_the_series_leaves_them_unknown():
     """vLLM up to 0.12, or an exporter that drops these series: unknown, never 0."""
     reader, queries = reader_and_queries()
-    at = {"instance": "10.0.0.1:8000", "model_name": "m"}
-    nodes: dict[str, NodeReadings] = {}
-    reader.read(
-        queries[("vllm", "gauges")],
-        [sample("1", __name__="vllm:num_requests_running", **at)],
-        nodes,
-    )
-    snap = reader.snapshot("n1", nodes["n1"], time.time())
+    snap = read_vllm(reader, queries, [sample("1", __name__="vllm:num_requests_running", **AT)])
     [engine] = snap.engines
     [model] = engine.models
     assert engine.api_server_cpu_pct is None
