@@ -14,6 +14,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from console.core.config import load_fleet
+from console.core.wire import Snapshot
 from tests.engines.servers import log_tail, stop
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,6 +31,16 @@ class SimFleet:
     def get(self, url: str, token: str | None = TOKEN, timeout: float = 10.0) -> httpx.Response:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         return httpx.get(url, headers=headers, timeout=timeout)
+
+    def snapshots(self) -> dict[str, Snapshot]:
+        """Each node's snapshot, as its agent answers now."""
+        out = {}
+        for node in load_fleet(self.fleet).nodes:
+            assert node.agent is not None
+            resp = self.get(f"{node.agent}/v1/snapshot")
+            resp.raise_for_status()
+            out[node.name] = Snapshot.model_validate_json(resp.content)
+        return out
 
 
 def _first_line(process: subprocess.Popen[bytes], log: Path, timeout: float) -> str:

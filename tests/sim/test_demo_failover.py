@@ -13,7 +13,6 @@ from collections.abc import Iterator
 import pytest
 
 from console.core.config import load_fleet
-from console.core.wire import Snapshot
 from tests.engines.servers import wait_until
 from tests.sim.conftest import ROOT, TOKEN, SimFleet, end, start_sim
 
@@ -53,9 +52,7 @@ def engine_figures(demo: SimFleet) -> dict[str, tuple[float | None, float | None
     """Per deployment of the model, what its engine reports through the agent: (request
     rate, requests running, KV cache)."""
     out = {}
-    for node in load_fleet(demo.fleet).nodes:
-        assert node.agent is not None
-        snap = Snapshot.model_validate_json(demo.get(f"{node.agent}/v1/snapshot").content)
+    for snap in demo.snapshots().values():
         for engine in snap.engines:
             for model in engine.models:
                 if model.name in (MODEL, "ensemble"):

@@ -14,17 +14,6 @@ from tests.engines.servers import running, wait_until
 from tests.sim.conftest import SimFleet, end, start_sim
 
 
-def snapshots(demo: SimFleet) -> dict[str, Snapshot]:
-    fleet = load_fleet(demo.fleet)
-    out = {}
-    for node in fleet.nodes:
-        assert node.agent is not None
-        resp = demo.get(f"{node.agent}/v1/snapshot")
-        resp.raise_for_status()
-        out[node.name] = Snapshot.model_validate_json(resp.content)
-    return out
-
-
 def standbys(demo: SimFleet) -> set[str]:
     """Deployment ids of the demo's vLLM standbys: declared with weight 0 and a launch
     profile, and down until someone starts them."""
@@ -55,7 +44,7 @@ def test_the_fleet_file_says_simulated_and_declares_the_models(demo):
 
 
 def test_every_agent_serves_eight_simulated_gpus(demo):
-    for name, snap in snapshots(demo).items():
+    for name, snap in demo.snapshots().items():
         assert snap.node.name == name
         assert snap.node.hostname == f"{name}.simulated"
         assert snap.gpu_status == "ok"
@@ -73,7 +62,7 @@ def test_every_agent_serves_eight_simulated_gpus(demo):
 
 
 def test_engines_are_ready_and_their_versions_say_sim(demo):
-    for snap in snapshots(demo).values():
+    for snap in demo.snapshots().values():
         assert snap.engines
         stopped = [e for e in snap.engines if e not in serving(snap, demo)]
         assert all(e.state == "down" for e in stopped)  # standbys, not started
@@ -85,7 +74,7 @@ def test_engines_are_ready_and_their_versions_say_sim(demo):
 
 
 def test_gpu_processes_map_to_their_engines(demo):
-    for snap in snapshots(demo).values():
+    for snap in demo.snapshots().values():
         engines = {e.id: e for e in serving(snap, demo)}
         gpus_of: dict[str, list[int]] = {}
         for gpu in snap.gpus:
@@ -102,7 +91,7 @@ def test_gpu_processes_map_to_their_engines(demo):
 
 
 def test_one_gpu_runs_hot_and_one_has_an_uncorrected_ecc_error(demo):
-    gpus = [g for snap in snapshots(demo).values() for g in snap.gpus]
+    gpus = [g for snap in demo.snapshots().values() for g in snap.gpus]
     hot = [g for g in gpus if (g.temperature_c or 0) >= 87]
     assert len(hot) == 1
     assert "software thermal slowdown" in (hot[0].clock_event_reasons or [])
@@ -111,7 +100,7 @@ def test_one_gpu_runs_hot_and_one_has_an_uncorrected_ecc_error(demo):
 
 def test_latency_windows_fill_in_from_the_simulated_traffic(demo):
     def filled() -> dict[str, Snapshot] | None:
-        snaps = snapshots(demo)
+        snaps = demo.snapshots()
         for snap in snaps.values():
             for engine in snap.engines:
                 for model in engine.models:

@@ -17,7 +17,6 @@ import httpx
 import pytest
 
 from console.core.config import load_fleet
-from console.core.wire import Snapshot
 from console.sim.demo_layout import LAUNCHED, MODELS
 from tests.conftest import run_cli
 from tests.engines.servers import wait_until
@@ -48,9 +47,7 @@ def cli(*args: str, timeout: float = 60) -> tuple[int, str]:
 def engine_pids(demo: SimFleet) -> dict[str, tuple[int | None, str]]:
     """Each deployment of the model: its engine's pid and state, as its agent says."""
     out = {}
-    for node in load_fleet(demo.fleet).nodes:
-        assert node.agent is not None
-        snap = Snapshot.model_validate_json(demo.get(f"{node.agent}/v1/snapshot").content)
+    for snap in demo.snapshots().values():
         for engine in snap.engines:
             for dep in engine.deployment_ids:
                 out[dep] = (engine.pid, engine.state)
