@@ -127,6 +127,9 @@ async def test_a_halted_rollout_is_shown_with_why_and_an_abort_names_it(
         await pilot.press("A")
         await until(pilot, lambda: "aborting a rollout" in web.refused, what="the refusal")
         assert not isinstance(web.screen, ConfirmScreen)
+        # Whatever reaches its one way to the gateway: what acts is refused there too.
+        abort = await web.gateway_call(lambda g: g.rollout_steer(rid, "abort", "x", "y"), "abort")
+        assert abort is None and web.refused[-1] == "a call to the gateway (abort)", web.refused
     assert gateway.admin("GET", f"/admin/rollouts/{rid}").json()["status"] == "halted"
 
     # An admin's console: where it stopped and why, then an abort named and confirmed.

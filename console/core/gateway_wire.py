@@ -8,6 +8,7 @@ some); request bodies do not (a misspelt key is an error, not ignored).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -209,12 +210,14 @@ class ModelCapacity(_Answer):
         return said + (f" ({self.unknown or 'not known'})" if self.ready is None else "")
 
 
-def capacity_head(capacity: dict[str, Any] | None) -> str:
+def capacity_head(capacity: Mapping[str, ModelCapacity | dict[str, Any] | None] | None) -> str:
     """The line above each model's `ModelCapacity.words()`: `capacity now (the plan takes 1
-    out at most per model)`, or that the gateway did not say."""
+    out at most per model)`, or that the gateway did not say. Each model's capacity as read
+    (a RolloutRecord's) or as recorded (its fields)."""
     if capacity is None:
         return "capacity now: ? (the gateway did not say)"
-    most = {(c or {}).get("max_unavailable") for c in capacity.values()} - {None}
+    most = {c.max_unavailable if isinstance(c, ModelCapacity) else (c or {}).get("max_unavailable")
+            for c in capacity.values()} - {None}  # fmt: skip
     if not most:
         return "capacity now"
     return f"capacity now (the plan takes {most.pop()} out at most per model)"
