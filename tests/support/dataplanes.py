@@ -217,6 +217,6 @@ async def fail_over_on_the_screens(
         assert not screen.query_one("#go", Button).disabled
         await pilot.click("#go")
         await until(pilot, lambda: job_ended(screen), 60, "the failover job's end")
-        assert screen.job and screen.job["state"] == "succeeded", screen.job
+        assert screen.job and screen.job.state == "succeeded", screen.job
         progress = shown(screen.query_one("#progress"))
         assert "SUCCEEDED" in progress and progress_has in progress, progress
