@@ -295,7 +295,7 @@ async def test_a_failover_from_a_diagnosis_verifies_it_once_confirmed(
             second.query_one("#mode", Select).value = "emergency"  # tiny-vllm does not answer
             await pilot.press("enter")
             job = await until(pilot, lambda: second.job, what="the failover job")
-            assert job["params"]["why"] == (
+            assert job.params["why"] == (
                 "from the console: diagnosis stale_trt_engine on tiny/tiny-trt"
             )  # the gateway audits the job with its params
             await back_verifying(app, pilot, screen, "failover", STALE)
@@ -707,7 +707,7 @@ async def test_w_quarantines_the_deployment_through_the_planned_drain_once_confi
                                "error_burst on tiny/tiny-vllm"), said  # fmt: skip
         await pilot.press("enter")  # the confirmation holds the focus, the name typed
         job = await until(pilot, lambda: second.job, what="the gateway's job")
-        assert job["params"] == {"model": "tiny", "drain": "tiny-vllm", "mode": "planned",
+        assert job.params == {"model": "tiny", "drain": "tiny-vllm", "mode": "planned",
                                  "why": "from the console: diagnosis error_burst on "
                                  "tiny/tiny-vllm"}  # fmt: skip
         await back_verifying(app, pilot, screen, "quarantine", BURST)
