@@ -30,9 +30,9 @@ import psutil
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from console.agent.gpu import GpuSampler  # noqa: E402
-from console.agent.node import NodeAgent  # noqa: E402
-from console.core.config import parse_fleet  # noqa: E402
+from console.agent.snapshot.gpu import GpuSampler  # noqa: E402
+from console.agent.snapshot.node import NodeAgent  # noqa: E402
+from console.core.config.load import parse_fleet  # noqa: E402
 from tests.engines import servers  # noqa: E402
 from tests.engines.triton_repo import write_repo  # noqa: E402
 from tests.nvml_double import FakeGpu, FakeNvml  # noqa: E402

@@ -47,7 +47,7 @@ sys.path.insert(0, str(ROOT))
 from bench.console_scale import start_scale_fleet  # noqa: E402
 from console.sim.fleetfile import TOKEN_ENV  # noqa: E402
 from console.tui.app import SLOW_LINK_REDRAW_S  # noqa: E402
-from console.tui.screendiff import ScreenDiff  # noqa: E402
+from console.tui.terminal.screendiff import ScreenDiff  # noqa: E402
 
 SIZE = (200, 50)
 WINDOW_S = 10.0

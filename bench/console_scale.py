@@ -43,8 +43,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.keypress import KeyTime, press  # noqa: E402
-from console.collect.collector import Collector, NodeState  # noqa: E402
-from console.core.config import load_fleet  # noqa: E402
+from console.collect.sources.collector import Collector, NodeState  # noqa: E402
+from console.core.config.load import load_fleet  # noqa: E402
 from console.sim.fleetfile import TOKEN_ENV  # noqa: E402
 from console.tui.app import EngineroomApp  # noqa: E402
 from console.tui.screens.fleet import FleetScreen  # noqa: E402

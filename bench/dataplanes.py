@@ -65,8 +65,8 @@ from bench.gateway_overhead import (  # noqa: E402
     throughput,
     ttft_once,
 )
-from console.core.config import parse_fleet  # noqa: E402
-from console.gateway.haproxy_config import render  # noqa: E402
+from console.core.config.load import parse_fleet  # noqa: E402
+from console.gateway.dataplanes.haproxy_config import render  # noqa: E402
 from tests.engines.servers import free_ports, wait_until  # noqa: E402
 
 OUT = ROOT / "docs" / "evidence" / "bench-dataplanes.txt"

@@ -7,7 +7,7 @@ profiles (two cold starts), each a deployment of model `tiny` at weight 50 behin
 `engineroom gateway`; open-loop streaming clients through the gateway the whole time. In
 the run: a planned failover all to `b` and back (restoring the weights from before), and
 a restart of `a` through its agent (a stop and a third cold start). The finder
-(console/collect/diagnoses.py) looks every LOOK_S, as the console does, at what the agent
+(console/collect/diagnose/diagnoser.py) looks every LOOK_S, as the console does, at what the agent
 and the gateway say. Every diagnosis it raises is a false positive: this fleet is healthy
 and everything in it is expected work. Target: zero.
 """
@@ -30,9 +30,9 @@ sys.path.insert(0, str(ROOT))
 
 from bench.incident_drill import Load  # noqa: E402
 from bench.realfleet import ADMIN, TOKEN, bench_env, start_agent_and_gateway, stop_all  # noqa: E402
-from console.collect.check import poll_once  # noqa: E402
-from console.collect.diagnoses import Diagnoser  # noqa: E402
-from console.core.config import load_fleet  # noqa: E402
+from console.collect.diagnose.diagnoser import Diagnoser  # noqa: E402
+from console.collect.views.check import poll_once  # noqa: E402
+from console.core.config.load import load_fleet  # noqa: E402
 from tests.engines import servers  # noqa: E402
 
 LOOK_S = 1.0

@@ -44,10 +44,10 @@ import psutil
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from console.collect.check import poll_once  # noqa: E402
-from console.collect.diagnoses import Diagnoser  # noqa: E402
+from console.collect.diagnose.diagnoser import Diagnoser  # noqa: E402
+from console.collect.views.check import poll_once  # noqa: E402
 from console.core import diagnosis as d  # noqa: E402
-from console.core.config import load_fleet  # noqa: E402
+from console.core.config.load import load_fleet  # noqa: E402
 from tests.engines import servers  # noqa: E402
 from tests.engines.triton_repo import write_repo  # noqa: E402
 

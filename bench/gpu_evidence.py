@@ -51,12 +51,12 @@ def start_load(gpu: int, seconds: float) -> subprocess.Popen[str]:
 
 
 def time_nvml(samples: int) -> dict[str, object]:
-    from console.agent.gpu import GpuSampler
+    from console.agent.snapshot.gpu import GpuSampler
 
     sampler = GpuSampler()
     if not sampler.available:
         return {"gpu_status": sampler.status}
-    from console.agent.gpu import SLOW_EVERY
+    from console.agent.snapshot.gpu import SLOW_EVERY
 
     n = len(sampler.sample())
     fast_us, slow_us, all_us = [], [], []
@@ -100,8 +100,8 @@ def time_nvml(samples: int) -> dict[str, object]:
 def time_cycles(cycles: int) -> dict[str, object]:
     import asyncio
 
-    from console.agent.node import NodeAgent
-    from console.core.config import parse_fleet
+    from console.agent.snapshot.node import NodeAgent
+    from console.core.config.load import parse_fleet
 
     fleet = parse_fleet(
         '[fleet]\nname = "gpu"\n[agent]\ndiscover = true\n'

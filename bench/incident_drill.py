@@ -42,7 +42,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.realfleet import ADMIN, bench_env, start_agent_and_gateway, stop_all  # noqa: E402
 from console.core import diagnosis as d  # noqa: E402
-from console.core.config import load_fleet  # noqa: E402
+from console.core.config.load import load_fleet  # noqa: E402
 from console.tui.app import EngineroomApp  # noqa: E402
 from console.tui.screens.diagnoses import DiagnosesScreen, DiagnosisScreen  # noqa: E402
 from console.tui.screens.failover import FailoverScreen  # noqa: E402

@@ -9,7 +9,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from console.agent.gpu import GpuSampler
+from console.agent.snapshot.gpu import GpuSampler
 
 sampler = GpuSampler()
 sampler.sample()

@@ -23,8 +23,8 @@ REFRESH_S = 2.0
 
 
 async def measure_console(fleet_path: Path, nodes: int) -> dict[str, object]:
-    from console.collect.promsource import PromSource
-    from console.core.config import load_fleet
+    from console.collect.prometheus.source import PromSource
+    from console.core.config.load import load_fleet
     from console.tui.app import EngineroomApp
     from console.tui.screens.fleet import FleetScreen
     from console.tui.screens.models import ModelsScreen

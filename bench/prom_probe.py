@@ -34,9 +34,15 @@ def probe(
     """The ingest floor, then each query alone (see the module's docstring)."""
     import httpx
 
-    from console.collect.promql import ANSWER, DCGM_READINGS, _tag, fleet_queries, matcher
-    from console.collect.promsource import SLICE_CYCLE_S
-    from console.core.config import parse_fleet
+    from console.collect.prometheus.promql import (
+        ANSWER,
+        DCGM_READINGS,
+        _tag,
+        fleet_queries,
+        matcher,
+    )
+    from console.collect.prometheus.source import SLICE_CYCLE_S
+    from console.core.config.load import parse_fleet
     from console.core.plugin import plugin_kinds
 
     procs = {

@@ -116,8 +116,8 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         rule_files = []
         section = f'url = "http://127.0.0.1:1"\nwindow_s = {args.window}\n'
         if args.recorded:  # the latency and rate figures kept by recording rules
-            from console.collect.promql import recording_rules
-            from console.core.config import parse_fleet
+            from console.collect.prometheus.promql import recording_rules
+            from console.core.config.load import parse_fleet
             from console.core.plugin import plugin_kinds
 
             parsed = parse_fleet(f'[fleet]\nname = "x"\n[prometheus]\n{section}')

@@ -2,7 +2,7 @@
 
     .venv/bin/python -m bench.recording [--quick]      (part of `make bench`)
 
-1. Size: `engineroom record`'s own code (console.collect.recorder.record) on the
+1. Size: `engineroom record`'s own code (console.collect.recordings.recorder.record) on the
    SIMULATED scale fleet (`python -m console.sim --scale N`, 8 GPUs and 2 engines a node,
    new values every second) at 10, 100 and 1,000 nodes. The file's growth is measured
    over a steady minute (from 30 s to 90 s after the start, so exactly one 60 s keyframe
@@ -38,12 +38,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.console_scale import pct, start_scale_fleet  # noqa: E402
-from console.collect.collector import Collector  # noqa: E402
-from console.collect.recorder import record  # noqa: E402
-from console.collect.recording import Recording  # noqa: E402
-from console.collect.recording_writer import RecordingWriter  # noqa: E402
-from console.collect.replay import ReplayCollector  # noqa: E402
-from console.core.config import load_fleet, parse_fleet  # noqa: E402
+from console.collect.recordings.reader import Recording  # noqa: E402
+from console.collect.recordings.recorder import record  # noqa: E402
+from console.collect.recordings.replay import ReplayCollector  # noqa: E402
+from console.collect.recordings.writer import RecordingWriter  # noqa: E402
+from console.collect.sources.collector import Collector  # noqa: E402
+from console.core.config.load import load_fleet, parse_fleet  # noqa: E402
 from console.sim.fleetfile import TOKEN_ENV  # noqa: E402
 from console.sim.scale import _Node  # noqa: E402
 from console.tui.app import EngineroomApp  # noqa: E402

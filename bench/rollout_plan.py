@@ -8,7 +8,7 @@ names): eight deployments a node; models of 2 to 16 deployments that carry traff
 100 or 50), one in ten a model with a single carrying deployment and a standby at weight 0
 with a launch profile, planned with --allow-standby. Every deployment is selected (a
 fleet-wide restart). For each size and --max-unavailable 1 and 2 it prints the median of
---runs plannings (console.core.rollout.make_plan on the parsed fleet: what `rollout plan`
+--runs plannings (console.core.rollouts.planner.make_plan on the parsed fleet: what `rollout plan`
 does after reading fleet.toml), the waves, the deployments and standbys planned, and the
 median time to hold the plan to the rules again (`rollout check`'s check_plan) and to
 write it as JSON and TOML (size of each). Output: docs/evidence/bench-rollout-plan.txt.
@@ -33,9 +33,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from console.core.config import Fleet, parse_fleet  # noqa: E402
-from console.core.rollout import Ask, check_plan, counts, make_plan  # noqa: E402
-from console.core.rollout_plan import Plan, write_plan  # noqa: E402
+from console.core.config.load import Fleet, parse_fleet  # noqa: E402
+from console.core.rollouts.plan_file import Plan, write_plan  # noqa: E402
+from console.core.rollouts.planner import Ask, check_plan, counts, make_plan  # noqa: E402
 from console.sim.fleetfile import FleetText, model_tables, node_name  # noqa: E402
 
 OUT = ROOT / "docs" / "evidence" / "bench-rollout-plan.txt"

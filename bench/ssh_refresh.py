@@ -29,8 +29,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from console.collect.collector import Collector  # noqa: E402
-from console.core.config import parse_fleet  # noqa: E402
+from console.collect.sources.collector import Collector  # noqa: E402
+from console.core.config.load import parse_fleet  # noqa: E402
 from tests.engines import servers  # noqa: E402
 from tests.sshd import (  # noqa: E402
     install_engineroom,

@@ -27,10 +27,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from console.agent import manifest  # noqa: E402
-from console.agent.jobs import JobRunner  # noqa: E402
-from console.agent.node import NodeAgent  # noqa: E402
-from console.core.config import parse_fleet  # noqa: E402
+from console.agent.drills import manifest  # noqa: E402
+from console.agent.jobs.runner import JobRunner  # noqa: E402
+from console.agent.snapshot.node import NodeAgent  # noqa: E402
+from console.core.config.load import parse_fleet  # noqa: E402
 
 FLEET = """
 [fleet]

@@ -13,7 +13,7 @@ import sys
 
 from console.commands import COMMANDS
 from console.commands.base import EXIT_CONFIG, EXIT_USAGE
-from console.core.config import ConfigError
+from console.core.config.load import ConfigError
 from console.core.safetext import say
 
 

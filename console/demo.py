@@ -72,7 +72,7 @@ def run_demo(*, no_tui: bool = False, nodes: int = 4) -> int:
         shutil.rmtree(out_dir, ignore_errors=True)  # the fleet file, agents' state, logs
 
     try:
-        from console.core.config import load_fleet
+        from console.core.config.load import load_fleet
         from console.tui.app import run_tui
 
         return run_tui(load_fleet(fleet_path), cleanup=stop_sim)

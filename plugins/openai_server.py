@@ -11,7 +11,7 @@ import asyncio
 from dataclasses import dataclass
 
 from console.core.fetch import FetchError, Response
-from console.core.readings import EngineReading
+from console.core.metrics.readings import EngineReading
 from plugins.base import Discovered, ProbeContext, flag_value, local_url, port_from
 
 Result = Response | BaseException

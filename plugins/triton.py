@@ -14,8 +14,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from console.core.fetch import FetchError
-from console.core.promtext import Exposition, MetricsGarbage, parse
-from console.core.readings import (
+from console.core.metrics.promtext import Exposition, MetricsGarbage, parse
+from console.core.metrics.readings import (
     EngineReading,
     Histogram,
     MeanCounter,

@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from console.core.fetch import FetchError, Response
-from console.core.promtext import MetricsGarbage, parse
-from console.core.readings import EngineReading, ModelReading, histograms_by, values_by
+from console.core.metrics.promtext import MetricsGarbage, parse
+from console.core.metrics.readings import EngineReading, ModelReading, histograms_by, values_by
 from plugins import openai_server
 from plugins.base import (
     Discovered,

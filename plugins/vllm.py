@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from console.core.config_model import Profile
+from console.core.config.model import Profile
 from console.core.fetch import Response
 from console.core.launch import Launch, apply_overrides, flag_args, gpu_env
-from console.core.promtext import Exposition, MetricsGarbage, parse
-from console.core.readings import (
+from console.core.metrics.promtext import Exposition, MetricsGarbage, parse
+from console.core.metrics.readings import (
     EngineReading,
     ModelReading,
     capped_reasons,

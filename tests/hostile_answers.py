@@ -18,7 +18,8 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
-from console.core import drillreport, wire
+from console.core import wire
+from console.core.drills import report as drillreport
 from tests.support.loopback_http import LoopbackHttp, QuietHandler
 
 PAYLOADS = {

@@ -15,8 +15,8 @@ import resource
 import sys
 import tracemalloc
 
-from console.collect.promsource import PromSource
-from console.core.config import parse_fleet
+from console.collect.prometheus.source import PromSource
+from console.core.config.load import parse_fleet
 
 
 async def main(url: str, budgets: list[int]) -> None:

@@ -12,10 +12,10 @@ import time
 
 import pytest
 
-from console.agent.discovery import EngineProcess
-from console.agent.gpu import GpuSampler, decode_clock_event_reasons
-from console.agent.node import NodeAgent
-from console.core.config import parse_fleet
+from console.agent.snapshot.discovery import EngineProcess
+from console.agent.snapshot.gpu import GpuSampler, decode_clock_event_reasons
+from console.agent.snapshot.node import NodeAgent
+from console.core.config.load import parse_fleet
 from plugins.base import Discovered
 from tests.engines.servers import wait_until
 from tests.nvml_double import FakeGpu, FakeNvml

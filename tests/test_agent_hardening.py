@@ -28,17 +28,17 @@ import psutil
 import pytest
 import uvicorn
 
-from console.agent.app import MAX_BODY_BYTES, create_app
-from console.agent.auth import TokenError, Tokens
-from console.agent.gpu import GpuSampler
-from console.agent.jobs import JobRunner
-from console.agent.node import NodeAgent
-from console.agent.processes import capped_output
-from console.agent.signals import signal_group, signal_process
-from console.agent.store import JobEnded, Store
-from console.agent.supervisor import Managed, Supervisor
-from console.collect.actions import ActionError, AgentActions
-from console.core.config import load_fleet, parse_fleet
+from console.agent.api.app import MAX_BODY_BYTES, create_app
+from console.agent.api.auth import TokenError, Tokens
+from console.agent.jobs.runner import JobRunner
+from console.agent.jobs.store import JobEnded, Store
+from console.agent.snapshot.gpu import GpuSampler
+from console.agent.snapshot.node import NodeAgent
+from console.agent.supervise.processes import capped_output
+from console.agent.supervise.signals import signal_group, signal_process
+from console.agent.supervise.supervisor import Managed, Supervisor
+from console.collect.clients.actions import ActionError, AgentActions
+from console.core.config.load import load_fleet, parse_fleet
 from tests.conftest import OPERATOR, ROOT, VIEWER, Agent, agent_env, run_cli
 from tests.engines.servers import free_port, require_python, running, vllm_python, wait_until
 from tests.nvml_double import FakeGpu, FakeNvml

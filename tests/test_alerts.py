@@ -6,12 +6,12 @@ import time
 
 import pytest
 
-from console.collect.alerts import Alert, AlertTracker, EventLog
-from console.collect.collector import NodeState
-from console.collect.gateway_view import GatewayDeployment, parse
-from console.collect.view import build
+from console.collect.sources.collector import NodeState
+from console.collect.views.alerts import Alert, AlertTracker, EventLog
+from console.collect.views.gateway_view import GatewayDeployment, parse
+from console.collect.views.view import build
 from console.core import alertrules, slo
-from console.core.config import parse_fleet
+from console.core.config.load import parse_fleet
 from console.core.snapshot import (
     Engine,
     Gpu,

@@ -13,7 +13,7 @@ COMMITTED = ROOT / "docs" / "api" / apidocs.AGENT_FILE
 def test_the_committed_agent_openapi_is_current():
     written = apidocs.agent_openapi_text()
     assert COMMITTED.read_text() == written, (
-        f"{COMMITTED.relative_to(ROOT)} is out of date with console/agent/app.py and "
+        f"{COMMITTED.relative_to(ROOT)} is out of date with console/agent/api/app.py and "
         "console/core/wire.py: run `.venv/bin/python -m tools.apidocs docs/api` and commit it"
     )
 

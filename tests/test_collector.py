@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-from console.collect.collector import Collector
-from console.core.config import parse_fleet
+from console.collect.sources.collector import Collector
+from console.core.config.load import parse_fleet
 from tests.conftest import VIEWER, agent_env, run_cli
 from tests.engines.servers import free_port
 from tests.support.fleet import deployment, fleet_model, fleet_toml

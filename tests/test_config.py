@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from console.core.config import ConfigError, load_fleet, parse_fleet
+from console.core.config.load import ConfigError, load_fleet, parse_fleet
 from tests.conftest import run_cli
 
 GOOD = """\
@@ -156,7 +156,7 @@ validate = {{ max_tokens = 8 }}
 
 
 def test_drills_are_checked_with_their_lines():
-    from console.agent.drill_plan import plan, values
+    from console.agent.drills.plan import plan, values
 
     error = error_of(GOOD + DRILL.format(deployment="llama-trt"))
     assert "fleet.toml:36: drills.llama-fp8.steps.build: unknown placeholder {bogus}" in error
@@ -184,7 +184,7 @@ def test_drills_are_checked_with_their_lines():
 
 
 def test_stale_reasons_name_every_fact_that_changed_and_ignore_unknowns():
-    from console.agent.manifest import compute_capability_of, stale_reasons
+    from console.agent.drills.manifest import compute_capability_of, stale_reasons
 
     built = {
         "versions": {

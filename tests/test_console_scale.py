@@ -13,10 +13,10 @@ import psutil
 import pytest
 from aiohttp import web
 
-import console.collect.collector as collector_module
-from console.collect.collector import Collector
+import console.collect.sources.collector as collector_module
+from console.collect.sources.collector import Collector
 from console.core import wire
-from console.core.config import Fleet, load_fleet, parse_fleet
+from console.core.config.load import Fleet, load_fleet, parse_fleet
 from console.core.snapshot import Host, NodeInfo, Snapshot, decode_snapshot
 from console.sim.fleetfile import TOKEN_ENV
 from console.tui.app import EngineroomApp
@@ -279,8 +279,8 @@ def test_a_nodes_part_of_the_view_is_made_as_its_snapshot_arrives_not_at_the_ref
     """The refresh tick only puts parts together: deriving 1,000 nodes there at once held
     key presses back 60-100 ms every second. A node whose snapshot did not change since is
     not derived again either."""
-    from console.collect.collector import NodeState
-    from console.collect.view import ViewBuilder
+    from console.collect.sources.collector import NodeState
+    from console.collect.views.view import ViewBuilder
     from console.core.snapshot import Gpu
 
     snap = Snapshot(
@@ -311,8 +311,8 @@ def test_a_nodes_part_of_the_view_is_made_as_its_snapshot_arrives_not_at_the_ref
 
 def test_a_nodes_fleet_row_is_new_when_its_error_or_alerts_change():
     """The kept row must not hide a change: an error, or a GPU that turned hot."""
-    from console.collect.collector import NodeState
-    from console.collect.view import ViewBuilder
+    from console.collect.sources.collector import NodeState
+    from console.collect.views.view import ViewBuilder
     from console.core.snapshot import Gpu
 
     def snap(temp: float) -> Snapshot:
@@ -340,8 +340,8 @@ def test_models_rows_work_out_their_filter_fields_only_when_a_filter_asks(
 ):
     """Models makes a row for each of 2,000 deployments every refresh at 1,000 nodes: the
     fields the `/` filter reads are worked out only for a filter, and are right then."""
-    from console.collect.view import DeploymentRow
-    from console.core.config import Model
+    from console.collect.views.view import DeploymentRow
+    from console.core.config.load import Model
     from console.tui.screens import models
 
     asked: list[object] = []
@@ -495,8 +495,8 @@ def test_a_patched_view_is_the_view_built_whole(monkeypatch: pytest.MonkeyPatch)
     makes of the same states: lines, deployment rows, GPU cells, alerts and summary. The
     steps change a GPU's heat, an error, a status as time passes, an engine that comes
     and goes, a GPU that goes: the last two no longer fit the last view's places."""
-    from console.collect.collector import NodeState
-    from console.collect.view import ViewBuilder
+    from console.collect.sources.collector import NodeState
+    from console.collect.views.view import ViewBuilder
 
     fleet = _three_nodes()
     snap = _node_snapshot
@@ -599,7 +599,7 @@ async def test_fleet_and_models_patched_rows_are_the_rows_drawn_whole(
     The node states are set by the test (nothing is polled)."""
     from rich.text import Text
 
-    from console.collect.collector import NodeState
+    from console.collect.sources.collector import NodeState
     from console.tui.screens.models import ModelsScreen
     from console.tui.widgets.table import FleetTable, Row
 

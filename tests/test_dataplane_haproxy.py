@@ -27,17 +27,17 @@ from pathlib import Path
 import httpx
 import pytest
 
-from console.core.config import ConfigError, load_fleet, parse_fleet
-from console.gateway.dataplane import DataPlaneError, DrainTimeout
-from console.gateway.dp_haproxy import (
+from console.core.config.load import ConfigError, load_fleet, parse_fleet
+from console.gateway.dataplanes.base import DataPlaneError, DrainTimeout
+from console.gateway.dataplanes.haproxy import (
     MAX_ANSWER_BYTES,
     HAProxyPlane,
     RuntimeAPI,
     ServerStat,
     _failures_detail,
 )
-from console.gateway.haproxy_config import servers_in, with_weights
-from console.gateway.routes import GatewayStore
+from console.gateway.dataplanes.haproxy_config import servers_in, with_weights
+from console.gateway.routing.routes import GatewayStore
 from tests.conftest import ROOT
 from tests.engines.servers import VllmServer, wait_until
 from tests.support.dataplanes import second_vllm

@@ -6,7 +6,7 @@ rollback, a restart mid-job, the screens) is tests/test_dataplane_contract.py.
 One pair of engines serves the whole module: the session's vLLM ("a", shared with other
 modules, never stopped here) and the data-plane tests' second one
 (tests.support.dataplanes.second_vllm, "b", the one the last test kills). The router is
-this module's. The data plane (console.gateway.dp_router.RouterPlane) is driven directly,
+this module's. The data plane (console.gateway.dataplanes.router.RouterPlane) is driven directly,
 as the failover jobs drive it, and requests are counted where they landed from the
 engines' own counters.
 """
@@ -27,10 +27,10 @@ import httpx
 import psutil
 import pytest
 
-from console.core.config import parse_fleet
-from console.gateway.dataplane import DataPlaneError, DrainTimeout
-from console.gateway.dp_router import RouterPlane
-from console.gateway.routes import GatewayStore
+from console.core.config.load import parse_fleet
+from console.gateway.dataplanes.base import DataPlaneError, DrainTimeout
+from console.gateway.dataplanes.router import RouterPlane
+from console.gateway.routing.routes import GatewayStore
 from tests.engines.servers import VllmServer, free_ports, stop, wait_until
 from tests.support.dataplanes import Router, running, second_vllm, served, two_vllm_fleet
 from tests.test_gateway import (

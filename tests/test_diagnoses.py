@@ -23,17 +23,19 @@ import httpx
 import psutil
 import pytest
 
-from console.agent.gpu import GpuSampler
-from console.collect import diagnose_engines, diagnose_fleet, diagnoses
-from console.collect.check import Diagnosed, poll_once
-from console.collect.deployments import DeploymentRow
-from console.collect.diagnose_out import render_markdown, render_text
-from console.collect.diagnoses import Diagnoser, Diagnosis, diagnose_once
-from console.collect.gateway_view import GatewayDeployment, GatewayPercentiles, GatewayView
-from console.collect.source import NodeState
-from console.collect.view import build
+from console.agent.snapshot.gpu import GpuSampler
+from console.collect.diagnose import diagnoser as diagnoses
+from console.collect.diagnose import engines as diagnose_engines
+from console.collect.diagnose import fleet as diagnose_fleet
+from console.collect.diagnose.diagnoser import Diagnoser, Diagnosis, diagnose_once
+from console.collect.diagnose.output import render_markdown, render_text
+from console.collect.sources.source import NodeState
+from console.collect.views.check import Diagnosed, poll_once
+from console.collect.views.deployments import DeploymentRow
+from console.collect.views.gateway_view import GatewayDeployment, GatewayPercentiles, GatewayView
+from console.collect.views.view import build
 from console.core import diagnosis as d
-from console.core.config import ConfigError, load_fleet, parse_fleet
+from console.core.config.load import ConfigError, load_fleet, parse_fleet
 from console.core.snapshot import Latency, Percentiles, decode_snapshot
 from console.core.snapshot import ModelStats as SnapModelStats
 from console.core.wire import Engine, EngineJobResult, GoneGpu, Host, Job, NodeInfo, Snapshot
@@ -600,8 +602,8 @@ async def test_a_gpu_gone_after_a_restart_and_a_lost_one_are_gpu_faults(tmp_path
     hardware fault, by its UUID (NVML numbers the rest anew). Replaced (a new UUID, three
     listed again): nothing. A GPU lost while the agent runs keeps its place in NVML's list
     with its reads failing: a hardware fault too."""
-    from console.agent.gpu_inventory import GpuInventory
-    from console.agent.node import NodeAgent
+    from console.agent.snapshot.gpu_inventory import GpuInventory
+    from console.agent.snapshot.node import NodeAgent
 
     fleet = parse_fleet(NODE_FLEET + "[agent]\ndiscover = false\n")
     gpus = [FakeGpu(uuid=f"GPU-{n}") for n in "abc"]

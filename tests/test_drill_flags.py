@@ -5,7 +5,7 @@ from its published source and recorded (tests/fixtures/trtllm-1.2-flags.json, wi
 file and commit of each). Releases after 1.3.0rc20 have no engine backend: what their
 trtllm-serve takes, and the tools they no longer have, are recorded the same way
 (tests/fixtures/trtllm-main-flags.json); a drill against one either runs only what it
-has, or is refused when it is planned (console.core.trtllm_releases)."""
+has, or is refused when it is planned (console.core.drills.trtllm_releases)."""
 
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ from typing import get_args
 
 import pytest
 
-from console.agent.drill_plan import PRECISIONS, templates
-from console.core.config import Drill
-from console.core.trtllm_releases import (
+from console.agent.drills.plan import PRECISIONS, templates
+from console.core.config.load import Drill
+from console.core.drills.trtllm_releases import (
     ENGINE_BACKEND_LAST,
     GONE_WITH_ENGINE_BACKEND,
     drill_release_problems,
@@ -161,7 +161,7 @@ def test_each_recorded_tool_names_its_source():
 def test_the_candidate_serves_a_directory_named_after_the_model(tmp_path):
     """Without --served_model_name, trtllm-serve advertises its MODEL directory's name: the
     serve step links {served_dir} (named after the model) to the engine, then execs."""
-    from console.agent.drill_plan import plan, values
+    from console.agent.drills.plan import plan, values
 
     drill = llama_drill()
     engine = tmp_path / "stage" / "engine"

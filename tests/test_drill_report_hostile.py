@@ -1,5 +1,5 @@
 """`engineroom drill show` reads a report from an agent that may be compromised: the JSON
-is typed before the console renders it (console/core/drillreport_check.py), and what is
+is typed before the console renders it (console/core/drills/report_check.py), and what is
 not a report is one line naming the node, never a traceback (issue 27, the drill-report
 sibling of defect 7).
 

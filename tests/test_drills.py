@@ -311,7 +311,7 @@ def test_a_failing_build_stops_the_drill_and_leaves_nothing(node: Node) -> None:
 
 
 def _port_busy(port: int) -> bool:
-    from console.agent.preflight import port_check
+    from console.agent.jobs.preflight import port_check
 
     return not port_check(port).ok
 
@@ -361,7 +361,7 @@ def test_a_hung_step_is_killed_by_its_timeout_and_a_cancel_kills_the_build(node:
     job = node.wait(job_id, timeout=30)
     assert job["state"] == "cancelled"
     assert _steps(job)["build"] == "cancelled"
-    from console.agent.supervisor import group_pids
+    from console.agent.supervise.supervisor import group_pids
 
     assert group_pids(build_pgid) == []
     assert not (node.cache / ".staging").exists()
@@ -410,7 +410,7 @@ def test_the_pytorch_pipeline_builds_by_loading_and_a_killed_agent_leaves_no_ste
     pgid = agent.get(f"/v1/jobs/{job_id}").json()["result"]["processes"]["build"][0]
     agent.process.kill()
     agent.process.wait()
-    from console.agent.supervisor import group_pids
+    from console.agent.supervise.supervisor import group_pids
 
     assert group_pids(pgid), "the build should outlive the agent's death"
     # ...and the next agent kills it, fails the job with the reason, and clears the staging.
@@ -426,7 +426,7 @@ def test_the_pytorch_pipeline_builds_by_loading_and_a_killed_agent_leaves_no_ste
 
 def test_the_markdown_report_never_cuts_a_word():
     """Issue 28 #15: `drill show --markdown` cut step details mid-word at 160 characters."""
-    from console.core import drillreport
+    from console.core.drills import report as drillreport
 
     detail = "the candidate answered " + "exactly like the baseline " * 10 + "ENDWORD"
     prompt = "Summarize the incident timeline for the on-call handover please " * 2
@@ -455,7 +455,7 @@ def test_a_manifest_too_big_or_too_deep_is_no_manifest(tmp_path):
     """An engine folder is outside input for the agent: a manifest of gigabytes was read
     whole, and one nested 100,000 deep raised RecursionError through the staleness
     check (issue 27, a sibling of #5)."""
-    from console.agent import manifest
+    from console.agent.drills import manifest
 
     deep = tmp_path / "deep"
     deep.mkdir()

@@ -19,21 +19,21 @@ from pathlib import Path
 
 import pytest
 
-from console.agent.discovery import EngineProcess
-from console.agent.engines import Tracked, _api_server_cpu
-from console.agent.exposition import render
-from console.collect.promql import Point, Sample, fleet_queries
-from console.collect.promread import FleetReader, NodeReadings
-from console.core.config import parse_fleet
-from console.core.plugin import Discovered, EngineTarget, plugin_kinds
-from console.core.readings import (
+from console.agent.api.exposition import render
+from console.agent.snapshot.discovery import EngineProcess
+from console.agent.snapshot.engines import Tracked, _api_server_cpu
+from console.collect.prometheus.promql import Point, Sample, fleet_queries
+from console.collect.prometheus.read import FleetReader, NodeReadings
+from console.core.config.load import parse_fleet
+from console.core.metrics.readings import (
     MAX_REASON_CHARS,
     MAX_WAITING_REASONS,
     OTHER_REASON,
     ModelReading,
     capped_reasons,
 )
-from console.core.window import ModelWindow
+from console.core.metrics.window import ModelWindow
+from console.core.plugin import Discovered, EngineTarget, plugin_kinds
 from console.core.wire import Engine, Host, ModelStats, NodeInfo, Snapshot
 from plugins.triton import TritonPlugin, read_models
 from plugins.trtllm import TrtllmPlugin, prometheus_models
@@ -531,9 +531,9 @@ def test_a_prometheus_without_the_series_leaves_them_unknown():
 
 
 def test_check_json_gives_the_figures_per_deployment_and_the_cpu_per_engine():
-    from console.collect.check import to_dict
-    from console.collect.collector import NodeState
-    from console.collect.view import build
+    from console.collect.sources.collector import NodeState
+    from console.collect.views.check import to_dict
+    from console.collect.views.view import build
     from console.core.snapshot import decode_snapshot
 
     fleet = parse_fleet(prometheus_fleet(weight=100))

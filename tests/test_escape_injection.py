@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from console.collect.check import to_prometheus
-from console.collect.collector import NodeState
-from console.collect.view import build
-from console.core.config import parse_fleet
+from console.collect.sources.collector import NodeState
+from console.collect.views.check import to_prometheus
+from console.collect.views.view import build
+from console.core.config.load import parse_fleet
 from tests.conftest import VIEWER, agent_env, run_cli, start_agent
 from tests.engines.servers import free_port, stop
 from tests.hostile_answers import (
@@ -225,7 +225,7 @@ def test_check_reading_prometheus_shows_hostile_labels_as_escapes(tmp_path):
 
 
 def test_the_timeline_markdown_keeps_one_escaped_line_per_entry(tmp_path):
-    from console.collect.recording_writer import RecordingWriter
+    from console.collect.recordings.writer import RecordingWriter
     from tests.test_replay import CPU, T0
 
     cpu = json.loads(CPU.read_text())

@@ -26,7 +26,7 @@ import aiohttp
 import httpx
 import pytest
 
-from console.core.config import parse_fleet
+from console.core.config.load import parse_fleet
 from console.tui.app import EngineroomApp
 from tests.conftest import ROOT
 from tests.engines.servers import free_port, stop

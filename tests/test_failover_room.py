@@ -1,4 +1,4 @@
-"""A failover target's room is read one way and said one way (console.gateway.targetcheck):
+"""A failover target's room is read one way and said one way (console.gateway.failover.targetcheck):
 "capacity: KV cache N%, queue M" from the engine's own metrics, or "capacity unknown:
 <why>" when they cannot be read. Issue 28, defect 7: the same target read "capacity
 unknown (no metrics)" once and "target KV cache 23 %" the next time. Real vLLM on
@@ -12,10 +12,10 @@ import re
 import aiohttp
 import pytest
 
-from console.core.config import Deployment
-from console.gateway.measure import Measures
-from console.gateway.targetcheck import room
-from console.gateway.upstream import Upstream
+from console.core.config.load import Deployment
+from console.gateway.failover.targetcheck import room
+from console.gateway.routing.measure import Measures
+from console.gateway.routing.upstream import Upstream
 from tests.engines.servers import free_port
 
 pytestmark = pytest.mark.engines

@@ -1,5 +1,5 @@
 """The failover's target is the healthiest deployment, and the plan says why
-(console.collect.failover_targets, used by the console's failover screen and
+(console.collect.moves.failover_targets, used by the console's failover screen and
 `engineroom failover --plan`). Issue 28, defect 11: on llama-3.1-70b the sickest row (TTFT
 p95 20 s, queue 90, KV 88 %) was preselected because it came first in fleet.toml."""
 
@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from console.collect.failover_targets import preselected, rank
-from console.collect.gateway_view import parse
-from console.core.config import parse_fleet
+from console.collect.moves.failover_targets import preselected, rank
+from console.collect.views.gateway_view import parse
+from console.core.config.load import parse_fleet
 from console.core.snapshot import Latency, ModelStats, Percentiles
 from tests.support.fleet import deployment, fleet_model, fleet_toml
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from console.core.config import parse_fleet
+from console.core.config.load import parse_fleet
 from tests.support.fleet import deployment, fleet_toml, vllm_profile
 
 # Any text: quotes, backslashes, control characters (DEL too), line separators, astral

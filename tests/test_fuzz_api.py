@@ -35,7 +35,7 @@ import psutil
 import pytest
 import yaml
 
-from console.agent.engines import engine_id as make_engine_id
+from console.agent.snapshot.engines import engine_id as make_engine_id
 from tests.conftest import OPERATOR, ROOT, VIEWER, Agent
 from tests.engines.servers import free_ports, log_tail, stop, wait_until
 from tests.support.fleet import fleet_toml, model_dir, vllm_profile

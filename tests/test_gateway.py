@@ -342,7 +342,7 @@ def test_a_window_with_few_requests_is_judged_on_at_least_20(gateway_factory):
     """A p95 over a handful of requests is their slowest: one slow request failed a healthy
     fail-back (issue 28, defect 7). With no client traffic at all, each verification
     window is made up to MIN_SAMPLES requests with canaries straight to the target."""
-    from console.gateway.verify import MIN_SAMPLES
+    from console.gateway.failover.verify import MIN_SAMPLES
 
     gw = gateway_factory()
     resp = gw.admin("POST", "/admin/failover", json={"model": "tiny", "to": "tiny-vllm"})
@@ -509,7 +509,7 @@ async def test_a_console_with_the_gateways_viewer_token_disables_failover_up_fro
     """The console asks the gateway what its token may do (GET /admin/whoami): with the
     viewer token, the fail over key is disabled and a failover is refused before any plan
     is asked for, naming the token's variable."""
-    from console.core.config import load_fleet
+    from console.core.config.load import load_fleet
     from console.tui.app import EngineroomApp
     from console.tui.screens.failover import FailoverScreen
     from console.tui.screens.models import ModelsScreen
@@ -542,7 +542,7 @@ async def test_a_console_with_the_gateways_viewer_token_disables_failover_up_fro
 async def test_the_console_fails_over_after_the_model_name_is_typed(gateway_factory):
     from textual.widgets import Button, Input, Select
 
-    from console.core.config import load_fleet
+    from console.core.config.load import load_fleet
     from console.tui.app import EngineroomApp
     from console.tui.screens.failover import FailoverScreen
     from console.tui.screens.models import ModelsScreen
@@ -589,7 +589,7 @@ async def test_the_console_drains_a_replica_and_restores_from_the_keyboard(gatew
     the confirmation naming it, then restore the weights from before that drain."""
     from textual.widgets import Input, Select
 
-    from console.core.config import load_fleet
+    from console.core.config.load import load_fleet
     from console.tui.app import EngineroomApp
     from console.tui.screens.failover import FailoverScreen
     from tests.tui_support import until
@@ -611,7 +611,8 @@ async def test_the_console_drains_a_replica_and_restores_from_the_keyboard(gatew
             "the plan",
         )
         await until(pilot, lambda: screen.plan is not None, 30, "the gateway's plan")
-        # The healthiest preselected (console.collect.failover_targets), and the plan says why.
+        # The healthiest preselected (console.collect.moves.failover_targets), and the plan says
+        # why.
         target = screen.query_one("#target", Select).value
         assert target == screen.first_choice
         # No agent answers for this fleet's node: the engines' states are unknown, and so

@@ -26,11 +26,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from console.core.config import Fleet, parse_fleet
-from console.gateway.dataplane import DataPlaneError
-from console.gateway.dp_haproxy import HAProxyPlane
-from console.gateway.haproxy_config import render, split_line
-from console.gateway.routes import GatewayStore
+from console.core.config.load import Fleet, parse_fleet
+from console.gateway.dataplanes.base import DataPlaneError
+from console.gateway.dataplanes.haproxy import HAProxyPlane
+from console.gateway.dataplanes.haproxy_config import render, split_line
+from console.gateway.routing.routes import GatewayStore
 from tests.engines.servers import free_port, log_tail, stop, wait_until
 from tests.support.fleet import deployment, fleet_model, fleet_toml
 from tests.support.haproxy import runtime

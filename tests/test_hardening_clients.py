@@ -26,12 +26,12 @@ from typing import Any
 import httpx
 import pytest
 
-from console.collect.actions import ActionError, AgentActions
-from console.collect.collector import Collector
-from console.collect.gateway_client import GatewayClient
+from console.collect.clients.actions import ActionError, AgentActions
+from console.collect.clients.gateway_client import GatewayClient
+from console.collect.sources.collector import Collector
 from console.commands.failover import Ask, run_failover
-from console.core.config import MissingSecret, load_fleet
-from console.gateway.routes import FleetFileChanged, save_to_fleet
+from console.core.config.load import MissingSecret, load_fleet
+from console.gateway.routing.routes import FleetFileChanged, save_to_fleet
 from tests.conftest import OPERATOR, ROOT, agent_env
 from tests.engines.servers import free_port, stop, wait_until
 from tests.support.cost import traced

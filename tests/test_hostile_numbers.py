@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from console.collect.gateway_view import GatewayPercentiles
-from console.collect.gateway_view import parse as parse_gateway
-from console.collect.linestream import StreamError, open_stream
-from console.core.promtext import finite, parse
-from console.core.window import ModelWindow
+from console.collect.sources.linestream import StreamError, open_stream
+from console.collect.views.gateway_view import GatewayPercentiles
+from console.collect.views.gateway_view import parse as parse_gateway
+from console.core.metrics.promtext import finite, parse
+from console.core.metrics.window import ModelWindow
 from plugins.base import json_number, port_from
 from plugins.triton import read_models
 from plugins.trtllm import iteration_model

@@ -11,14 +11,14 @@ from pathlib import Path
 import pytest
 
 HEADLESS = [
-    "console.core.config",
-    "console.core.window",
-    "console.agent.app",
-    "console.agent.node",
+    "console.core.config.load",
+    "console.core.metrics.window",
+    "console.agent.api.app",
+    "console.agent.snapshot.node",
     "console.collect",
-    "console.collect.collector",
-    "console.collect.view",
-    "console.collect.check",
+    "console.collect.sources.collector",
+    "console.collect.views.view",
+    "console.collect.views.check",
     "plugins.vllm",
     "plugins.triton",
     "plugins.trtllm",

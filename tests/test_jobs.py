@@ -21,11 +21,11 @@ import httpx
 import psutil
 import pytest
 
-from console.agent.engines import engine_id as make_engine_id
-from console.collect.diagnoses import diagnose_once
-from console.collect.source import NodeState
-from console.collect.view import build
-from console.core.config import parse_fleet
+from console.agent.snapshot.engines import engine_id as make_engine_id
+from console.collect.diagnose.diagnoser import diagnose_once
+from console.collect.sources.source import NodeState
+from console.collect.views.view import build
+from console.core.config.load import parse_fleet
 from console.core.snapshot import Snapshot, snapshot_from
 from tests.conftest import OPERATOR, ROOT, VIEWER, Agent, agent_env, run_cli
 from tests.engines.servers import free_port, running, stop, vllm_python, wait_until

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from console.agent.launch import LaunchError, vllm_launch
-from console.core.config import parse_fleet
+from console.agent.jobs.launch import LaunchError, vllm_launch
+from console.core.config.load import parse_fleet
 
 FLEET = parse_fleet("""
 [fleet]

@@ -1,4 +1,4 @@
-"""The snapshot stream read off the socket (console/collect/linestream.py): HTTP/1.1
+"""The snapshot stream read off the socket (console/collect/sources/linestream.py): HTTP/1.1
 framing however the bytes are cut, the newest line only, and every cap."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from console.collect.linestream import MAX_HEAD, StreamError, StreamStatus, open_stream
+from console.collect.sources.linestream import MAX_HEAD, StreamError, StreamStatus, open_stream
 
 HEAD = (
     b"HTTP/1.1 200 OK\r\nContent-Type: application/x-ndjson\r\nTransfer-Encoding: chunked\r\n\r\n"

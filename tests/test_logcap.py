@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from console.agent.logcap import RotatingLog
+from console.agent.supervise.logcap import RotatingLog
 
 
 def run_capped(tmp_path: Path, *argv: str) -> subprocess.CompletedProcess[bytes]:
@@ -16,7 +16,7 @@ def run_capped(tmp_path: Path, *argv: str) -> subprocess.CompletedProcess[bytes]
     kept), its status tmp_path/status.json."""
     return subprocess.run(
         [
-            sys.executable, "-m", "console.agent.logcap",
+            sys.executable, "-m", "console.agent.supervise.logcap",
             "--max-bytes", "4096", "--keep", "1",
             "--log", str(tmp_path / "engine.log"), "--status", str(tmp_path / "status.json"),
             "--", *argv,

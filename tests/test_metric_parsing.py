@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from console.core.promtext import MetricsGarbage, parse
-from console.core.window import ModelWindow
+from console.core.metrics.promtext import MetricsGarbage, parse
+from console.core.metrics.window import ModelWindow
 from plugins.triton import read_models
 from plugins.trtllm import prometheus_models
 from plugins.vllm import read_metrics

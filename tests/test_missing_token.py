@@ -16,7 +16,7 @@ from pathlib import Path
 
 from textual.widgets import Static
 
-from console.core.config import load_fleet, parse_fleet
+from console.core.config.load import load_fleet, parse_fleet
 from console.tui.app import EngineroomApp
 from console.tui.screens.node import NodeScreen
 from console.tui.widgets.header import FleetHeader

@@ -1,5 +1,5 @@
 """How an operator action reads: one definition for the live console, a recording and its
-replay (console/collect/operator_actions.py), and what the console keeps of them within
+replay (console/collect/views/operator_actions.py), and what the console keeps of them within
 its bounds.
 
 The jobs are the shape the agent's snapshot carries (console.core.snapshot.Job) and the
@@ -17,15 +17,15 @@ from pathlib import Path
 
 import pytest
 
-from console.collect import operator_actions
-from console.collect.alerts import Event, EventLog
-from console.collect.gateway_client import GatewayClient, GatewayError
-from console.collect.operator_actions import ActionTracker, event_of, gateway_job
-from console.collect.recorder import Recorder
-from console.collect.recording import Recording
-from console.collect.recording_writer import RecordingWriter
-from console.collect.replay import ReplayCollector
-from console.core.config import parse_fleet
+from console.collect.clients.gateway_client import GatewayClient, GatewayError
+from console.collect.recordings.reader import Recording
+from console.collect.recordings.recorder import Recorder
+from console.collect.recordings.replay import ReplayCollector
+from console.collect.recordings.writer import RecordingWriter
+from console.collect.views import operator_actions
+from console.collect.views.alerts import Event, EventLog
+from console.collect.views.operator_actions import ActionTracker, event_of, gateway_job
+from console.core.config.load import parse_fleet
 from console.core.snapshot import decode_snapshot, job_from
 from tests.tui_support import CPU, FLEET
 

@@ -15,12 +15,12 @@ import json
 import time
 from typing import Any
 
-from console.collect import view as fleet_view
-from console.collect.gateway_view import parse
-from console.collect.operator_actions import gateway_job
-from console.collect.playbook import Check, plan
-from console.collect.replay import ReplayCollector
-from console.core.config import Fleet, parse_fleet
+from console.collect.moves.playbook import Check, plan
+from console.collect.recordings.replay import ReplayCollector
+from console.collect.views import view as fleet_view
+from console.collect.views.gateway_view import parse
+from console.collect.views.operator_actions import gateway_job
+from console.core.config.load import Fleet, parse_fleet
 from console.core.snapshot import decode_snapshot
 from tests.support.fleet import deployment, fleet_model, fleet_toml, vllm_profile
 from tests.tui_support import FLEET, ROOT

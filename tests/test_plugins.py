@@ -9,7 +9,7 @@ import sys
 from importlib.metadata import EntryPoint
 from pathlib import Path
 
-from console.core.config import parse_fleet
+from console.core.config.load import parse_fleet
 from console.core.plugin import BUILTIN, load_from, plugin_kinds
 from console.core.wire import COLD_START_PHASES
 from tests.test_agent_api import FLEET as AGENT_FLEET  # a local agent's fleet
@@ -48,7 +48,7 @@ endpoint = "http://127.0.0.1:8001"
 
 PROBE = """
 import json, sys
-from console.core.config import ConfigError, parse_fleet
+from console.core.config.load import ConfigError, parse_fleet
 from plugins import load_plugins, plugin_failures
 found = {"loaded": sorted(load_plugins()), "failed": [str(f) for f in plugin_failures()]}
 parse_fleet(sys.argv[1].format(kind="vllm"))  # a fleet that does not use it loads

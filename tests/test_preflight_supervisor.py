@@ -11,10 +11,11 @@ import sys
 import time
 from pathlib import Path
 
-from console.agent import preflight, processes
-from console.agent.launch import vllm_launch
-from console.agent.supervisor import Supervisor, group_pids
-from console.core.config import parse_fleet
+from console.agent.jobs import preflight
+from console.agent.jobs.launch import vllm_launch
+from console.agent.supervise import processes
+from console.agent.supervise.supervisor import Supervisor, group_pids
+from console.core.config.load import parse_fleet
 from console.core.wire import Gpu, GpuProcess
 
 GIB = 2**30
@@ -96,10 +97,10 @@ async def test_an_engine_that_ignores_sigterm_is_killed_after_the_grace(tmp_path
 
 
 def test_engines_and_drill_steps_never_see_the_tokens(monkeypatch, tmp_path):
-    from console.agent.auth import child_env
-    from console.agent.launch import Launch
-    from console.agent.supervisor import Supervisor
-    from console.core.config import parse_fleet
+    from console.agent.api.auth import child_env
+    from console.agent.jobs.launch import Launch
+    from console.agent.supervise.supervisor import Supervisor
+    from console.core.config.load import parse_fleet
 
     fleet = parse_fleet(
         '[fleet]\nname = "t"\n[agent]\noperator_token_env = "MY_OPS"\n'
@@ -112,7 +113,7 @@ def test_engines_and_drill_steps_never_see_the_tokens(monkeypatch, tmp_path):
     assert not [k for k in env if env[k].startswith("secret-")]
     assert env["HARMLESS"] == "kept" and env["EXTRA"] == "1"
     # An engine the supervisor starts: its environment, printed by the engine itself.
-    from console.agent.auth import secret_env_names
+    from console.agent.api.auth import secret_env_names
 
     sup = Supervisor(tmp_path, 1 << 20, 1, hidden=secret_env_names(fleet))
     code = "import os; print(sorted(k for k in os.environ if 'secret' in os.environ[k]))"

@@ -109,7 +109,7 @@ def test_a_refresh_past_its_budget_refuses_the_query_that_crosses_it_by_name(pro
 
 
 def test_the_budget_is_a_setting_in_the_prometheus_section():
-    from console.core.config import ConfigError, parse_fleet
+    from console.core.config.load import ConfigError, parse_fleet
 
     base = '[fleet]\nname = "t"\n[prometheus]\nurl = "http://p:9090"\n'
     section = parse_fleet(base).prometheus

@@ -22,8 +22,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from console.collect.promsource import PromSource
-from console.core.config import parse_fleet
+from console.collect.prometheus.source import PromSource
+from console.core.config.load import parse_fleet
 from console.core.snapshot import Gpu
 from tests.conftest import run_cli
 from tests.hostile_exporter import Exporter, series

@@ -23,10 +23,10 @@ from pathlib import Path
 import pytest
 
 from console.collect import collection_paused
-from console.collect.promql import SLICE, Sample, fleet_queries, matcher
-from console.collect.promread import FleetReader
-from console.collect.promsource import PromSource, _Slicer
-from console.core.config import parse_fleet
+from console.collect.prometheus.promql import SLICE, Sample, fleet_queries, matcher
+from console.collect.prometheus.read import FleetReader
+from console.collect.prometheus.source import PromSource, _Slicer
+from console.core.config.load import parse_fleet
 from console.core.plugin import plugin_kinds
 from tests.engines.servers import free_port, stop, wait_until
 from tests.prometheus_proc import PrometheusProc, promtool, start_prometheus, stop_prometheus
@@ -156,7 +156,7 @@ def test_a_query_that_failed_at_the_whole_read_is_sliced_once_it_answers(three_h
     """Until the next whole read (4-5 minutes at 10,000 nodes), a query that failed or
     was empty then is read whole every refresh: it must learn its slices from the first
     whole answer it gives, not go on costing the whole fleet each refresh."""
-    from console.collect.promsource import PromError
+    from console.collect.prometheus.source import PromError
 
     prom, _ = three_hosts
     fleet = parse_fleet(prometheus_only(prom.url))

@@ -23,10 +23,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from console.collect.check import poll_once
-from console.collect.promql import recording_rules
-from console.collect.view import DeploymentRow, FleetView
-from console.core.config import ConfigError, parse_fleet
+from console.collect.prometheus.promql import recording_rules
+from console.collect.views.check import poll_once
+from console.collect.views.view import DeploymentRow, FleetView
+from console.core.config.load import ConfigError, parse_fleet
 from console.core.plugin import plugin_kinds
 from console.core.snapshot import Engine, Snapshot
 from tests.conftest import VIEWER, run_cli, start_agent
@@ -161,7 +161,7 @@ def fleet(
             return {"job_name": name, "static_configs": [{"targets": [target]}], **extra}
 
         # The recording rules the console can read instead (`recorded = true`), from
-        # `python -m console.collect.promql --recording-rules`, evaluated every second.
+        # `python -m console.collect.prometheus.promql --recording-rules`, evaluated every second.
         rules = work / "recording-rules.yml"
         section = parse_fleet(prometheus_only("http://127.0.0.1:1")).prometheus
         assert section is not None
@@ -391,7 +391,7 @@ def test_figures_read_from_recording_rules_are_the_figures_evaluated_each_refres
     path = tmp_path / "fleet.toml"
     path.write_text(fleet_text(fleet.agent.url, fleet.vllm, fleet.triton, fleet.prom.url))
     made = subprocess.run(
-        [sys.executable, "-m", "console.collect.promql", "--recording-rules", str(path)],
+        [sys.executable, "-m", "console.collect.prometheus.promql", "--recording-rules", str(path)],
         capture_output=True, text=True, timeout=60, cwd=Path(__file__).parents[1],
     )  # fmt: skip
     assert made.returncode == 0, made.stderr
@@ -424,7 +424,7 @@ def test_the_first_read_asks_for_gpus_and_latencies_once_the_nodes_show(fleet):
     node (1.7-4 s). The first read asks them once the other answers have shown the nodes,
     and what they bring lands on top: the read ends whole. Later reads ask everything at
     once."""
-    from console.collect.promsource import FIRST_HELD, PromSource
+    from console.collect.prometheus.source import FIRST_HELD, PromSource
 
     async def go() -> None:
         async with PromSource(fleet.via_prometheus, refresh_s=1.0) as source:
@@ -456,9 +456,9 @@ def test_the_first_read_asks_for_gpus_and_latencies_once_the_nodes_show(fleet):
 def test_gpus_not_read_yet_are_unknown_not_none():
     """Shown before the GPU queries answer, a node's GPUs are "not read yet" and their
     count unknown (?), not "no GPU series" and 0."""
-    from console.collect.promread import NodeReadings
-    from console.collect.promsource import PromSource
-    from console.collect.view import ViewBuilder
+    from console.collect.prometheus.read import NodeReadings
+    from console.collect.prometheus.source import PromSource
+    from console.collect.views.view import ViewBuilder
     from console.tui.screens.fleet import node_cells
 
     parsed = parse_fleet(prometheus_only("http://127.0.0.1:1") + '[[nodes]]\nname = "n"\n')
@@ -467,7 +467,7 @@ def test_gpus_not_read_yet_are_unknown_not_none():
     assert early.gpu_status == "GPUs not read yet (first read under way)"
     late = reader.snapshot("n", NodeReadings(), time.time())
     assert late.gpu_status.startswith("no GPU series in Prometheus")
-    from console.collect.collector import NodeState
+    from console.collect.sources.collector import NodeState
 
     state = NodeState("n", "prometheus", snapshot=early, last_ok=time.monotonic())
     (line,) = ViewBuilder(parsed).build({"n": state}, 1.0).nodes

@@ -14,11 +14,11 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from console.core import promtext
-from console.core.config import ConfigError, parse_fleet
-from console.core.tomlpos import key_lines
-from console.gateway.relay import sse_events
-from console.gateway.upstream import UpstreamError
+from console.core.config.load import ConfigError, parse_fleet
+from console.core.config.tomlpos import key_lines
+from console.core.metrics import promtext
+from console.gateway.http.relay import sse_events
+from console.gateway.routing.upstream import UpstreamError
 
 SETTINGS = settings(
     max_examples=200,

@@ -19,7 +19,8 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from console.collect.recording import (
+from console.collect.recordings.format import Change, Diff, Record, Snap
+from console.collect.recordings.reader import (
     EVENTS,
     HEADER,
     KEY,
@@ -30,9 +31,8 @@ from console.collect.recording import (
     diff,
     patch,
 )
-from console.collect.recording_format import Change, Diff, Record, Snap
-from console.collect.recording_writer import RecordingWriter
-from console.collect.replay import ReplayCollector, fleet_of
+from console.collect.recordings.replay import ReplayCollector, fleet_of
+from console.collect.recordings.writer import RecordingWriter
 from tests.conftest import ROOT, agent_env, run_cli
 from tests.engines.servers import free_port, log_tail, stop, wait_until
 from tests.support.fleet import fleet_toml
@@ -227,7 +227,7 @@ def test_bad_files_and_arguments_say_what_and_where(tmp_path):
 async def test_the_console_records_what_it_sees(agent_factory, tmp_path, monkeypatch):
     """`engineroom --record FILE`: the console's own snapshots and alerts go to a file a
     replay opens; leaving the console ends the file cleanly."""
-    from console.core.config import load_fleet
+    from console.core.config.load import load_fleet
     from console.tui.app import EngineroomApp
     from tests.tui_support import until
 
@@ -310,9 +310,9 @@ def test_what_the_first_view_after_every_node_was_read_raises_was_active_at_star
     """The console's recording of a node down from the start read "alert raised" when its
     first full view came later than a refresh after the nodes' first reads (a loaded CI
     machine); and a node not read yet (status "unknown") counted as read."""
-    from console.collect.alerts import Event, EventLog
-    from console.collect.collector import NodeState
-    from console.collect.recorder import Recorder
+    from console.collect.recordings.recorder import Recorder
+    from console.collect.sources.collector import NodeState
+    from console.collect.views.alerts import Event, EventLog
 
     out = tmp_path / "start.rec"
     writer = RecordingWriter(out, fleet_text="", fleet_source="fleet.toml")
@@ -341,9 +341,9 @@ def test_a_diagnosis_is_recorded_as_raised_verified_and_resolved_and_the_timelin
     """What the console names goes into the recording as it changes: raised (or active at
     start), verifying the move made for it, resolved or still there, gone; the timeline
     lists each with its subject, and hostile text reaches the Markdown only escaped."""
-    from console.collect import timeline
-    from console.collect.collector import NodeState
-    from console.collect.recorder import Recorder
+    from console.collect.recordings import timeline
+    from console.collect.recordings.recorder import Recorder
+    from console.collect.sources.collector import NodeState
     from console.core import diagnosis as d
     from console.core.diagnosis import Diagnosis, Evidence
 

@@ -27,11 +27,19 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from console.collect import recording as reading
-from console.collect.recording import EVENTS, HEAD, HEADER, KEY, MORE, Recording, RecordingError
-from console.collect.recording_format import MAGIC, MAX_BLOCK_VALUES, MAX_EVENTS_PER_FRAME
-from console.collect.replay import ReplayCollector, fleet_of
-from console.collect.timeline import build, markdown
+from console.collect.recordings import reader as reading
+from console.collect.recordings.format import MAGIC, MAX_BLOCK_VALUES, MAX_EVENTS_PER_FRAME
+from console.collect.recordings.reader import (
+    EVENTS,
+    HEAD,
+    HEADER,
+    KEY,
+    MORE,
+    Recording,
+    RecordingError,
+)
+from console.collect.recordings.replay import ReplayCollector, fleet_of
+from console.collect.recordings.timeline import build, markdown
 from tests.conftest import ROOT, agent_env
 
 T0 = 1_796_083_200.0  # 2026-12-01 00:00:00 UTC

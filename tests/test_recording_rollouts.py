@@ -20,11 +20,11 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from console.collect.gateway_client import GatewayClient
-from console.collect.recorder import Recorder
-from console.collect.recording import FleetAt, Recording, RecordingError
-from console.collect.recording_format import MAX_TEXT
-from console.collect.recording_rollouts import (
+from console.collect.clients.gateway_client import GatewayClient
+from console.collect.recordings.format import MAX_TEXT
+from console.collect.recordings.reader import FleetAt, Recording, RecordingError
+from console.collect.recordings.recorder import Recorder
+from console.collect.recordings.rollouts import (
     DETAILED_STEPS,
     MAX_ROLLOUT_EVENTS,
     MAX_ROLLOUT_STEPS,
@@ -32,11 +32,11 @@ from console.collect.recording_rollouts import (
     RolloutTracker,
     kept,
 )
-from console.collect.recording_writer import RecordingWriter
-from console.collect.timeline import build, markdown
-from console.core.config import parse_fleet
-from console.core.rollout import Ask, make_plan
-from console.core.rollout_plan import to_data
+from console.collect.recordings.timeline import build, markdown
+from console.collect.recordings.writer import RecordingWriter
+from console.core.config.load import parse_fleet
+from console.core.rollouts.plan_file import to_data
+from console.core.rollouts.planner import Ask, make_plan
 from console.tui.screens.rollouts import RolloutsScreen
 from tests.engines.servers import free_port, stop
 from tests.test_gateway import ADMIN, Gateway, start_gateway

@@ -1,7 +1,8 @@
 """What the recording's writer takes from outside (agents' snapshots, the gateway's audit
-rows) and what it writes both keep within the reader's bounds (recording_format.py):
-whatever the fleet sends, the file reads, and an update the file cannot hold is left out
-with a gap event that says so, never the end of the recording (issue 27)."""
+rows) and what it writes both keep within the reader's bounds
+(console/collect/recordings/format.py): whatever the fleet sends, the file reads, and an
+update the file cannot hold is left out with a gap event that says so, never the end of the
+recording (issue 27)."""
 
 from __future__ import annotations
 
@@ -11,12 +12,12 @@ from typing import Any
 
 import pytest
 
-from console.collect import recording as reading
-from console.collect import recording_sink as writing
-from console.collect.recording import KEY, Recording
-from console.collect.recording_format import MAX_INFLATED_FRAME, MAX_TEXT, Diff, NodeStatus, Snap
-from console.collect.recording_sink import Sink
-from console.collect.recording_writer import RecordingWriter
+from console.collect.recordings import reader as reading
+from console.collect.recordings import sink as writing
+from console.collect.recordings.format import MAX_INFLATED_FRAME, MAX_TEXT, Diff, NodeStatus, Snap
+from console.collect.recordings.reader import KEY, Recording
+from console.collect.recordings.sink import Sink
+from console.collect.recordings.writer import RecordingWriter
 
 T0 = 1_796_083_200.0
 MIB = 2**20
@@ -30,7 +31,7 @@ def _nested(depth: int, leaf: int) -> dict[str, Any]:
 
 
 def _sink(file: Any) -> Sink:
-    """The sink, in this process: what `python -m console.collect.recording_sink` runs."""
+    """The sink, in this process: what `python -m console.collect.recordings.sink` runs."""
     head = {"format": "engineroom-recording", "version": 1, "started": T0, "by": "record",
             "keyframe_s": 20.0, "flush_s": 1.0, "fleet_source": "f", "fleet_text": ""}  # fmt: skip
     return Sink(file, head)

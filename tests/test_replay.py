@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 from rich.text import Text
 
-from console.collect.recording import Recording
-from console.collect.recording_writer import RecordingWriter
-from console.collect.replay import ReplayCollector, fleet_of
+from console.collect.recordings.reader import Recording
+from console.collect.recordings.replay import ReplayCollector, fleet_of
+from console.collect.recordings.writer import RecordingWriter
 from console.tui.replay import ReplayApp
 from console.tui.screens.base import ViewScreen
 from console.tui.widgets.header import FleetHeader

@@ -22,9 +22,9 @@ from pathlib import Path
 
 import pytest
 
-from console.core.config import parse_fleet
-from console.core.rollout import Ask, make_plan
-from console.core.rollout_plan import to_data
+from console.core.config.load import parse_fleet
+from console.core.rollouts.plan_file import to_data
+from console.core.rollouts.planner import Ask, make_plan
 from tests.conftest import agent_env, run_cli
 from tests.engines.servers import free_port, stop, wait_until
 from tests.support.fleet import deployment, gateway_fleet

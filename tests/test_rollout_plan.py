@@ -17,9 +17,8 @@ from hypothesis import strategies as st
 
 from console.cli import main as cli
 from console.commands import drill
-from console.core.config import Fleet, load_fleet, parse_fleet
-from console.core.rollout import Ask, Refused, UnknownName, check_plan, make_plan
-from console.core.rollout_plan import (
+from console.core.config.load import Fleet, load_fleet, parse_fleet
+from console.core.rollouts.plan_file import (
     Plan,
     PlanError,
     parse_plan,
@@ -29,6 +28,7 @@ from console.core.rollout_plan import (
     to_toml,
     write_plan,
 )
+from console.core.rollouts.planner import Ask, Refused, UnknownName, check_plan, make_plan
 from tests.conftest import VIEWER
 from tests.engines.servers import free_port
 from tests.support.fleet import (
@@ -572,7 +572,7 @@ def test_a_plan_on_deployments_that_changed_is_refused(
 
 
 def test_an_oversized_plan_is_not_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import console.core.rollout_plan as rp
+    import console.core.rollouts.plan_file as rp
 
     monkeypatch.setattr(rp, "MAX_PLAN_BYTES", 100)
     path = tmp_path / "plan.json"
@@ -601,7 +601,7 @@ def restart_what_if(
 
 
 def manifest(driver: str) -> dict:
-    """An engineroom manifest, as a drill writes it (console.agent.manifest)."""
+    """An engineroom manifest, as a drill writes it (console.agent.drills.manifest)."""
     return {
         "schema": 1,
         "build_key": "bf16-0123456789abcdef",

@@ -32,7 +32,7 @@ import httpx
 import psutil
 import pytest
 
-from console.core.config import parse_fleet
+from console.core.config.load import parse_fleet
 from console.tui.app import EngineroomApp
 from console.tui.screens.rollouts import RolloutsScreen
 from tests.conftest import OPERATOR, ROOT, agent_env, run_cli

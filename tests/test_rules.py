@@ -21,14 +21,14 @@ from pathlib import Path
 
 import pytest
 
-from console.agent.exposition import render as render_metrics
-from console.collect.collector import NodeState
-from console.collect.gateway_view import parse
-from console.collect.rules import render as render_rules
-from console.collect.rules_diagnoses import alert_name
-from console.collect.view import build
+from console.agent.api.exposition import render as render_metrics
+from console.collect.promrules.alerts import render as render_rules
+from console.collect.promrules.diagnoses import alert_name
+from console.collect.sources.collector import NodeState
+from console.collect.views.gateway_view import parse
+from console.collect.views.view import build
 from console.core import alertrules, diagnosis
-from console.core.config import parse_fleet
+from console.core.config.load import parse_fleet
 from console.core.snapshot import decode_snapshot
 from console.core.wire import (
     Engine,
@@ -600,7 +600,7 @@ def test_a_triton_ensemble_fires_the_rule_of_its_own_deployment_only(tmp_path):
 
 
 def gateway_series(deployment: str, slow: bool) -> list[dict[str, str]]:
-    """The gateway's TTFT histogram for a deployment of `tiny` (console/gateway/admin.py):
+    """The gateway's TTFT histogram for a deployment of `tiny` (console/gateway/http/admin.py):
     10 requests a minute, all between 0.5 and 1 s when `slow`, else under 0.5 s."""
     labels = f'model="tiny",deployment="{deployment}",engine="vllm"'
     return [

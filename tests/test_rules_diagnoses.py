@@ -2,7 +2,7 @@
 names, thresholds and holds of console/core/diagnosis.py (issue 30).
 
 Each case is one node's snapshot, and where the gateway measured a deployment, its counts.
-The headless finder (console.collect.diagnoses, as `diagnose` and `check` run it) reads
+The headless finder (console.collect.diagnose.diagnoser, as `diagnose` and `check` run it) reads
 them; the same figures, as the agent's and the gateway's /metrics, are the input of
 `promtool test rules` over the file `engineroom rules` wrote. Both must name the case's
 diagnoses and nothing else, at and just under each threshold, and neither fires on a
@@ -22,14 +22,14 @@ from pathlib import Path
 
 import pytest
 
-from console.agent.exposition import render as render_metrics
-from console.collect.collector import NodeState
-from console.collect.diagnoses import diagnose_once
-from console.collect.gateway_view import parse
-from console.collect.rules import render as render_rules
-from console.collect.view import build
+from console.agent.api.exposition import render as render_metrics
+from console.collect.diagnose.diagnoser import diagnose_once
+from console.collect.promrules.alerts import render as render_rules
+from console.collect.sources.collector import NodeState
+from console.collect.views.gateway_view import parse
+from console.collect.views.view import build
 from console.core import diagnosis as d
-from console.core.config import Fleet, parse_fleet
+from console.core.config.load import Fleet, parse_fleet
 from console.core.snapshot import decode_snapshot
 from console.core.wire import Engine, Gpu, ModelStats, TrtEngine, XidEvent
 from tests.prometheus_proc import promtool
@@ -324,7 +324,7 @@ CASES = {
 
 
 def admin_snapshot(case: Case) -> dict:
-    """The gateway's admin snapshot as the finder reads it (console/gateway/measure.py)."""
+    """The gateway's admin snapshot as the finder reads it (console/gateway/routing/measure.py)."""
     measures = {
         dep: {"up": True, "requests": r, "failures": f, "error_rate": f / r if r else None}
         for dep, (r, f) in case.gateway.items()

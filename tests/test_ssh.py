@@ -20,9 +20,9 @@ from pathlib import Path
 import asyncssh
 import pytest
 
-from console.collect.collector import Collector
-from console.collect.ssh import SshError, SshReader
-from console.core.config import parse_fleet
+from console.collect.sources.collector import Collector
+from console.collect.sources.ssh import SshError, SshReader
+from console.core.config.load import parse_fleet
 from console.tui.app import EngineroomApp
 from console.tui.screens.node import NodeScreen
 from tests.conftest import agent_env, run_cli

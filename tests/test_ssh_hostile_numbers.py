@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from console.collect.collector import Collector
-from console.core.config import parse_fleet
+from console.collect.sources.collector import Collector
+from console.core.config.load import parse_fleet
 from tests.conftest import run_cli
 from tests.sshd import Sshd, start_sshd, stop_sshd
 

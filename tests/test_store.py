@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from console.agent.store import Store
+from console.agent.jobs.store import Store
 from tests.conftest import ROOT
 
 
@@ -35,7 +35,7 @@ def test_a_killed_agent_loses_no_acknowledged_record(tmp_path):
     code = textwrap.dedent(f"""
         import sys, time
         from pathlib import Path
-        from console.agent.store import Store
+        from console.agent.jobs.store import Store
         store = Store(Path({str(db)!r}))
         for i in range(50):
             job = store.create_job("engine.stop", "bob", {{"i": i}})

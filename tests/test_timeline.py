@@ -24,10 +24,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from console.collect.recording import Recording
-from console.collect.recording_format import GatewaySnap
-from console.collect.replay import ReplayCollector, fleet_of
-from console.collect.timeline import build, markdown
+from console.collect.recordings.format import GatewaySnap
+from console.collect.recordings.reader import Recording
+from console.collect.recordings.replay import ReplayCollector, fleet_of
+from console.collect.recordings.timeline import build, markdown
 from tests.conftest import OPERATOR, ROOT, agent_env, run_cli, start_agent
 from tests.engines.servers import free_port, log_tail, stop, wait_until
 from tests.support.fleet import deployment, fleet_model, fleet_toml
@@ -272,7 +272,7 @@ def test_the_timeline_markdown_pastes_into_a_postmortem(tmp_path):
 def test_engines_and_nodes_going_down_and_up_are_in_the_timeline(tmp_path):
     """From the snapshots alone: an engine leaves "ready" and comes back; a node's status
     goes down and up."""
-    from console.collect.recording_writer import RecordingWriter
+    from console.collect.recordings.writer import RecordingWriter
 
     cpu = json.loads((ROOT / "tests/fixtures/snapshot-cpu-vllm-triton.json").read_text())
     path = tmp_path / "flap.rec"

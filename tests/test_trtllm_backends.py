@@ -1,6 +1,6 @@
 """TensorRT-LLM's two backends (issue 31). The engine backend serves an engine that
 trtllm-build compiled; the PyTorch backend loads the checkpoint with no build. The engine
-backend is gone from every release after 1.3.0rc20 (console.core.trtllm_releases). So
+backend is gone from every release after 1.3.0rc20 (console.core.drills.trtllm_releases). So
 what a change costs a deployment depends on its backend: a rebuild, or a re-validation.
 And a drill of the engine pipeline planned against a release without it is refused by
 name. TensorRT-LLM cannot run here: the agent's version probe is the TEST DOUBLE's
@@ -17,12 +17,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from console.agent.manifest import WeightsHasher
+from console.agent.drills.manifest import WeightsHasher
 from console.cli import main as cli
 from console.commands import drill as drill_command
-from console.core.config import ConfigError, load_fleet, parse_fleet
-from console.core.rollout import Ask, Refused, make_plan
-from console.core.trtllm_releases import has_engine_backend
+from console.core.config.load import ConfigError, load_fleet, parse_fleet
+from console.core.drills.trtllm_releases import has_engine_backend
+from console.core.rollouts.planner import Ask, Refused, make_plan
 from console.sim import trtllm_double
 from tests.conftest import OPERATOR, VIEWER
 from tests.engines.servers import free_port, wait_until
@@ -158,7 +158,7 @@ env = {{ TRTLLM_DOUBLE_VERSION = "{version}" }}
 
 
 def manifest(pipeline: str, weights: str, checkpoint: Path) -> dict:
-    """The manifest a drill writes (console.agent.drills), built on the node the TEST
+    """The manifest a drill writes (console.agent.drills.job), built on the node the TEST
     DOUBLE's version probe describes by default."""
     node = {key: default for key, (_, default) in trtllm_double.VERSIONS.items()}
     return {

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import os
 
-from console.collect.collector import Collector
-from console.core.config import parse_fleet
+from console.collect.sources.collector import Collector
+from console.core.config.load import parse_fleet
 from console.tui.app import EngineroomApp
 from console.tui.screens.events import EventsScreen
 from console.tui.screens.fleet import FleetScreen

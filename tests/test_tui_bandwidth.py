@@ -3,7 +3,7 @@
 An idle Fleet screen wrote 120 kbit/s on a small fleet and 244 kbit/s at 1,000 nodes:
 Textual repainted the header, the GPU grid and every changed table cell's whole table,
 and sent each dirty line from its widget's left edge. Now a widget repaints only what it
-shows differently, and the console's terminal driver (console/tui/screendiff.py) writes
+shows differently, and the console's terminal driver (console/tui/terminal/screendiff.py) writes
 only the cells that differ from what the terminal shows. These run the real console in
 a real terminal (tmux, whose pipe-pane hands over every byte the console wrote) on real
 agents; bench/console_bandwidth.py measures the 1,000-node fleet.
@@ -27,8 +27,8 @@ from pathlib import Path
 
 import pytest
 
-from console.collect.collector import DOWN_AFTER, STALE_AFTER
-from console.tui.screendiff import ScreenDiff
+from console.collect.sources.collector import DOWN_AFTER, STALE_AFTER
+from console.tui.terminal.screendiff import ScreenDiff
 from tests.conftest import ROOT, VIEWER
 from tests.engines.servers import free_port, stop, wait_until
 from tests.support.terminal import TMUX, Terminal, console_env

@@ -18,7 +18,7 @@ from rich.text import Text
 from textual.coordinate import Coordinate
 from textual.widgets import Static
 
-from console.core.config import load_fleet
+from console.core.config.load import load_fleet
 from console.tui.app import EngineroomApp
 from console.tui.columns import Fitted, layout
 from console.tui.screens.models import COLUMNS, ModelsScreen

@@ -25,13 +25,14 @@ from textual.binding import Binding
 from textual.widgets import Input, Select
 from textual.widgets.data_table import ColumnKey
 
-from console.collect import diagnose_engines, diagnose_fleet
-from console.collect.deployments import DeploymentRow
-from console.collect.recording import Recording
-from console.collect.recording_writer import RecordingWriter
-from console.collect.replay import ReplayCollector, fleet_of
-from console.collect.view import build
-from console.core.config import parse_fleet
+from console.collect.diagnose import engines as diagnose_engines
+from console.collect.diagnose import fleet as diagnose_fleet
+from console.collect.recordings.reader import Recording
+from console.collect.recordings.replay import ReplayCollector, fleet_of
+from console.collect.recordings.writer import RecordingWriter
+from console.collect.views.deployments import DeploymentRow
+from console.collect.views.view import build
+from console.core.config.load import parse_fleet
 from console.core.snapshot import Latency, ModelStats, Percentiles, decode_snapshot
 from console.core.units import duration_from_seconds
 from console.tui.app import EngineroomApp
@@ -41,7 +42,7 @@ from console.tui.screens.diagnoses import DiagnosesScreen, DiagnosisScreen
 from console.tui.screens.failover import FailoverScreen
 from console.tui.screens.jobs import JobScreen, StartVllmScreen
 from console.tui.screens.models import ModelsScreen
-from console.tui.web import WebViewApp
+from console.tui.web.session import WebViewApp
 from console.tui.widgets.confirm import ConfirmScreen
 from console.tui.widgets.header import FleetHeader
 from console.tui.widgets.safe_static import SafeStatic

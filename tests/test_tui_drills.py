@@ -8,8 +8,8 @@ engine with no manifest.
 
 from __future__ import annotations
 
-from console.collect.replay import ReplayCollector
-from console.core.config import parse_fleet
+from console.collect.recordings.replay import ReplayCollector
+from console.core.config.load import parse_fleet
 from console.core.snapshot import decode_snapshot
 from console.tui.app import EngineroomApp
 from console.tui.screens.drills import DrillsScreen, PlaybookScreen

@@ -18,7 +18,7 @@ import httpx
 import pytest
 from textual.widgets import Select
 
-from console.core.config import parse_fleet
+from console.core.config.load import parse_fleet
 from console.tui.app import EngineroomApp
 from console.tui.screens.jobs import JobScreen, JobsScreen, StartVllmScreen
 from console.tui.screens.node import NodeScreen

@@ -22,11 +22,11 @@ from textual.coordinate import Coordinate
 from textual.widgets import Static
 from textual_plotext import PlotextPlot
 
-from console.collect.measured import gap_text
-from console.collect.replay import ReplayCollector
-from console.core.config import load_fleet, parse_fleet
+from console.collect.recordings.replay import ReplayCollector
+from console.collect.views.measured import gap_text
+from console.core.config.load import load_fleet, parse_fleet
+from console.core.metrics.window import quantile
 from console.core.snapshot import Latency, Percentiles, Snapshot, decode_snapshot
-from console.core.window import quantile
 from console.sim.demo_layout import MODELS
 from console.sim.load import SURGE_FOR_S, SURGE_FROM_S, Plan, Workload
 from console.tui import format as fmt

@@ -22,7 +22,7 @@ import httpx
 import pytest
 from textual.widgets import Button, Input, Select
 
-from console.core.config import parse_fleet
+from console.core.config.load import parse_fleet
 from console.tui.app import EngineroomApp
 from console.tui.screens.drills import PlaybookScreen
 from console.tui.screens.events import EventsScreen

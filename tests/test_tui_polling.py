@@ -20,7 +20,7 @@ import pytest
 from rich.text import Text
 from textual.widgets import Static
 
-from console.core.config import parse_fleet
+from console.core.config.load import parse_fleet
 from console.core.snapshot import decode_snapshot, plain
 from console.tui.app import EngineroomApp
 from console.tui.screens.jobs import JobScreen

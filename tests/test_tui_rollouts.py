@@ -22,18 +22,18 @@ import msgspec
 import pytest
 from textual.widgets import Input
 
-from console.collect.source import NodeState
-from console.collect.view import build
-from console.core.config import parse_fleet
+from console.collect.sources.source import NodeState
+from console.collect.views.view import build
+from console.core.config.load import parse_fleet
 from console.core.gateway_wire import RolloutRecord
-from console.core.rollout import Ask, make_plan
-from console.core.rollout_plan import to_data
+from console.core.rollouts.plan_file import to_data
+from console.core.rollouts.planner import Ask, make_plan
 from console.core.snapshot import Percentiles, decode_snapshot
 from console.tui import format as fmt
 from console.tui.app import EngineroomApp
 from console.tui.screens.rollouts import RolloutsScreen
 from console.tui.screens.rollouttext import rollout_text
-from console.tui.web import WebViewApp
+from console.tui.web.session import WebViewApp
 from console.tui.widgets.confirm import ConfirmScreen, WhyConfirmScreen
 from console.tui.widgets.safe_static import SafeStatic
 from console.tui.workflows import STEER_WHY

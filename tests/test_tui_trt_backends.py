@@ -8,7 +8,7 @@ The snapshot is tests/fixtures/snapshot-cpu-drills.json, printed by a real agent
 (tests/test_drills.py): tiny-trt stale after its node's driver and TensorRT-LLM changed.
 That agent predates the `backend` field, so the recording says none; the PyTorch case is
 the same snapshot with the backend its agent reports for a manifest of pipeline "pytorch"
-(console.agent.drill_staleness.backend_of; tests/test_trtllm_backends.py checks that on
+(console.agent.drills.staleness.backend_of; tests/test_trtllm_backends.py checks that on
 a real agent).
 """
 
@@ -17,8 +17,8 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from console.collect.replay import ReplayCollector
-from console.core.config import parse_fleet
+from console.collect.recordings.replay import ReplayCollector
+from console.core.config.load import parse_fleet
 from console.core.snapshot import Snapshot, decode_snapshot
 from console.tui.app import EngineroomApp
 from console.tui.screens.drills import DrillsScreen

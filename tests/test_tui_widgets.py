@@ -5,7 +5,7 @@ lines."""
 
 from __future__ import annotations
 
-from console.collect.view import GpuCell
+from console.collect.views.view import GpuCell
 from console.core.snapshot import Gpu
 from console.tui.widgets.gpu_grid import GpuGrid
 

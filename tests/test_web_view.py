@@ -24,10 +24,9 @@ import psutil
 import pytest
 from aiohttp.test_utils import TestServer
 
-from console.core.config import parse_fleet
-from console.tui import webserve as web_module
-from console.tui.web import WebViewApp
-from console.tui.webserve import (
+from console.core.config.load import parse_fleet
+from console.tui.web import serve as web_module
+from console.tui.web.serve import (
     COOKIE,
     MAX_COLUMNS,
     MAX_MESSAGE_BYTES,
@@ -39,6 +38,7 @@ from console.tui.webserve import (
     _bounded,
     session_environment,
 )
+from console.tui.web.session import WebViewApp
 from tests.chromium_cdp import TERMINAL_HOOK, Chromium, chromium_binary
 from tests.conftest import OPERATOR, ROOT, VIEWER, agent_env, run_cli, start_agent
 from tests.engines.servers import free_port, free_ports, stop, wait_until

@@ -1,4 +1,4 @@
-"""The weights of a move, worked out before anything moves (console.gateway.weightplan):
+"""The weights of a move, worked out before anything moves (console.gateway.failover.weightplan):
 a drain spreads a replica's weight over the others in proportion, a fail-back gives every
 replica its weight back, a restore goes back to the weights before a job, and the steps
 between keep every share on its way."""
@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from console.gateway import weightplan
-from console.gateway.weightplan import FailoverRefused, Move, Past
+from console.gateway.failover import weightplan
+from console.gateway.failover.weightplan import FailoverRefused, Move, Past
 
 REPLICAS = {"trt-a1": 100, "vllm-a2": 100, "trt-b1": 50, "standby": 0}
 UP = ["trt-a1", "vllm-a2", "trt-b1", "standby"]

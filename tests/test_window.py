@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from console.core.readings import Histogram, MeanCounter, ModelReading
-from console.core.window import ModelWindow, quantile
+from console.core.metrics.readings import Histogram, MeanCounter, ModelReading
+from console.core.metrics.window import ModelWindow, quantile
 
 BOUNDS = (0.1, 0.5, 1.0, math.inf)
 

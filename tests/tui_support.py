@@ -1,6 +1,6 @@
 """Support for the TUI tests: a console over recorded, real agent snapshots.
 
-ReplayCollector (console/collect/replay.py) stands in for the network side of the
+ReplayCollector (console/collect/recordings/replay.py) stands in for the network side of the
 collector only: it replays snapshots that real agents printed (on the H200s and over real
 vLLM + Triton), so the screens render the same way every run. The real polling and
 streaming paths, against real agents, are tested in tests/test_collector.py.
@@ -13,8 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from console.collect.replay import ReplayCollector
-from console.core.config import parse_fleet
+from console.collect.recordings.replay import ReplayCollector
+from console.core.config.load import parse_fleet
 from console.core.snapshot import decode_snapshot
 from console.tui.app import EngineroomApp
 from tools.screenshots import key_names

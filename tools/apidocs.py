@@ -1,6 +1,6 @@
 """`python -m tools.apidocs DIR`: write the API reference that the code defines.
 
-The agent's OpenAPI document comes from its FastAPI app (console.agent.app), so the
+The agent's OpenAPI document comes from its FastAPI app (console.agent.api.app), so the
 reference cannot drift from the routes and the wire models in console.core.wire:
 tests/test_apidocs.py fails when the committed docs/api/agent-openapi.json is not what this
 writes. The gateway is an aiohttp server with no generated schema; its hand-written one is
@@ -33,10 +33,10 @@ def agent_openapi() -> dict[str, Any]:
     app in process (no socket, no snapshot cycle), with a viewer token made for the call."""
     from starlette.testclient import TestClient  # an in-process ASGI client, not a double
 
-    from console.agent.app import create_app
-    from console.agent.auth import Tokens
-    from console.agent.node import NodeAgent
-    from console.core.config import parse_fleet
+    from console.agent.api.app import create_app
+    from console.agent.api.auth import Tokens
+    from console.agent.snapshot.node import NodeAgent
+    from console.core.config.load import parse_fleet
 
     token = secrets.token_urlsafe(24)
     tokens = Tokens.from_env("VIEWER", "OPERATOR", {"VIEWER": f"apidocs:{token}"})

@@ -18,7 +18,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from console.core.config import load_fleet
+from console.core.config.load import load_fleet
 from console.demo import start_sim
 from console.sim.fleetfile import TOKEN_ENV
 from console.tui.app import EngineroomApp
@@ -104,8 +104,8 @@ EVIDENCE = Path(__file__).resolve().parents[1] / "docs" / "evidence"
 async def shoot_evidence(out: Path, kind: str = "h200x2") -> list[Path]:
     """The Fleet and Node screens rendered from what the agent printed on real H200s
     (docs/evidence/KIND-agent-once.json, recorded on the device machine)."""
-    from console.collect.replay import ReplayCollector
-    from console.core.config import parse_fleet
+    from console.collect.recordings.replay import ReplayCollector
+    from console.core.config.load import parse_fleet
     from console.core.snapshot import decode_snapshot
 
     fleet = parse_fleet(

@@ -19,7 +19,7 @@ from console.commands.base import (
     default_fleet,
     split_listen,
 )
-from console.core.config import Fleet, load_fleet, parse_fleet
+from console.core.config.load import Fleet, load_fleet, parse_fleet
 from console.core.safetext import say
 
 
@@ -49,7 +49,7 @@ def _load(args: argparse.Namespace) -> tuple[Fleet, str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from console.agent.node import NodeAgent
+    from console.agent.snapshot.node import NodeAgent
 
     fleet, node = _load(args)
     if args.once:
@@ -57,8 +57,8 @@ def run(args: argparse.Namespace) -> int:
 
     import uvicorn
 
-    from console.agent.app import create_app
-    from console.agent.auth import TokenError, Tokens
+    from console.agent.api.app import create_app
+    from console.agent.api.auth import TokenError, Tokens
 
     settings = fleet.agent
     try:
@@ -67,8 +67,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"engineroom agent: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     host, port = args.listen or split_listen(settings.listen)
-    from console.agent.jobs import JobRunner
-    from console.agent.statelock import StateLocked
+    from console.agent.jobs.runner import JobRunner
+    from console.agent.jobs.statelock import StateLocked
 
     agent = NodeAgent(fleet, node)
     try:
@@ -98,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _once(fleet: Fleet, node: str, *, as_json: bool) -> int:
-    from console.agent.node import NodeAgent
+    from console.agent.snapshot.node import NodeAgent
 
     agent = NodeAgent(fleet, node)
     try:
@@ -109,7 +109,7 @@ async def _once(fleet: Fleet, node: str, *, as_json: bool) -> int:
     if as_json:
         print(snap.model_dump_json(indent=2))
     else:
-        from console.agent.summary import summarize
+        from console.agent.snapshot.summary import summarize
 
         say(summarize(snap), lines=True)  # versions, model names: the engines' answers
     return 0

@@ -13,11 +13,11 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TextIO
 
 from console.commands.base import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE
-from console.core.config import Fleet
+from console.core.config.load import Fleet
 from console.core.safetext import say
 
 if TYPE_CHECKING:  # the rest is imported where it is used: `engineroom --help` does without
-    from console.collect.actions import AgentActions  # httpx and the wire models
+    from console.collect.clients.actions import AgentActions  # httpx and the wire models
     from console.core.snapshot import Job
 
 
@@ -45,7 +45,7 @@ async def act(
 ) -> int:
     """Ask `node`'s agent for a job (`action`), say what it answered and, with `wait`,
     follow the job to its end; the exit code."""
-    from console.collect.actions import ActionError, AgentActions
+    from console.collect.clients.actions import ActionError, AgentActions
     from console.core.snapshot import plain
     from console.core.wire import COLD_START_PHASES
 

@@ -9,7 +9,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from console.core.config import Fleet, load_fleet
+from console.core.config.load import Fleet, load_fleet
 from console.core.safetext import say
 
 EXIT_OK = 0
@@ -57,7 +57,7 @@ def split_listen(value: str) -> tuple[str, int]:
 def on_a_recording(verb: str, call: Callable[[], int]) -> int:
     """record, replay, timeline (docs/recording.md): a file that is not a recording, or a
     bad duration or time, is one line naming it, exit 2."""
-    from console.collect.recording import RecordingError
+    from console.collect.recordings.reader import RecordingError
 
     try:
         return call()

@@ -1,5 +1,5 @@
 """`engineroom check [--json | --prometheus] [--watch N]`: poll the fleet once
-(console.collect.check reads and renders it). Exit codes: 0 healthy, 1 degraded, 2
+(console.collect.views.check reads and renders it). Exit codes: 0 healthy, 1 degraded, 2
 unreachable."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, TextIO
 from console.commands.base import Command, fleet_arg, fleet_of
 
 if TYPE_CHECKING:
-    from console.core.config import Fleet
+    from console.core.config.load import Fleet
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -44,7 +44,7 @@ def run_check(
     out: TextIO = sys.stdout,
     prometheus: bool = False,
 ) -> int:
-    from console.collect.check import (
+    from console.collect.views.check import (
         EXIT,
         diagnosed,
         poll_once,
@@ -68,9 +68,9 @@ def run_check(
 
 
 async def _watch(fleet: Fleet, every: float, as_json: bool, out: TextIO) -> int:
-    from console.collect.check import diagnosed, read_gateway, render, to_json
-    from console.collect.promsource import fleet_source
-    from console.collect.view import build
+    from console.collect.prometheus.source import fleet_source
+    from console.collect.views.check import diagnosed, read_gateway, render, to_json
+    from console.collect.views.view import build
 
     async with fleet_source(fleet, refresh_s=every) as collector:
         source = collector.health

@@ -1,5 +1,5 @@
 """`engineroom diagnose [--json | --markdown] [--watch N]`: which named problems the fleet
-has, the evidence for each and the moves to make (console.collect.diagnose_out renders
+has, the evidence for each and the moves to make (console.collect.diagnose.output renders
 them; the classes: docs/diagnoses.md). Exit codes as check's: 0 none, 1 found, 2
 unreachable."""
 
@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING, TextIO
 from console.commands.base import Command, fleet_arg, fleet_of
 
 if TYPE_CHECKING:
-    from console.collect.diagnoses import CannotTell, Diagnoser, Diagnosis
-    from console.collect.gateway_view import GatewayView
-    from console.collect.source import NodeState
-    from console.collect.view import FleetView
-    from console.core.config import Fleet
+    from console.collect.diagnose.diagnoser import CannotTell, Diagnoser, Diagnosis
+    from console.collect.sources.source import NodeState
+    from console.collect.views.gateway_view import GatewayView
+    from console.collect.views.view import FleetView
+    from console.core.config.load import Fleet
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -43,9 +43,9 @@ def run_diagnose(
     watch: float | None = None,
     out: TextIO = sys.stdout,
 ) -> int:
-    from console.collect.check import EXIT, Diagnosed, poll_once, status_of
-    from console.collect.diagnose_out import render
-    from console.collect.diagnoses import Diagnoser
+    from console.collect.diagnose.diagnoser import Diagnoser
+    from console.collect.diagnose.output import render
+    from console.collect.views.check import EXIT, Diagnosed, poll_once, status_of
 
     if watch is None:
         view, states, gateway, source = asyncio.run(poll_once(fleet))
@@ -65,11 +65,11 @@ def _once(
 
 
 async def _watch(fleet: Fleet, every: float, fmt: str, out: TextIO) -> int:
-    from console.collect.check import Diagnosed, read_gateway
-    from console.collect.diagnose_out import render
-    from console.collect.diagnoses import Diagnoser
-    from console.collect.promsource import fleet_source
-    from console.collect.view import build
+    from console.collect.diagnose.diagnoser import Diagnoser
+    from console.collect.diagnose.output import render
+    from console.collect.prometheus.source import fleet_source
+    from console.collect.views.check import Diagnosed, read_gateway
+    from console.collect.views.view import build
 
     diagnoser = Diagnoser(fleet)
     async with fleet_source(fleet, refresh_s=every) as collector:

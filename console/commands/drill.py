@@ -1,6 +1,6 @@
 """`engineroom drill run NAME [--wait] | list | show ID | what-if ...`: rebuild drills.
 
-A drill runs as a job on the agent of its deployment's node (console.agent.drills), so
+A drill runs as a job on the agent of its deployment's node (console.agent.drills.job), so
 interrupting this command does not stop it. Exit codes: 0 ok, 1 refused or failed,
 2 an agent did not answer, 3 a bad fleet file.
 """
@@ -23,14 +23,14 @@ from console.commands.base import (
     fleet_arg,
     fleet_of,
 )
-from console.core.config import Fleet, MissingSecret
+from console.core.config.load import Fleet, MissingSecret
 from console.core.safetext import say
 
 if TYPE_CHECKING:  # the rest is imported where it is used: `engineroom --help` does without
     from console.core.snapshot import Job  # httpx and the wire models
 
 WHAT_IF_FLAGS = ("driver", "cuda", "tensorrt", "tensorrt-llm", "gpu", "compute-capability")
-# The what-if's verdicts (console.agent.drill_staleness.what_if), as the table says them.
+# The what-if's verdicts (console.agent.drills.staleness.what_if), as the table says them.
 VERDICTS = {
     "serves": "still serves",
     "cache": "serves from cache",
@@ -97,7 +97,7 @@ async def _each_agent(
 ) -> tuple[list[tuple[str, Any]], list[str], dict[str, str]]:
     """`call(actions)` on every node with an agent, at once: (node, answer), the problems,
     and the nodes not asked because their token variable is not set here."""
-    from console.collect.actions import ActionError, AgentActions
+    from console.collect.clients.actions import ActionError, AgentActions
 
     async def one(node: str) -> tuple[str, Any]:
         actions = AgentActions(fleet, node)
@@ -124,7 +124,7 @@ async def _each_agent(
 def list_drills(fleet: Fleet, *, as_json: bool, out: TextIO = sys.stdout) -> int:
     """The definitions come from the file, so they show with no token at all; the history
     comes from the agents this console holds a token for."""
-    from console.core import drillreport
+    from console.core.drills import report as drillreport
 
     answers, problems, no_token = asyncio.run(_each_agent(fleet, lambda a: a.jobs(200)))
     history: list[tuple[str, Job]] = [
@@ -192,9 +192,9 @@ def _last(job: Job) -> str:
 def show_drill(
     fleet: Fleet, job_id: str, *, node: str | None, as_json: bool, out: TextIO = sys.stdout
 ) -> int:
-    from console.collect.actions import ActionError, AgentActions
-    from console.core import drillreport
-    from console.core.drillreport_check import ReportError, report_from
+    from console.collect.clients.actions import ActionError, AgentActions
+    from console.core.drills import report as drillreport
+    from console.core.drills.report_check import ReportError, report_from
 
     async def find() -> tuple[str, dict[str, Any]] | None:
         for n in fleet.nodes:
@@ -226,7 +226,7 @@ def show_drill(
 
 def what_if_rows(fleet: Fleet, change: dict[str, Any]) -> tuple[list[dict[str, Any]], list[str]]:
     """Every agent's answer for the hypothetical node `change`, asked at once (each judges
-    its own TensorRT-LLM engines: console.agent.drill_staleness): the rows, and the
+    its own TensorRT-LLM engines: console.agent.drills.staleness): the rows, and the
     problems (an agent that did not answer, or was not asked). `rollout plan --what-if`
     selects from the same rows."""
     answers, problems, no_token = asyncio.run(_each_agent(fleet, lambda a: a.what_if(change)))

@@ -21,11 +21,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TextIO
 
 from console.commands.base import EXIT_USAGE, Command, fleet_arg, fleet_of
-from console.core.config import ConfigError, Fleet
+from console.core.config.load import ConfigError, Fleet
 from console.core.safetext import say
 
 if TYPE_CHECKING:  # imported where it is used: `engineroom --help` does without httpx
-    from console.collect.gateway_client import GatewayError
+    from console.collect.clients.gateway_client import GatewayError
     from console.core.gateway_wire import FailoverJob
 
 CALL_DEADLINE_S = 15.0  # one admin call, whole answer included
@@ -173,9 +173,9 @@ def _show_move(plan: dict[str, Any] | None, out: TextIO) -> None:
 
 
 async def _plan(fleet: Fleet, ask: Ask, as_json: bool, out: TextIO) -> int:
-    from console.collect.check import poll_once
-    from console.collect.failover_targets import preselected, rank
-    from console.collect.gateway_client import GatewayClient, GatewayError
+    from console.collect.clients.gateway_client import GatewayClient, GatewayError
+    from console.collect.moves.failover_targets import preselected, rank
+    from console.collect.views.check import poll_once
 
     model = next(m for m in fleet.models if m.name == ask.model)
     view, _, gateway, _ = await poll_once(fleet)
@@ -214,7 +214,7 @@ async def _plan(fleet: Fleet, ask: Ask, as_json: bool, out: TextIO) -> int:
 async def _run(
     fleet: Fleet, ask: Ask, mode: str, why: str, wait: bool, as_json: bool, out: TextIO
 ) -> int:
-    from console.collect.gateway_client import GatewayClient, GatewayError
+    from console.collect.clients.gateway_client import GatewayClient, GatewayError
     from console.core.gateway_wire import JOB_FINAL
 
     client = GatewayClient(fleet, timeout=CALL_DEADLINE_S)

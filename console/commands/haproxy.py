@@ -1,5 +1,5 @@
 """`engineroom haproxy render|adopt [--dataplane NAME]`: HAProxy as a model's data plane
-(console.gateway.haproxy_config, docs/haproxy.md)."""
+(console.gateway.dataplanes.haproxy_config, docs/haproxy.md)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from console.gateway.haproxy_config import run_cli
+    from console.gateway.dataplanes.haproxy_config import run_cli
 
     fleet = fleet_of(args)
     return run_cli(fleet, args.verb, args.dataplane, getattr(args, "out", None))

@@ -10,7 +10,7 @@ import sys
 from typing import TYPE_CHECKING, TextIO
 
 from console.commands.base import EXIT_OK, EXIT_UNREACHABLE, Command, fleet_arg, fleet_of
-from console.core.config import Fleet, MissingSecret
+from console.core.config.load import Fleet, MissingSecret
 from console.core.safetext import say
 
 if TYPE_CHECKING:  # the rest is imported where it is used: `engineroom --help` does without
@@ -45,7 +45,7 @@ def describe(job: Job) -> str:
 def run_jobs(
     fleet: Fleet, node: str | None, *, as_json: bool = False, out: TextIO = sys.stdout
 ) -> int:
-    from console.collect.actions import ActionError, AgentActions
+    from console.collect.clients.actions import ActionError, AgentActions
     from console.core.snapshot import plain
 
     async def gather() -> tuple[list[tuple[str, Job]], list[str]]:

@@ -18,8 +18,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from console.collect.recorder import record
-    from console.collect.timeline import parse_duration
+    from console.collect.recordings.recorder import record
+    from console.collect.recordings.timeline import parse_duration
 
     def go() -> int:
         fleet = fleet_of(args)

@@ -2,7 +2,7 @@
 and hold a plan file to the fleet as it is now. `run`, `list`, `show`, `pause`, `resume`
 and `abort` run and steer one in the gateway (console.commands.rollout_run).
 
-The planner is console.core.rollout; `--what-if` asks the agents what `drill what-if` asks
+The planner is console.core.rollouts.planner; `--what-if` asks the agents what `drill what-if` asks
 them (console.commands.drill.what_if_rows) and selects every deployment they say goes
 stale. Exit codes: 0 planned (or the plan fits), 1 refused (a rule, an operation that
 cannot be done, a plan that no longer fits) or not written, 2 a name the fleet file lacks,
@@ -27,12 +27,12 @@ from console.commands.base import (
 )
 from console.commands.drill import WHAT_IF_FLAGS
 from console.commands.rollout_run import add_verbs, run_verb
-from console.core.rollout_plan import DEFAULT_TOLERANCE
+from console.core.rollouts.plan_file import DEFAULT_TOLERANCE
 from console.core.safetext import clean, say
 
 if TYPE_CHECKING:
-    from console.core.config import Fleet
-    from console.core.rollout_plan import Plan
+    from console.core.config.load import Fleet
+    from console.core.rollouts.plan_file import Plan
 
 # The what-if's verdicts for an engine that the change leaves unfit: a rebuild, an engine
 # already built for it in the cache (a swap), or, on TensorRT-LLM's PyTorch backend, no
@@ -129,8 +129,15 @@ def plan_rollout(
     fleet: Fleet, args: argparse.Namespace, change: dict[str, str], out: TextIO | None = None
 ) -> int:
     out = out or sys.stdout  # read at the call: a test's captured stdout
-    from console.core.rollout import Ask, Refused, UnknownName, check_plan, make_plan, unique
-    from console.core.rollout_plan import join_problems, write_plan
+    from console.core.rollouts.plan_file import join_problems, write_plan
+    from console.core.rollouts.planner import (
+        Ask,
+        Refused,
+        UnknownName,
+        check_plan,
+        make_plan,
+        unique,
+    )
 
     stale: list[str] = []
     if args.what_if:
@@ -173,7 +180,7 @@ def plan_rollout(
             say(f"engineroom: rollout plan: cannot write {args.out}: {why}", sys.stderr)
             return EXIT_FAILED
     if args.json:
-        from console.core.rollout_plan import to_json
+        from console.core.rollouts.plan_file import to_json
 
         print(to_json(plan), file=out, end="")
     else:
@@ -230,7 +237,7 @@ def _field(row: Any, key: str) -> str:
 def show(plan: Plan, out: TextIO, fleet: Fleet | None = None) -> None:
     """The plan's waves, a line per step; with `fleet`, what each drill costs its backend
     (TensorRT-LLM's engine backend rebuilds; its PyTorch backend re-validates, no build)."""
-    from console.core.rollout import counts
+    from console.core.rollouts.planner import counts
 
     waves, deployments, models = counts(plan)
     doing = f"profile {plan.profile!r}" if plan.operation == "profile" else plan.operation
@@ -269,8 +276,8 @@ def show(plan: Plan, out: TextIO, fleet: Fleet | None = None) -> None:
 
 def check_plan_file(fleet: Fleet, path: str, out: TextIO | None = None) -> int:
     out = out or sys.stdout
-    from console.core.rollout import check_plan, counts
-    from console.core.rollout_plan import PlanError, join_problems, read_plan
+    from console.core.rollouts.plan_file import PlanError, join_problems, read_plan
+    from console.core.rollouts.planner import check_plan, counts
 
     try:
         plan = read_plan(path)

@@ -1,5 +1,5 @@
 """`engineroom rollout run PLAN [--wait] | list | show ID | pause ID | resume ID | abort ID`:
-a rollout run in the gateway (console.gateway.rollouts), followed and steered from here.
+a rollout run in the gateway (console.gateway.rollouts.runner), followed and steered from here.
 The rollout goes on in the gateway whatever happens to this command; `show` reattaches.
 
 Exit codes: 0 started (with --wait: succeeded), or steered; 1 refused (the plan does not
@@ -23,8 +23,8 @@ from console.commands.base import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE, EXIT_U
 from console.core.safetext import say
 
 if TYPE_CHECKING:
-    from console.collect.gateway_client import GatewayClient, GatewayError
-    from console.core.config import Fleet
+    from console.collect.clients.gateway_client import GatewayClient, GatewayError
+    from console.core.config.load import Fleet
     from console.core.gateway_wire import RolloutRecord
 
 ROLLOUT_ID = re.compile(r"[0-9a-f]{1,32}")
@@ -68,8 +68,8 @@ def _who() -> str:
 
 
 def _start(fleet: Fleet, path: str, why: str, wait: bool, out: TextIO) -> int:
-    from console.core.rollout import check_plan
-    from console.core.rollout_plan import PlanError, join_problems, read_plan, to_data
+    from console.core.rollouts.plan_file import PlanError, join_problems, read_plan, to_data
+    from console.core.rollouts.planner import check_plan
 
     try:
         plan = read_plan(path)
@@ -124,13 +124,13 @@ async def _ask(fleet: Fleet, args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _client(fleet: Fleet) -> GatewayClient:
-    from console.collect.gateway_client import GatewayClient
+    from console.collect.clients.gateway_client import GatewayClient
 
     return GatewayClient(fleet, timeout=10.0)
 
 
 def _gateway_error() -> type[GatewayError]:
-    from console.collect.gateway_client import GatewayError
+    from console.collect.clients.gateway_client import GatewayError
 
     return GatewayError
 

@@ -1,5 +1,5 @@
 """`engineroom rules [--out FILE]`: the fleet's Prometheus alerting rules, its alerts' and
-the diagnoses' PromQL can tell (console.collect.rules, docs/prometheus.md)."""
+the diagnoses' PromQL can tell (console.collect.promrules.alerts, docs/prometheus.md)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from console.collect.rules import run_rules
+    from console.collect.promrules.alerts import run_rules
 
     return run_rules(fleet_of(args), args.out)
 

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from console.commands.base import EXIT_CONFIG, Command, default_fleet, fleet_arg, split_listen
-from console.core.config import load_fleet
+from console.core.config.load import load_fleet
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -30,7 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from console.tui import webserve as web
+    from console.tui.web import serve as web
 
     path = Path(args.fleet or default_fleet()).resolve()
     try:

@@ -1,5 +1,5 @@
 """`engineroom timeline FILE [--from T] [--to T] [--markdown | --json]`: a recording's
-incident timeline (console.collect.timeline builds and writes it)."""
+incident timeline (console.collect.recordings.timeline builds and writes it)."""
 
 from __future__ import annotations
 
@@ -27,8 +27,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_timeline(path: str, start: str | None, end: str | None, *, as_json: bool) -> int:
-    from console.collect.recording import Recording
-    from console.collect.timeline import build, markdown, parse_time, utc
+    from console.collect.recordings.reader import Recording
+    from console.collect.recordings.timeline import build, markdown, parse_time, utc
 
     recording = Recording(path)
     t0 = recording.start if start is None else parse_time(start, recording.start)

@@ -11,7 +11,7 @@ from typing import Any, TextIO
 
 from console.commands.agentjob import act
 from console.commands.base import Command, fleet_arg, fleet_of
-from console.core.config import Fleet
+from console.core.config.load import Fleet
 
 
 def _pair(item: str) -> str:

@@ -1,7 +1,8 @@
 """The one definition of engineroom's alerts: names, severities, thresholds, wording.
 
-The console's alerts (console/collect/alerts.py) and the Prometheus alerting rules that
-`engineroom rules` writes (console/collect/rules.py) both read this module, so a threshold,
+The console's alerts (console/collect/views/alerts.py) and the Prometheus alerting rules that
+`engineroom rules` writes (console/collect/promrules/alerts.py) both read this module, so a
+threshold,
 a severity or a comparison changed here changes both; tests/test_rules.py proves that they
 fire on the same values.
 
@@ -30,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from console.core.config import Fleet, Model
+from console.core.config.load import Fleet, Model
 
 Severity = Literal["critical", "warning"]
 Op = Literal[">", ">="]
@@ -40,7 +41,7 @@ _OPS: dict[Op, Callable[[float, float], bool]] = {">": operator.gt, ">=": operat
 # moves (a temperature, a p95 over the agent's 60 s window, a KV cache) must hold for
 # HOLD_S before it raises and stay away for CLEAR_S before it clears; an event (an XID,
 # ECC errors, an engine down) raises at once and clears after CLEAR_S; a node's own
-# status already waits out missed polls (console/collect/collector.py), so it neither
+# status already waits out missed polls (console/collect/sources/collector.py), so it neither
 # waits nor lingers.
 HOLD_S = 30.0
 CLEAR_S = 60.0

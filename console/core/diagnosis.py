@@ -2,14 +2,14 @@
 what rules it out and its moves, in order.
 
 A diagnosis names a problem (an alert names a figure): "engine wedged" where the alerts
-say a queue grows and a p95 is over its SLO. The evaluation (console/collect/diagnoses.py)
+say a queue grows and a p95 is over its SLO. The evaluation (console/collect/diagnose/diagnoser.py)
 reads only this module for what a class is; `engineroom diagnose`, `check --json` and the
 console's Diagnoses screen show what it found; `engineroom rules` writes the classes PromQL
-can tell as Prometheus alerting rules (console/collect/rules_diagnoses.py). docs/diagnoses.md
+can tell as Prometheus alerting rules (console/collect/promrules/diagnoses.py). docs/diagnoses.md
 gives each class with its signals per engine; tests/test_diagnoses.py holds the two together.
 
 Thresholds have defaults here and may be set in fleet.toml, `[diagnoses]` for the fleet
-and `[models.diagnoses]` for one model (console.core.config_model.DiagnosisLimits).
+and `[models.diagnoses]` for one model (console.core.config.model.DiagnosisLimits).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from console.core.config_model import Fleet
+from console.core.config.model import Fleet
 
 Severity = Literal["critical", "warning"]
 Subject = Literal["engine", "deployment", "gpu", "job", "model"]
@@ -82,7 +82,7 @@ class DiagnosisDef:
     # there at the first look is raised at once, as an alert is: active at start).
     hold_s: float = 0.0
     # False for a class `engineroom rules` cannot write as a Prometheus rule, with why in
-    # `note` (console/collect/rules_diagnoses.py writes the others).
+    # `note` (console/collect/promrules/diagnoses.py writes the others).
     in_rules: bool = True
     note: str = ""
 
@@ -213,7 +213,7 @@ THROTTLED_GPU = DiagnosisDef(
     note="which engine runs on which GPU is the agent's (the GPU's processes), not a label "
     "of the GPU's series",
 )
-# The clock-event reasons that slow a GPU down (console.core.readings' words), the most
+# The clock-event reasons that slow a GPU down (console.core.metrics.readings' words), the most
 # telling first (it names the cause); "idle", "applications clocks setting", "sync boost"
 # and "display clock setting" do not.
 SLOWDOWNS = (
@@ -249,7 +249,7 @@ ALL: tuple[DiagnosisDef, ...] = (
 )
 BY_NAME = {d.name: d for d in ALL}
 
-# -- what a look found (console/collect/diagnoses.py finds them) ------------------------
+# -- what a look found (console/collect/diagnose/diagnoser.py finds them) ------------------------
 
 State = Literal["active", "verifying", "resolved", "still there"]
 

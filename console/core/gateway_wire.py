@@ -1,5 +1,6 @@
 """The gateway's admin API on the wire: request bodies the gateway validates and answers the
-console reads, one definition for both (console.gateway.admin, console.collect.gateway_client).
+console reads, one definition for both (console.gateway.http.admin,
+console.collect.clients.gateway_client).
 
 Errors are `{"error": "what, where"}` (AdminError); the OpenAI front door keeps OpenAI's
 own error shape. Answers allow keys this console does not know (a newer gateway may add
@@ -170,7 +171,7 @@ class FailoverJob(_Answer):
 
 
 class RolloutStep(_Answer):
-    """One deployment's turn in a rollout (console.gateway.rollout_steps)."""
+    """One deployment's turn in a rollout (console.gateway.rollouts.steps)."""
 
     model: str
     deployment: str
@@ -184,7 +185,7 @@ class RolloutStep(_Answer):
 
 class ModelCapacity(_Answer):
     """One model's capacity in a rollout, read from the gateway's route table when the
-    record is asked for (console.gateway.rollouts `capacity`): None is unknown, never 0."""
+    record is asked for (console.gateway.rollouts.runner `capacity`): None is unknown, never 0."""
 
     ready: int | None = None  # its deployments up and with weight now
     deployments: int | None = None  # how many it has in the route table

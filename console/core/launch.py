@@ -1,6 +1,7 @@
 """From a launch profile and its overrides to the engine flags, checked: the part of every
 engine's launch that is not the engine's own. A plugin's `launch()` turns the result into
-its argv (plugins/vllm.py); the agent runs it (console.agent.launch, console.agent.jobs).
+its argv (plugins/vllm.py); the agent runs it (console.agent.jobs.launch,
+console.agent.jobs.runner).
 
 The agent runs only what fleet.toml declares. A console sends a profile name and
 overrides; an override is accepted only where the profile marks it overridable (or, for
@@ -27,7 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from console.core.config_model import ArgValue, Profile
+from console.core.config.model import ArgValue, Profile
 
 _ARG_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 # Overrides a profile may mark overridable, besides "args.NAME".

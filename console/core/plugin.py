@@ -6,7 +6,7 @@ the console knows about its engine:
 
 - `discover`: is this process one of my engines, and where does it listen?
 - `probe`: read version, state, models and metrics within the context's deadline,
-  normalized into engine-neutral readings (`console.core.readings`);
+  normalized into engine-neutral readings (`console.core.metrics.readings`);
 - `launch`: the argv that starts a fleet.toml profile (engines the agent can start);
 - `ready_phases`: the log lines that mark its cold start's phases;
 - capability flags, read wherever the console would otherwise branch on a kind.
@@ -28,10 +28,10 @@ from typing import Any, ClassVar
 
 import aiohttp
 
-from console.core.config_model import Profile
+from console.core.config.model import Profile
 from console.core.fetch import Response, fetch
 from console.core.launch import Launch, LaunchError
-from console.core.readings import EngineReading
+from console.core.metrics.readings import EngineReading
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ Phases = tuple[tuple[str, tuple[str, ...]], ...]
 @dataclass(frozen=True, slots=True)
 class PromSeries:
     """This engine's own /metrics as Prometheus holds them, for a console that reads the
-    fleet from Prometheus (console.collect.promsource). Exposed names (with `_total`);
+    fleet from Prometheus (console.collect.prometheus.source). Exposed names (with `_total`);
     a None is a figure the engine does not export, shown as unknown."""
 
     model_label: str  # the label that names the model

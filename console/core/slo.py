@@ -1,12 +1,12 @@
 """One SLO verdict per deployment: ok, warning, critical or unknown, and on what.
 
 Every place that says whether a deployment meets its model's SLO reads this one verdict:
-the Models screen, the alerts (console/collect/alerts.py), `check` and its JSON, the
+the Models screen, the alerts (console/collect/views/alerts.py), `check` and its JSON, the
 failover plan; the Prometheus rules of `engineroom rules` are written from the same
-limits, multiples and order of figures (console/collect/rules.py).
+limits, multiples and order of figures (console/collect/promrules/alerts.py).
 
 - What clients feel decides: the gateway's p95 where the gateway measured the deployment
-  (its admin snapshot, console.collect.gateway_view), else the engine's own p95.
+  (its admin snapshot, console.collect.views.gateway_view), else the engine's own p95.
 - A mean never stands in for a p95: where an engine gives only a windowed mean
   (Triton's counters), that figure is unknown; the mean is kept beside it, to be shown
   as a mean.
@@ -23,7 +23,7 @@ from typing import Any, Literal, NamedTuple, Protocol
 
 from console.core import alertrules
 from console.core.alertrules import AlertDef
-from console.core.config_model import Fleet, Model
+from console.core.config.model import Fleet, Model
 from console.core.snapshot import ModelStats
 
 Level = Literal["ok", "warning", "critical", "unknown"]
@@ -140,7 +140,7 @@ def limits(fleet: Fleet, model: Model | None) -> tuple[float | None, ...]:
 
 
 class ClientFigures(Protocol):
-    """A deployment as the gateway measured it (console.collect.gateway_view parses the
+    """A deployment as the gateway measured it (console.collect.views.gateway_view parses the
     gateway's snapshot into these): each figure None where unknown."""
 
     @property

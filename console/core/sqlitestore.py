@@ -1,7 +1,7 @@
 """A durable record of jobs and of who did what: SQLite, one file per process.
 
-The agent keeps one per node (console.agent.store) and the gateway one with its route
-table besides (console.gateway.routes); both are this store with their own tables added.
+The agent keeps one per node (console.agent.jobs.store) and the gateway one with its route
+table besides (console.gateway.routing.routes); both are this store with their own tables added.
 
 Every write is its own committed transaction in WAL mode with synchronous=FULL, so a
 `kill -9` loses no record that was acknowledged. Tokens never reach the store: an action

@@ -59,7 +59,7 @@ class XidEvent(_Wire):
 
 
 class GoneGpu(_Wire):
-    """A GPU the node had that NVML no longer lists (console/agent/gpu_inventory.py)."""
+    """A GPU the node had that NVML no longer lists (console/agent/snapshot/gpu_inventory.py)."""
 
     uuid: str
     index: int | None = None  # its index then
@@ -184,7 +184,7 @@ class Engine(_Wire):
     )
 
 
-# A vLLM cold start's phases, in order (console.agent.jobs finds them in the engine's log).
+# A vLLM cold start's phases, in order (console.agent.jobs.runner finds them in the engine's log).
 COLD_START_PHASES = (
     "engine_init",
     "weights_loaded",
@@ -385,7 +385,7 @@ class DrillResult(_Wire):
 
 class TrtEngine(_Wire):
     """A TensorRT-LLM deployment's engine against the node as it is now
-    (console.agent.drills): "current", "stale" (rebuild required, or on the PyTorch
+    (console.agent.drills.job): "current", "stale" (rebuild required, or on the PyTorch
     backend re-validation, with the reasons, such as "driver 575.57 → 580.159") or
     "unknown" (no manifest: unknown provenance)."""
 

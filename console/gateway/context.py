@@ -1,5 +1,5 @@
 """What the gateway's parts use of the gateway that holds them: the front door
-(console.gateway.frontdoor), the aiohttp application (fallback) and the admin API (admin)
+(console.gateway.http.frontdoor), the aiohttp application (fallback) and the admin API (admin)
 read it through GatewayContext, so none of them imports the server, which puts them
 together (console.gateway.server.Gateway is the one GatewayContext).
 """
@@ -10,12 +10,12 @@ import asyncio
 from collections.abc import Callable
 from typing import Protocol
 
-from console.core.config import GatewaySection
-from console.gateway.failover import Failovers
-from console.gateway.relay import Relay
-from console.gateway.rollouts import Rollouts
-from console.gateway.routetable import RouteTable
-from console.gateway.sink import Sink
+from console.core.config.load import GatewaySection
+from console.gateway.failover.job import Failovers
+from console.gateway.http.relay import Relay
+from console.gateway.http.sink import Sink
+from console.gateway.rollouts.runner import Rollouts
+from console.gateway.routing.routetable import RouteTable
 
 
 class OpenDoor(Protocol):

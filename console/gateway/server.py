@@ -45,16 +45,16 @@ import aiohttp
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
-from console.core.config import ConfigError, Fleet, load_fleet
+from console.core.config.load import ConfigError, Fleet, load_fleet
 from console.gateway.context import OpenDoor
-from console.gateway.failover import Failovers
-from console.gateway.fallback import build_app
-from console.gateway.frontdoor import SHUTDOWN_GRACE_S, FrontDoor
-from console.gateway.relay import Relay
-from console.gateway.rollouts import Rollouts
-from console.gateway.routes import GatewayStore
-from console.gateway.routetable import RouteTable
-from console.gateway.upstream import Upstream, health_loop
+from console.gateway.failover.job import Failovers
+from console.gateway.http.fallback import build_app
+from console.gateway.http.frontdoor import SHUTDOWN_GRACE_S, FrontDoor
+from console.gateway.http.relay import Relay
+from console.gateway.rollouts.runner import Rollouts
+from console.gateway.routing.routes import GatewayStore
+from console.gateway.routing.routetable import RouteTable
+from console.gateway.routing.upstream import Upstream, health_loop
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ class Gateway:
         assert fleet.gateway is not None, "the fleet file has no [gateway] section"
         self.settings = fleet.gateway
         self.admin_token = admin_token.encode()
-        # Reads the admin API and /metrics, acts on nothing (console.gateway.admin).
+        # Reads the admin API and /metrics, acts on nothing (console.gateway.http.admin).
         self.viewer_token = viewer_token.encode() if viewer_token else None
         self.api_keys = [k.encode() for k in api_keys or []]
         root = state_dir or Path(self.settings.state_dir).expanduser()

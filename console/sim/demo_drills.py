@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from console.agent import manifest
+from console.agent.drills import manifest
 from console.sim import nvml, trtllm_double
 from console.sim.demo_layout import ENGINE_PORTS, EngineSpec
 from console.sim.fleetfile import FleetText, listen_socket, node_name, port_of

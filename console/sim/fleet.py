@@ -1,7 +1,8 @@
 """The SIMULATED demo fleet running: simulated GPUs and engines, watched by REAL agents.
 
 Everything runs in one asyncio loop on 127.0.0.1. Per node: one real agent
-(console.agent.node.NodeAgent and console.agent.app.create_app, served by uvicorn) whose
+(console.agent.snapshot.node.NodeAgent and console.agent.api.app.create_app, served by uvicorn)
+whose
 GpuSampler reads a SimulatedNvml, and whose engine plugins probe simulated engines over
 HTTP, exactly as on a GPU node. Each simulated engine also has a tiny real process standing
 in for its server process, so the agent maps GPU processes to engines the real way (by pid).
@@ -36,13 +37,13 @@ from typing import Any
 import psutil
 import uvicorn
 
-from console.agent.app import create_app
-from console.agent.auth import Tokens
-from console.agent.discovery import EngineProcess
-from console.agent.gpu import GpuSampler
-from console.agent.jobs import JobRunner
-from console.agent.node import NodeAgent
-from console.core.config import Fleet, load_fleet
+from console.agent.api.app import create_app
+from console.agent.api.auth import Tokens
+from console.agent.jobs.runner import JobRunner
+from console.agent.snapshot.discovery import EngineProcess
+from console.agent.snapshot.gpu import GpuSampler
+from console.agent.snapshot.node import NodeAgent
+from console.core.config.load import Fleet, load_fleet
 from console.core.wire import Snapshot
 from console.sim.demo_fleetfile import write_fleet_file
 from console.sim.demo_layout import (

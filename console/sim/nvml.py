@@ -1,6 +1,6 @@
 """SimulatedNvml: a pynvml-compatible module object whose GPUs follow SIMULATED engine load.
 
-It answers every call the agent's GpuSampler makes (console/agent/gpu.py), so the demo's
+It answers every call the agent's GpuSampler makes (console/agent/snapshot/gpu.py), so the demo's
 agents run their real NVML code path. Each GPU is an H200 (143771 MiB, 700 W, compute
 capability 9.0) named "NVIDIA H200 (SIMULATED)". Utilization, power, temperature and
 clocks move towards targets set by the engines on the GPU, smoothed over time with a

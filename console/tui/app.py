@@ -29,15 +29,15 @@ from textual.screen import ModalScreen, Screen
 from textual.widgets import Input
 
 from console.collect import tune_gc
-from console.collect.alerts import EventLog
-from console.collect.collector import NodeState
-from console.collect.gateway_view import GatewaySnapshot, GatewayView
-from console.collect.operator_actions import ActionTracker, GatewayActions, event_of
-from console.collect.promsource import fleet_source
-from console.collect.recorder import Recorder, open_writer
-from console.collect.source import FleetSource
-from console.collect.view import FleetView, ViewBuilder
-from console.core.config import Fleet
+from console.collect.prometheus.source import fleet_source
+from console.collect.recordings.recorder import Recorder, open_writer
+from console.collect.sources.collector import NodeState
+from console.collect.sources.source import FleetSource
+from console.collect.views.alerts import EventLog
+from console.collect.views.gateway_view import GatewaySnapshot, GatewayView
+from console.collect.views.operator_actions import ActionTracker, GatewayActions, event_of
+from console.collect.views.view import FleetView, ViewBuilder
+from console.core.config.load import Fleet
 from console.core.diagnosis import Move
 from console.core.safetext import for_terminal
 from console.tui import format as fmt
@@ -58,7 +58,7 @@ from console.tui.screens.jobs import JobScreen, JobsScreen, StartVllmScreen
 from console.tui.screens.models import ModelsScreen
 from console.tui.screens.node import NodeScreen
 from console.tui.screens.rollouts import RolloutsScreen
-from console.tui.terminal_driver import DiffDriver, output_to_devnull
+from console.tui.terminal.driver import DiffDriver, output_to_devnull
 from console.tui.widgets.command_line import CommandLine
 from console.tui.widgets.confirm import ConfirmScreen
 from console.tui.workflows import Workflows, delegate
@@ -120,7 +120,7 @@ class EngineroomApp(App[int]):
     TITLE = "engineroom"
     ENABLE_COMMAND_PALETTE = True
     gateway_snapshot = GatewaySnapshot()  # the gateway's JSON; set, it is parsed into:
-    gateway: GatewayView | None = None  # what the screens read (console.collect.gateway_view)
+    gateway: GatewayView | None = None  # what the screens read (console.collect.views.gateway_view)
     BINDINGS = [
         Binding("colon", "command", "command", id="command"),
         Binding("slash", "filter", "filter", id="filter"),
@@ -203,7 +203,7 @@ class EngineroomApp(App[int]):
         tune_gc()  # the sources have asked by now: the collection waits with them
         if not self.read_only:
             self.run_worker(self._learn_roles(), group="roles")
-        from console.collect.gateway_client import GatewayClient
+        from console.collect.clients.gateway_client import GatewayClient
 
         if GatewayClient.configured(self.fleet) and not self.offline:
             # The next poll starts once this one answered: a slow gateway is still shown.
@@ -387,7 +387,7 @@ class EngineroomApp(App[int]):
         await self.collector.roles(self.roles.__setitem__)
 
     async def _gateway_once(self) -> None:
-        from console.collect.gateway_client import GatewayError
+        from console.collect.clients.gateway_client import GatewayError
 
         client = self.workflows.gateway_client(timeout=max(1.0, self.refresh_s * 2))
         try:

@@ -19,12 +19,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from console.collect.alerts import Event
-from console.collect.gateway_view import GatewayView
-from console.collect.history import History
-from console.collect.source import NodeState, SourceHealth
-from console.collect.view import Changes, FleetView
-from console.core.config import Model
+from console.collect.sources.source import NodeState, SourceHealth
+from console.collect.views.alerts import Event
+from console.collect.views.gateway_view import GatewayView
+from console.collect.views.history import History
+from console.collect.views.view import Changes, FleetView
+from console.core.config.load import Model
 from console.core.snapshot import Job
 from console.core.units import ms_from_seconds
 from console.tui.diagnosing import Findings

@@ -1,4 +1,5 @@
-"""The console's one Diagnoser (console/collect/diagnoses.py), looked through once per view.
+"""The console's one Diagnoser (console/collect/diagnose/diagnoser.py), looked through once per
+view.
 
 The first look waits until every node has answered once (or is known down) and the
 gateway, where there is one, was asked: a diagnosis already there at the first look is
@@ -17,13 +18,13 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from console.collect.diagnoses import CannotTell, Diagnoser, Diagnosis
-from console.collect.gateway_client import GatewayClient
-from console.collect.gateway_view import GatewayView
-from console.collect.source import NodeState
-from console.collect.view import FleetView
+from console.collect.clients.gateway_client import GatewayClient
+from console.collect.diagnose.diagnoser import CannotTell, Diagnoser, Diagnosis
+from console.collect.sources.source import NodeState
+from console.collect.views.gateway_view import GatewayView
+from console.collect.views.view import FleetView
 from console.core import diagnosis as d
-from console.core.config import Fleet
+from console.core.config.load import Fleet
 
 BUDGET = 0.02  # the share of the console's time its diagnoses may take
 FIRST_LOOK_WAIT_S = 10.0  # the longest the first look waits for the fleet's first answers

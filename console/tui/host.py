@@ -13,10 +13,10 @@ from typing import Protocol, TypeVar, cast
 
 from textual.message_pump import MessagePump
 
-from console.collect.actions import AgentActions
-from console.collect.gateway_client import GatewayClient
-from console.collect.source import FleetSource
-from console.core.config import Fleet
+from console.collect.clients.actions import AgentActions
+from console.collect.clients.gateway_client import GatewayClient
+from console.collect.sources.source import FleetSource
+from console.core.config.load import Fleet
 from console.core.diagnosis import Move
 
 T = TypeVar("T")

@@ -16,9 +16,9 @@ from typing import Any, TypeVar
 from textual.actions import ActionParseResult, parse
 from textual.dom import DOMNode
 
-from console.collect.actions import AgentActions
-from console.collect.gateway_client import GatewayClient
-from console.core.config import Fleet
+from console.collect.clients.actions import AgentActions
+from console.collect.clients.gateway_client import GatewayClient
+from console.core.config.load import Fleet
 from console.tui.app import EngineroomApp
 
 T = TypeVar("T")

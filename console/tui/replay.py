@@ -13,10 +13,10 @@ import time
 
 from textual.binding import Binding
 
-from console.collect.recording import Recording
-from console.collect.replay import SPEEDS, RecordedEvents, ReplayCollector, fleet_of
-from console.collect.timeline import parse_time
-from console.core.config import Fleet
+from console.collect.recordings.reader import Recording
+from console.collect.recordings.replay import SPEEDS, RecordedEvents, ReplayCollector, fleet_of
+from console.collect.recordings.timeline import parse_time
+from console.core.config.load import Fleet
 from console.tui.app import EngineroomApp
 from console.tui.readonly import RefusingApp
 from console.tui.widgets.time_cursor import TimeCursor, clock

@@ -18,11 +18,11 @@ from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
 from textual.notifications import SeverityLevel
 from textual.screen import Screen
 
-from console.collect.actions import ActionError, AgentActions
-from console.collect.gateway_client import GatewayClient, GatewayError
-from console.collect.source import FleetSource
-from console.collect.view import FleetView
-from console.core.config import ConfigError, Fleet
+from console.collect.clients.actions import ActionError, AgentActions
+from console.collect.clients.gateway_client import GatewayClient, GatewayError
+from console.collect.sources.source import FleetSource
+from console.collect.views.view import FleetView
+from console.core.config.load import ConfigError, Fleet
 from console.core.gateway_wire import MAX_WHY
 from console.core.snapshot import Job
 from console.tui.screens.drills import PlaybookScreen

@@ -14,8 +14,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from console.agent.node import NodeAgent
-from console.core.config import parse_fleet
+from console.agent.snapshot.node import NodeAgent
+from console.core.config.load import parse_fleet
 from tests.engines import servers
 from tests.engines.triton_repo import write_repo
 from tests.support.fleet import LOCAL_AGENT, fleet_model, fleet_toml, triton_ensemble

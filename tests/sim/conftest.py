@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from console.core.config import load_fleet
+from console.core.config.load import load_fleet
 from console.core.wire import Snapshot
 from tests.engines.servers import log_tail, stop
 

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from console.core.config import load_fleet
+from console.core.config.load import load_fleet
 from console.sim.nvml import GpuSpec, SimulatedNvml
 from tests.engines.servers import wait_until
 from tests.sim.conftest import TOKEN, SimFleet, end, start_sim

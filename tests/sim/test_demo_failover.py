@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from console.core.config import load_fleet
+from console.core.config.load import load_fleet
 from tests.engines.servers import wait_until
 from tests.sim.conftest import ROOT, TOKEN, SimFleet, end, start_sim
 

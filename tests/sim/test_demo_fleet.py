@@ -8,7 +8,7 @@ import httpx
 import psutil
 import pytest
 
-from console.core.config import load_fleet
+from console.core.config.load import load_fleet
 from console.core.wire import Snapshot
 from tests.engines.servers import running, wait_until
 from tests.sim.conftest import SimFleet, end, start_sim
@@ -182,9 +182,9 @@ def test_the_demo_gives_the_web_view_a_viewer_token_that_reads_and_cannot_act(de
     import subprocess
     import sys
 
-    from console.core.config import parse_fleet
+    from console.core.config.load import parse_fleet
     from console.sim.fleetfile import VIEWER_TOKEN_ENV, viewer_token_for
-    from console.tui.webserve import session_environment
+    from console.tui.web.serve import session_environment
     from tests.sim.conftest import ROOT, TOKEN
 
     viewer = viewer_token_for(TOKEN)

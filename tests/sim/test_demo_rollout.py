@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from console.core.config import load_fleet
+from console.core.config.load import load_fleet
 from console.sim.demo_layout import LAUNCHED, MODELS
 from tests.conftest import run_cli
 from tests.engines.servers import wait_until

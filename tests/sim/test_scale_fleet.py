@@ -6,7 +6,7 @@ import asyncio
 
 import httpx
 
-from console.core.config import load_fleet
+from console.core.config.load import load_fleet
 from console.core.wire import Snapshot
 from tests.engines.servers import wait_until
 from tests.sim.conftest import TOKEN, end, start_sim

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from console.agent.gpu import GpuSampler
+from console.agent.snapshot.gpu import GpuSampler
 from console.sim.load import Routed, Traffic, Workload
 from console.sim.nvml import GpuSpec, NVMLError_Timeout, SimulatedNvml, Tenant
 from tests.engines.servers import wait_until

@@ -191,7 +191,7 @@ async def fail_over_on_the_screens(
     `progress_has`."""
     from textual.widgets import Button, Input, Select
 
-    from console.core.config import load_fleet
+    from console.core.config.load import load_fleet
     from console.tui.app import EngineroomApp
     from console.tui.screens.failover import FailoverScreen
     from tests.tui_support import until

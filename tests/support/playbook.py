@@ -9,8 +9,8 @@ import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
-from console.collect.replay import ReplayCollector
-from console.core.config import parse_fleet
+from console.collect.recordings.replay import ReplayCollector
+from console.core.config.load import parse_fleet
 from console.core.snapshot import decode_snapshot
 from console.tui.app import EngineroomApp
 from tests.engines.servers import free_port, stop

@@ -1,4 +1,4 @@
-"""Diagnoses: the named problems the console found (console/collect/diagnoses.py), worst
+"""Diagnoses: the named problems the console found (console/collect/diagnose/diagnoser.py), worst
 first, and one diagnosis whole: its evidence (each figure, where it was measured, how
 old), what would rule it out, and its moves in order.
 
@@ -25,13 +25,13 @@ from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.widgets import DataTable
 
-from console.collect.diagnose_out import _move_hint as command_hint
-from console.collect.diagnoses import Diagnosis
-from console.collect.failover_targets import rank
-from console.collect.gateway_client import GatewayClient
-from console.collect.gateway_view import GatewayDeployment
+from console.collect.clients.gateway_client import GatewayClient
+from console.collect.diagnose.diagnoser import Diagnosis
+from console.collect.diagnose.output import _move_hint as command_hint
+from console.collect.moves.failover_targets import rank
+from console.collect.views.gateway_view import GatewayDeployment
 from console.core import diagnosis as d
-from console.core.config import Model
+from console.core.config.load import Model
 from console.tui import format as fmt
 from console.tui.built import ViewBuilt
 from console.tui.columns import Fitted

@@ -9,7 +9,7 @@ remember, and the selected one's steps as a bar chart of durations, live while i
 The playbook (`p` on Models) is one guided flow for a stale or broken TensorRT-LLM
 deployment: start a vLLM standby, fail over to it, run the rebuild drill, fail back when
 it passed. Each step is the existing job; the checklist shows each one's state from the
-live snapshots and the gateway (planned in console/collect/playbook.py), and Enter starts
+live snapshots and the gateway (planned in console/collect/moves/playbook.py), and Enter starts
 the next step, each behind its own confirmation.
 """
 
@@ -23,9 +23,9 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.widgets import DataTable, Static
 
-from console.collect import playbook
-from console.collect.actions import ActionError
-from console.collect.playbook import Check
+from console.collect.clients.actions import ActionError
+from console.collect.moves import playbook
+from console.collect.moves.playbook import Check
 from console.core.snapshot import Job, TrtEngine
 from console.tui import format as fmt
 from console.tui.built import ViewBuilt

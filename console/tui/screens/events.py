@@ -2,7 +2,7 @@
 
 The actions are the agents' jobs (start, stop, restart, drill) as the snapshots carry
 them and the gateway's audit (failovers, weight changes), each with who and why; they
-read as in a recording's replay (console/collect/operator_actions.py).
+read as in a recording's replay (console/collect/views/operator_actions.py).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import time
 from rich.text import Text
 from textual.app import ComposeResult
 
-from console.collect.gateway_client import GatewayClient
+from console.collect.clients.gateway_client import GatewayClient
 from console.tui import format as fmt
 from console.tui.built import ViewBuilt
 from console.tui.columns import Fitted

@@ -4,7 +4,7 @@ then the job live.
 The moves (docs/gateway.md): all of the model to one deployment (a fail-back when it
 undoes the last move), drain one deployment (its weight to the others in proportion, or
 onto one), or restore the weights from before an earlier job. The target is preselected
-healthiest first (console.collect.failover_targets), and the plan says why. The plan shows
+healthiest first (console.collect.moves.failover_targets), and the plan says why. The plan shows
 every deployment side by side (engine and version, state, the engine's own TTFT p95 and
 the gateway's, queue, KV cache, the weight before and after the move, in flight), the
 gateway's preflight and the steps. The job runs in the gateway: closing the console does
@@ -26,10 +26,10 @@ from textual.containers import Horizontal, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Select, Static
 
-from console.collect.failover_targets import Candidate, preselected, rank
-from console.collect.gateway_view import GatewayDeployment
-from console.collect.view import DeploymentRow
-from console.core.config import Model
+from console.collect.moves.failover_targets import Candidate, preselected, rank
+from console.collect.views.gateway_view import GatewayDeployment
+from console.collect.views.view import DeploymentRow
+from console.core.config.load import Model
 from console.core.gateway_wire import FailoverJob, Plan
 from console.core.snapshot import Percentiles
 from console.tui import format as fmt
@@ -303,7 +303,7 @@ class FailoverScreen(ModalScreen[str | None]):
         table.add_column("DEPLOYMENT", no_wrap=True, min_width=10)
         table.add_column("ENGINE", no_wrap=True, overflow="ellipsis", max_width=16)
         table.add_column("STATE", no_wrap=True, overflow="ellipsis", max_width=16)
-        # Where each TTFT was measured, as on Models (console.collect.measured); ~ is a
+        # Where each TTFT was measured, as on Models (console.collect.views.measured); ~ is a
         # windowed mean, never a p95.
         table.add_column("TTFT95\nengine", justify="right", no_wrap=True)
         table.add_column("TTFT95\ngateway", justify="right", no_wrap=True)

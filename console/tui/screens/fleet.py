@@ -7,7 +7,7 @@ from textual import on
 from textual.app import ComposeResult
 from textual.widgets import DataTable
 
-from console.collect.view import NodeRow
+from console.collect.views.view import NodeRow
 from console.tui import format as fmt
 from console.tui.built import ViewBuilt
 from console.tui.columns import Fitted

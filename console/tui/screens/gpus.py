@@ -25,7 +25,7 @@ COLUMNS = [
     ("PROCESSES", None),  # the room left, at least columns.MIN_ROOM
 ]
 WIDTH = dict(COLUMNS)
-# NVML's clock-event reasons (console/core/readings.py) as the column can hold them.
+# NVML's clock-event reasons (console/core/metrics/readings.py) as the column can hold them.
 SHORT = {
     "applications clocks setting": "app clocks",
     "software power cap": "sw power cap",

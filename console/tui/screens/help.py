@@ -16,7 +16,7 @@ FILTERS = """\
 Enter opens the selected row; Esc clears the filter, then goes back.
 """
 
-# Where each latency on Models was measured (console.collect.measured); the header's
+# Where each latency on Models was measured (console.collect.views.measured); the header's
 # second line says the same in one word.
 MEASURED = """\
 TTFT95 engine     the engine's own histogram: its clock starts when the engine gets the

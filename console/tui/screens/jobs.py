@@ -19,10 +19,10 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, DataTable, Input, Label, Select, Static
 
-from console.collect.actions import ActionError
-from console.collect.gateway_client import GatewayClient
-from console.collect.operator_actions import GATEWAY, gateway_job, job_target
-from console.core.config import Fleet, Profile
+from console.collect.clients.actions import ActionError
+from console.collect.clients.gateway_client import GatewayClient
+from console.collect.views.operator_actions import GATEWAY, gateway_job, job_target
+from console.core.config.load import Fleet, Profile
 from console.core.snapshot import Job
 from console.core.wire import COLD_START_PHASES, JobPlan
 from console.tui import format as fmt

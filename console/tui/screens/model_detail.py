@@ -11,10 +11,10 @@ from textual.containers import Horizontal
 from textual.widgets import Static
 from textual_plotext import PlotextPlot
 
-from console.collect.promhttp import PromError
-from console.collect.source import HistoryLine
-from console.collect.view import DeploymentRow
-from console.core.config import Model
+from console.collect.prometheus.http import PromError
+from console.collect.sources.source import HistoryLine
+from console.collect.views.view import DeploymentRow
+from console.core.config.load import Model
 from console.core.safetext import for_terminal
 from console.tui import format as fmt
 from console.tui.built import ViewBuilt

@@ -8,7 +8,7 @@ show p95s only; the means have columns of their own, labelled `mean`. Latencies 
 coloured against the model's SLO by the same scale. The header's second line says where
 each latency was measured: at the engine (its own histograms, from the moment the engine
 got the request) or at the gateway (as clients feel it); GAP is the difference
-(console.collect.measured).
+(console.collect.views.measured).
 
 Every column is one character wider than the widest value its formatter can produce, so
 a value never runs into the next column (the table has no cell padding). Where the
@@ -27,10 +27,10 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.widgets import DataTable
 
-from console.collect.gateway_view import GatewayDeployment, GatewayView
-from console.collect.measured import gap_text, ttft_gap_s
-from console.collect.view import DeploymentRow
-from console.core.config import Fleet, Model, Slo
+from console.collect.views.gateway_view import GatewayDeployment, GatewayView
+from console.collect.views.measured import gap_text, ttft_gap_s
+from console.collect.views.view import DeploymentRow
+from console.core.config.load import Fleet, Model, Slo
 from console.core.slo import Level
 from console.tui import format as fmt
 from console.tui.built import ViewBuilt
@@ -237,7 +237,7 @@ def _gap(gap: float | None, gw: GatewayDeployment | None, slo_ms: float | None) 
         return Text("-", style="dim")
     if gap < 0:
         # No client is faster than the engine: within the measurements' error it reads
-        # "~0", past it "?" (console/collect/measured.py, docs/gateway.md).
+        # "~0", past it "?" (console/collect/views/measured.py, docs/gateway.md).
         return Text(gap_text(gap, at_gateway - gap, fmt.seconds), style="dim")
     breaks = (
         slo_ms is not None

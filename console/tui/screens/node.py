@@ -8,8 +8,8 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.widgets import DataTable, Static
 
-from console.collect.history import History, Series
-from console.collect.view import engine_summary
+from console.collect.views.history import History, Series
+from console.collect.views.view import engine_summary
 from console.core.snapshot import Snapshot
 from console.tui import format as fmt
 from console.tui.built import ViewBuilt

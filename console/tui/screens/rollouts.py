@@ -7,7 +7,7 @@ call once the last ended) and asks the workflows (console/tui/workflows.py
 `steer_rollout`) to steer it, each move confirmed by name. The web view and replay show
 it and refuse the keys (console/tui/readonly.py); a viewer token shows them dimmed. A
 replay asks no gateway: its records are the recording's at the cursor, as the console
-that recorded read them (console/collect/recording_rollouts.py).
+that recorded read them (console/collect/recordings/rollouts.py).
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import VerticalScroll
 
-from console.collect.gateway_client import GatewayClient
-from console.collect.replay import ReplayCollector
+from console.collect.clients.gateway_client import GatewayClient
+from console.collect.recordings.replay import ReplayCollector
 from console.tui.built import ViewBuilt
 from console.tui.polling import Poll
 from console.tui.screens.base import ViewScreen

@@ -4,7 +4,7 @@ is, why it stopped, its waves, each deployment's state and figures, its events.
 Everything here is the gateway's record (console.core.gateway_wire.RolloutRecord): names,
 whys and details are outside text, and the screen shows this Text through SafeStatic (the
 TUI's one sanitizer). A figure the record does not have is "?", never 0; the figures are
-p95s over the step's verification windows (console.gateway.verify), and say where they
+p95s over the step's verification windows (console.gateway.failover.verify), and say where they
 were read from. Beside the step under way's baseline goes the figure after its turn, else
 the latest the console read of it (its engine's metrics or the gateway's measures, a p95,
 never a mean), else "?". Each model's capacity is the gateway's, read with the record.
@@ -21,7 +21,7 @@ from console.core.gateway_wire import ModelCapacity, capacity_head
 from console.tui import format as fmt
 
 if TYPE_CHECKING:
-    from console.collect.view import FleetView
+    from console.collect.views.view import FleetView
 
 OPEN = ("running", "paused", "halted", "interrupted")
 STATUS_STYLE = {

@@ -19,7 +19,7 @@ from textual.geometry import Region, Size
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
-from console.collect.view import GpuCell
+from console.collect.views.view import GpuCell
 from console.core.safetext import for_terminal
 
 CELL = 4  # "100" and a marker

@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import Static
 
-from console.collect.view import Summary
+from console.collect.views.view import Summary
 from console.tui.format import safe
 
 

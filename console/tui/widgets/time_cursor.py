@@ -8,7 +8,7 @@ import datetime as dt
 from rich.text import Text
 from textual.widgets import Static
 
-from console.collect.replay import ReplayCollector
+from console.collect.recordings.replay import ReplayCollector
 from console.tui.format import safe
 
 

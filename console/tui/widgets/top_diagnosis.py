@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 
 from rich.text import Text
 
-from console.collect.diagnoses import Diagnosis
+from console.collect.diagnose.diagnoser import Diagnosis
 from console.tui.widgets.safe_static import SafeStatic
 from console.tui.widgets.table import FleetTable
 

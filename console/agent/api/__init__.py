@@ -1,0 +1,1 @@
+"""The agent's HTTP API: routes, tokens and roles, /metrics."""

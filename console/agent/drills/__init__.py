@@ -1,0 +1,1 @@
+"""TensorRT-LLM rebuild drills, engine manifests and staleness."""

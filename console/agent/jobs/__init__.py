@@ -1,0 +1,1 @@
+"""The agent's jobs: the runner, its kinds, engine jobs and their record."""

@@ -1,0 +1,1 @@
+"""The agent's snapshot cycle: GPUs, host, engines found and probed."""

@@ -1,0 +1,1 @@
+"""The processes the agent starts: spawned, capped, signalled, stopped."""

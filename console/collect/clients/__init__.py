@@ -1,0 +1,1 @@
+"""The console's clients of the agents' and the gateway's APIs."""

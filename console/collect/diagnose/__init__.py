@@ -1,0 +1,1 @@
+"""The diagnoses: finders, the Diagnoser, `engineroom diagnose`."""

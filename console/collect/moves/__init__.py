@@ -1,0 +1,1 @@
+"""The incident moves' plans: failover targets ranked, the playbook."""

@@ -1,0 +1,1 @@
+"""The fleet read from Prometheus: queries, answers, health."""

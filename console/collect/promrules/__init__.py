@@ -1,0 +1,1 @@
+"""`engineroom rules`: the alerts and diagnoses as Prometheus rules."""

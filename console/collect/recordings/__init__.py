@@ -1,0 +1,1 @@
+"""Recordings: format, writer, reader, replay and the timeline."""

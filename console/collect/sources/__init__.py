@@ -1,0 +1,1 @@
+"""The fleet sources behind FleetSource: the agents' streams and SSH."""

@@ -1,0 +1,1 @@
+"""The fleet view built from the sources, and `check` over it."""

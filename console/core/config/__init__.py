@@ -1,0 +1,1 @@
+"""fleet.toml: its typed model, loading and validation, names, lines."""

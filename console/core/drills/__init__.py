@@ -1,0 +1,1 @@
+"""Drills' shared vocabulary: step templates, reports, releases."""

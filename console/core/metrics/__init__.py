@@ -1,0 +1,1 @@
+"""Metric math: the exposition parser, windows, a probe's readings."""

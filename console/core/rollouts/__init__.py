@@ -1,0 +1,1 @@
+"""The rollout planner and the plan file."""

@@ -1,0 +1,1 @@
+"""The data planes a failover drives: built-in, HAProxy, router."""

@@ -1,0 +1,1 @@
+"""Failover jobs: the weights' plan, the target's check, the steps."""

@@ -1,0 +1,1 @@
+"""Rollouts run in the gateway: the record, a deployment's steps."""

@@ -1,0 +1,1 @@
+"""The live route table, its record, upstreams and measures."""

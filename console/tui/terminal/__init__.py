@@ -1,0 +1,1 @@
+"""Writing to the terminal: only the cells whose text changed."""

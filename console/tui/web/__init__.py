@@ -1,0 +1,1 @@
+"""`engineroom serve --web`: the read-only console in a browser."""
