@@ -90,3 +90,16 @@ def test_size_from_bytes(n: int, shown: str) -> None:
 )
 def test_exact_size_from_bytes(n: int, shown: str) -> None:
     assert units.exact_size_from_bytes(n) == shown
+
+
+@pytest.mark.parametrize(
+    ("n", "kwargs", "shown"),
+    [
+        (None, {}, "?"),
+        (80 * 2**30, {}, "80"),
+        (int(79.6 * 2**30), {"decimals": 1, "unit": "G"}, "79.6G"),
+        (2**29, {"decimals": 1, "unit": "G"}, "0.5G"),
+    ],
+)
+def test_gib_from_bytes(n: int | None, kwargs: dict[str, object], shown: str) -> None:
+    assert units.gib_from_bytes(n, **kwargs) == shown  # type: ignore[arg-type]

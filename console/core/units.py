@@ -44,3 +44,8 @@ def size_from_bytes(n: int) -> str:
 def exact_size_from_bytes(n: int) -> str:
     """A bound without rounding: "8 MiB" when a whole number of MiB, else "1000 bytes"."""
     return f"{n // 2**20} MiB" if n % 2**20 == 0 else f"{n} bytes"
+
+
+def gib_from_bytes(n: int | None, decimals: int = 0, unit: str = "", unknown: str = "?") -> str:
+    """A memory size in GiB: "80" (check's table), "79.6G" (with decimals=1, unit="G")."""
+    return unknown if n is None else f"{n / 2**30:.{decimals}f}{unit}"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from console.core.units import ms_from_seconds
+from console.core.units import gib_from_bytes, ms_from_seconds
 from console.core.wire import Percentiles, Snapshot
 
 
@@ -11,7 +11,7 @@ def _num(value: float | None, fmt: str = "{:.0f}", unit: str = "") -> str:
 
 
 def _gib(value: int | None) -> str:
-    return "?" if value is None else f"{value / 2**30:.1f}G"
+    return gib_from_bytes(value, decimals=1, unit="G")
 
 
 def _p95(p: Percentiles, q: str = "p95") -> str:

@@ -29,7 +29,7 @@ from console.core.config.load import Fleet
 from console.core.safetext import for_terminal
 from console.core.slo import Verdict, times_text
 from console.core.snapshot import Percentiles, plain
-from console.core.units import duration_from_seconds
+from console.core.units import duration_from_seconds, gib_from_bytes
 
 EXIT = {"healthy": 0, "degraded": 1, "unreachable": 2}
 # The engine fields `check --json` gives (docs/check-json.md).
@@ -163,10 +163,6 @@ def slo_text(verdict: Verdict) -> str:
     return "? no SLO" if not bound else "? no figure"
 
 
-def _gib(value: int | None) -> str:
-    return "?" if value is None else f"{value / 2**30:.0f}"
-
-
 def render(
     view: FleetView,
     gateway: GatewayReading | None = None,
@@ -189,7 +185,7 @@ def render(
         f"  ENGINES",
     ]
     for n in view.nodes:
-        mem = f"{_gib(n.mem_used)}/{_gib(n.mem_total)}" if n.mem_total else "?"
+        mem = f"{gib_from_bytes(n.mem_used)}/{gib_from_bytes(n.mem_total)}" if n.mem_total else "?"
         util = f"{_pct(n.util_avg)}/{_pct(n.util_max)}" if n.gpus else "-"
         temp = f"{n.temp_max:.0f}C" if n.temp_max is not None else "?"
         detail = n.engines or "-"
