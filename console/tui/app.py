@@ -116,7 +116,7 @@ KEY_PLACES: list[tuple[str, type]] = [
 
 
 class EngineroomApp(App[int]):
-    CSS_PATH = "app.tcss"
+    CSS_PATH = Path(__file__).with_name("app.tcss")  # whole: subclasses live in other folders
     TITLE = "engineroom"
     ENABLE_COMMAND_PALETTE = True
     gateway_snapshot = GatewaySnapshot()  # the gateway's JSON; set, it is parsed into:
