@@ -162,7 +162,12 @@ def sandbox_of(unit: str, layout: Layout, env: dict[str, str]) -> tuple[Sandbox,
     # the private /tmp: a real install lives in /opt or /usr, a test's checkout may be in
     # either (CI's clone under /tmp must not leave the unit without its interpreter).
     hidden = (*HOMES, "/tmp", "/var/tmp")
-    python_homes = [p for p in {sys.base_prefix, sys.prefix, str(ROOT)} if under(p, hidden)]
+    found_here = {p for p in (sys.base_prefix, sys.prefix, str(ROOT)) if under(p, hidden)}
+    # Only the outermost: a folder bound over its parent's bind is hidden under it, and
+    # remounting it read-only then fails (the venv inside the checkout, in either order).
+    python_homes = sorted(
+        p for p in found_here if not any(p != q and under(p, [q]) for q in found_here)
+    )
     box = Sandbox(
         uid=layout.uid,
         gid=layout.gid,
