@@ -24,6 +24,7 @@ from console.agent.snapshot.discovery import EngineProcess
 from console.agent.snapshot.engines import Tracked, _api_server_cpu
 from console.collect.prometheus.promql import Point, Sample, fleet_queries
 from console.collect.prometheus.read import FleetReader, NodeReadings
+from console.core import diagnosis as d
 from console.core.config.load import parse_fleet
 from console.core.metrics.readings import (
     MAX_REASON_CHARS,
@@ -136,6 +137,26 @@ def test_a_prefix_cache_that_hits_gives_hits_over_queries_in_the_window():
     stats = window_over([(0.0, first), (2.0, second)])
     assert stats.prefix_cache_hit_rate == pytest.approx(0.75)  # 150 hits of 200
     assert stats.preemption_rate == pytest.approx(3.0)  # 6 in 2 s
+
+
+def test_preemptions_are_a_rate_over_the_last_10_s_so_a_storm_is_named_as_it_starts():
+    """A minute with no preemption, then 8 in the last 4 s: the rate over the last 10 s of
+    the window (0.8 a second, a storm at the default 0.5), not the minute's 0.13 (which a
+    storm of 3.8 a second on real vLLM took 15 s to fill, bench.diagnose_time)."""
+
+    def at(preempted: int) -> ModelReading:
+        labels = '{engine="0",model_name="m"}'
+        text = (
+            f"vllm:num_requests_running{labels} 6\nvllm:num_preemptions_total{labels} {preempted}\n"
+        )
+        return read_metrics(text, ["m"])[0]
+
+    quiet = [(float(t), at(0)) for t in range(0, 57, 2)]  # 0, 2, ... 56 s
+    storm = window_over([*quiet, (58.0, at(3)), (60.0, at(8))])
+    assert storm.window_s == 60.0 and storm.preemption_rate == pytest.approx(0.8)  # 8 in 10 s
+    assert storm.preemption_rate >= d.DEFAULTS["kv_preemption_storm_rate"]
+    gone = window_over([*quiet, (58.0, at(8)), *((float(t), at(8)) for t in range(60, 72, 2))])
+    assert gone.preemption_rate == 0.0  # the storm left the last 10 s: over
 
 
 def test_vllm_0_9_to_0_11_prefix_cache_names_and_no_waiting_reasons():

@@ -127,7 +127,7 @@ class ModelStats(_Wire):
     prompt_tokens_rate: float | None = None  # tokens per second over the window
     generation_tokens_rate: float | None = None
     preemption_rate: float | None = Field(
-        default=None, description="requests preempted per second over the window"
+        default=None, description="requests preempted per second over the last 10 s of the window"
     )
     generation_stalled_s: float | None = Field(
         default=None,

@@ -14,6 +14,10 @@ from collections import deque
 from console.core.metrics.readings import LATENCIES, Histogram, MeanCounter, ModelReading
 from console.core.wire import Latency, ModelStats, Percentiles
 
+# The span of the rates that name a storm as it starts (preemptions): the last 10 s of the
+# window, not all of it.
+RECENT_S = 10.0
+
 
 def quantile(q: float, bounds: tuple[float, ...], cumulative: tuple[float, ...]) -> float | None:
     """The q-quantile of a cumulative histogram, interpolated inside its bucket.
@@ -112,11 +116,11 @@ class ModelWindow:
         for key, attr in (
             ("prompt_tokens", "prompt_tokens_rate"),
             ("generation_tokens", "generation_tokens_rate"),
-            ("preemptions", "preemption_rate"),
         ):
             value = delta(key)
             if value is not None and span > 0:
                 setattr(stats, attr, value / span)
+        stats.preemption_rate = self._recent_rate("preemptions")
         stats.generation_stalled_s = self._stalled_s("generation_tokens")
         stats.completion_stalled_s = self._stalled_s("requests")
         hits, queries = delta("prefix_cache_hits"), delta("prefix_cache_queries")
@@ -126,6 +130,21 @@ class ModelWindow:
             **{f"{name}_s": self._percentiles(name, new, old) for name in LATENCIES}
         )
         return stats
+
+    def _recent_rate(self, counter: str) -> float | None:
+        """`counter`'s rate over the last RECENT_S of the window (all of it when it is
+        shorter): a storm of preemptions is named within seconds of its start, not once
+        it has filled a minute's average."""
+        t_new, new = self._readings[-1]
+        base = self._readings[0]
+        for t, reading in reversed(self._readings):
+            if t <= t_new - RECENT_S:
+                base = (t, reading)
+                break
+        t_old, old = base
+        if counter not in new.counters or counter not in old.counters or t_new <= t_old:
+            return None
+        return (new.counters[counter] - old.counters[counter]) / (t_new - t_old)
 
     def _stalled_s(self, counter: str) -> float | None:
         """Seconds that requests have been in (running or waiting) with `counter` flat:
