@@ -640,6 +640,43 @@ async def test_s_opens_the_start_form_on_the_standby_and_the_start_the_agent_too
         await until(pilot, lambda: "verifying standby" in shown(screen), what="verifying")
 
 
+def failed_start() -> dict:
+    """The recorded cpu-1 with a start of tiny-standby that failed, its port taken."""
+    snap = json.loads(DRILLS.read_text())
+    at = snap["node"]["time"] - 30
+    snap["jobs"].append({
+        "id": "5fa11ed57a87", "kind": "vllm.start", "state": "failed", "who": "alice",
+        "created": at, "updated": at + 2, "params": {"profile": "tiny-standby"}, "steps": [],
+        "error": "vLLM exited with code 1 before it was ready",
+        "result": {"engine_id": "vllm-59999",
+                   "log_tail": ["OSError: [Errno 98] Address already in use"]},
+    })  # fmt: skip
+    return snap
+
+
+async def test_s_on_a_failed_start_opens_the_start_form_on_its_profile_again(acting) -> None:
+    """A failed start's first move, the profile started again once its cause is fixed,
+    is `s`: the Start vLLM form on the profile the failed job started, not a standby."""
+    app = acting.console(snapshot=failed_start())
+    failed = ("start_failed", "cpu-1/vllm-59999")
+    async with app.run_test(size=(160, 40)) as pilot:
+        await held(app, pilot, failed)
+        assert app.diagnoses.get(failed).cause == "port in use"
+        await pilot.press("exclamation_mark")
+        await until(pilot, lambda: "/".join(failed) in rows(app), what="its row")
+        await pilot.press(*["down"] * list(rows(app)).index("/".join(failed)))
+        screen = await enter_diagnosis(app, pilot)
+        hint = "s: start tiny-standby on cpu-1 again (the Start vLLM form)"
+        await until(pilot, lambda: hint in shown(screen), what="the start's key")
+        assert keyed(screen) == {"s": True}
+        await pilot.press("s")
+        form = await until(pilot, lambda: top(app, StartVllmScreen), what="the form")
+        assert form.selected == ("cpu-1", "tiny-standby")
+        await pilot.press("escape")
+        await until(pilot, lambda: app.screen is screen, what="back on the diagnosis")
+        assert app.diagnoses.get(failed).state == "active"  # opened, not started: no move
+
+
 async def test_D_runs_the_deployments_drill_once_confirmed(acting) -> None:
     app = acting.console()
     async with app.run_test(size=(160, 40)) as pilot:

@@ -276,6 +276,7 @@ class Diagnosis:
     deployment: str | None = None
     engine: str | None = None
     cause: str | None = None  # start failed: the named cause; GPU fault: the XID's class
+    profile: str | None = None  # start failed, slow cold start: the launch profile started
     state: State = "active"
     since: float = 0.0  # when it was first seen (wall clock)
     detail: str = ""  # verifying / resolved after N s / still there: ...
@@ -307,6 +308,7 @@ class Diagnosis:
             "deployment": self.deployment,
             "engine": self.engine,
             "cause": self.cause,
+            "profile": self.profile,
             "state": self.state,
             "detail": self.detail or None,
             "since": round(self.since, 3),

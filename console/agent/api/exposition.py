@@ -43,7 +43,11 @@ MODEL_FIELDS = (
         "engineroom_model_generation_tokens_rate",
         "generated tokens per second (window)",
     ),
-    ("preemption_rate", "engineroom_model_preemption_rate", "preemptions per second (the last 10 s of the window)"),
+    (
+        "preemption_rate",
+        "engineroom_model_preemption_rate",
+        "preemptions per second (the last 10 s of the window)",
+    ),
     (
         "prefix_cache_hit_rate",
         "engineroom_model_prefix_cache_hit_ratio",

@@ -268,9 +268,16 @@ def failed_starts(node: Node) -> list[Diagnosis]:
                     evidence,
                     engine=engine,
                     cause=d.start_cause(text),
+                    profile=_profile(job),
                 )
             )
     return out
+
+
+def _profile(job: Job) -> str | None:
+    """The launch profile a start job started (a restart's job names none)."""
+    profile = job.params.get("profile")
+    return profile if isinstance(profile, str) else None
 
 
 def since(t: float | None) -> float | None:
@@ -304,6 +311,7 @@ def slow_starts(fleet: Fleet, node: Node) -> list[Diagnosis]:
                 evidence,
                 engine=job_engine(job),
                 cause=phase,
+                profile=_profile(job),
             )
         )
     return out

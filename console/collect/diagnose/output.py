@@ -58,6 +58,8 @@ def _move_hint(x: Diagnosis, move: d.Move) -> str:
         return f"  (engineroom failover {x.model} --drain {x.deployment} --plan)"
     if move in ("restart", "stop") and x.engine and x.node:
         return f"  (engineroom vllm {move} --node {x.node} --engine {x.engine})"
+    if move == "start" and x.profile and x.node:
+        return f"  (engineroom vllm start --node {x.node} --profile {x.profile})"
     if move == "escalate":
         return f"  (on {x.node}: {' ; '.join(d.ESCALATE_COMMANDS)})"
     return ""

@@ -155,7 +155,7 @@ class DiagnosisScreen(ViewScreen):
         Binding("f", "fail_over", "fail over (plan)", id="fail_over"),
         Binding("w", "quarantine", "quarantine (plan)", id="quarantine"),
         Binding("r", "restart_engine", "restart (confirm)", id="restart_engine"),
-        Binding("s", "start_vllm", "standby (form)", id="start_vllm"),
+        Binding("s", "start_vllm", "start (form)", id="start_vllm"),
         Binding("D", "run_drill", "drill (confirm)", id="diagnosis_drill"),
     ]
     KEYED = ("f:", "w:", "r:", "s:", "D:")  # a move's line that names this screen's key
@@ -242,7 +242,12 @@ class DiagnosisScreen(ViewScreen):
             if self.console.read_only:
                 return "read-only here: restart it from a console that may act"
             return f"r: restart {where[1]} on {where[0]} (asks first; its agent's job)"
-        if move == "standby" and (standby := self._standby(x)) is not None:
+        if move == "start" and (again := self._again(x)) is not None:
+            node, profile = again
+            if self.console.read_only:
+                return f"read-only here: {command}, from a console that may act"
+            return f"s: start {profile} on {node} again (the Start vLLM form)"
+        if move == "standby" and self._again(x) is None and (standby := self._standby(x)):
             node, profile, deployment = standby
             if self.console.read_only:
                 return f"read-only here: :start {x.model}, from a console that may act"
@@ -310,6 +315,24 @@ class DiagnosisScreen(ViewScreen):
             return None
         return x.node, x.engine
 
+    def _again(self, x: Diagnosis | None) -> tuple[str, str] | None:
+        """(node, profile) where starting the failed profile again is a move (`s` makes it,
+        before a standby) and fleet.toml still declares the profile."""
+        if x is None or "start" not in x.moves or x.profile is None:
+            return None
+        profile = self.console.fleet.profiles.get(x.profile)
+        if profile is None or profile.engine != "vllm":
+            return None
+        return profile.node, x.profile
+
+    def _start(self, x: Diagnosis | None) -> tuple[str, d.Move] | None:
+        """The profile `s` opens the Start vLLM form on, and the move that makes."""
+        if (again := self._again(x)) is not None:
+            return again[1], "start"
+        if (standby := self._standby(x)) is not None:
+            return standby[1], "standby"
+        return None
+
     def _standby(self, x: Diagnosis | None) -> tuple[str, str, str | None] | None:
         """(node, profile, deployment) the Start vLLM form opens on: the launch profile of
         a standby deployment of the model (weight 0 in fleet.toml, its profile named), else
@@ -347,7 +370,7 @@ class DiagnosisScreen(ViewScreen):
             "fail_over": self._failover,
             "quarantine": self._quarantine,
             "restart_engine": self._restartable,
-            "start_vllm": self._standby,
+            "start_vllm": self._start,
             "run_drill": self._drill,
         }.get(action)
         if applies is None:
@@ -411,13 +434,13 @@ class DiagnosisScreen(ViewScreen):
 
     def action_start_vllm(self) -> None:
         x = self.diagnosis
-        standby = self._standby(x)
-        if x is None or standby is None:
-            self.notify("no vLLM launch profile for this diagnosis's model", severity="warning")
+        start = self._start(x)
+        if x is None or start is None:
+            self.notify("no vLLM launch profile for this diagnosis", severity="warning")
             return
-        key = x.key
-        self.console.start_vllm(model=x.model, profile=standby[1],
-                                started=lambda: self._moved(key, "standby"))  # fmt: skip
+        (profile, move), key = start, x.key
+        self.console.start_vllm(model=x.model, profile=profile,
+                                started=lambda: self._moved(key, move))  # fmt: skip
 
     def action_run_drill(self) -> None:
         x = self.diagnosis
