@@ -181,7 +181,11 @@ def find(
         found += parts.gpu_faults(node)
         found += parts.throttled(fleet, node, declared, blind)
     for model, rows in view.models.items():
-        live = [r for r in rows if not r.standby and r.weight != 0 and r.state == "ready"]
+        # The gateway's live weight where it routes the model (a drain, a quarantine or a
+        # failover moved it from fleet.toml's): one it gives no traffic is expected work.
+        weights = (gateway.weights(model) if gateway is not None else None) or {}
+        live = [r for r in rows if not r.standby and weights.get(r.id, r.weight) != 0
+                and r.state == "ready"]  # fmt: skip
         for row in live:
             where = nodes.get(row.node)
             if where is None or (row.engine_id and row.engine_id in where.busy):
