@@ -55,6 +55,7 @@ from plugins.base import Discovered, EngineTarget, local_url
 log = logging.getLogger(__name__)
 
 READY_POLL_S = 0.1
+PORT_RELEASE_S = 10.0  # a restart waits this long for its stopped engine's port to be free
 SETTLE_CYCLES = 3  # snapshot cycles a ready engine may take to show as ready in the snapshot
 
 
@@ -445,6 +446,13 @@ class EngineJobs:
         except JobRefused as exc:
             raise StepFailed(f"preflight: {exc}") from None
         checks = await self._preflight(launch, profile, "", ctx.id)
+        # The engine just stopped: its listening socket can outlive its processes for a
+        # moment (CI saw "port: N is in use (by a process this agent may not inspect)"
+        # right after a SIGKILLed group). The port alone failing is waited on, a while.
+        until = time.monotonic() + PORT_RELEASE_S
+        while preflight.only_port(checks) and time.monotonic() < until:
+            await asyncio.sleep(0.2)
+            checks = await self._preflight(launch, profile, "", ctx.id)
         detail = "; ".join(f"{c.name}: {c.detail}" for c in checks)
         if not all(c.ok for c in checks):
             step.detail = detail
