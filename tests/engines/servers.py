@@ -628,6 +628,30 @@ def send_traffic_vllm(
     return ok
 
 
+def send_many_logprobs(base_url: str, timeout: float = 120.0) -> bool:
+    """One completion of 48 tokens, each with its 500 likeliest tokens and their logprobs
+    (a scoring client's request), not streamed; True if it was answered 200. The engine
+    computes them in one top-k; vLLM's API server detokenizes all 500 for each token and
+    serializes the answer, so a few such clients keep it busy near a core while the engine
+    idles (the saturated API server of tests/test_diagnoses_gateway.py and
+    bench.diagnose_time; the vLLM needs `--max-logprobs` of 500 or more). Read as bytes:
+    the client spends no CPU parsing them."""
+    body = {"model": "tiny", "prompt": PROMPTS[0], "max_tokens": 48, "temperature": 0,
+            "ignore_eos": True, "logprobs": 500}  # fmt: skip
+    try:
+        answer = httpx.post(base_url + "/v1/completions", json=body, timeout=timeout)
+        return answer.status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def pin_threads(pid: int, cores: set[int]) -> None:
+    """Every thread of process `pid` onto `cores` (a thread gone meanwhile is skipped)."""
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError, ValueError):
+            os.sched_setaffinity(int(task.name), cores)
+
+
 def send_traffic_triton(
     base_url: str,
     model: str,
