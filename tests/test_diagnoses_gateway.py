@@ -2,8 +2,6 @@
 gateway, found, moved through the gateway and verified resolved:
 
 - KV-cache pressure: a vLLM with a cache of 384 tokens under six clients of 200;
-- a saturated API server: the session's vLLM asked for 500 logprobs a token, its API
-  server on a core of its own, busy detokenizing them, while its engine idles;
 - a replica imbalance: two real vLLMs, one's EngineCore stopped in bursts;
 - an error burst: an engine double that answers 500, beside the session's vLLM.
 
@@ -37,8 +35,6 @@ from tests.engines.servers import (
     free_port,
     free_ports,
     kill,
-    pin_threads,
-    send_many_logprobs,
     send_traffic_vllm,
     start_vllm,
     stop,
@@ -155,66 +151,6 @@ def move(gateway: Gateway, diagnoser: Diagnoser, found: Diagnosis, name: str, **
     job = gateway.wait_job(answer.json()["id"], timeout=180)
     assert job["state"] == "succeeded", (job.get("error"), job.get("steps"))
     return moved_at
-
-
-# -- a saturated API server ------------------------------------------------------------
-
-
-def test_an_api_server_busy_with_logprobs_is_saturated_resolved_once_failed_over(
-    agent_factory, vllm_server: VllmServer, second: VllmServer, tmp_path: Path, monkeypatch
-):
-    """The session's vLLM ("a", weight 100) serves clients that ask for 500 logprobs a token,
-    through the real gateway. Its API server runs on a core of its own (where a GPU node's
-    API server has one, the engine being on the GPU); the engine's worker, the gateway, the
-    agent and the clients share the other. The API server is busy near all of its core
-    detokenizing, the engine's own TTFT stays short, and clients wait far longer for a first
-    token: API server saturated on a's deployment, a standby first. Failed over to "b" through
-    the gateway, it reads resolved."""
-    everything = os.sched_getaffinity(0)
-    last = max(everything)
-    if len(everything) < 2:
-        pytest.skip("needs two cores: one for the API server alone")
-    gw_port = free_port()
-    text = gateway_fleet(
-        "saturated", gw_port, tmp_path / "gw-state",
-        served_by("tiny-a", vllm_server, 100), served_by("tiny-b", second, 0),
-    )  # fmt: skip
-    done, failed = threading.Event(), []
-    threads: list[threading.Thread] = []
-    gateway = None
-    pin_threads(vllm_server.process.pid, {last})
-    os.sched_setaffinity(0, everything - {last})  # this process and what it starts
-    try:
-        # Discovery on: the agent finds the API server's process on a's port (it did not
-        # start it), and reads its CPU.
-        agent = agent_over(agent_factory, text, monkeypatch, discover=True)
-        gateway = gateway_over(agent, gw_port, monkeypatch)
-        url = gateway.url
-        threads = [
-            *clients(6, lambda: send_many_logprobs(url), done, failed),
-            # The clients whose first tokens wait: streams, timed by the gateway.
-            *clients(2, lambda: send_traffic_vllm(url, 1, True, max_tokens=8) == 1, done, failed),
-        ]
-        found, diagnoser = first_found(
-            agent.fleet, d.API_SERVER_SATURATED, 120, "the API server saturated"
-        )
-        assert found.subject == "tiny/tiny-a" and found.deployment == "tiny-a", found
-        assert found.moves[0] == "standby", found.moves
-        shown = {e.figure: e.value for e in found.evidence}
-        print(f"saturated: {shown}")
-        assert int(shown["API server CPU"].split("%")[0]) >= 90, shown
-        moved_at = move(gateway, diagnoser, found, "failover", to="tiny-b")
-        until_resolved(agent.fleet, diagnoser, found.key, "failover", 60,
-                       what="resolved once failed over")  # fmt: skip
-        assert [t for t in failed if t >= moved_at] == [], failed
-    finally:
-        done.set()
-        for thread in threads:
-            thread.join(150)
-        if gateway is not None:
-            stop(gateway.process, grace=5)
-        os.sched_setaffinity(0, everything)
-        pin_threads(vllm_server.process.pid, everything)
 
 
 # -- KV-cache pressure -----------------------------------------------------------------

@@ -633,8 +633,8 @@ def send_many_logprobs(base_url: str, timeout: float = 120.0) -> bool:
     (a scoring client's request), not streamed; True if it was answered 200. The engine
     computes them in one top-k; vLLM's API server detokenizes all 500 for each token and
     serializes the answer, so a few such clients keep it busy near a core while the engine
-    idles (the saturated API server of tests/test_diagnoses_gateway.py and
-    bench.diagnose_time; the vLLM needs `--max-logprobs` of 500 or more). Read as bytes:
+    idles (the saturated API server of bench.diagnose_time; the vLLM needs
+    `--max-logprobs` of 500 or more). Read as bytes:
     the client spends no CPU parsing them."""
     body = {"model": "tiny", "prompt": PROMPTS[0], "max_tokens": 48, "temperature": 0,
             "ignore_eos": True, "logprobs": 500}  # fmt: skip
