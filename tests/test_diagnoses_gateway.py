@@ -29,11 +29,10 @@ from console.collect.diagnose.diagnoser import Diagnoser, Diagnosis
 from console.collect.views.check import poll_once
 from console.core import diagnosis as d
 from console.core.config.load import load_fleet
-from tests.conftest import ROOT
+from tests.conftest import ROOT, Agent
 from tests.engines.servers import (
     VllmServer,
     free_port,
-    free_ports,
     kill,
     send_traffic_vllm,
     start_vllm,
@@ -75,6 +74,16 @@ def gateway_over(agent, gw_port: int, monkeypatch: pytest.MonkeyPatch) -> Gatewa
     gateway = start_gateway(agent.fleet.parent, "", gw_port)
     monkeypatch.setenv("ENGINEROOM_ADMIN_TOKEN", ADMIN)
     return gateway
+
+
+def behind_gateway(
+    agent_factory, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, name: str, *pair: dict
+) -> tuple[Agent, Gateway]:
+    """A real agent and the real gateway on one fleet of `tiny`'s deployments `pair`."""
+    gw_port = free_port()
+    text = gateway_fleet(name, gw_port, tmp_path / "gw-state", *pair)
+    agent = agent_over(agent_factory, text, monkeypatch)
+    return agent, gateway_over(agent, gw_port, monkeypatch)
 
 
 def served_by(id: str, server: VllmServer, weight: int) -> dict:
@@ -168,17 +177,14 @@ def test_a_vllm_out_of_kv_cache_preempting_is_kv_pressure_resolved_once_failed_o
         tiny_model_dir, tmp_path / "vllm",
         extra_args=("-O0", "--block-size", "32", "--num-gpu-blocks-override", "12"),
     )  # fmt: skip
-    gw_port = free_port()
-    text = gateway_fleet(
-        "kv", gw_port, tmp_path / "gw-state",
-        served_by("tiny-kv", kv, 100), served_by("tiny-vllm", vllm_server, 0),
-    )  # fmt: skip
     done, failed = threading.Event(), []
     threads: list[threading.Thread] = []
     gateway = None
     try:
-        agent = agent_over(agent_factory, text, monkeypatch)
-        gateway = gateway_over(agent, gw_port, monkeypatch)
+        agent, gateway = behind_gateway(
+            agent_factory, monkeypatch, tmp_path, "kv",
+            served_by("tiny-kv", kv, 100), served_by("tiny-vllm", vllm_server, 0),
+        )  # fmt: skip
         url = gateway.url
         threads = clients(
             6, lambda: send_traffic_vllm(url, 1, True, max_tokens=200, timeout=300) == 1,
@@ -218,18 +224,15 @@ def test_a_replica_slowed_by_stop_bursts_is_an_imbalance_resolved_once_quarantin
     bursts): its TTFT and ITL p95 rise far over its sibling's. Named a replica imbalance on
     that deployment, quarantine first; quarantined through the gateway (a planned drain to
     weight 0), it reads resolved, and the clients never saw a failure."""
-    gw_port = free_port()
-    text = gateway_fleet(
-        "imbalance", gw_port, tmp_path / "gw-state",
-        served_by("tiny-vllm", vllm_server, 50), served_by("tiny-slow", second, 50),
-    )  # fmt: skip
     done, failed = threading.Event(), []
     core: psutil.Process | None = None
     gateway = None
     senders: list[threading.Thread] = []
     try:
-        agent = agent_over(agent_factory, text, monkeypatch)
-        gateway = gateway_over(agent, gw_port, monkeypatch)
+        agent, gateway = behind_gateway(
+            agent_factory, monkeypatch, tmp_path, "imbalance",
+            served_by("tiny-vllm", vllm_server, 50), served_by("tiny-slow", second, 50),
+        )  # fmt: skip
         for server in (vllm_server, second):
             nice_group(server.process.pid)  # the gateway keeps its health checks
         url = gateway.url
@@ -273,7 +276,7 @@ def test_an_engine_that_fails_its_requests_is_an_error_burst_resolved_once_faile
     made here on demand), beside the session's vLLM at weight 0; clients go through the real
     gateway, which counts the failures. Named an error burst on the double's deployment,
     with the gateway's count; failed over to the real vLLM through the gateway, resolved."""
-    bad_port, gw_port = free_ports(2)
+    bad_port = free_port()
     double = subprocess.Popen(
         [sys.executable, str(ROOT / "tests" / "hostile_engine.py"), f"completion-500:{bad_port}"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
@@ -281,13 +284,11 @@ def test_an_engine_that_fails_its_requests_is_an_error_burst_resolved_once_faile
     gateway = None
     try:
         assert double.stdout is not None and double.stdout.readline() == b"listening\n"
-        text = gateway_fleet(
-            "burst", gw_port, tmp_path / "gw-state",
+        agent, gateway = behind_gateway(
+            agent_factory, monkeypatch, tmp_path, "burst",
             deployment("tiny-bad", "local", "vllm", bad_port, weight=100),
             served_by("tiny-vllm", vllm_server, 0),
         )  # fmt: skip
-        agent = agent_over(agent_factory, text, monkeypatch)
-        gateway = gateway_over(agent, gw_port, monkeypatch)
         body = {"model": "tiny", "prompt": "x", "max_tokens": 2}
         codes = [
             httpx.post(gateway.url + "/v1/completions", json=body, timeout=30).status_code
