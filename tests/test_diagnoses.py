@@ -27,7 +27,7 @@ from console.agent.snapshot.gpu import GpuSampler
 from console.collect.diagnose import diagnoser as diagnoses
 from console.collect.diagnose import engines as diagnose_engines
 from console.collect.diagnose import fleet as diagnose_fleet
-from console.collect.diagnose.diagnoser import Diagnoser, Diagnosis, diagnose_once
+from console.collect.diagnose.diagnoser import HOLD_GAP_S, Diagnoser, Diagnosis, diagnose_once
 from console.collect.diagnose.output import render_markdown, render_text
 from console.collect.sources.source import NodeState
 from console.collect.views.check import Diagnosed, poll_once
@@ -740,6 +740,34 @@ def test_a_held_class_raised_at_the_first_look_stays_raised_at_the_next():
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(diagnoses, "find", lambda *a, **k: ([x], []))
         assert diagnoser.update(build(fleet, {}, 1.0), {}, None, t + 4) == []
+
+
+def test_a_hold_survives_one_missed_look_but_not_a_longer_gap():
+    """The API server's CPU is read once per agent cycle and dips under a saturated load
+    (43 % once among 91-98 %): one look without the condition keeps its 30 s hold; a gap
+    longer than HOLD_GAP_S starts the hold again."""
+    fleet = parse_fleet(NODE_FLEET)
+    diagnoser = Diagnoser(fleet)
+    x = Diagnosis(d.API_SERVER_SATURATED, "tiny/b", "local", [], model="tiny", deployment="b")
+    t = 1_000_000.0
+
+    def look(at: float, there: bool) -> list[tuple[str, str]]:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(diagnoses, "find", lambda *a, **k: ([x] if there else [], []))
+            return [y.key for y in diagnoser.update(build(fleet, {}, 1.0), {}, None, at)]
+
+    assert look(t, False) == []  # the first look: nothing to raise at once
+    assert look(t + 2, True) == []
+    assert look(t + 20, True) == []
+    assert look(t + 22, False) == []  # one dip, within HOLD_GAP_S
+    assert look(t + 24, True) == []
+    assert look(t + 32, True) == [x.key]  # held 30 s from t + 2, through the dip
+    assert look(t + 34, False) == []  # raised, then gone: it must hold again
+    assert look(t + 36, True) == []
+    assert look(t + 36 + HOLD_GAP_S + 1, False) == []  # missed longer than the gap
+    assert look(t + 60, True) == []
+    assert look(t + 80, True) == []  # 20 s since it came back, not 44 s since t + 36
+    assert look(t + 91, True) == [x.key]
 
 
 def test_a_moved_diagnosis_stays_verifying_while_its_restart_job_runs():

@@ -28,6 +28,9 @@ from console.core.config.load import Fleet
 from console.core.diagnosis import CannotTell, Diagnosis
 
 VERIFY_S = 120.0  # after a move, how long the condition may take to go
+# A held condition missed for up to this long keeps its hold: one scrape's figure that dips
+# (the API server's CPU is read per agent cycle) does not start a 30 s hold again.
+HOLD_GAP_S = 5.0
 RESOLVED_SHOWN_S = 300.0  # how long a resolved diagnosis stays listed
 
 
@@ -46,6 +49,7 @@ class Diagnoser:
         self.first_seen: dict[tuple[str, str], float] = {}
         self.moves: dict[tuple[str, str], _Move] = {}
         self.last: dict[tuple[str, str], Diagnosis] = {}
+        self.last_found: dict[tuple[str, str], float] = {}  # when each held one was last found
         self.cannot_tell: list[CannotTell] = []
         self.looks = 0
 
@@ -71,8 +75,13 @@ class Diagnoser:
                 del self.moves[key]
                 self.first_seen.pop(key, None)
         for key in list(self.first_seen):
-            if key not in current and key not in self.moves:
-                del self.first_seen[key]
+            missed = now - self.last_found.get(key, now)
+            if key not in current and key not in self.moves and (
+                key in self.last or missed > HOLD_GAP_S
+            ):
+                del self.first_seen[key]  # gone, or missed too long while held
+                self.last_found.pop(key, None)
+        self.last_found.update((key, now) for key in current)
         first_look, self.looks = self.looks == 0, self.looks + 1
         out: list[Diagnosis] = []
         for key, x in current.items():
@@ -112,6 +121,7 @@ class Diagnoser:
             )
             out.append(last)
         self.last = {x.key: x for x in out}
+        self.last_found = {k: t for k, t in self.last_found.items() if k in self.first_seen}
         return sorted(out, key=_order)
 
 
