@@ -76,8 +76,10 @@ class Diagnoser:
                 self.first_seen.pop(key, None)
         for key in list(self.first_seen):
             missed = now - self.last_found.get(key, now)
-            if key not in current and key not in self.moves and (
-                key in self.last or missed > HOLD_GAP_S
+            if (
+                key not in current
+                and key not in self.moves
+                and (key in self.last or missed > HOLD_GAP_S)
             ):
                 del self.first_seen[key]  # gone, or missed too long while held
                 self.last_found.pop(key, None)

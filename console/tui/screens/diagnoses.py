@@ -157,8 +157,9 @@ class DiagnosisScreen(ViewScreen):
         Binding("r", "restart_engine", "restart (confirm)", id="restart_engine"),
         Binding("s", "start_vllm", "start (form)", id="start_vllm"),
         Binding("D", "run_drill", "drill (confirm)", id="diagnosis_drill"),
+        Binding("e", "escalate", "escalate (copy)", id="escalate"),
     ]
-    KEYED = ("f:", "w:", "r:", "s:", "D:")  # a move's line that names this screen's key
+    KEYED = ("f:", "w:", "r:", "s:", "D:", "e:")  # a move's line that names this screen's key
 
     def __init__(self, key: tuple[str, str]) -> None:
         super().__init__()
@@ -267,6 +268,8 @@ class DiagnosisScreen(ViewScreen):
             return f"no drill rebuilds {x.deployment}: [drills.NAME] in fleet.toml (docs/drills.md)"
         if move == "drill":
             return ":drills, then R on its drill"
+        if move == "escalate" and (lines := self._escalation(x)) is not None:
+            return f"e: copy the commands to run on {x.node} ({'; '.join(lines)})"
         return command
 
     # -- where each move applies (None: it does not) ---------------------------------------
@@ -365,7 +368,18 @@ class DiagnosisScreen(ViewScreen):
                 return name, found[1].node
         return None
 
+    def _escalation(self, x: Diagnosis | None) -> list[str] | None:
+        """The commands that gather what the GPU's vendor asks for, as run from here: over
+        the node's ssh where fleet.toml gives one, else named for its node."""
+        if x is None or "escalate" not in x.moves or not x.node:
+            return None
+        node = next((n for n in self.console.fleet.nodes if n.name == x.node), None)
+        ssh = f"ssh {node.ssh} " if node is not None and node.ssh else ""
+        return [f"{ssh}{command}" for command in d.ESCALATE_COMMANDS]
+
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "escalate":  # copies text: read-only consoles may too
+            return self._escalation(self.diagnosis) is not None
         applies = {
             "fail_over": self._failover,
             "quarantine": self._quarantine,
@@ -441,6 +455,17 @@ class DiagnosisScreen(ViewScreen):
         (profile, move), key = start, x.key
         self.console.start_vllm(model=x.model, profile=profile,
                                 started=lambda: self._moved(key, move))  # fmt: skip
+
+    def action_escalate(self) -> None:
+        """Escalating as hardware runs nothing here: the commands go to the terminal's
+        clipboard (OSC 52, which tmux and most terminals pass on) and onto the screen."""
+        x = self.diagnosis
+        lines = self._escalation(x)
+        if x is None or lines is None:
+            self.notify("nothing to escalate for this diagnosis", severity="warning")
+            return
+        self.app.copy_to_clipboard("\n".join(lines) + "\n")
+        self.notify("copied (OSC 52) for the GPU's vendor:\n" + "\n".join(lines), timeout=15)
 
     def action_run_drill(self) -> None:
         x = self.diagnosis
