@@ -134,7 +134,10 @@ def kv_round(fleet_path: Path, kv: servers.VllmServer) -> float | None:
 
     def client() -> None:
         while not done.is_set():
-            servers.send_traffic_vllm(kv.base_url, 1, True, max_tokens=200, timeout=300)
+            servers.send_traffic_vllm(
+                kv.base_url, 1, True, max_tokens=200, timeout=300,
+                prompts=servers.distinct_prompt,
+            )  # fmt: skip
 
     clients = [threading.Thread(target=client, daemon=True) for _ in range(6)]
     started = time.monotonic()

@@ -7,7 +7,7 @@ emergency, rollback, a restart mid-job, the screens) is tests/test_dataplane_con
 The vLLM servers are the data-plane tests' pair: the session's `vllm_server` (deployment
 "a") and tests.support.dataplanes.second_vllm ("b"). Each test renders its own HAProxy
 configuration with `engineroom haproxy render` and starts its own HAProxy and gateway. The
-test that kills an engine kills "b" and runs last.
+test that kills an engine kills "b" and runs at the session's end (kills_second_vllm).
 """
 
 from __future__ import annotations
@@ -284,6 +284,7 @@ def test_a_model_on_an_unknown_data_plane_is_refused_with_its_line(tmp_path: Pat
 
 
 # Last: it kills "b", the module's second vLLM.
+@pytest.mark.kills_second_vllm
 def test_killing_the_active_engine_behind_haproxy_fails_over_by_itself(stack_factory, vllm_b):
     hap = stack_factory(auto=True, weights=(0, 100))
     kill_under_load(

@@ -5,7 +5,8 @@ rollback, a restart mid-job, the screens) is tests/test_dataplane_contract.py.
 
 One pair of engines serves the whole module: the session's vLLM ("a", shared with other
 modules, never stopped here) and the data-plane tests' second one
-(tests.support.dataplanes.second_vllm, "b", the one the last test kills). The router is
+(tests.support.dataplanes.second_vllm, "b", which the kill test kills: it runs at the
+session's end, marked kills_second_vllm). The router is
 this module's. The data plane (console.gateway.dataplanes.router.RouterPlane) is driven directly,
 as the failover jobs drive it, and requests are counted where they landed from the
 engines' own counters.
@@ -251,6 +252,7 @@ def test_verification_figures_come_from_the_router_and_the_engine(pair: Pair):
 
 
 # Last: it kills "b", the module's own second vLLM.
+@pytest.mark.kills_second_vllm
 def test_killing_the_active_engine_behind_the_router_fails_over_by_itself(
     pair: Pair, gateway_on: Callable[..., Gateway]
 ):

@@ -357,7 +357,7 @@ def test_a_vllm_killed_again_and_again_is_a_crash_loop_resolved_once_it_stays_up
     for within the window are a crash loop on its engine, failover first. Started once
     more and left alone, it is resolved once its exits leave the window. An exit the agent
     asked for (a stop job's) is never counted: tests/test_jobs.py's stops run with the
-    same watch."""
+    same watch. Last, that engine, ready, is killed: down within two scrape intervals."""
     port = free_port()
     text = one_node_fleet(
         "diag",
@@ -403,6 +403,19 @@ def test_a_vllm_killed_again_and_again_is_a_crash_loop_resolved_once_it_stays_up
         until_resolved(agent.fleet, diagnoser, crash.key, "failover", 90, interval=1.0,
                        what="the crash loop resolved once its exits left the window")  # fmt: skip
         assert process.poll() is None  # the same process throughout: nothing counted it
+        # The agent's liveness on the same engine (before, a vLLM of its own): a ready vLLM
+        # killed turns down within two scrape intervals, saying why.
+        wait_until(lambda: engine()["state"] == "ready", 60, what="the last start ready")
+        os.killpg(process.pid, signal.SIGKILL)
+        killed = time.monotonic()
+        down = wait_until(
+            lambda: (e := engine())["state"] == "down" and e, 10, interval=0.05,
+            what="vLLM down in the snapshot",
+        )  # fmt: skip
+        took = time.monotonic() - killed
+        assert took <= 2 * 1.0, f"down after {took:.2f} s"  # the agent's scrape: 1 s
+        assert f"process {process.pid} exited" in down["reason"], down
+        assert down["models"] == [], down
     finally:
         for process in running:
             kill(process)

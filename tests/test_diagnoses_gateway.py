@@ -32,6 +32,7 @@ from console.core.config.load import load_fleet
 from tests.conftest import ROOT, Agent
 from tests.engines.servers import (
     VllmServer,
+    distinct_prompt,
     free_port,
     kill,
     send_traffic_vllm,
@@ -187,7 +188,8 @@ def test_a_vllm_out_of_kv_cache_preempting_is_kv_pressure_resolved_once_failed_o
         )  # fmt: skip
         url = gateway.url
         threads = clients(
-            6, lambda: send_traffic_vllm(url, 1, True, max_tokens=200, timeout=300) == 1,
+            6, lambda: send_traffic_vllm(url, 1, True, max_tokens=200, timeout=300,
+                                         prompts=distinct_prompt) == 1,
             done, failed,
         )  # fmt: skip
         found, diagnoser = first_found(agent.fleet, d.KV_PRESSURE, 120, "KV pressure diagnosed")

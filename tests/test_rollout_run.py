@@ -8,8 +8,9 @@ resume finds that deployment slow after its restart (SIGSTOP bursts on its Engin
 so it halts with the deployment out of traffic, the other left as it was and the audit
 saying why; a second resume, the bursts over, finishes it. Then the same two engines move
 behind HAProxy (the clients on its front end, the gateway driving its runtime API) for a
-second rolling restart, whose `rollout run --wait` is killed mid-way (a console losing its
-connection): the rollout goes on in the gateway, a new console finds it, and it succeeds.
+second rollout, a restart of tiny-b alone (one cold start less: the suite's 40 minutes),
+whose `rollout run --wait` is killed mid-way (a console losing its connection): the
+rollout goes on in the gateway, a new console finds it, and it succeeds.
 Throughout, never fewer than one ready deployment carried traffic, and no client request
 failed or was cut except while the built-in gateway (in the traffic's path) was down. The
 refusals that need no engine are tested apart."""
@@ -322,9 +323,10 @@ def test_rolling_restarts_survive_a_gateway_kill_halt_when_slow_and_run_behind_h
         haproxy = start_haproxy(agent.fleet, sock)
         gateway = start_gateway(agent.fleet.parent, "", gw_port)
         clients, watch = Clients(f"http://127.0.0.1:{front}", 1), ReadyWatch(gateway)
-        # A new plan: the old one names the fleet file as it was.
-        made = run_cli("rollout", "plan", "--restart", "--model", "tiny", "--out", str(plan),
-                       "--fleet", fleet, env=env)  # fmt: skip
+        # A new plan: the old one names the fleet file as it was. tiny-b alone: its drain,
+        # restart and return through HAProxy's runtime API are what is new here.
+        made = run_cli("rollout", "plan", "--restart", "--deployment", "tiny-b", "--out",
+                       str(plan), "--fleet", fleet, env=env)  # fmt: skip
         assert made.returncode == 0, made.stderr
         console = subprocess.Popen(
             [sys.executable, "-m", "console.cli", "rollout", "run", str(plan), "--wait",
@@ -343,10 +345,9 @@ def test_rolling_restarts_survive_a_gateway_kill_halt_when_slow_and_run_behind_h
         assert "RUNNING" in seen or "SUCCEEDED" in seen, seen
         done = until_status(gateway, second, 400)
         assert done["status"] == "succeeded", done["error"]
-        assert [s["deployment"] for s in done["steps"]] == ["tiny-a", "tiny-b"]
-        assert done["steps"][0]["canary"] is True
+        assert [s["deployment"] for s in done["steps"]] == ["tiny-b"]
         restarts = [j for j in agent.get("/v1/jobs").json() if j["kind"] == "engine.restart"]
-        assert len(restarts) == 4 and all(j["state"] == "succeeded" for j in restarts)
+        assert len(restarts) == 3 and all(j["state"] == "succeeded" for j in restarts)
         clients.stop()
         assert clients.results and clients.failed() == [], clients.failed()
         assert watch.fewest is not None and watch.fewest >= 1, watch.lowest

@@ -99,8 +99,13 @@ WHILE_VLLM_BOOTS = "tests/test_agent_hardening.py::"
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     first = [item for item in items if item.nodeid.startswith(WHILE_VLLM_BOOTS)]
-    moved = {id(item) for item in first}
-    items[:] = first + [item for item in items if id(item) not in moved]
+    # Last: the tests that kill the data planes' second vLLM ("b", second_vllm), so that it
+    # boots once for every module that shares it, and once more between the two killers
+    # (each needs the other engine alive). In module order, each module's killer was
+    # followed by a boot of "b" for the next module: 60 s of every run.
+    last = [item for item in items if item.get_closest_marker("kills_second_vllm")]
+    moved = {id(item) for item in first + last}
+    items[:] = first + [item for item in items if id(item) not in moved] + last
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

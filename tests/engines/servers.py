@@ -13,6 +13,7 @@ sleeps a fixed time.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import shutil
@@ -589,6 +590,16 @@ def iter_sse_data(lines: Iterator[str]) -> Iterator[str]:
             yield line[5:].strip()
 
 
+_distinct = itertools.count()
+
+
+def distinct_prompt() -> str:
+    """A prompt unlike every earlier one from its start. With temperature 0, copies of one
+    prompt make the same tokens, and vLLM's prefix cache lets a preempted copy take up the
+    others' blocks again: a small KV cache under copies preempts a few times, then holds."""
+    return f"{next(_distinct)} {PROMPTS[0]}"
+
+
 def send_traffic_vllm(
     base_url: str,
     n: int,
@@ -596,18 +607,20 @@ def send_traffic_vllm(
     model: str = "tiny",
     max_tokens: int = 16,
     timeout: float = 30.0,
+    prompts: Callable[[], str] | None = None,
 ) -> int:
     """Send `n` completions to vLLM, one at a time; return how many succeeded.
 
     `ignore_eos` makes every request generate exactly `max_tokens` tokens, so the latency
-    histograms get inter-token samples even from a random-weight model.
+    histograms get inter-token samples even from a random-weight model. `prompts` gives
+    each request's prompt (`distinct_prompt`, say); else they take turns in PROMPTS.
     """
     ok = 0
     with httpx.Client(base_url=base_url, timeout=timeout) as client:
         for i in range(n):
             body = {
                 "model": model,
-                "prompt": PROMPTS[i % len(PROMPTS)],
+                "prompt": prompts() if prompts else PROMPTS[i % len(PROMPTS)],
                 "max_tokens": max_tokens,
                 "temperature": 0,
                 "ignore_eos": True,

@@ -32,8 +32,8 @@ _second: list[VllmServer] = []  # the session's "b", while it runs
 def second_vllm(config: pytest.Config, tiny_model_dir: Path, workdir: Path) -> VllmServer:
     """The data-plane tests' "b": one second vLLM beside the session's, shared by every
     data-plane module of the session (it boots in about 24 s, more on a loaded machine).
-    A test that kills it (the plane modules' last) leaves it to be started again by the
-    next one that asks; the last one running is killed when the session ends. It boots
+    The tests that kill it (marked kills_second_vllm) run at the session's end; the next
+    one that asks starts it again; the last one running is killed when the session ends. It boots
     after the session's vLLM is ready: two booting at once on a shared 2-core machine can
     take minutes."""
     if _second and _second[0].process.poll() is None:
