@@ -57,11 +57,15 @@ SECOND_VLLM_ENV: dict[str, str] = _beside_the_session_vllm()
 class _VllmBoot:
     """Builds the tiny model and launches vLLM in a background thread; `result()` joins it."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, second: bool = False) -> None:
         self.root = root
         self.started = time.monotonic()
         self.model_dir: Path | None = None
         self.launched: tuple[subprocess.Popen[bytes], int, Path] | None = None
+        # The data-plane tests' "b" (tests/support/dataplanes.second_vllm), launched beside
+        # it where the session has them: its boot costs the tests run meanwhile, not a wait.
+        self.second = second
+        self.second_launched: tuple[subprocess.Popen[bytes], int, Path] | None = None
         self.error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="vllm-boot", daemon=True)
         self._thread.start()
@@ -72,6 +76,11 @@ class _VllmBoot:
             self.launched = servers.launch_vllm(
                 self.model_dir, self.root / "vllm", extra_args=VLLM_TEST_ARGS
             )
+            if self.second:
+                self.second_launched = servers.launch_vllm(
+                    self.model_dir, self.root / "vllm-b", extra_env=SECOND_VLLM_ENV,
+                    extra_args=VLLM_TEST_ARGS,
+                )  # fmt: skip
         except BaseException as exc:  # re-raised in the test that asks for it
             self.error = exc
 
@@ -84,8 +93,20 @@ class _VllmBoot:
 
     def stop(self) -> None:
         self._thread.join(timeout=VLLM_READY_TIMEOUT_S)
-        if self.launched is not None:
-            servers.kill(self.launched[0])
+        for launched in (self.launched, self.second_launched):
+            if launched is not None:
+                servers.kill(launched[0])
+
+    def take_second(self) -> tuple[subprocess.Popen[bytes], int, Path] | None:
+        """The "b" launched at the session's start, once (None: none, or already taken)."""
+        self._thread.join(timeout=VLLM_READY_TIMEOUT_S)
+        launched, self.second_launched = self.second_launched, None
+        return launched
+
+
+def take_second_vllm() -> tuple[subprocess.Popen[bytes], int, Path] | None:
+    """tests/support/dataplanes.second_vllm's first "b", when the session launched it."""
+    return _boot.take_second() if _boot is not None else None
 
 
 _boot: _VllmBoot | None = None
@@ -95,6 +116,14 @@ _boot: _VllmBoot | None = None
 # (tests/engines/test_harness.py) asked for vllm_server at once and waited out the whole
 # boot, 27 to 30 s of every run.
 WHILE_VLLM_BOOTS = "tests/test_agent_hardening.py::"
+# The modules whose tests share the data planes' "b" (second_vllm): where the session has
+# one, "b" boots beside the session's vLLM, each on a core of its own (SECOND_VLLM_ENV).
+SECOND_VLLM_USERS = (
+    "tests/test_dataplane_contract.py::",
+    "tests/test_dataplane_haproxy.py::",
+    "tests/test_dataplane_router.py::",
+    "tests/test_diagnoses_gateway.py::",
+)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -119,7 +148,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         or not servers.vllm_python().exists()  # the fixture reports that, with what to do
     ):
         return
-    _boot = _VllmBoot(config._tmp_path_factory.mktemp("vllm-session"))  # type: ignore[attr-defined]
+    second = any(i.nodeid.startswith(SECOND_VLLM_USERS) for i in session.items)
+    _boot = _VllmBoot(config._tmp_path_factory.mktemp("vllm-session"), second)  # type: ignore[attr-defined]
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

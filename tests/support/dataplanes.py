@@ -21,7 +21,12 @@ import pytest
 from plugins.vllm import read_metrics
 from tests.conftest import ROOT
 from tests.engines import servers
-from tests.engines.fixtures import SECOND_VLLM_ENV, VLLM_READY_TIMEOUT_S, VLLM_TEST_ARGS
+from tests.engines.fixtures import (
+    SECOND_VLLM_ENV,
+    VLLM_READY_TIMEOUT_S,
+    VLLM_TEST_ARGS,
+    take_second_vllm,
+)
 from tests.engines.servers import VllmServer, log_tail, stop, wait_until
 from tests.support.fleet import fleet_toml
 from tests.test_gateway import job_ended, nice_group, plan_drawn, shown
@@ -33,21 +38,27 @@ def second_vllm(config: pytest.Config, tiny_model_dir: Path, workdir: Path) -> V
     """The data-plane tests' "b": one second vLLM beside the session's, shared by every
     data-plane module of the session (it boots in about 24 s, more on a loaded machine).
     The tests that kill it (marked kills_second_vllm) run at the session's end; the next
-    one that asks starts it again; the last one running is killed when the session ends. It boots
-    after the session's vLLM is ready: two booting at once on a shared 2-core machine can
-    take minutes."""
+    one that asks starts it again; the last one running is killed when the session ends.
+    The first is launched beside the session's vLLM at the session's start, each bound to
+    a core of its own (tests/engines/fixtures.py), where the session has these tests."""
     if _second and _second[0].process.poll() is None:
         return _second[0]
     if not _second:
         config.add_cleanup(lambda: [servers.kill(s) for s in _second])
     _second.clear()
-    server = servers.start_vllm(
-        tiny_model_dir,
-        workdir / f"vllm-b-{time.monotonic_ns()}",
-        extra_env=SECOND_VLLM_ENV,
-        extra_args=VLLM_TEST_ARGS,
-        timeout=2 * VLLM_READY_TIMEOUT_S,
-    )
+    launched = take_second_vllm()  # the first, launched at the session's start
+    if launched is not None:
+        server = servers.wait_vllm(
+            *launched, tiny_model_dir, "tiny", timeout=2 * VLLM_READY_TIMEOUT_S
+        )
+    else:
+        server = servers.start_vllm(
+            tiny_model_dir,
+            workdir / f"vllm-b-{time.monotonic_ns()}",
+            extra_env=SECOND_VLLM_ENV,
+            extra_args=VLLM_TEST_ARGS,
+            timeout=2 * VLLM_READY_TIMEOUT_S,
+        )
     _second.append(server)
     nice_group(server.process.pid)  # the planes and the clients keep their CPU
     return server
