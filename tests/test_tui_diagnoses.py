@@ -166,25 +166,39 @@ async def test_a_critical_diagnosis_is_counted_apart_and_none_shows_no_count() -
         assert quiet.diagnoses.found == [] and diag_count(quiet) is None
 
 
-@pytest.mark.parametrize("kind", [EngineroomApp, WebViewApp])
-async def test_e_copies_the_commands_a_gpu_fault_is_escalated_with(kind) -> None:
+SSH_H200 = DRILL_FLEET.replace(
+    'name = "h200"\nagent = "http://127.0.0.1:1"',
+    'name = "h200"\nssh = "ops@gpu7"\nssh_port = 2222',
+)
+VIA_SSH = "ssh -t -p 2222 ops@gpu7 "
+
+
+@pytest.mark.parametrize(
+    ("kind", "fleet_text", "prefix"),
+    [(EngineroomApp, DRILL_FLEET, ""), (WebViewApp, DRILL_FLEET, ""),
+     (EngineroomApp, SSH_H200, VIA_SSH)],
+)  # fmt: skip
+async def test_e_copies_the_commands_a_gpu_fault_is_escalated_with(kind, fleet_text, prefix):
     """Escalating as hardware runs nothing from the console: `e` puts the commands the
-    GPU's vendor asks for on the clipboard and the screen, read-only consoles too."""
+    GPU's vendor asks for on the clipboard and the screen, read-only consoles too; over
+    the node's ssh where fleet.toml gives one."""
+    assert "ops@gpu7" in SSH_H200  # its agent line was replaced
     faulty = json.loads(H200.read_text())
     faulty["gpus"][1]["ecc_uncorrected"] = 2
-    app = recorded(h200=faulty, app=kind)
+    app = recorded(fleet_text, h200=faulty, app=kind)
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press(*keys(":diag\r"))
         await until(pilot, lambda: any(k.startswith("gpu_fault/") for k in rows(app)),
                     what="the GPU fault's row")  # fmt: skip
         screen = await enter_diagnosis(app, pilot)  # the critical one is first
         assert screen.diagnosis is not None and screen.diagnosis.kind.name == "gpu_fault"
-        hint = "e: copy the commands to run on h200 (nvidia-smi -q; sudo nvidia-bug-report.sh)"
+        commands = [f"{prefix}nvidia-smi -q", f"{prefix}sudo nvidia-bug-report.sh"]
+        hint = f"e: copy the commands to run on h200 ({'; '.join(commands)})"
         await until(pilot, lambda: hint in shown(screen), what="the escalation's line")
         assert app.clipboard == ""
         await pilot.press("e")
         await until(pilot, lambda: app.clipboard, what="the commands copied")
-        assert app.clipboard == "nvidia-smi -q\nsudo nvidia-bug-report.sh\n"
+        assert app.clipboard == "\n".join(commands) + "\n"
         assert app.screen is screen and app.diagnoses.get(screen.key).state == "active"
 
 

@@ -374,8 +374,10 @@ class DiagnosisScreen(ViewScreen):
         if x is None or "escalate" not in x.moves or not x.node:
             return None
         node = next((n for n in self.console.fleet.nodes if n.name == x.node), None)
-        ssh = f"ssh {node.ssh} " if node is not None and node.ssh else ""
-        return [f"{ssh}{command}" for command in d.ESCALATE_COMMANDS]
+        if node is None or not node.ssh:
+            return list(d.ESCALATE_COMMANDS)
+        port = f"-p {node.ssh_port} " if node.ssh_port else ""
+        return [f"ssh -t {port}{node.ssh} {command}" for command in d.ESCALATE_COMMANDS]
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action == "escalate":  # copies text: read-only consoles may too
