@@ -44,6 +44,11 @@ from tests.test_hardening_clients import ADMIN, start_gateway
 from tests.tui_support import until
 
 SIZE = (160, 40)
+# Events' message cell holds the whole line of a job whose every step was seen changing:
+# "job ID vllm.start tiny failed: preflight succeeded, spawn succeeded: load: the engine
+# exited ... (by alice)" is 145 characters. At 160 columns a job seen mid-way (its spawn
+# running) lost its "(by alice)" to the cell's edge: CI, twice.
+EVENTS_SIZE = (220, 40)
 OPERATOR_TOKEN = OPERATOR.split(":", 1)[1]
 
 
@@ -80,7 +85,7 @@ def agent_and_gateway(agent_factory, tmp_path: Path, monkeypatch: pytest.MonkeyP
 async def test_a_vllm_start_and_a_failover_show_on_events_and_jobs(agent_and_gateway):
     text, agent, gateway = agent_and_gateway
     app = EngineroomApp(parse_fleet(text))
-    async with app.run_test(size=SIZE) as pilot:
+    async with app.run_test(size=EVENTS_SIZE) as pilot:
         await pilot.press("v")
         await until(pilot, lambda: isinstance(app.screen, EventsScreen), what="Events")
         await until(pilot, lambda: app.gateway_snapshot, what="the gateway read")
