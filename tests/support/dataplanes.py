@@ -48,9 +48,13 @@ def second_vllm(config: pytest.Config, tiny_model_dir: Path, workdir: Path) -> V
     _second.clear()
     launched = take_second_vllm()  # the first, launched at the session's start
     if launched is not None:
-        server = servers.wait_vllm(
-            *launched, tiny_model_dir, "tiny", timeout=2 * VLLM_READY_TIMEOUT_S
-        )
+        try:
+            server = servers.wait_vllm(
+                *launched, tiny_model_dir, "tiny", timeout=2 * VLLM_READY_TIMEOUT_S
+            )
+        except BaseException:
+            servers.kill(launched[0])  # not left running for the session's end
+            raise
     else:
         server = servers.start_vllm(
             tiny_model_dir,
