@@ -595,8 +595,9 @@ _distinct = itertools.count()
 
 def distinct_prompt() -> str:
     """A prompt unlike every earlier one from its start. With temperature 0, copies of one
-    prompt make the same tokens, and vLLM's prefix cache lets a preempted copy take up the
-    others' blocks again: a small KV cache under copies preempts a few times, then holds."""
+    prompt make the same tokens, and vLLM's prefix cache can hand a preempted copy the
+    others' blocks: a KV-pressure load of copies may stop preempting (a guess, not shown:
+    docs/diagnoses.md, kv_pressure)."""
     return f"{next(_distinct)} {PROMPTS[0]}"
 
 
