@@ -82,7 +82,6 @@ class Diagnoser:
                 and (key in self.last or missed > HOLD_GAP_S)
             ):
                 del self.first_seen[key]  # gone, or missed too long while held
-                self.last_found.pop(key, None)
         self.last_found.update((key, now) for key in current)
         first_look, self.looks = self.looks == 0, self.looks + 1
         out: list[Diagnosis] = []
@@ -123,6 +122,7 @@ class Diagnoser:
             )
             out.append(last)
         self.last = {x.key: x for x in out}
+        # Only what is still held or raised: every path that drops a key drops its first_seen.
         self.last_found = {k: t for k, t in self.last_found.items() if k in self.first_seen}
         return sorted(out, key=_order)
 
