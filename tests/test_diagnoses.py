@@ -1,20 +1,17 @@
 """The diagnoses (issue 30) on real engines: a wedged vLLM (its EngineCore stopped, its API
-server still answering) restarted through its agent, a Triton whose model blocks, a vLLM
-killed again and again (a crash loop), a start that fails on real vLLM and is started
-again once its cause is fixed; GPU faults and a throttled GPU through the agent's NVML
-sampler on the FakeNvml TEST DOUBLE; thresholds refused with their line, and engines that
-cannot tell instead of guessing. The classes moved through the gateway (KV pressure, a
-saturated API server, a replica imbalance, an error burst): tests/test_diagnoses_gateway.py."""
+server still answering) restarted through its agent, a start that fails on real vLLM and is
+started again once its cause is fixed; GPU faults and a throttled GPU through the agent's
+NVML sampler on the FakeNvml TEST DOUBLE; thresholds refused with their line, and engines
+that cannot tell instead of guessing. The classes moved through the gateway (a Triton
+whose model blocks, a crash loop, KV pressure, a replica imbalance, an error burst):
+tests/test_diagnoses_gateway.py."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import json
-import os
 import shutil
-import signal
-import subprocess
 import threading
 import time
 from pathlib import Path
@@ -28,7 +25,7 @@ from console.collect.diagnose import diagnoser as diagnoses
 from console.collect.diagnose import engines as diagnose_engines
 from console.collect.diagnose import fleet as diagnose_fleet
 from console.collect.diagnose.diagnoser import HOLD_GAP_S, Diagnoser, Diagnosis, diagnose_once
-from console.collect.diagnose.output import render_markdown, render_text
+from console.collect.diagnose.output import move_hint, render_markdown, render_text
 from console.collect.sources.source import NodeState
 from console.collect.views.check import Diagnosed, poll_once
 from console.collect.views.deployments import DeploymentRow
@@ -46,25 +43,22 @@ from plugins.vllm import read_metrics
 from tests.conftest import OPERATOR, Agent, agent_env, run_cli
 from tests.engines.servers import (
     free_port,
-    kill,
-    launch_vllm,
     running,
-    send_traffic_triton,
     vllm_python,
     wait_until,
 )
-from tests.engines.triton_repo import write_repo
 from tests.nvml_double import FakeGpu, FakeNvml
 from tests.support.fleet import (
     LONG_STREAM_ENV,
     deployment,
     fleet_model,
+    fleet_toml,
     one_node_fleet,
     tiny_model,
     vllm_cpu_args,
     vllm_profile,
 )
-from tests.test_agent_real_engines import by_deployment, fleet_text
+from tests.test_agent_real_engines import by_deployment
 
 OPERATOR_TOKEN = OPERATOR.split(":", 1)[1]
 
@@ -297,128 +291,6 @@ def by_metrics(base: str) -> float | None:
     """Requests running, from vLLM's own /metrics."""
     text = httpx.get(base + "/metrics", timeout=10).text
     return next(m for m in read_metrics(text, ["tiny"]) if m.name == "tiny").requests_running
-
-
-@pytest.mark.engines
-def test_a_triton_model_that_blocks_is_a_triton_stall_resolved_once_it_answers(
-    agent_factory, engine_launcher, tmp_path: Path, monkeypatch
-):
-    """Real Triton, one model instance that takes 12 s a request (the Python-backend TEST
-    DOUBLE of the ensemble, 20 tokens 0.6 s apart): a second request waits in Triton's
-    queue while nothing finishes. Triton still answers its health checks. Named on its
-    engine, failover first (3 s after the queue formed: 9 s to spare); once the first
-    request finishes and nothing is queued, resolved."""
-    repo = write_repo(tmp_path / "repo", "ensemble", token_delay_ms=600, instances=1)
-    triton = engine_launcher.triton(repo)
-    text = fleet_text(triton=triton) + "[diagnoses]\ntriton_stall_after_s = 3\n"
-    agent = agent_over(agent_factory, text, monkeypatch)
-    engine = wait_until(
-        lambda: (
-            by_deployment(agent).get("tiny-trt", {}).get("state") == "ready"
-            and by_deployment(agent)["tiny-trt"]
-        ),
-        30,
-        what="Triton ready in the snapshot",
-    )
-    diagnoser = Diagnoser(load_fleet(agent.fleet))
-    assert look(agent.fleet, diagnoser) == []  # at rest: nothing
-
-    def ask() -> None:
-        with contextlib.suppress(httpx.HTTPError):  # the server stops at teardown
-            send_traffic_triton(triton.base_url, "ensemble", 1, False, 20, timeout=120)
-
-    for _ in range(2):  # one runs in the model's one instance; the other waits in the queue
-        threading.Thread(target=ask, daemon=True).start()
-    queued = time.monotonic()
-
-    def stalled() -> Diagnosis | None:
-        return next((x for x in look(agent.fleet, diagnoser) if x.kind is d.TRITON_STALL), None)
-
-    found = wait_until(stalled, 60, interval=0.5, what="Triton stall diagnosed")
-    print(f"Triton stall: diagnosed {time.monotonic() - queued:.1f} s after a request queued")
-    assert found.subject == f"local/{engine['id']}" and found.engine == engine["id"]
-    assert found.moves[0] == "failover" and found.deployment == "tiny-trt"
-    shown = {e.figure: e.value for e in found.evidence}
-    assert shown["requests pending"] == "1", shown
-    assert shown["health"].startswith("ready"), shown  # Triton still answers
-    assert "triton_stall" in diagnosed_by_cli(agent.fleet)
-    diagnoser.moved(found.key, "failover")
-    # The first request finishes at 12 s; the second runs and nothing is queued.
-    until_resolved(agent.fleet, diagnoser, found.key, "failover", 60,
-                   what="the Triton stall resolved once a request finished")  # fmt: skip
-
-
-@pytest.mark.engines
-def test_a_vllm_killed_again_and_again_is_a_crash_loop_resolved_once_it_stays_up(
-    agent_factory, tiny_model_dir: Path, tmp_path: Path, monkeypatch
-):
-    """A real vLLM, killed (SIGKILL to its process group) each time the agent has found it,
-    and started again on its port as systemd's Restart= would: three exits no one asked
-    for within the window are a crash loop on its engine, failover first. Started once
-    more and left alone, it is resolved once its exits leave the window. An exit the agent
-    asked for (a stop job's) is never counted: tests/test_jobs.py's stops run with the
-    same watch. Last, that engine, ready, is killed: down within two scrape intervals."""
-    port = free_port()
-    text = one_node_fleet(
-        "diag",
-        tiny_model(port),
-        agent={"scrape_interval_s": 1},
-        diagnoses={"crash_loop_window_s": 40},
-    )
-    # Discovery on: the agent finds each new process on the port, as it finds a fleet's.
-    agent = agent_over(agent_factory, text, monkeypatch, discover=True)
-    diagnoser = Diagnoser(load_fleet(agent.fleet))
-
-    def engine() -> dict:
-        return by_deployment(agent)["tiny-vllm"]
-
-    running: list[subprocess.Popen[bytes]] = []
-    try:
-        for n in range(1, 4):
-            process, _, _ = launch_vllm(tiny_model_dir, tmp_path / "vllm", port=port)
-            running.append(process)
-            wait_until(lambda p=process: engine()["pid"] == p.pid, 60, what=f"start {n} found")
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(30)
-            wait_until(lambda n=n: len(engine()["exits"]) == n, 30, what=f"exit {n} seen")
-        crash = wait_until(
-            lambda: next(
-                (x for x in look(agent.fleet, diagnoser)
-                 if x.kind is d.CRASH_LOOP and x.engine == f"vllm-{port}"),
-                None,
-            ),
-            30,
-            interval=0.5,
-            what="the crash loop diagnosed",
-        )  # fmt: skip
-        assert crash.subject == f"local/vllm-{port}" and crash.moves[0] == "failover"
-        assert crash.cause == "exited 3 times" and crash.deployment == "tiny-vllm"
-        assert crash.evidence[0].value.startswith("3 ("), crash.evidence
-        assert "crash_loop" in diagnosed_by_cli(agent.fleet)
-        diagnoser.moved(crash.key, "failover")
-        # Started once more (its cause fixed) and left running: no exit for the window.
-        process, _, _ = launch_vllm(tiny_model_dir, tmp_path / "vllm", port=port)
-        running.append(process)
-        wait_until(lambda: engine()["pid"] == process.pid, 60, what="the last start found")
-        until_resolved(agent.fleet, diagnoser, crash.key, "failover", 90, interval=1.0,
-                       what="the crash loop resolved once its exits left the window")  # fmt: skip
-        assert process.poll() is None  # the same process throughout: nothing counted it
-        # The agent's liveness on the same engine (before, a vLLM of its own): a ready vLLM
-        # killed turns down within two scrape intervals, saying why.
-        wait_until(lambda: engine()["state"] == "ready", 60, what="the last start ready")
-        os.killpg(process.pid, signal.SIGKILL)
-        killed = time.monotonic()
-        down = wait_until(
-            lambda: (e := engine())["state"] == "down" and e, 10, interval=0.05,
-            what="vLLM down in the snapshot",
-        )  # fmt: skip
-        took = time.monotonic() - killed
-        assert took <= 2 * 1.0, f"down after {took:.2f} s"  # the agent's scrape: 1 s
-        assert f"process {process.pid} exited" in down["reason"], down
-        assert down["models"] == [], down
-    finally:
-        for process in running:
-            kill(process)
 
 
 @pytest.mark.engines
@@ -662,6 +534,23 @@ async def test_a_gpu_gone_after_a_restart_and_a_lost_one_are_gpu_faults(tmp_path
     assert "GPU is lost" in fault.evidence[0].value
 
 
+def test_the_escalation_commands_are_typed_on_the_node_or_through_its_ssh_quoted():
+    """`e` in the console and `engineroom diagnose` give the same commands
+    (d.escalation_commands): as typed on the node where fleet.toml gives it no ssh, else
+    through `ssh -t` with its port; a target a shell would split is quoted."""
+    x = Diagnosis(d.GPU_FAULT, "local/gpu0", "local", [], cause="memory")
+    assert move_hint(parse_fleet(NODE_FLEET), x, "escalate") == (
+        "  (on local: nvidia-smi -q ; sudo nvidia-bug-report.sh)"
+    )
+    for ssh, target in [("ops@10.0.0.7", "ops@10.0.0.7"), ("ops@a b;c", "'ops@a b;c'")]:
+        node = {"name": "local", "ssh": ssh, "ssh_port": 2222}
+        fleet = parse_fleet(fleet_toml(fleet={"name": "t"}, nodes=[node]))
+        assert move_hint(fleet, x, "escalate") == (
+            f"  (on local: ssh -t -p 2222 {target} nvidia-smi -q ; "
+            f"ssh -t -p 2222 {target} sudo nvidia-bug-report.sh)"
+        )
+
+
 def test_an_engine_that_counts_no_tokens_cannot_tell_if_it_is_wedged():
     """trtllm-serve before 1.3 counts no tokens: requests in, never 'wedged', and never
     silent: 'cannot tell: needs a generated-token counter'. Triton counts none either; it is
@@ -885,7 +774,7 @@ def test_an_agents_hostile_text_reaches_the_terminal_and_markdown_only_through_t
     view = build(fleet, states, 1.0)
     found = Diagnosed(*diagnose_once(fleet, view, states))
     assert [x.cause for x in found.found] == ["port in use"]
-    text = render_text(view, found, None)
+    text = render_text(view, found, None, fleet)
     assert "\x1b" not in text and "\x07" not in text and "start failed" in text
     table = render_markdown(view, found).splitlines()
     row = next(line for line in table if "start failed" in line)
@@ -913,7 +802,7 @@ def test_an_agents_hostile_numbers_and_names_in_exits_and_gone_gpus_break_nothin
     crash = next(x for x in found.found if x.kind is d.CRASH_LOOP)
     assert crash.cause == "exited, not back" and crash.evidence[0].value.startswith("1 (")
     assert any(x.kind is d.GPU_FAULT for x in found.found)
-    text = render_text(view, found, None) + render_markdown(view, found)
+    text = render_text(view, found, None, fleet) + render_markdown(view, found)
     assert "\x1b" not in text and "\x07" not in text and "crash loop" in text
 
 

@@ -1,9 +1,11 @@
-"""The diagnoses judged at the gateway (issue 30), each made on real parts behind the real
-gateway, found, moved through the gateway and verified resolved:
+"""The diagnoses whose first move is made at the gateway (issue 30), each made on real
+parts behind the real gateway, found, moved through the gateway and verified resolved:
 
 - KV-cache pressure: a vLLM with a cache of 384 tokens under six clients of 200;
 - a replica imbalance: two real vLLMs, one's EngineCore stopped in bursts;
-- an error burst: an engine double that answers 500, beside the session's vLLM.
+- an error burst: an engine double that answers 500, beside the session's vLLM;
+- a Triton stall: a real Triton whose model's one instance blocks, beside the session's vLLM;
+- a crash loop: a real vLLM killed again and again, beside the session's vLLM.
 
 The two real vLLMs are the session's ("a") and the data-plane tests' second one ("b",
 tests.support.dataplanes.second_vllm): no vLLM boots here if "b" is still up."""
@@ -35,14 +37,25 @@ from tests.engines.servers import (
     distinct_prompt,
     free_port,
     kill,
+    launch_vllm,
+    send_traffic_triton,
     send_traffic_vllm,
     start_vllm,
     stop,
     wait_until,
 )
+from tests.engines.triton_repo import write_repo
 from tests.support.dataplanes import second_vllm
-from tests.support.fleet import deployment, fleet_model, one_node_fleet
-from tests.test_diagnoses import agent_over, engine_core, look, stop_in_bursts, until_resolved
+from tests.support.fleet import deployment, fleet_model, one_node_fleet, triton_ensemble
+from tests.test_agent_real_engines import by_deployment
+from tests.test_diagnoses import (
+    agent_over,
+    diagnosed_by_cli,
+    engine_core,
+    look,
+    stop_in_bursts,
+    until_resolved,
+)
 from tests.test_gateway import ADMIN, Gateway, nice_group, start_gateway
 
 pytestmark = pytest.mark.engines
@@ -53,38 +66,49 @@ def second(request, tiny_model_dir: Path, tmp_path_factory) -> VllmServer:
     return second_vllm(request.config, tiny_model_dir, tmp_path_factory.getbasetemp())
 
 
-def gateway_fleet(name: str, gw_port: int, state: Path, *pair: dict, **agent: object) -> str:
+def gateway_fleet(name: str, gw_port: int, state: Path, *pair: dict, **sections: object) -> str:
     """One node's agent and the gateway before `pair`, the deployments of `tiny`; a planned
-    failover verifies over 1 s."""
+    failover verifies over 1 s. `sections`: more tables ([diagnoses], ...)."""
     failover = {"steps": [100], "verify_s": 1, "warmup_requests": 1, "drain_timeout_s": 60}
     return one_node_fleet(
         name,
         fleet_model("tiny", *pair, failover=failover),
-        agent={"scrape_interval_s": 1, "window_s": 10, "probe_timeout_s": 5.0, **agent},
+        agent={"scrape_interval_s": 1, "window_s": 10, "probe_timeout_s": 5.0},
         gateway={
             "url": f"http://127.0.0.1:{gw_port}",
             "state_dir": state,
             "health_interval_s": 0.5,
         },
+        **sections,
     )
 
 
-def gateway_over(agent, gw_port: int, monkeypatch: pytest.MonkeyPatch) -> Gateway:
+def gateway_over(
+    agent, gw_port: int, monkeypatch: pytest.MonkeyPatch, healthy: bool = True
+) -> Gateway:
     """The real gateway on the agent's fleet file; this process reads its snapshot (the
-    gateway's TTFT and errors) as a console does, with its token."""
-    gateway = start_gateway(agent.fleet.parent, "", gw_port)
+    gateway's TTFT and errors) as a console does, with its token. `healthy`: wait until
+    every deployment is up."""
+    gateway = start_gateway(agent.fleet.parent, "", gw_port, healthy=healthy)
     monkeypatch.setenv("ENGINEROOM_ADMIN_TOKEN", ADMIN)
     return gateway
 
 
 def behind_gateway(
-    agent_factory, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, name: str, *pair: dict
+    agent_factory,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    name: str,
+    *pair: dict,
+    discover: bool = False,
+    healthy: bool = True,
+    **sections: object,
 ) -> tuple[Agent, Gateway]:
     """A real agent and the real gateway on one fleet of `tiny`'s deployments `pair`."""
     gw_port = free_port()
-    text = gateway_fleet(name, gw_port, tmp_path / "gw-state", *pair)
-    agent = agent_over(agent_factory, text, monkeypatch)
-    return agent, gateway_over(agent, gw_port, monkeypatch)
+    text = gateway_fleet(name, gw_port, tmp_path / "gw-state", *pair, **sections)
+    agent = agent_over(agent_factory, text, monkeypatch, discover=discover)
+    return agent, gateway_over(agent, gw_port, monkeypatch, healthy)
 
 
 def served_by(id: str, server: VllmServer, weight: int) -> dict:
@@ -147,6 +171,14 @@ def figures(fleet: Path) -> str:
         out.append(f"{row.id}: TTFT p95 engine {engine}, gateway {client}; "
                    f"API server CPU {cpu.get(row.engine_id)}")  # fmt: skip
     return "; ".join(out)
+
+
+def served_count(fleet: Path, deployment: str) -> int:
+    """The requests the gateway has passed to `deployment` in its window, as a console reads
+    them (0 where it has none to count)."""
+    _, _, gateway, _ = asyncio.run(poll_once(load_fleet(fleet)))
+    at = gateway.snapshot.at("tiny", deployment) if gateway.snapshot else None
+    return (at.requests or 0) if at is not None else 0
 
 
 def move(gateway: Gateway, diagnoser: Diagnoser, found: Diagnosis, name: str, **body: str) -> float:
@@ -315,3 +347,150 @@ def test_an_engine_that_fails_its_requests_is_an_error_burst_resolved_once_faile
             stop(gateway.process, grace=5)
         os.killpg(double.pid, signal.SIGKILL)
         double.wait(10)
+
+
+# -- a Triton stall --------------------------------------------------------------------
+
+
+def test_a_triton_model_that_blocks_is_a_triton_stall_failed_over_and_resolved(
+    agent_factory, engine_launcher, vllm_server: VllmServer, tmp_path: Path, monkeypatch
+):
+    """Real Triton ("tiny-trt", weight 100), one model instance that takes 12 s a request
+    (the Python-backend TEST DOUBLE of the ensemble, 20 tokens 0.6 s apart): a second
+    request waits in Triton's queue while nothing finishes. Triton still answers its health
+    checks. Named on its engine, failover first (3 s after the queue formed: 9 s to spare).
+    Failed over through the real gateway to the session's vLLM, which answers the next
+    request while Triton is still stuck; once its first request finishes and nothing is
+    queued, resolved."""
+    repo = write_repo(tmp_path / "repo", "ensemble", token_delay_ms=600, instances=1)
+    triton = engine_launcher.triton(repo)
+    trt = triton_ensemble("tiny-trt", "local", triton.http_port, triton.metrics_port)
+    gateway = None
+    try:
+        agent, gateway = behind_gateway(
+            agent_factory, monkeypatch, tmp_path, "stall",
+            {**trt, "weight": 100}, served_by("tiny-vllm", vllm_server, 0),
+            diagnoses={"triton_stall_after_s": 3},
+        )  # fmt: skip
+        engine = wait_until(
+            lambda: (e := by_deployment(agent).get("tiny-trt", {})).get("state") == "ready" and e,
+            30,
+            what="Triton ready in the snapshot",
+        )
+        diagnoser = Diagnoser(load_fleet(agent.fleet))
+        assert look(agent.fleet, diagnoser) == []  # at rest: nothing
+
+        def ask() -> None:
+            with contextlib.suppress(httpx.HTTPError):  # the server stops at teardown
+                send_traffic_triton(triton.base_url, "ensemble", 1, False, 20, timeout=120)
+
+        for _ in range(2):  # one runs in the model's one instance; the other waits queued
+            threading.Thread(target=ask, daemon=True).start()
+        queued = time.monotonic()
+
+        def stalled() -> Diagnosis | None:
+            return next((x for x in look(agent.fleet, diagnoser) if x.kind is d.TRITON_STALL), None)
+
+        found = wait_until(stalled, 60, interval=0.5, what="Triton stall diagnosed")
+        print(f"Triton stall: diagnosed {time.monotonic() - queued:.1f} s after a request queued")
+        assert found.subject == f"local/{engine['id']}" and found.engine == engine["id"]
+        assert found.moves[0] == "failover" and found.deployment == "tiny-trt"
+        shown = {e.figure: e.value for e in found.evidence}
+        assert shown["requests pending"] == "1", shown
+        assert shown["health"].startswith("ready"), shown  # Triton still answers
+        assert "triton_stall" in diagnosed_by_cli(agent.fleet)
+        move(gateway, diagnoser, found, "failover", to="tiny-vllm")
+        before = served_count(agent.fleet, "tiny-vllm")
+        body = {"model": "tiny", "prompt": "x", "max_tokens": 2}
+        answer = httpx.post(gateway.url + "/v1/completions", json=body, timeout=30)
+        assert answer.status_code == 200, answer.text
+        assert served_count(agent.fleet, "tiny-vllm") > before  # vLLM answered it
+        stuck = next(x for x in look(agent.fleet, diagnoser) if x.key == found.key)
+        assert stuck.state == "verifying", stuck.detail  # Triton's queue is still there
+        # The first request finishes at 12 s; the second runs and nothing is queued.
+        until_resolved(agent.fleet, diagnoser, found.key, "failover", 60,
+                       what="the Triton stall resolved once a request finished")  # fmt: skip
+    finally:
+        if gateway is not None:
+            stop(gateway.process, grace=5)
+
+
+# -- a crash loop ----------------------------------------------------------------------
+
+
+def test_a_vllm_killed_again_and_again_is_a_crash_loop_failed_over_and_resolved(
+    agent_factory, vllm_server: VllmServer, tiny_model_dir: Path, tmp_path: Path, monkeypatch
+):
+    """A real vLLM ("tiny-vllm", weight 100), killed (SIGKILL to its process group) each
+    time the agent has found it, and started again on its port as systemd's Restart= would:
+    three exits no one asked for within the window are a crash loop on its engine, failover
+    first. Failed over through the real gateway to the session's vLLM, which answers; started
+    once more and left alone, it is resolved once its exits leave the window. An exit the
+    agent asked for (a stop job's) is never counted: tests/test_jobs.py's stops run with the
+    same watch. Last, that engine, ready, is killed: down within two scrape intervals."""
+    port = free_port()
+    gateway = None
+    running: list[subprocess.Popen[bytes]] = []
+    try:
+        # Discovery on: the agent finds each new process on the port, as it finds a fleet's.
+        agent, gateway = behind_gateway(
+            agent_factory, monkeypatch, tmp_path, "crash",
+            deployment("tiny-vllm", "local", "vllm", port, weight=100),
+            served_by("tiny-a", vllm_server, 0),
+            discover=True, healthy=False, diagnoses={"crash_loop_window_s": 40},
+        )  # fmt: skip
+        diagnoser = Diagnoser(load_fleet(agent.fleet))
+
+        def engine() -> dict:
+            return by_deployment(agent)["tiny-vllm"]
+
+        for n in range(1, 4):
+            process, _, _ = launch_vllm(tiny_model_dir, tmp_path / "vllm", port=port)
+            running.append(process)
+            wait_until(lambda p=process: engine()["pid"] == p.pid, 60, what=f"start {n} found")
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(30)
+            wait_until(lambda n=n: len(engine()["exits"]) == n, 30, what=f"exit {n} seen")
+        crash = wait_until(
+            lambda: next(
+                (x for x in look(agent.fleet, diagnoser)
+                 if x.kind is d.CRASH_LOOP and x.engine == f"vllm-{port}"),
+                None,
+            ),
+            30,
+            interval=0.5,
+            what="the crash loop diagnosed",
+        )  # fmt: skip
+        assert crash.subject == f"local/vllm-{port}" and crash.moves[0] == "failover"
+        assert crash.cause == "exited 3 times" and crash.deployment == "tiny-vllm"
+        assert crash.evidence[0].value.startswith("3 ("), crash.evidence
+        assert "crash_loop" in diagnosed_by_cli(agent.fleet)
+        move(gateway, diagnoser, crash, "failover", to="tiny-a", mode="emergency")
+        body = {"model": "tiny", "prompt": "x", "max_tokens": 2}
+        answer = httpx.post(gateway.url + "/v1/completions", json=body, timeout=30)
+        assert answer.status_code == 200, answer.text  # the session's vLLM answers
+        # Started once more (its cause fixed) and left running: no exit for the window.
+        process, _, _ = launch_vllm(tiny_model_dir, tmp_path / "vllm", port=port)
+        running.append(process)
+        wait_until(lambda: engine()["pid"] == process.pid, 60, what="the last start found")
+        until_resolved(agent.fleet, diagnoser, crash.key, "failover", 90, interval=1.0,
+                       what="the crash loop resolved once its exits left the window")  # fmt: skip
+        assert process.poll() is None  # the same process throughout: nothing counted it
+        # The agent's liveness on the same engine (before, a vLLM of its own): a ready vLLM
+        # killed turns down within two scrape intervals, saying why.
+        wait_until(lambda: engine()["state"] == "ready", 60, what="the last start ready")
+        os.killpg(process.pid, signal.SIGKILL)
+        killed = time.monotonic()
+        down = wait_until(
+            lambda: (e := engine())["state"] == "down" and e, 10, interval=0.05,
+            what="vLLM down in the snapshot",
+        )  # fmt: skip
+        took = time.monotonic() - killed
+        assert took <= 2 * 1.0, f"down after {took:.2f} s"  # the agent's scrape: 1 s
+        assert f"process {process.pid} exited" in down["reason"], down
+        assert down["models"] == [], down
+    finally:
+        if gateway is not None:
+            stop(gateway.process, grace=5)
+        for process in running:
+            kill(process)

@@ -50,7 +50,7 @@ def run_diagnose(
     if watch is None:
         view, states, gateway, source = asyncio.run(poll_once(fleet))
         found = Diagnosed(*_once(Diagnoser(fleet), view, states, gateway.snapshot))
-        out.write(render(fmt, view, found, source) + "\n")
+        out.write(render(fmt, view, found, source, fleet) + "\n")
         return EXIT[status_of(view, source, found)]
     return asyncio.run(_watch(fleet, watch, fmt, out))
 
@@ -82,7 +82,7 @@ async def _watch(fleet: Fleet, every: float, fmt: str, out: TextIO) -> int:
                          gateway=gateway.snapshot)  # fmt: skip
             found = Diagnosed(*_once(diagnoser, view, states, gateway.snapshot))
             clear = "" if fmt != "text" or not out.isatty() else "\033[H\033[2J"
-            out.write(f"{clear}{render(fmt, view, found, collector.health)}\n")
+            out.write(f"{clear}{render(fmt, view, found, collector.health, fleet)}\n")
             out.flush()
             await asyncio.sleep(max(0.0, every - (time.monotonic() - started)))
 

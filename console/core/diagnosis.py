@@ -15,6 +15,7 @@ and `[models.diagnoses]` for one model (console.core.config.model.DiagnosisLimit
 from __future__ import annotations
 
 import re
+import shlex
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -355,6 +356,18 @@ def xid_class(xid: int) -> tuple[str, str]:
 
 
 ESCALATE_COMMANDS = ("nvidia-smi -q", "sudo nvidia-bug-report.sh")
+
+
+def escalation_commands(fleet: Fleet, node: str) -> list[str]:
+    """The commands that gather what the GPU's vendor asks for, as typed here: over the
+    node's ssh where fleet.toml gives one (its target quoted for a shell), else as typed on
+    the node. The console copies them and `engineroom diagnose` prints them; nothing runs."""
+    found = next((n for n in fleet.nodes if n.name == node), None)
+    if found is None or not found.ssh:
+        return list(ESCALATE_COMMANDS)
+    port = f"-p {found.ssh_port} " if found.ssh_port else ""
+    return [f"ssh -t {port}{shlex.quote(found.ssh)} {c}" for c in ESCALATE_COMMANDS]
+
 
 # -- why a start failed ---------------------------------------------------------------------
 # Read from a failed job's error and log tail, first match wins. The patterns are vLLM's

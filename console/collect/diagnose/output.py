@@ -16,6 +16,7 @@ from console.collect.sources.source import SourceHealth
 from console.collect.views.check import Diagnosed, status_of
 from console.collect.views.view import FleetView
 from console.core import diagnosis as d
+from console.core.config.model import Fleet
 from console.core.safetext import for_markdown_cell, for_terminal
 
 
@@ -30,7 +31,9 @@ def _blind_line(view: FleetView) -> str | None:
     return None
 
 
-def render_text(view: FleetView, found: Diagnosed, source: SourceHealth | None) -> str:
+def render_text(
+    view: FleetView, found: Diagnosed, source: SourceHealth | None, fleet: Fleet
+) -> str:
     s = view.summary
     lines = [f"fleet {s.name}  {status_of(view, source, found).upper()}  "
              f"diagnoses {len(found.found)}"]  # fmt: skip
@@ -44,13 +47,13 @@ def render_text(view: FleetView, found: Diagnosed, source: SourceHealth | None) 
             lines.append(f"   - {e.figure}: {e.value}  ({e.at}, {_age(e.age_s)})")
         lines.append(f"   rules it out: {x.kind.rules_out}")
         for k, move in enumerate(x.moves, 1):
-            lines.append(f"   move {k}: {d.MOVE_TEXT[move]}{_move_hint(x, move)}")
+            lines.append(f"   move {k}: {d.MOVE_TEXT[move]}{move_hint(fleet, x, move)}")
     if found.cannot_tell:
         lines += ["", "CANNOT TELL"] + [f"  {c.line()}" for c in found.cannot_tell]
     return "\n".join(map(for_terminal, lines))
 
 
-def _move_hint(x: Diagnosis, move: d.Move) -> str:
+def move_hint(fleet: Fleet, x: Diagnosis, move: d.Move) -> str:
     """Where the move is made: the console's key, or the command line's verb."""
     if move == "failover" and x.model:
         return f"  (engineroom failover {x.model} --plan; in the console: :diag, Enter)"
@@ -60,8 +63,8 @@ def _move_hint(x: Diagnosis, move: d.Move) -> str:
         return f"  (engineroom vllm {move} --node {x.node} --engine {x.engine})"
     if move == "start" and x.profile and x.node:
         return f"  (engineroom vllm start --node {x.node} --profile {x.profile})"
-    if move == "escalate":
-        return f"  (on {x.node}: {' ; '.join(d.ESCALATE_COMMANDS)})"
+    if move == "escalate" and x.node:
+        return f"  (on {x.node}: {' ; '.join(d.escalation_commands(fleet, x.node))})"
     return ""
 
 
@@ -80,7 +83,9 @@ def render_markdown(view: FleetView, found: Diagnosed) -> str:
     return "\n".join(out)
 
 
-def render(fmt: str, view: FleetView, found: Diagnosed, source: SourceHealth | None) -> str:
+def render(
+    fmt: str, view: FleetView, found: Diagnosed, source: SourceHealth | None, fleet: Fleet
+) -> str:
     if fmt == "json":
         return json.dumps(
             {"fleet": view.summary.name, "status": status_of(view, source, found),
@@ -89,4 +94,4 @@ def render(fmt: str, view: FleetView, found: Diagnosed, source: SourceHealth | N
         )  # fmt: skip
     if fmt == "markdown":
         return render_markdown(view, found)
-    return render_text(view, found, source)
+    return render_text(view, found, source, fleet)

@@ -27,7 +27,7 @@ from textual.widgets import DataTable
 
 from console.collect.clients.gateway_client import GatewayClient
 from console.collect.diagnose.diagnoser import Diagnosis
-from console.collect.diagnose.output import _move_hint as command_hint
+from console.collect.diagnose.output import move_hint as command_hint
 from console.collect.moves.failover_targets import rank
 from console.collect.views.gateway_view import GatewayDeployment
 from console.core import diagnosis as d
@@ -223,7 +223,9 @@ class DiagnosisScreen(ViewScreen):
 
     def hint(self, x: Diagnosis, move: d.Move) -> str:
         """Where the move is made: this screen's key, else the command that makes it."""
-        command = command_hint(x, move).strip().removeprefix("(").removesuffix(")")
+        command = (
+            command_hint(self.console.fleet, x, move).strip().removeprefix("(").removesuffix(")")
+        )
         drains = {"failover": self._failover, "quarantine": self._quarantine}.get(move)
         if drains is not None and (plan := drains(x)) is not None:
             command = command.partition(";")[0]
@@ -369,15 +371,10 @@ class DiagnosisScreen(ViewScreen):
         return None
 
     def _escalation(self, x: Diagnosis | None) -> list[str] | None:
-        """The commands that gather what the GPU's vendor asks for, as run from here: over
-        the node's ssh where fleet.toml gives one, else named for its node."""
+        """The commands to gather what the GPU's vendor asks for (d.escalation_commands)."""
         if x is None or "escalate" not in x.moves or not x.node:
             return None
-        node = next((n for n in self.console.fleet.nodes if n.name == x.node), None)
-        if node is None or not node.ssh:
-            return list(d.ESCALATE_COMMANDS)
-        port = f"-p {node.ssh_port} " if node.ssh_port else ""
-        return [f"ssh -t {port}{node.ssh} {command}" for command in d.ESCALATE_COMMANDS]
+        return d.escalation_commands(self.console.fleet, x.node)
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action == "escalate":  # copies text: read-only consoles may too
