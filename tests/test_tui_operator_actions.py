@@ -45,9 +45,9 @@ from tests.tui_support import until
 
 SIZE = (160, 40)
 # Events' message cell holds the whole line of a job whose every step was seen changing:
-# "job ID vllm.start tiny failed: preflight succeeded, spawn succeeded: load: the engine
-# exited ... (by alice)" is 145 characters. At 160 columns a job seen mid-way (its spawn
-# running) lost its "(by alice)" to the cell's edge: CI, twice.
+# "by alice: job ID vllm.start tiny failed: preflight succeeded, spawn succeeded: load:
+# the engine exited ..." is 155 characters; at 160 columns the cell is about 108 wide.
+# (Who acted comes first, so a narrower screen cuts the steps, never the name.)
 EVENTS_SIZE = (220, 40)
 OPERATOR_TOKEN = OPERATOR.split(":", 1)[1]
 
@@ -113,7 +113,7 @@ async def test_a_vllm_start_and_a_failover_show_on_events_and_jobs(agent_and_gat
         # The agent's job: node, kind, target, state, who; its time is the job's.
         agent_row = await until(
             pilot,
-            lambda: line(f"job {start} vllm.start tiny failed", "(by alice)"),
+            lambda: line(f"by alice: job {start} vllm.start tiny failed"),
             # The failure was seen as it happened ("running", then "failed") or only at
             # its end: the line says the same, whole at this width (it was cut once).
             timeout=60,
@@ -127,10 +127,13 @@ async def test_a_vllm_start_and_a_failover_show_on_events_and_jobs(agent_and_gat
         )
         ended = f"gateway: job failover.emergency failed: to tiny-vllm (emergency), job {failover}"
         assert await until(
-            pilot, lambda: line(created, "(by admin: trt is stale)"), what="the failover created"
+            pilot, lambda: line(f"by admin (trt is stale): {created}"), what="the failover created"
         )
         gateway_row = await until(
-            pilot, lambda: line(ended, "(by admin"), timeout=30, what="the failover ended"
+            pilot,
+            lambda: line(f"by admin (trt is stale): {ended}"),
+            timeout=30,
+            what="the failover ended",
         )
         assert gateway_row[1:3] == ["action", "tiny"]
 

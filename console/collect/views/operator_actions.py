@@ -213,11 +213,12 @@ def _when(value: Any) -> float:
 
 
 def event_of(record: dict[str, Any]) -> Event:
-    """The Events screen's line for a record: its message, then who and why."""
+    """The Events screen's line for a record: who and why, then its message. Who comes
+    first: a job's message grows with its steps, and a narrow screen cuts the end."""
     message = str(record.get("message", ""))
     who, why = record.get("who"), record.get("why")
     if who or why:
-        message += f" (by {who or '?'}" + (f": {why}" if why else "") + ")"
+        message = f"by {who or '?'}" + (f" ({why})" if why else "") + f": {message}"
     kind = record.get("kind")
     return Event(
         float(record.get("t") or 0.0),
