@@ -41,7 +41,7 @@ from console.gateway.routing.routes import GatewayStore
 from tests.conftest import ROOT
 from tests.engines.servers import VllmServer, wait_until
 from tests.support.dataplanes import second_vllm
-from tests.support.haproxy import Stack, fleet_text, haproxy_stack
+from tests.support.haproxy import Stack, fleet_text, haproxy_stack, runtime
 from tests.test_gateway import (
     GATEWAY_VIEWER,
     kill_under_load,
@@ -300,3 +300,37 @@ def test_killing_the_active_engine_behind_haproxy_fails_over_by_itself(stack_fac
     # The dead deployment drained: its weight to the healthy one (no other had any).
     assert job["state"] == "succeeded" and job["kind"] == "drain.emergency", job
     assert job["params"]["drain"] == "b"
+
+
+def test_a_drained_server_that_went_down_is_undrained_when_its_weight_comes_back(stack_factory):
+    """A rollout drains a server, restarts its engine, and raises its weight again once the
+    engine answers, which can be before HAProxy's checks see it up. HAProxy shows DRAIN only
+    while a server's checks pass: a drained server that is down reads DOWN. The raise must
+    undo the drain all the same, or the server comes back up drained, reads weight 0, and
+    takes no traffic (a rollout's restore said succeeded so: CI, once)."""
+    hap = stack_factory(weights=(50, 50))
+    plane = plane_for(hap)
+    asyncio.run(plane.drain("tiny", "b", 10))
+    # Its engine restarting: its checks fail (held down here, so the order is certain).
+    runtime(hap.sock, "disable health be_tiny/b")
+    runtime(hap.sock, "set server be_tiny/b health down")
+    wait_until(lambda: hap.stat()["b"]["status"].startswith("DOWN"), 10, what="b down")
+    asyncio.run(plane.set_weights("tiny", {"a": 50, "b": 50}, "test", "restore b"))
+    runtime(hap.sock, "enable health be_tiny/b")  # its engine answers: checks pass again
+    wait_until(
+        lambda: not hap.stat()["b"]["status"].startswith("DOWN"), 20, what="b back from DOWN"
+    )
+    assert hap.stat()["b"]["status"].startswith("UP"), hap.stat()["b"]["status"]
+    assert asyncio.run(plane.weights("tiny")) == {"a": 50, "b": 50} == hap.live_weights()
+
+
+def test_a_job_whose_change_haproxy_did_not_take_fails_saying_what_it_routes(stack_factory):
+    """A failover job reads the weights back when it ends: one that HAProxy routes otherwise
+    than the plan set does not succeed. Here someone put b in maintenance on HAProxy's own
+    socket (engineroom never lifts a MAINT it did not set), and a failover to b ran."""
+    hap = stack_factory(weights=(50, 50))
+    runtime(hap.sock, "set server be_tiny/b state maint")
+    ended = hap.gateway.wait_job(hap.failover("b", "emergency")["id"])
+    assert ended["state"] == "failed", ended
+    assert ended["error"].startswith("the data plane routes {'b': 0} after the job"), ended
+    assert ended["after"] == {"a": 0, "b": 0}, ended  # what it routes is said, not hidden

@@ -300,11 +300,11 @@ class HAProxyPlane(DataPlane):
             for deployment, weight in raise_first:
                 server = self._server(model, deployment)
                 commands.append(f"set server {backend}/{server} weight {weight}")
-                if weight > 0:  # undo a drain
+                if weight > 0:  # undo a drain: one that is down reads DOWN, not DRAIN
                     commands += [
                         f"set server {backend}/{name} state ready"
                         for name in (server, server + haproxy_config.BACKUP_SUFFIX)
-                        if name in stats and stats[name].status.startswith("DRAIN")
+                        if name in stats and _maybe_drained(stats[name].status)
                     ]
             await self._change(model, commands, who, what)
             await self._write_back(model, {**before, **weights}, who, what)
@@ -425,6 +425,14 @@ class HAProxyPlane(DataPlane):
         rows = self._rows(await self._stats(model), model, deployment)
         counts = [r.stot for r in rows]
         return None if any(n is None for n in counts) else sum(n or 0 for n in counts)
+
+
+def _maybe_drained(status: str) -> bool:
+    """Whether a server may be in drain, which `state ready` undoes. HAProxy shows DRAIN only
+    while the server's checks pass: a drained server whose engine restarted reads DOWN (or
+    `DOWN 1/2` as it comes back) and stays drained once up. Not one an operator put in
+    maintenance (MAINT: engineroom never does), nor one up and serving (UP, NOLB)."""
+    return not status.startswith(("UP", "NOLB", "MAINT"))
 
 
 def _int(value: str | None) -> int | None:

@@ -364,6 +364,14 @@ class Failovers:
             elif step["state"] == "pending":
                 step["state"] = "skipped"
         after = await self._weights_after(plane, model)
+        if state == "succeeded" and (off := _off_plan(move.after, after)):
+            state, error = (
+                "failed",
+                (
+                    f"the data plane routes {off} after the job, not as planned "
+                    f"{dict(move.after)}: it did not take every change"
+                ),
+            )
         if plane is not None and plane.kind != BUILTIN and after is not None:
             self.table.weights[model] = dict(after)
         # The job reads as ended only once everything about its end is in it: the admin
@@ -385,6 +393,15 @@ class Failovers:
                 return await plane.weights(model)
         except (DataPlaneError, TimeoutError):
             return None  # unknown: the error says why
+
+
+def _off_plan(planned: dict[str, int], after: dict[str, int] | None) -> dict[str, int]:
+    """The deployments whose weight the data plane reads back otherwise than the plan set
+    (a drained HAProxy server left drained reads 0); {} where they agree or where the
+    weights could not be read (unknown is not a mismatch: the error says why)."""
+    if after is None:
+        return {}
+    return {d: after[d] for d, w in planned.items() if d in after and after[d] != w}
 
 
 def _weights(value: Any) -> dict[str, int] | None:
