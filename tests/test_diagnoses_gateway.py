@@ -355,10 +355,11 @@ def test_an_engine_that_fails_its_requests_is_an_error_burst_resolved_once_faile
 def test_a_triton_model_that_blocks_is_a_triton_stall_failed_over_and_resolved(
     agent_factory, engine_launcher, vllm_server: VllmServer, tmp_path: Path, monkeypatch
 ):
-    """Real Triton ("tiny-trt", weight 100), one model instance that takes 12 s a request
-    (the Python-backend TEST DOUBLE of the ensemble, 20 tokens 0.6 s apart): a second
+    """Real Triton ("tiny-trt", weight 100), one model instance that takes 18 s a request
+    (the Python-backend TEST DOUBLE of the ensemble, 30 tokens 0.6 s apart): a second
     request waits in Triton's queue while nothing finishes. Triton still answers its health
-    checks. Named on its engine, failover first (3 s after the queue formed: 9 s to spare).
+    checks. Named on its engine, failover first (3 s after the queue formed). The move and
+    the next request take about 5 s of the 15 left before the first request ends.
     Failed over through the real gateway to the session's vLLM, which answers the next
     request while Triton is still stuck; once its first request finishes and nothing is
     queued, resolved."""
@@ -382,7 +383,7 @@ def test_a_triton_model_that_blocks_is_a_triton_stall_failed_over_and_resolved(
 
         def ask() -> None:
             with contextlib.suppress(httpx.HTTPError):  # the server stops at teardown
-                send_traffic_triton(triton.base_url, "ensemble", 1, False, 20, timeout=120)
+                send_traffic_triton(triton.base_url, "ensemble", 1, False, 30, timeout=120)
 
         for _ in range(2):  # one runs in the model's one instance; the other waits queued
             threading.Thread(target=ask, daemon=True).start()
@@ -407,7 +408,7 @@ def test_a_triton_model_that_blocks_is_a_triton_stall_failed_over_and_resolved(
         assert served_count(agent.fleet, "tiny-vllm") > before  # vLLM answered it
         stuck = next(x for x in look(agent.fleet, diagnoser) if x.key == found.key)
         assert stuck.state == "verifying", stuck.detail  # Triton's queue is still there
-        # The first request finishes at 12 s; the second runs and nothing is queued.
+        # The first request finishes at 18 s; the second runs and nothing is queued.
         until_resolved(agent.fleet, diagnoser, found.key, "failover", 60,
                        what="the Triton stall resolved once a request finished")  # fmt: skip
     finally:
