@@ -73,13 +73,13 @@ def test_a_job_and_a_failover_read_the_same_live_and_in_a_replay(tmp_path: Path)
         # is seen only at the end (below).
         ("cpu-1", "by alice: job a1b2c3 vllm.start tiny-standby failed: load: the engine "
                   "exited with code 1"),
-        ("tiny", "by admin (trt engine stale): gateway: job failover.planned created: to "
-                 "tiny-vllm (planned), job f00d"),
-        ("tiny", "by admin (failover f00d: shift 50%): gateway: routes set: tiny-trt=50 "
-                 "tiny-vllm=50"),
+        ("tiny", "by admin: gateway: job failover.planned created: to tiny-vllm (planned), "
+                 "job f00d (trt engine stale)"),
+        ("tiny", "by admin: gateway: routes set: tiny-trt=50 tiny-vllm=50 (failover f00d: "
+                 "shift 50%)"),
         # Its end is audited with the job's id alone: the target is the created row's.
-        ("tiny", "by admin (trt engine stale): gateway: job failover.planned failed: to "
-                 "tiny-vllm (planned), job f00d"),
+        ("tiny", "by admin: gateway: job failover.planned failed: to tiny-vllm (planned), "
+                 "job f00d (trt engine stale)"),
     ]  # fmt: skip
     assert [e.time for e in lines] == [T0 + 1, T0 + 2, T0 + 3, T0 + 5, T0 + 6, T0 + 9]
     assert live.jobs("cpu-1", [job_from(JOBS[-1])]) == [] and live.audit(AUDIT) == []

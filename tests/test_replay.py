@@ -151,7 +151,8 @@ async def test_the_cursor_moves_through_the_incident_and_every_screen_shows_that
         # The Models screen at the moment of the failover: the weights of that moment.
         assert _cell(app, "d:tiny:tiny-trt", WEIGHT) == "0"
         assert _cell(app, "d:tiny:tiny-vllm", WEIGHT) == "100"
-        assert any("by alice (failover 1a2b" in n for n in _notes(app))
+        said = [n for n in _notes(app) if "by alice: gateway: routes set" in n]
+        assert said and "(failover 1a2b" in said[0], _notes(app)
 
         models = app.screen
         await pilot.press("v")

@@ -127,11 +127,11 @@ async def test_a_vllm_start_and_a_failover_show_on_events_and_jobs(agent_and_gat
         )
         ended = f"gateway: job failover.emergency failed: to tiny-vllm (emergency), job {failover}"
         assert await until(
-            pilot, lambda: line(f"by admin (trt is stale): {created}"), what="the failover created"
+            pilot, lambda: line(f"by admin: {created} (trt is stale)"), what="the failover created"
         )
         gateway_row = await until(
             pilot,
-            lambda: line(f"by admin (trt is stale): {ended}"),
+            lambda: line(f"by admin: {ended} (trt is stale)"),
             timeout=30,
             what="the failover ended",
         )

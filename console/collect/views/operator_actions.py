@@ -213,12 +213,13 @@ def _when(value: Any) -> float:
 
 
 def event_of(record: dict[str, Any]) -> Event:
-    """The Events screen's line for a record: who and why, then its message. Who comes
-    first: a job's message grows with its steps, and a narrow screen cuts the end."""
+    """The Events screen's line for a record: who, its message, then why. Who comes first:
+    a job's message grows with its steps, and a narrow screen cuts the end; why is the
+    longest and the least needed at a glance, so it is last."""
     message = str(record.get("message", ""))
     who, why = record.get("who"), record.get("why")
     if who or why:
-        message = f"by {who or '?'}" + (f" ({why})" if why else "") + f": {message}"
+        message = f"by {who or '?'}: {message}" + (f" ({why})" if why else "")
     kind = record.get("kind")
     return Event(
         float(record.get("t") or 0.0),
