@@ -365,13 +365,9 @@ class Failovers:
                 step["state"] = "skipped"
         after = await self._weights_after(plane, model)
         if state == "succeeded" and (off := _off_plan(move.after, after)):
-            state, error = (
-                "failed",
-                (
-                    f"the data plane routes {off} after the job, not as planned "
-                    f"{dict(move.after)}: it did not take every change"
-                ),
-            )
+            state = "failed"
+            error = (f"the data plane routes {off} after the job, not as planned "
+                     f"{dict(move.after)}: it did not take every change")  # fmt: skip
         if plane is not None and plane.kind != BUILTIN and after is not None:
             self.table.weights[model] = dict(after)
         # The job reads as ended only once everything about its end is in it: the admin
